@@ -1,0 +1,423 @@
+"""Python event types: one frozen dataclass per ``schemas/avro/<Name>.avsc``.
+
+Theory of operation
+-------------------
+The ``.avsc`` files are the wire contract; these classes mirror them field for
+field (``tests/unit/test_schema_contract.py`` proves it). Commands are
+imperative (``SubmitJob``), events past tense (``JobAssigned``). Every top-level
+record starts with ``event_id`` and ``ts_ms``; fencing fields are ``run`` (the
+job's attempt number) and ``incarnation`` (the node registration number).
+
+Collections are tuples so that events stay hashable and immutable; the codec
+converts Avro arrays to tuples on decode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+# --------------------------------------------------------------------------
+# Nested records
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """One way to run a job: total GPUs, GPUs per node and the run time it needs."""
+
+    gpus: int
+    gpus_per_node: int
+    estimate_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What a user asked for; immutable for the job's life."""
+
+    job_id: str
+    tenant: str
+    user: str = ""
+    tier: str = "free"
+    model: str = "demo"
+    model_version: str = "1"
+    prompt: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+    gpus: int = 1
+    gpus_per_node: int = 1
+    estimate_s: float = 60.0
+    shapes: tuple[Shape, ...] = ()
+    preemptible: bool = False
+    checkpoint_interval_s: float = 0.0
+    cpus: float = 0.0
+    mem_gb: float = 0.0
+    gpu_type: str = ""
+    callback_url: Optional[str] = None
+    submitted_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSlice:
+    """The GPUs of one node that a run holds."""
+
+    node_id: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuHealth:
+    """One GPU's health sample, as an agent reads it (NVML or simulated)."""
+
+    index: int
+    temperature_c: float = 40.0
+    sm_clock_mhz: int = 1980
+    max_sm_clock_mhz: int = 1980
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    utilization: float = 0.0
+    warm_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunReport:
+    """A run a node says it is running, with its speed."""
+
+    job_id: str
+    run: int
+    step_rate: float = 0.0
+    progress: float = 0.0
+
+
+# --------------------------------------------------------------------------
+# Commands (written from outside into the log)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitJob:
+    event_id: str
+    ts_ms: int
+    spec: JobSpec
+    idempotency_key: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelJob:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    tenant: str
+    reason: str = "cancelled by user"
+
+
+# --------------------------------------------------------------------------
+# Admission and scheduler decisions (job-events, and the cell topic)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobAdmitted:
+    event_id: str
+    ts_ms: int
+    spec: JobSpec
+    cell: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRejected:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    tenant: str
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobQueued:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    tenant: str
+    tier: str
+    wait_estimate_s: float = -1.0
+    position: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobAssigned:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    placement: tuple[NodeSlice, ...]
+    gpus: int
+    estimate_s: float
+    resume_from: Optional[str] = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPreempted:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    reason: str
+    by_job_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequeued:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    reason: str
+    resume_from: Optional[str] = None
+    retries_left: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobCancelled:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobCompleted:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    artifact_uri: str = ""
+    gpu_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFailed:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    reason: str
+    failure_class: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobWaitEstimated:
+    """A queued job's refreshed wait estimate and fair-order position."""
+
+    event_id: str
+    ts_ms: int
+    job_id: str
+    wait_estimate_s: float
+    position: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportIgnored:
+    """A report the fold refused (stale run, stale incarnation, illegal transition)."""
+
+    event_id: str
+    ts_ms: int
+    subject: str
+    reason: str
+    source_event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStateChanged:
+    """A node (gpu == -1) or one of its GPUs changed health state."""
+
+    event_id: str
+    ts_ms: int
+    node_id: str
+    incarnation: int
+    state: str
+    gpu: int = -1
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerTripped:
+    """Failure containment: stop placing a model version on a GPU type or node."""
+
+    event_id: str
+    ts_ms: int
+    model_version: str
+    scope: str
+    key: str
+    until_ms: int
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------
+# Instructions to agents (assignments topic, keyed by node id)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartRun:
+    event_id: str
+    ts_ms: int
+    node_id: str
+    incarnation: int
+    run: int
+    spec: JobSpec
+    gpus: tuple[int, ...]
+    placement: tuple[NodeSlice, ...]
+    estimate_s: float
+    resume_from: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopRun:
+    event_id: str
+    ts_ms: int
+    node_id: str
+    incarnation: int
+    job_id: str
+    run: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRun:
+    event_id: str
+    ts_ms: int
+    node_id: str
+    incarnation: int
+    job_id: str
+    run: int
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------
+# Agent reports (cell topic) and progress (progress topic)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRegistered:
+    event_id: str
+    ts_ms: int
+    node_id: str
+    incarnation: int
+    cell: str
+    gpus: int
+    gpu_type: str = "H100"
+    rail: str = "rail-0"
+    cpus: float = 0.0
+    mem_gb: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeHeartbeat:
+    event_id: str
+    ts_ms: int
+    node_id: str
+    incarnation: int
+    gpus: tuple[GpuHealth, ...] = ()
+    runs: tuple[RunReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    node_id: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunProgress:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    node_id: str
+    progress: float
+    step: int = 0
+    total_steps: int = 0
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCheckpointed:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    node_id: str
+    incarnation: int
+    checkpoint_uri: str
+    progress: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCompleted:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    node_id: str
+    incarnation: int
+    artifact_uri: str = ""
+    sha256: str = ""
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFailed:
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    node_id: str
+    incarnation: int
+    failure_class: str
+    reason: str = ""
+    exit_code: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStopped:
+    """The agent confirms a run's processes are gone and its GPUs are free."""
+
+    event_id: str
+    ts_ms: int
+    job_id: str
+    run: int
+    node_id: str
+    incarnation: int
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------
+# Time
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick:
+    """The only source of time for a cell's fold."""
+
+    event_id: str
+    ts_ms: int
+    cell: str
+    now_ms: int
+
+
+NESTED_TYPES = (Shape, JobSpec, NodeSlice, GpuHealth, RunReport)
+
+EVENT_TYPES = (
+    SubmitJob, CancelJob,
+    JobAdmitted, JobRejected, JobQueued, JobAssigned, JobPreempted, JobRequeued,
+    JobCancelled, JobCompleted, JobFailed, JobWaitEstimated, ReportIgnored,
+    NodeStateChanged, BreakerTripped,
+    StartRun, StopRun, CheckpointRun,
+    NodeRegistered, NodeHeartbeat, RunStarted, RunProgress, RunCheckpointed,
+    RunCompleted, RunFailed, RunStopped,
+    Tick,
+)
+
+EVENT_BY_NAME = {cls.__name__: cls for cls in EVENT_TYPES}
+
+# Events that end a job; exactly one of them per job in job-events.
+TERMINAL_EVENTS = (JobCompleted, JobFailed, JobCancelled, JobRejected)

@@ -1,0 +1,54 @@
+"""The topic catalogue: every topic, consumer group and store name in one place.
+
+Partition counts are fixed up front because the embedded broker cannot add
+partitions later (BROKER-NOTES.md); topics are created explicitly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    partitions: int
+    key: str  # what the record key is, for readers of the catalogue
+
+
+COMMANDS = Topic("framespool.commands", 4, "tenant")
+SCHEDULER = Topic("framespool.scheduler", 4, "cell id; partition p is cell 'cell-<p>'")
+ASSIGNMENTS = Topic("framespool.assignments", 8, "node id")
+JOB_EVENTS = Topic("framespool.job-events", 4, "job id")
+PROGRESS = Topic("framespool.progress", 4, "job id")
+DEAD_LETTER = Topic("framespool.dead-letter", 1, "original key")
+
+ALL_TOPICS = (COMMANDS, SCHEDULER, ASSIGNMENTS, JOB_EVENTS, PROGRESS, DEAD_LETTER)
+
+# Consumer groups
+ADMISSION_GROUP = "framespool-admission"
+SCHEDULER_GROUP = "framespool-scheduler"
+PROJECTIONS_GROUP = "framespool-projections"
+WEBHOOKS_GROUP = "framespool-webhooks"
+
+
+def agent_group(node_id: str) -> str:
+    """Each agent keeps its position under its own group (manual assignment)."""
+    return f"framespool-agent-{node_id}"
+
+
+# Store names (rocksdict directories under a process's data dir)
+SCHEDULER_STORE = "scheduler-cells"
+ADMISSION_STORE = "admission"
+PROJECTION_STORE = "projections"
+
+
+def cell_of_partition(partition: int) -> str:
+    return f"cell-{partition}"
+
+
+def partition_of_cell(cell: str) -> int:
+    """Cells are named ``cell-<partition>``; anything else is a caller bug."""
+    prefix, _, number = cell.partition("-")
+    if prefix != "cell" or not number.isdigit():
+        raise ValueError(f"cell id {cell!r} is not of the form 'cell-<n>'")
+    return int(number)
