@@ -86,6 +86,36 @@ class RunReport:
     progress: float = 0.0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuStatus:
+    """One GPU as the scheduler sees it: free, busy, degraded, failed or down."""
+
+    index: int
+    state: str
+    job_id: str = ""
+    run: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatus:
+    node_id: str
+    state: str
+    gpu_type: str = ""
+    rail: str = ""
+    gpus: tuple[GpuStatus, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueDepth:
+    """Queued jobs and GPUs in use for one (tier, tenant)."""
+
+    tier: str
+    tenant: str
+    queued: int = 0
+    queued_gpus: int = 0
+    running_gpus: int = 0
+
+
 # --------------------------------------------------------------------------
 # Commands (written from outside into the log)
 # --------------------------------------------------------------------------
@@ -251,6 +281,17 @@ class BreakerTripped:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellStatus:
+    """Periodic summary of a cell for read models: GPU map and queue depths."""
+
+    event_id: str
+    ts_ms: int
+    cell: str
+    nodes: tuple[NodeStatus, ...] = ()
+    queues: tuple[QueueDepth, ...] = ()
+
+
 # --------------------------------------------------------------------------
 # Instructions to agents (assignments topic, keyed by node id)
 # --------------------------------------------------------------------------
@@ -404,13 +445,13 @@ class Tick:
     now_ms: int
 
 
-NESTED_TYPES = (Shape, JobSpec, NodeSlice, GpuHealth, RunReport)
+NESTED_TYPES = (Shape, JobSpec, NodeSlice, GpuHealth, RunReport, GpuStatus, NodeStatus, QueueDepth)
 
 EVENT_TYPES = (
     SubmitJob, CancelJob,
     JobAdmitted, JobRejected, JobQueued, JobAssigned, JobPreempted, JobRequeued,
     JobCancelled, JobCompleted, JobFailed, JobWaitEstimated, ReportIgnored,
-    NodeStateChanged, BreakerTripped,
+    NodeStateChanged, BreakerTripped, CellStatus,
     StartRun, StopRun, CheckpointRun,
     NodeRegistered, NodeHeartbeat, RunStarted, RunProgress, RunCheckpointed,
     RunCompleted, RunFailed, RunStopped,
