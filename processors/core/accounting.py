@@ -1,0 +1,175 @@
+"""Costs, wait estimates, failure containment and periodic read-model output.
+
+- Cost of a run in GPU-seconds, scaled by Dominant Resource Fairness when the
+  job also asks for CPU or memory out of proportion to its GPUs.
+- Wait estimate: GPU-seconds the fair order will serve before the job (its
+  own flow's backlog ahead of it, and each backlogged sibling flow up to the
+  virtual time this job's flow reaches), plus the work still running, over the
+  cell's healthy capacity.
+- Breakers: ``generator_error`` failures are attributed to (model version,
+  node) and (model version, GPU type); past a threshold within a window the
+  pair is excluded from placement for a cooldown.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+from schemas import events as ev
+
+from .fairshare import Flow
+from .model import Job, Run
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cell import Cell
+
+
+class Accounting:
+    def shapes_of(self: "Cell", job: Job) -> list[tuple[int, int, float]]:
+        spec = job.spec
+        shapes = [(spec.gpus, spec.gpus_per_node, spec.estimate_s)]
+        shapes.extend((s.gpus, s.gpus_per_node, s.estimate_s) for s in spec.shapes)
+        return shapes
+
+    def cost_of(self: "Cell", job: Job, gpus: int, estimate_s: float) -> float:
+        spec = job.spec
+        factor = 1.0
+        if (spec.cpus or spec.mem_gb) and self.capacity_gpus:
+            gpu_share = gpus / self.capacity_gpus
+            if spec.cpus and self.capacity_cpus:
+                factor = max(factor, (spec.cpus / self.capacity_cpus) / gpu_share)
+            if spec.mem_gb and self.capacity_mem:
+                factor = max(factor, (spec.mem_gb / self.capacity_mem) / gpu_share)
+        return gpus * estimate_s * factor
+
+    @property
+    def capacity_gpus(self: "Cell") -> int:
+        return sum(n.total for n in self.index.nodes.values() if n.state != "DOWN")
+
+    @property
+    def capacity_cpus(self: "Cell") -> float:
+        return sum(n.cpus for n in self.index.nodes.values() if n.state != "DOWN")
+
+    @property
+    def capacity_mem(self: "Cell") -> float:
+        return sum(n.mem_gb for n in self.index.nodes.values() if n.state != "DOWN")
+
+    def leaf_of(self: "Cell", job: Job) -> Flow:
+        tier = self.config.tier(job.tier)
+        tenant = self.config.tenant(job.tenant)
+        user_weight = dict(tenant.user_weights).get(job.user, 1.0)
+        return self.fair.leaf((job.tier, job.tenant, job.user),
+                              (tier.weight if tier else 1.0, tenant.weight, user_weight))
+
+    def predicted_wait_s(self: "Cell", job: Job, own_ahead: float) -> float:
+        leaf = self.leaf_of(job)
+        ahead = self.fair.work_ahead(leaf, own_ahead if own_ahead else leaf.backlog)
+        capacity = self.index.free_total + self.running_gpus
+        if capacity <= 0:
+            capacity = sum(n.total for n in self.index.nodes.values())
+        if capacity <= 0:
+            return -1.0
+        if self.index.free_total >= job.shape[0] and ahead <= job.cost:
+            return 0.0
+        remaining = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
+        return (ahead - job.cost + remaining) / capacity if ahead > job.cost else remaining / capacity
+
+    # -- failure containment ----------------------------------------------------
+    def note_failure(self: "Cell", run: Run, node_id: str, failure_class: str) -> None:
+        if failure_class != "generator_error":
+            return
+        node = self.index.nodes[node_id]
+        window = self.now_ms - int(self.config.breaker_window_s * 1000)
+        for scope, key, limit in (("node", node_id, self.config.breaker_node_failures),
+                                  ("gpu_type", node.gpu_type, self.config.breaker_type_failures)):
+            log_key = (run.model_version, scope, key)
+            times = [t for t in self.failure_log.get(log_key, []) if t > window]
+            times.append(self.now_ms)
+            self.failure_log[log_key] = times
+            if len(times) >= limit and self.breakers.get(log_key, 0) <= self.now_ms:
+                until = self.now_ms + int(self.config.breaker_cooldown_s * 1000)
+                self.breakers[log_key] = until
+                self.failure_log[log_key] = []
+                self.emit(ev.BreakerTripped, model_version=run.model_version, scope=scope,
+                          key=key, until_ms=until,
+                          reason=f"{len(times)} generator failures of {run.model_version} on "
+                                 f"{scope} {key} within {self.config.breaker_window_s:.0f}s")
+
+    # -- periodic outputs ---------------------------------------------------------
+    def publish_periodic(self: "Cell") -> None:
+        status_every = int(self.config.status_interval_s * 1000)
+        if status_every and self.now_ms - self.last_status_ms >= status_every:
+            self.last_status_ms = self.now_ms
+            self.refresh_medians()
+            self.emit(ev.CellStatus, cell=self.cell_id, nodes=self.node_statuses(),
+                      queues=self.queue_depths())
+        estimate_every = int(self.config.estimate_interval_s * 1000)
+        if estimate_every and self.now_ms - self.last_estimate_ms >= estimate_every:
+            self.last_estimate_ms = self.now_ms
+            self.publish_estimates()
+
+    def refresh_medians(self: "Cell") -> None:
+        self.model_median = {model: statistics.median(rates.values())
+                             for model, rates in self.model_rates.items() if len(rates) >= 3}
+
+    def node_statuses(self: "Cell") -> tuple[ev.NodeStatus, ...]:
+        out = []
+        for node in self.index.nodes.values():
+            gpus = []
+            for i in range(node.total):
+                owner = node.owner[i]
+                state = node.gpu_state[i] if node.state != "DOWN" else "down"
+                if owner is not None:
+                    state = "busy" if state == "ok" else state
+                elif state == "ok":
+                    state = "free"
+                gpus.append(ev.GpuStatus(index=i, state=state, job_id=owner[0] if owner else "",
+                                         run=owner[1] if owner else 0))
+            out.append(ev.NodeStatus(node_id=node.node_id, state=node.state,
+                                     gpu_type=node.gpu_type, rail=node.rail, gpus=tuple(gpus)))
+        return tuple(out)
+
+    def queue_depths(self: "Cell") -> tuple[ev.QueueDepth, ...]:
+        depth: dict[tuple[str, str], list[int]] = {}
+        for job in self.jobs.values():
+            row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
+            if job.state == "QUEUED":
+                row[0] += 1
+                row[1] += job.shape[0]
+        for run in self.runs.values():
+            row = depth.setdefault((run.tier, run.tenant), [0, 0, 0])
+            row[2] += sum(len(g) for g in run.held.values())
+        return tuple(ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg,
+                                   running_gpus=rg)
+                     for (tier, tenant), (q, qg, rg) in sorted(depth.items()))
+
+    def publish_estimates(self: "Cell") -> None:
+        """Refresh wait estimates of the jobs nearest the front of each flow,
+        publishing only those that moved by more than 20% (and 5 s)."""
+        budget = self.config.estimate_publish_limit
+        for leaf in self.active_leaves():
+            ahead = 0.0
+            for job_id in list(leaf.requeued) + list(leaf.queue):
+                if budget <= 0:
+                    return
+                job = self.jobs[job_id]
+                ahead += job.cost
+                wait = self.predicted_wait_s(job, ahead)
+                old = job.wait_estimate_s
+                if abs(wait - old) > max(5.0, 0.2 * abs(old)):
+                    job.wait_estimate_s = wait
+                    budget -= 1
+                    self.emit(ev.JobWaitEstimated, job_id=job_id, wait_estimate_s=round(wait, 3),
+                              position=0, reason=job.reason or "fair-share queue")
+
+    def active_leaves(self: "Cell") -> list[Flow]:
+        leaves = []
+        stack = [self.fair.root]
+        while stack:
+            flow = stack.pop()
+            if not flow.children:
+                if flow.queued:
+                    leaves.append(flow)
+                continue
+            stack.extend(reversed(list(flow.active.values())))
+        return leaves

@@ -1,0 +1,161 @@
+"""The cell state machine: ``Cell.apply(event) -> [output events]``.
+
+Theory of operation
+-------------------
+One Cell owns one partition of the scheduler topic: its nodes, queues, runs
+and reservations. Its inputs are totally ordered; ``apply`` folds one of them
+and returns what must be published, in order. The fold is pure and
+deterministic:
+
+1. time only advances on ``Tick`` (``now_ms`` never goes backwards);
+2. output ``event_id``s are ``<position>/<index>``, derived from the input
+   position, so a re-emitted output after a crash is the same event;
+3. every iteration is over insertion-ordered dicts or sorted lists (never a
+   set), and nothing reads a clock, a random source or the environment.
+
+The handlers live in three mixins along the domain's seams: ``jobs`` (admission,
+cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases)
+and ``scheduling`` (fair order, placement, reservation, backfill, preemption).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable, Optional
+
+from schemas import events as ev
+
+from .accounting import Accounting
+from .config import CellConfig
+from .fairshare import FairTree
+from .jobs import JobHandlers
+from .model import Job, Node, Run, RunKey
+from .nodes import NodeHandlers
+from .placement import NodeIndex
+from .reservation import Reservations
+from .scheduling import Scheduling
+
+
+class TenantUse:
+    """What one organisation (or one user) holds right now, for quotas."""
+
+    __slots__ = ("gpus", "running", "queued")
+
+    def __init__(self) -> None:
+        self.gpus = 0
+        self.running = 0
+        self.queued = 0
+
+
+class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
+    def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
+        self.config = config or CellConfig()
+        self.cell_id = cell_id
+        self.now_ms = 0
+        self.jobs: dict[str, Job] = {}               # live (non-terminal) jobs
+        self.finished: dict[str, str] = {}           # job id -> terminal state
+        self.runs: dict[RunKey, Run] = {}
+        self.index = NodeIndex()
+        self.fair = FairTree(self.config.idle_credit_gpu_s)
+        self.org_use: dict[str, TenantUse] = {}
+        self.user_use: dict[tuple[str, str], TenantUse] = {}
+        self.tier_use: dict[str, int] = {}
+        self.queued_count = 0
+        self.running_gpus = 0
+        self.running_end_gpu_s = 0.0   # sum of gpus * (assigned_s + estimate_s) of runs
+        # leases and timers
+        self.node_seen: dict[str, None] = {}          # oldest heartbeat first
+        self.assigned_unstarted: dict[RunKey, None] = {}
+        self.exiting: dict[RunKey, None] = {}
+        self.stopping: dict[RunKey, None] = {}
+        self.limits: list[tuple[int, str, int]] = []  # heap of (limit_ms, job, run)
+        # scheduling state
+        self.reservation_job = ""
+        self.reservation_nodes: tuple[str, ...] = ()
+        self.reservation_shadow_ms = 0
+        self.claims: dict[str, tuple[tuple[str, ...], int]] = {}  # job -> (nodes, expiry)
+        self.preempt_times: list[int] = []
+        self.breakers: dict[tuple[str, str, str], int] = {}       # (model, scope, key) -> until
+        self.failure_log: dict[tuple[str, str, str], list[int]] = {}
+        self.model_rates: dict[str, dict[RunKey, float]] = {}
+        self.model_median: dict[str, float] = {}
+        self.last_status_ms = -1
+        self.last_estimate_ms = -1
+        self.counters: dict[str, int] = {}
+        # per-apply output buffer
+        self._out: list[Any] = []
+        self._pos = ""
+
+    # ------------------------------------------------------------------
+    def apply(self, event: Any, position: Optional[str] = None) -> list[Any]:
+        """Fold one input event; return the events to publish, in order."""
+        self._out = []
+        self._pos = position if position is not None else event.event_id
+        handler: Optional[Callable[[Any], None]] = self._HANDLERS.get(type(event))
+        if handler is None:
+            self._count("unknown_event")
+            self.ignore(getattr(event, "event_id", "?"),
+                        f"unknown event type {type(event).__name__} for the scheduler",
+                        event)
+        else:
+            handler(self, event)
+        return self._out
+
+    # -- outputs ----------------------------------------------------------
+    def emit(self, cls: type, **fields: Any) -> Any:
+        out = cls(event_id=f"{self._pos}/{len(self._out)}", ts_ms=self.now_ms, **fields)
+        self._out.append(out)
+        return out
+
+    def ignore(self, subject: str, reason: str, source: Any) -> None:
+        """Record a report the fold refused; it changes nothing else."""
+        self._count("ignored")
+        self.emit(ev.ReportIgnored, subject=subject, reason=reason,
+                  source_event_id=getattr(source, "event_id", ""))
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    # -- time -------------------------------------------------------------
+    def on_tick(self, event: ev.Tick) -> None:
+        if event.now_ms > self.now_ms:
+            self.now_ms = event.now_ms
+        self.expire_nodes()
+        self.expire_runs()
+        self.schedule(full=True)
+        self.publish_periodic()
+
+    # -- shared helpers ---------------------------------------------------
+    def use_of(self, job_or_run: Job | Run) -> tuple[TenantUse, TenantUse]:
+        org = self.org_use.get(job_or_run.tenant)
+        if org is None:
+            org = self.org_use[job_or_run.tenant] = TenantUse()
+        key = (job_or_run.tenant, job_or_run.user)
+        user = self.user_use.get(key)
+        if user is None:
+            user = self.user_use[key] = TenantUse()
+        return org, user
+
+    def push_limit(self, run: Run) -> None:
+        heapq.heappush(self.limits, (run.limit_ms, run.job_id, run.run))
+
+    def node(self, node_id: str) -> Optional[Node]:
+        return self.index.nodes.get(node_id)
+
+    _HANDLERS: dict[type, Callable[[Any, Any], None]] = {}
+
+
+Cell._HANDLERS = {
+    ev.Tick: Cell.on_tick,
+    ev.JobAdmitted: Cell.on_job_admitted,
+    ev.CancelJob: Cell.on_cancel,
+    ev.NodeRegistered: Cell.on_node_registered,
+    ev.NodeHeartbeat: Cell.on_heartbeat,
+    ev.RunStarted: Cell.on_run_started,
+    ev.RunCheckpointed: Cell.on_run_checkpointed,
+    ev.RunCompleted: Cell.on_run_completed,
+    ev.RunFailed: Cell.on_run_failed,
+    ev.RunStopped: Cell.on_run_stopped,
+}
+
+# Outputs the shell routes to agents (by node id); everything else is a job event.
+AGENT_COMMANDS = (ev.StartRun, ev.StopRun, ev.CheckpointRun)

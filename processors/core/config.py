@@ -1,0 +1,131 @@
+"""Policy configuration of a cell: tiers, tenants, leases, health thresholds.
+
+Everything the fold needs to decide is here or in the events; nothing is read
+from the environment. Defaults are the product's defaults.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """A service tier: its share weight, the wait it promises, and what it may do.
+
+    ``rank``: lower is more important; only a lower rank may preempt a higher one.
+    ``sla_wait_s``: queued longer than this, a job of a tier with ``may_preempt``
+    may preempt preemptible, checkpointable work of higher-ranked tiers.
+    ``max_predicted_wait_s``: admission rejects when the predicted wait exceeds it
+    (0 = never reject on predicted wait).
+    """
+
+    name: str
+    weight: float
+    rank: int
+    sla_wait_s: float
+    may_preempt: bool = False
+    max_predicted_wait_s: float = 0.0
+    reserved_gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """An organisation: weight, quotas and caps at org and per-user level."""
+
+    name: str
+    weight: float = 1.0
+    max_gpus: int = 0          # GPUs in use at once (0 = unlimited)
+    max_queued: int = 0        # queued jobs (0 = unlimited)
+    max_running: int = 0       # concurrent runs (0 = unlimited)
+    user_max_gpus: int = 0
+    user_max_running: int = 0
+    reserved_gpus: int = 0     # guaranteed minimum, lent to others while idle
+    user_weights: tuple[tuple[str, float], ...] = ()
+
+
+DEFAULT_TIERS = (
+    TierConfig("interactive", weight=8.0, rank=0, sla_wait_s=30.0, may_preempt=True),
+    TierConfig("enterprise", weight=4.0, rank=1, sla_wait_s=300.0),
+    TierConfig("paid", weight=2.0, rank=2, sla_wait_s=900.0),
+    TierConfig("free", weight=1.0, rank=3, sla_wait_s=3600.0),
+    TierConfig("batch", weight=1.0, rank=4, sla_wait_s=86400.0),
+)
+
+# Retry budget per failure class (runs that may fail with this class before the
+# job ends FAILED). Preemption and checkpoint-and-move never consume budget.
+DEFAULT_RETRIES = (
+    ("node_lost", 5),
+    ("lease_expired", 3),
+    ("generator_error", 2),
+    ("hung", 1),
+    ("timeout", 1),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CellConfig:
+    tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
+    tenants: tuple[TenantConfig, ...] = ()
+    default_tenant: TenantConfig = TenantConfig("*")
+    retries: tuple[tuple[str, int], ...] = DEFAULT_RETRIES
+    default_retries: int = 2
+
+    # Leases (seconds of cell time, which only Ticks advance)
+    heartbeat_timeout_s: float = 10.0   # silent node -> DOWN
+    start_lease_s: float = 30.0         # assigned but never reported -> requeue
+    report_lease_s: float = 15.0        # running but missing from heartbeats -> requeue
+    stop_lease_s: float = 60.0          # StopRun unconfirmed -> node DOWN
+    checkpoint_grace_s: float = 60.0    # CheckpointRun unanswered -> stop anyway
+
+    # Run time limit: estimate * factor + grace; past it the run is stopped
+    # (failure class "timeout"). Reservations treat it as the latest end.
+    overrun_factor: float = 2.0
+    overrun_grace_s: float = 300.0
+
+    # Fair share
+    idle_credit_gpu_s: float = 0.0      # credit a returning entity may keep
+    backfill_depth: int = 256           # candidates tested per pass after a block
+
+    # Preemption churn limits
+    preemptions_per_minute: int = 20
+    min_run_before_preempt_s: float = 60.0
+    max_preemptions_per_job: int = 3
+
+    # Health thresholds
+    throttle_temp_c: float = 87.0
+    throttle_clock_ratio: float = 0.7
+    ecc_corrected_limit: int = 1000
+    straggler_ratio: float = 0.5
+    straggler_strikes: int = 3
+    healthy_samples_to_recover: int = 5
+
+    # Failure containment
+    breaker_node_failures: int = 3
+    breaker_type_failures: int = 5
+    breaker_window_s: float = 600.0
+    breaker_cooldown_s: float = 1800.0
+
+    # Read-model cadence
+    status_interval_s: float = 5.0
+    estimate_interval_s: float = 30.0
+    estimate_publish_limit: int = 2000
+
+    def tier(self, name: str) -> Optional[TierConfig]:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        return None
+
+    def tenant(self, name: str) -> TenantConfig:
+        for tenant in self.tenants:
+            if tenant.name == name:
+                return tenant
+        return replace(self.default_tenant, name=name)
+
+    def retry_budget(self, failure_class: str) -> int:
+        for name, budget in self.retries:
+            if name == failure_class:
+                return budget
+        return self.default_retries
+

@@ -1,0 +1,48 @@
+"""Gray-failure rules: what a GPU's health sample says about it.
+
+A GPU is ``failed`` after any uncorrectable ECC error (it stays failed until
+the node re-registers), ``degraded`` while it throttles (too hot, or its SM
+clock well below its maximum) or after too many corrected ECC errors, and
+``ok`` again only after several healthy samples in a row (hysteresis, so a
+flapping GPU does not take and drop work).
+"""
+from __future__ import annotations
+
+from schemas.events import GpuHealth
+
+from .config import CellConfig
+from .model import GPU_DEGRADED, GPU_FAILED, GPU_OK
+
+
+def classify(sample: GpuHealth, config: CellConfig) -> tuple[str, str]:
+    """The state this one sample points to, and why."""
+    if sample.ecc_uncorrected > 0:
+        return GPU_FAILED, f"uncorrectable ECC errors: {sample.ecc_uncorrected}"
+    if sample.ecc_corrected > config.ecc_corrected_limit:
+        return GPU_DEGRADED, (f"corrected ECC errors {sample.ecc_corrected} "
+                              f"> {config.ecc_corrected_limit}")
+    if sample.temperature_c >= config.throttle_temp_c:
+        return GPU_DEGRADED, f"thermal: {sample.temperature_c:.0f}C >= {config.throttle_temp_c:.0f}C"
+    if sample.max_sm_clock_mhz > 0 and \
+            sample.sm_clock_mhz < config.throttle_clock_ratio * sample.max_sm_clock_mhz:
+        return GPU_DEGRADED, (f"clock throttled: {sample.sm_clock_mhz}/"
+                              f"{sample.max_sm_clock_mhz} MHz")
+    return GPU_OK, "healthy"
+
+
+def next_gpu_state(current: str, sample_state: str, healthy_streak: int,
+                   config: CellConfig) -> str:
+    """Apply hysteresis: failure is sticky, degradation clears only after
+    ``healthy_samples_to_recover`` healthy samples."""
+    if current == GPU_FAILED:
+        return GPU_FAILED
+    if sample_state != GPU_OK:
+        return sample_state
+    if current == GPU_DEGRADED and healthy_streak < config.healthy_samples_to_recover:
+        return GPU_DEGRADED
+    return GPU_OK
+
+
+def is_straggler(step_rate: float, median_rate: float, config: CellConfig) -> bool:
+    """A run far slower than its model's median across the cell."""
+    return median_rate > 0 and 0 < step_rate < config.straggler_ratio * median_rate

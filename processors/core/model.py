@@ -1,0 +1,149 @@
+"""The cell's mutable state records: jobs, runs (attempts) and nodes.
+
+A Job is kept apart from its Runs: each placement is a new Run with the next
+``run`` number, the job's fencing epoch. Only the fold mutates these.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from schemas.events import JobSpec, NodeSlice
+
+# Node states
+UP = "UP"
+DEGRADED = "DEGRADED"     # no new work; running work stays unless checkpointable
+DRAINING = "DRAINING"     # no new work; running work is checkpointed and moved
+DOWN = "DOWN"
+
+# GPU states
+GPU_OK = "ok"
+GPU_DEGRADED = "degraded"
+GPU_FAILED = "failed"
+
+# Run phases
+ASSIGNED = "assigned"
+RUNNING = "running"
+EXITING = "exiting"       # asked to checkpoint before leaving (preempt / move)
+STOPPING = "stopping"     # StopRun sent; GPUs held until the node confirms
+
+RunKey = tuple[str, int]
+
+
+class Job:
+    __slots__ = (
+        "spec", "state", "run", "tier", "tenant", "user", "checkpoint",
+        "failures", "preemptions", "queued_ms", "submitted_ms", "first_start_ms",
+        "reason", "shape", "cost", "wait_estimate_s",
+    )
+
+    def __init__(self, spec: JobSpec, tier: str, now_ms: int) -> None:
+        self.spec = spec
+        self.state = "QUEUED"
+        self.run = 0
+        self.tier = tier
+        self.tenant = spec.tenant
+        self.user = spec.user or spec.tenant
+        self.checkpoint: Optional[str] = None
+        self.failures: dict[str, int] = {}
+        self.preemptions = 0
+        self.queued_ms = now_ms
+        self.submitted_ms = spec.submitted_ms or now_ms
+        self.first_start_ms = -1
+        self.reason = ""
+        self.shape = (spec.gpus, spec.gpus_per_node, spec.estimate_s)
+        self.cost = 0.0
+        self.wait_estimate_s = -1.0
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+
+class Run:
+    __slots__ = (
+        "job_id", "run", "placement", "gpus", "held", "phase", "assigned_ms",
+        "started_ms", "last_report_ms", "estimate_s", "limit_ms", "charged",
+        "exit_intent", "exit_by", "exit_deadline_ms", "stop_sent_ms",
+        "step_rate", "slow_strikes", "model_version", "tenant", "tier", "user",
+        "preemptible", "checkpointable", "cpus", "mem_gb",
+    )
+
+    def __init__(self, job: Job, run: int, placement: tuple[NodeSlice, ...],
+                 estimate_s: float, now_ms: int, limit_ms: int, charged: float) -> None:
+        self.job_id = job.job_id
+        self.run = run
+        self.placement = placement
+        self.gpus = sum(len(s.gpus) for s in placement)
+        self.held: dict[str, tuple[int, ...]] = {s.node_id: s.gpus for s in placement}
+        self.phase = ASSIGNED
+        self.assigned_ms = now_ms
+        self.started_ms = now_ms
+        self.last_report_ms = now_ms
+        self.estimate_s = estimate_s
+        self.limit_ms = limit_ms
+        self.charged = charged
+        self.exit_intent = ""         # "preempt" | "move" | ""
+        self.exit_by = ""
+        self.exit_deadline_ms = 0
+        self.stop_sent_ms = 0
+        self.step_rate = 0.0
+        self.slow_strikes = 0
+        self.model_version = f"{job.spec.model}@{job.spec.model_version}"
+        self.tenant = job.tenant
+        self.tier = job.tier
+        self.user = job.user
+        self.preemptible = job.spec.preemptible
+        self.checkpointable = job.spec.checkpoint_interval_s > 0
+        self.cpus = job.spec.cpus
+        self.mem_gb = job.spec.mem_gb
+
+    @property
+    def key(self) -> RunKey:
+        return (self.job_id, self.run)
+
+    def projected_end_ms(self, now_ms: int) -> int:
+        """When the run is expected to free its GPUs: its estimate, or its hard
+        limit once it has outlived the estimate."""
+        end = self.started_ms + int(self.estimate_s * 1000)
+        if end > now_ms:
+            return end
+        return max(self.limit_ms, now_ms + 1)
+
+
+class Node:
+    __slots__ = (
+        "node_id", "incarnation", "gpu_type", "rail", "total", "gpu_state",
+        "owner", "warm", "state", "last_seen_ms", "cpus", "mem_gb", "cpus_used",
+        "mem_used", "healthy_streak", "state_reason",
+    )
+
+    def __init__(self, node_id: str, incarnation: int, gpus: int, gpu_type: str,
+                 rail: str, cpus: float, mem_gb: float, now_ms: int) -> None:
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.gpu_type = gpu_type
+        self.rail = rail
+        self.total = gpus
+        self.gpu_state = [GPU_OK] * gpus
+        self.owner: list[Optional[RunKey]] = [None] * gpus
+        self.warm: list[str] = [""] * gpus
+        self.healthy_streak = [0] * gpus
+        self.state = UP
+        self.state_reason = ""
+        self.last_seen_ms = now_ms
+        self.cpus = cpus
+        self.mem_gb = mem_gb
+        self.cpus_used = 0.0
+        self.mem_used = 0.0
+
+    def free_gpus(self) -> list[int]:
+        return [i for i in range(self.total)
+                if self.owner[i] is None and self.gpu_state[i] == GPU_OK]
+
+    def free_count(self) -> int:
+        return sum(1 for i in range(self.total)
+                   if self.owner[i] is None and self.gpu_state[i] == GPU_OK)
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == UP

@@ -1,0 +1,169 @@
+"""Where a gang goes: bin-packing single-node jobs, rail-local multi-node gangs.
+
+Theory of operation
+-------------------
+Schedulable nodes sit in buckets by their count of free healthy GPUs. A job
+that fits on one node takes the fullest node that still fits it (best fit), so
+whole nodes stay free for 8-GPU and multi-node gangs; among equally good
+candidates a node whose GPUs already hold the job's model weights wins (no
+multi-gigabyte load). A multi-node gang of ``n`` nodes x ``g`` GPUs is placed
+inside one rail group (InfiniBand leaf) when any rail has ``n`` fitting nodes,
+preferring the rail that fits tightest; otherwise it spans rails and says so.
+
+A placement is all-or-nothing: ``find`` only reads; the caller commits the
+whole placement in one step. Every scan is in a deterministic order (bucket,
+then insertion order of nodes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from schemas.events import NodeSlice
+
+from .model import Node
+
+NodeFilter = Callable[[Node], bool]
+
+WARM_SCAN_LIMIT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    slices: tuple[NodeSlice, ...]
+    reason: str
+
+
+class NodeIndex:
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.buckets: dict[int, dict[str, None]] = {}   # free count -> nodes
+        self.bucket_of: dict[str, int] = {}
+        self.warm_nodes: dict[str, dict[str, None]] = {}  # model -> nodes
+        self.free_total = 0
+        self.max_gpus = 0
+
+    # -- bookkeeping ---------------------------------------------------------
+    def add(self, node: Node) -> None:
+        self.nodes[node.node_id] = node
+        self.max_gpus = max(self.max_gpus, node.total)
+        self.refresh(node)
+
+    def refresh(self, node: Node) -> None:
+        """Re-file a node after its GPUs, health or state changed."""
+        old = self.bucket_of.pop(node.node_id, None)
+        if old is not None:
+            del self.buckets[old][node.node_id]
+            self.free_total -= old
+        if node.schedulable:
+            free = node.free_count()
+            if free > 0:
+                self.buckets.setdefault(free, {})[node.node_id] = None
+                self.bucket_of[node.node_id] = free
+                self.free_total += free
+
+    def mark_warm(self, node: Node, gpus: tuple[int, ...], model: str) -> None:
+        for i in gpus:
+            node.warm[i] = model
+        self.warm_nodes.setdefault(model, {})[node.node_id] = None
+
+    # -- search --------------------------------------------------------------
+    def find(self, gpus: int, per_node: int, model: str, ok: NodeFilter) -> Optional[Placement]:
+        if gpus > self.free_total:
+            return None
+        if gpus <= per_node:
+            return self._single(gpus, model, ok)
+        return self._gang(-(-gpus // per_node), per_node, gpus, model, ok)
+
+    def _single(self, k: int, model: str, ok: NodeFilter) -> Optional[Placement]:
+        warm = self.warm_nodes.get(model)
+        if warm:
+            best: Optional[Node] = None
+            scanned = 0
+            for node_id in warm:
+                free = self.bucket_of.get(node_id, 0)
+                if free >= k:
+                    node = self.nodes[node_id]
+                    if ok(node) and self._warm_free(node, model) > 0 and (
+                            best is None or free < self.bucket_of[best.node_id]):
+                        best = node
+                scanned += 1
+                if scanned >= WARM_SCAN_LIMIT:
+                    break
+            if best is not None:
+                return Placement((self._slice(best, k, model),), "bin-pack: warm model")
+        for free in range(k, self.max_gpus + 1):
+            bucket = self.buckets.get(free)
+            if not bucket:
+                continue
+            for node_id in bucket:
+                node = self.nodes[node_id]
+                if ok(node):
+                    why = "bin-pack: whole node" if free == node.total == k else "bin-pack: best fit"
+                    return Placement((self._slice(node, k, model),), why)
+        return None
+
+    def _gang(self, n: int, g: int, total: int, model: str, ok: NodeFilter) -> Optional[Placement]:
+        by_rail: dict[str, list[Node]] = {}
+        fitting: list[Node] = []
+        for free in range(g, self.max_gpus + 1):
+            for node_id in self.buckets.get(free, ()):
+                node = self.nodes[node_id]
+                if not ok(node):
+                    continue
+                fitting.append(node)
+                members = by_rail.setdefault(node.rail, [])
+                members.append(node)
+                if len(members) == n:
+                    return Placement(self._gang_slices(members, g, total, model),
+                                     f"gang: {n} nodes in rail {node.rail}")
+        if len(fitting) >= n:
+            return Placement(self._gang_slices(fitting[:n], g, total, model),
+                             f"gang: {n} nodes spanning rails (no rail had {n} fitting nodes)")
+        return None
+
+    def _gang_slices(self, nodes: list[Node], g: int, total: int, model: str) -> tuple[NodeSlice, ...]:
+        slices = []
+        left = total
+        for node in nodes:
+            take = min(g, left)
+            slices.append(self._slice(node, take, model))
+            left -= take
+        return tuple(slices)
+
+    @staticmethod
+    def _warm_free(node: Node, model: str) -> int:
+        return sum(1 for i in node.free_gpus() if node.warm[i] == model)
+
+    @staticmethod
+    def _slice(node: Node, k: int, model: str) -> NodeSlice:
+        free = node.free_gpus()
+        free.sort(key=lambda i: (node.warm[i] != model, i))
+        return NodeSlice(node_id=node.node_id, gpus=tuple(sorted(free[:k])))
+
+    # -- what-if: when would a shape fit? -------------------------------------
+    def earliest_fit(self, per_node: int, nodes_needed: int, releases: list[tuple[int, str, int]],
+                     ok: NodeFilter) -> Optional[tuple[int, tuple[str, ...]]]:
+        """Walk future releases ``(time_ms, node_id, gpus)`` in time order and
+        return when ``nodes_needed`` nodes will each have ``per_node`` free GPUs,
+        with those nodes. None if never (e.g. not enough healthy nodes)."""
+        free: dict[str, int] = {}
+        ready: dict[str, None] = {}
+        for node_id, count in self.bucket_of.items():
+            node = self.nodes[node_id]
+            if ok(node):
+                free[node_id] = count
+                if count >= per_node:
+                    ready[node_id] = None
+        if len(ready) >= nodes_needed:
+            return 0, tuple(list(ready)[:nodes_needed])
+        for time_ms, node_id, gpus in releases:
+            node = self.nodes.get(node_id)
+            if node is None or not node.schedulable or not ok(node):
+                continue
+            free[node_id] = free.get(node_id, 0) + gpus
+            if free[node_id] >= per_node and node_id not in ready:
+                ready[node_id] = None
+                if len(ready) >= nodes_needed:
+                    return time_ms, tuple(list(ready)[:nodes_needed])
+        return None

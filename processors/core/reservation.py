@@ -1,0 +1,186 @@
+"""Reservations for blocked gangs, and preemption with claims.
+
+Theory of operation
+-------------------
+- EASY reservation: one job per cell holds it. Its shadow time is the earliest
+  moment its shape fits, found by walking running runs' projected ends
+  (estimate, or hard limit once overrun) in time order.
+- Preemption: a blocked job may preempt when (a) its tier may preempt and it
+  has waited past the tier's SLA target, or (b) its organisation or tier is
+  under its guaranteed (reserved) GPUs and others borrow them. Victims are
+  RUNNING, preemptible, checkpointable runs of strictly less important tiers
+  (case a) or of borrowers over their own guarantee (case b), that have run at
+  least ``min_run_before_preempt_s`` and were preempted fewer than
+  ``max_preemptions_per_job`` times; never anything else. The victims are
+  asked to checkpoint; the preemptor holds a claim on their nodes so nobody
+  else takes the freed GPUs. At most ``preemptions_per_minute`` victims a minute.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from schemas import events as ev
+
+from .model import RUNNING, Job, Node, Run
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cell import Cell
+
+
+class Reservations:
+    # -- EASY reservation -------------------------------------------------------
+    def reserve(self: "Cell", job: Job) -> None:
+        releases = []
+        for run in self.runs.values():
+            end = run.projected_end_ms(self.now_ms)
+            for node_id, gpus in run.held.items():
+                releases.append((end, node_id, len(gpus)))
+        releases.sort()
+        best: Optional[tuple[int, tuple[str, ...], float]] = None
+        for gpus, per_node, estimate in self.shapes_of(job):
+            ok = self.node_filter(job, estimate, holder=True, claim_only=False)
+            fit = self.index.earliest_fit(min(per_node, gpus), -(-gpus // per_node), releases, ok)
+            if fit is None:
+                continue
+            start_ms, nodes = fit
+            finish = max(start_ms, self.now_ms) + estimate * 1000
+            if best is None or finish < best[2]:
+                best = (max(start_ms, self.now_ms), nodes, finish)
+        if best is None:
+            job.reason = "waiting: no healthy nodes can ever fit this shape right now"
+            return
+        changed = (self.reservation_job != job.job_id or self.reservation_nodes != best[1])
+        self.reservation_job = job.job_id
+        self.reservation_shadow_ms = best[0]
+        self.reservation_nodes = best[1]
+        if changed:
+            wait = (best[0] - self.now_ms) / 1000
+            job.reason = (f"reservation: holds {len(best[1])} node(s) from "
+                          f"t+{wait:.0f}s; others backfill around it")
+            self.emit(ev.JobWaitEstimated, job_id=job.job_id, wait_estimate_s=round(wait, 3),
+                      position=0, reason=job.reason)
+
+    def clear_reservation(self: "Cell") -> None:
+        self.reservation_job = ""
+        self.reservation_nodes = ()
+        self.reservation_shadow_ms = 0
+
+    # -- claims ---------------------------------------------------------------
+    def claimed_nodes(self: "Cell", except_job: str) -> dict[str, None]:
+        if not self.claims:
+            return {}
+        nodes: dict[str, None] = {}
+        for job_id, (claim_nodes, _) in self.claims.items():
+            if job_id != except_job:
+                for node_id in claim_nodes:
+                    nodes[node_id] = None
+        return nodes
+
+    def expire_claims(self: "Cell") -> None:
+        for job_id in [j for j, (_, until) in self.claims.items() if until <= self.now_ms]:
+            del self.claims[job_id]
+
+    # -- preemption -------------------------------------------------------------
+    def maybe_preempt(self: "Cell", job: Job) -> None:
+        if job.job_id in self.claims:
+            return
+        tier = self.config.tier(job.tier)
+        victim_ok = None
+        why = ""
+        waited_s = (self.now_ms - job.queued_ms) / 1000
+        if tier.may_preempt and waited_s >= tier.sla_wait_s:
+            why = f"{job.tier} job waited {waited_s:.0f}s past its SLA target {tier.sla_wait_s:.0f}s"
+            victim_ok = lambda run: self.config.tier(run.tier).rank > tier.rank  # noqa: E731
+        elif self.under_guarantee(job):
+            why = f"reclaiming reserved capacity of {job.tenant}/{job.tier}"
+            victim_ok = lambda run: self.is_borrower(run, job)  # noqa: E731
+        if victim_ok is None:
+            return
+        window = self.now_ms - 60_000
+        self.preempt_times = [t for t in self.preempt_times if t > window]
+        room = self.config.preemptions_per_minute - len(self.preempt_times)
+        if room <= 0:
+            job.reason = "waiting: preemption churn limit reached"
+            return
+        gpus, per_node, _ = job.shape
+        plan = self.plan_victims(min(per_node, gpus), -(-gpus // per_node), victim_ok)
+        if plan is None or len(plan[1]) > room:
+            return
+        nodes, victims = plan
+        self.claims[job.job_id] = (nodes, self.now_ms + int(
+            (self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000))
+        for run in victims:
+            self.preempt_times.append(self.now_ms)
+            self.request_exit(run, "preempt", job.job_id, f"preempted by {job.job_id}: {why}")
+        job.reason = f"preempting {len(victims)} run(s): {why}"
+
+    def plan_victims(self: "Cell", per_node: int, nodes_needed: int,
+                     victim_ok) -> Optional[tuple[tuple[str, ...], list[Run]]]:
+        min_run_ms = int(self.config.min_run_before_preempt_s * 1000)
+        options: list[tuple[int, str, list[Run]]] = []
+        for node in self.index.nodes.values():
+            if not node.schedulable:
+                continue
+            free = node.free_count()
+            if free >= per_node:
+                options.append((0, node.node_id, []))
+                continue
+            candidates = [run for run in self.runs_on(node)
+                          if self.eligible_victim(run, node, min_run_ms) and victim_ok(run)]
+            candidates.sort(key=lambda r: (-self.config.tier(r.tier).rank, -r.started_ms))
+            chosen: list[Run] = []
+            for run in candidates:
+                if free >= per_node:
+                    break
+                chosen.append(run)
+                free += sum(1 for i in run.held[node.node_id] if node.gpu_state[i] == "ok")
+            if free >= per_node:
+                options.append((sum(r.gpus for r in chosen), node.node_id, chosen))
+        if len(options) < nodes_needed:
+            return None
+        options.sort(key=lambda o: (o[0], o[1]))
+        picked = options[:nodes_needed]
+        if all(cost == 0 for cost, _, _ in picked):
+            return None  # it fits without preemption; placement will find it
+        victims: dict = {}
+        for _, _, runs in picked:
+            for run in runs:
+                victims[run.key] = run
+        return tuple(node_id for _, node_id, _ in picked), list(victims.values())
+
+    def eligible_victim(self: "Cell", run: Run, node: Node, min_run_ms: int) -> bool:
+        job = self.jobs.get(run.job_id)
+        return (run.phase == RUNNING and run.preemptible and run.checkpointable
+                and self.now_ms - run.started_ms >= min_run_ms and job is not None
+                and job.run == run.run
+                and job.preemptions < self.config.max_preemptions_per_job)
+
+    def under_guarantee(self: "Cell", job: Job) -> bool:
+        tenant = self.config.tenant(job.tenant)
+        org, _ = self.use_of(job)
+        if tenant.reserved_gpus and org.gpus + job.shape[0] <= tenant.reserved_gpus:
+            return True
+        tier = self.config.tier(job.tier)
+        return bool(tier.reserved_gpus and
+                    self.tier_use.get(job.tier, 0) + job.shape[0] <= tier.reserved_gpus)
+
+    def is_borrower(self: "Cell", run: Run, claimant: Job) -> bool:
+        """A run that uses GPUs beyond its own organisation's and tier's guarantee."""
+        if run.tenant == claimant.tenant and run.tier == claimant.tier:
+            return False
+        org, _ = self.use_of(run)
+        return (org.gpus > self.config.tenant(run.tenant).reserved_gpus and
+                self.tier_use.get(run.tier, 0) > self.config.tier(run.tier).reserved_gpus)
+
+    def guarantees_allow(self: "Cell", job: Job, gpus: int) -> bool:
+        """Non-preemptible work may not borrow other entities' idle guarantees:
+        it could never be reclaimed."""
+        unused = 0
+        for tenant in self.config.tenants:
+            if tenant.reserved_gpus and tenant.name != job.tenant:
+                used = self.org_use.get(tenant.name)
+                unused += max(0, tenant.reserved_gpus - (used.gpus if used else 0))
+        for tier in self.config.tiers:
+            if tier.reserved_gpus and tier.name != job.tier:
+                unused += max(0, tier.reserved_gpus - self.tier_use.get(tier.name, 0))
+        return self.index.free_total - unused >= gpus

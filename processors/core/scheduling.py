@@ -1,0 +1,275 @@
+"""The scheduling pass: fair order, gang placement, EASY backfill, preemption.
+
+Theory of operation
+-------------------
+A pass runs on every Tick (and, cheaply, after an admission or registration
+when GPUs are free):
+
+1. Preemption claims first: a job whose victims have left takes their GPUs.
+2. The reservation holder next: the first job in fair order that did not fit
+   holds a reservation (the earliest time, from running runs' projected ends,
+   at which its shape fits, and on which nodes) until it starts.
+3. Then jobs in fair order (``fairshare.py``). A job that fits is placed
+   atomically (one JobAssigned with its whole gang). A job that does not fit
+   becomes the reservation holder if there is none, may trigger preemption,
+   and the walk goes on: later jobs backfill only if they finish before the
+   reservation's shadow time or use none of its nodes (EASY backfill), up to
+   ``backfill_depth`` candidates.
+
+A run that outlives its estimate delays the reservation (the shadow time moves
+to its hard limit); it is never killed before that limit.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
+
+from schemas import events as ev
+
+from . import lifecycle as lc
+from .fairshare import Flow
+from .model import ASSIGNED, EXITING, RUNNING, STOPPING, Job, Node, Run
+from .placement import Placement
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cell import Cell
+
+QUICK_PASS_TESTS = 32
+
+
+class Scheduling:
+    # -- the pass -------------------------------------------------------------
+    def schedule(self: "Cell", full: bool) -> None:
+        if not self.queued_count or self.index.free_total == 0:
+            return
+        self.expire_claims()
+        for job_id in list(self.claims):
+            job = self.jobs.get(job_id)
+            if job is not None and job.state == lc.QUEUED:
+                self.try_start(job, "preemption claim", claim_only=True)
+        if self.reservation_job:
+            holder = self.jobs.get(self.reservation_job)
+            if holder is None or holder.state != lc.QUEUED:
+                self.clear_reservation()
+            elif not self.try_start(holder, "reservation holder", holder=True) and full:
+                self.reserve(holder)
+        offsets: dict[int, float] = {}
+        exhausted: set[int] = set()
+        cursors: dict[int, Iterator[str]] = {}
+        budget = self.config.backfill_depth if full else QUICK_PASS_TESTS
+        after_block = 0
+        while self.index.free_total > 0:
+            leaf = self.fair.pick(offsets, exhausted)
+            if leaf is None:
+                break
+            cursor = cursors.get(id(leaf))
+            if cursor is None:
+                cursor = cursors[id(leaf)] = self.candidates(leaf, budget)
+            job_id = next(cursor, None)
+            if job_id is None:
+                exhausted.add(id(leaf))
+                continue
+            job = self.jobs[job_id]
+            if job_id == self.reservation_job or job_id in self.claims:
+                self.fair.offset(offsets, leaf, job.cost)
+                continue
+            capped = self.cap_hit(job)
+            if capped:
+                exhausted.add(id(leaf) if capped == "user" else id(leaf.parent))
+                continue
+            why = "backfill" if self.reservation_job else "fair-share order"
+            if not self.try_start(job, why):
+                self.fair.offset(offsets, leaf, job.cost)
+                if not self.reservation_job and full:
+                    self.reserve(job)
+                self.maybe_preempt(job)
+            if self.reservation_job or not full:
+                after_block += 1
+                if after_block >= budget:
+                    break
+
+    @staticmethod
+    def candidates(leaf: Flow, limit: int) -> Iterator[str]:
+        """A snapshot of a leaf's first jobs (requeued first): the pass may
+        place or drop jobs while it walks them."""
+        ids = []
+        for source in (leaf.requeued, leaf.queue):
+            for job_id in source:
+                ids.append(job_id)
+                if len(ids) >= limit:
+                    return iter(ids)
+        return iter(ids)
+
+    def cap_hit(self: "Cell", job: Job) -> str:
+        tenant = self.config.tenant(job.tenant)
+        org, user = self.use_of(job)
+        gpus = job.shape[0]
+        if (tenant.max_gpus and org.gpus + gpus > tenant.max_gpus) or \
+                (tenant.max_running and org.running >= tenant.max_running):
+            return "org"
+        if (tenant.user_max_gpus and user.gpus + gpus > tenant.user_max_gpus) or \
+                (tenant.user_max_running and user.running >= tenant.user_max_running):
+            return "user"
+        return ""
+
+    # -- placing one job --------------------------------------------------------
+    def try_start(self: "Cell", job: Job, why: str, holder: bool = False,
+                  claim_only: bool = False) -> bool:
+        best: Optional[tuple[Placement, tuple[int, int, float]]] = None
+        for shape in self.shapes_of(job):
+            gpus, per_node, estimate = shape
+            if best is not None and estimate >= best[1][2]:
+                continue
+            if not job.spec.preemptible and not self.guarantees_allow(job, gpus):
+                continue
+            ok = self.node_filter(job, estimate, holder=holder, claim_only=claim_only)
+            placement = self.index.find(gpus, per_node, job.spec.model, ok)
+            if placement is not None:
+                best = (placement, shape)
+        if best is None:
+            return False
+        self.commit(job, best[0], best[1], why)
+        return True
+
+    def node_filter(self: "Cell", job: Job, estimate_s: float, holder: bool,
+                    claim_only: bool) -> Callable[[Node], bool]:
+        spec = job.spec
+        model_version = f"{spec.model}@{spec.model_version}"
+        now = self.now_ms
+        breakers = self.breakers
+        claimed = self.claimed_nodes(job.job_id)
+        own_claim = self.claims.get(job.job_id, ((), 0))[0]
+        reserved: tuple[str, ...] = ()
+        if not holder and self.reservation_job and \
+                now + estimate_s * 1000 > self.reservation_shadow_ms:
+            reserved = self.reservation_nodes
+        per_node_cpu = spec.cpus / max(1, -(-spec.gpus // spec.gpus_per_node))
+        per_node_mem = spec.mem_gb / max(1, -(-spec.gpus // spec.gpus_per_node))
+
+        def ok(node: Node) -> bool:
+            node_id = node.node_id
+            if claim_only and node_id not in own_claim:
+                return False
+            if node_id in claimed or node_id in reserved:
+                return False
+            if spec.gpu_type and node.gpu_type != spec.gpu_type:
+                return False
+            if breakers and (breakers.get((model_version, "node", node_id), 0) > now or
+                             breakers.get((model_version, "gpu_type", node.gpu_type), 0) > now):
+                return False
+            if node.cpus and node.cpus - node.cpus_used < per_node_cpu:
+                return False
+            if node.mem_gb and node.mem_gb - node.mem_used < per_node_mem:
+                return False
+            return True
+
+        return ok
+
+    def commit(self: "Cell", job: Job, placement: Placement, shape: tuple[int, int, float],
+               why: str) -> None:
+        gpus, per_node, estimate = shape
+        self.dequeue(job)
+        job.run += 1
+        job.shape = shape
+        job.state = lc.next_state(job.job_id, job.state, "assign")
+        if job.first_start_ms < 0:
+            job.first_start_ms = self.now_ms
+        charged = self.cost_of(job, gpus, estimate)
+        limit_ms = self.now_ms + int((estimate * self.config.overrun_factor
+                                      + self.config.overrun_grace_s) * 1000)
+        run = Run(job, job.run, placement.slices, estimate, self.now_ms, limit_ms, charged)
+        self.runs[run.key] = run
+        nodes_needed = len(placement.slices)
+        for piece in placement.slices:
+            node = self.index.nodes[piece.node_id]
+            for i in piece.gpus:
+                node.owner[i] = run.key
+            node.cpus_used += job.spec.cpus / nodes_needed
+            node.mem_used += job.spec.mem_gb / nodes_needed
+            self.index.mark_warm(node, piece.gpus, job.spec.model)
+            self.index.refresh(node)
+        org, user = self.use_of(job)
+        org.gpus += gpus
+        user.gpus += gpus
+        org.running += 1
+        user.running += 1
+        self.tier_use[job.tier] = self.tier_use.get(job.tier, 0) + gpus
+        self.fair.charge(self.leaf_of(job), charged)
+        self.running_end_gpu_s += gpus * (self.now_ms / 1000 + estimate)
+        self.running_gpus += gpus
+        self.push_limit(run)
+        self.assigned_unstarted[run.key] = None
+        if job.job_id == self.reservation_job:
+            self.clear_reservation()
+        self.claims.pop(job.job_id, None)
+        reason = f"{why}; {placement.reason}"
+        if len(self.shapes_of(job)) > 1:
+            reason += f"; elastic shape {gpus} GPUs x {estimate:.0f}s finishes earliest"
+        self.emit(ev.JobAssigned, job_id=job.job_id, run=run.run, placement=placement.slices,
+                  gpus=gpus, estimate_s=estimate, resume_from=job.checkpoint, reason=reason)
+        for piece in placement.slices:
+            node = self.index.nodes[piece.node_id]
+            self.emit(ev.StartRun, node_id=piece.node_id, incarnation=node.incarnation,
+                      run=run.run, spec=job.spec, gpus=piece.gpus, placement=placement.slices,
+                      estimate_s=estimate, resume_from=job.checkpoint)
+
+    # -- ending runs ------------------------------------------------------------
+    def end_run(self: "Cell", run: Run, confirmed: tuple[str, ...], reason: str) -> None:
+        """The run is over for the scheduler: release the GPUs of nodes whose
+        processes are known gone, and tell the others to stop (their GPUs stay
+        held until they confirm)."""
+        if run.phase != STOPPING:
+            self.settle(run)
+            run.phase = STOPPING
+            run.stop_sent_ms = self.now_ms
+            self.exiting.pop(run.key, None)
+            self.assigned_unstarted.pop(run.key, None)
+            self.stopping[run.key] = None
+        for node_id in tuple(run.held):
+            node = self.index.nodes[node_id]
+            if node_id in confirmed or node.state == "DOWN":
+                self.release_slice(run, node_id)
+            else:
+                self.emit(ev.StopRun, node_id=node_id, incarnation=node.incarnation,
+                          job_id=run.job_id, run=run.run, reason=reason)
+
+    def settle(self: "Cell", run: Run) -> None:
+        """Correct the fair-share charge to the GPU-time really used, once."""
+        used = run.gpus * max(0, self.now_ms - run.started_ms) / 1000
+        job = self.jobs.get(run.job_id)
+        leaf = self.fair.leaf((run.tier, run.tenant, run.user), (1.0, 1.0, 1.0)) \
+            if job is None else self.leaf_of(job)
+        self.fair.charge(leaf, used - run.charged)
+        org, user = self.use_of(run)
+        org.running -= 1
+        user.running -= 1
+        self.running_end_gpu_s -= run.gpus * (run.assigned_ms / 1000 + run.estimate_s)
+        self.running_gpus -= run.gpus
+
+    def release_slice(self: "Cell", run: Run, node_id: str) -> None:
+        gpus = run.held.pop(node_id, None)
+        if gpus is None:
+            return
+        node = self.index.nodes[node_id]
+        for i in gpus:
+            if node.owner[i] == run.key:
+                node.owner[i] = None
+        share = max(1, len(run.placement))
+        node.cpus_used = max(0.0, node.cpus_used - run.cpus / share)
+        node.mem_used = max(0.0, node.mem_used - run.mem_gb / share)
+        self.index.refresh(node)
+        org, user = self.use_of(run)
+        org.gpus -= len(gpus)
+        user.gpus -= len(gpus)
+        self.tier_use[run.tier] -= len(gpus)
+        if run.phase != STOPPING:
+            self.settle(run)
+            run.phase = STOPPING
+            self.stopping[run.key] = None
+        if not run.held:
+            self.stopping.pop(run.key, None)
+            self.exiting.pop(run.key, None)
+            self.assigned_unstarted.pop(run.key, None)
+            rates = self.model_rates.get(run.model_version)
+            if rates:
+                rates.pop(run.key, None)
+            del self.runs[run.key]
