@@ -62,8 +62,10 @@ class Accounting:
                               (tier.weight if tier else 1.0, tenant.weight, user_weight))
 
     def predicted_wait_s(self: "Cell", job: Job, own_ahead: float) -> float:
+        """``own_ahead``: GPU-seconds queued in the job's own flow up to and
+        including the job itself."""
         leaf = self.leaf_of(job)
-        ahead = self.fair.work_ahead(leaf, own_ahead if own_ahead else leaf.backlog)
+        ahead = self.fair.work_ahead(leaf, own_ahead)
         capacity = self.index.free_total + self.running_gpus
         if capacity <= 0:
             capacity = sum(n.total for n in self.index.nodes.values())

@@ -39,7 +39,11 @@ QUICK_PASS_TESTS = 32
 class Scheduling:
     # -- the pass -------------------------------------------------------------
     def schedule(self: "Cell", full: bool) -> None:
-        if not self.queued_count or self.index.free_total == 0:
+        if not self.queued_count:
+            return
+        if full:
+            self.preemption_scan()
+        if self.index.free_total == 0:
             return
         self.expire_claims()
         for job_id in list(self.claims):
@@ -86,6 +90,21 @@ class Scheduling:
                 after_block += 1
                 if after_block >= budget:
                     break
+
+    def preemption_scan(self: "Cell") -> None:
+        """With the cell full no placement is tried, so look at the heads of the
+        flows that may preempt (tiers past SLA, organisations under their
+        guarantee) directly."""
+        tiers = [t.name for t in self.config.tiers if t.may_preempt or t.reserved_gpus]
+        reserved = {t.name for t in self.config.tenants if t.reserved_gpus}
+        for tier_name, tier_flow in self.fair.root.active.items():
+            for org_name, org_flow in tier_flow.active.items():
+                if tier_name not in tiers and org_name not in reserved:
+                    continue
+                for leaf in list(org_flow.active.values()):
+                    head = next(self.candidates(leaf, 1), None)
+                    if head is not None and head in self.jobs:
+                        self.maybe_preempt(self.jobs[head])
 
     @staticmethod
     def candidates(leaf: Flow, limit: int) -> Iterator[str]:
