@@ -1,0 +1,692 @@
+"""The Kafka IO adapter every shell uses: topic creation, a producer, a consumer.
+
+Theory of operation
+-------------------
+This module moves bytes; it knows nothing about events (``schemas.codec`` turns
+events into bytes and back). It exists so that the broker's quirks are handled
+in one place (``/work/shared/BROKER-NOTES.md``; the embedded broker is Tansu):
+
+1. Topics are created explicitly with the catalogue's partition counts. Tansu
+   cannot add partitions later and auto-creates unknown topics with 4, so the
+   producer refuses to auto-create (``allow.auto.create.topics=false``) and a
+   mistyped topic fails delivery with ``UNKNOWN_TOPIC_OR_PART`` instead.
+   ``AdminClient.list_topics(topic=NAME)`` auto-creates NAME on Tansu: only ever
+   list *all* topics.
+2. Keyed records are partitioned with Kafka's murmur2 (the Java client's and
+   aiokafka's default), not librdkafka's default CRC32, so that
+   :func:`partition_for_key` and every producer agree on where a key lives.
+3. ListOffsets(latest) is wrong on Tansu, so nothing here asks for it: consumers
+   start at explicit offsets or ``earliest``, and :func:`read_all` stops at the
+   high watermark carried by Fetch responses.
+4. Consumer groups use the classic protocol with short session timeouts: the
+   broker holds a join for half the session timeout.
+5. Tansu answers a Fetch only when ``fetch.wait.max.ms`` has passed, even if
+   records arrived meanwhile (Kafka answers at once), so consumers wait at most
+   ``FETCH_WAIT_MS`` instead of librdkafka's 500 ms: measured median delivery
+   latency 3.7 ms at 10 ms, 27 ms at 100 ms, 200 ms at the default.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from schemas.topics import ALL_TOPICS, Topic
+
+log = logging.getLogger(__name__)
+
+Key = str | bytes | None
+Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]] | None
+
+
+class LogError(Exception):
+    """The log refused or lost something; the message says which topic and why."""
+
+
+class DeliveryError(LogError):
+    """A record was not written. ``error`` is librdkafka's ``KafkaError``."""
+
+    def __init__(self, topic: str, key: bytes | None, error: KafkaError) -> None:
+        self.topic = topic
+        self.key = key
+        self.error = error
+        super().__init__(
+            f"delivery to topic {topic!r} (key {key!r}) failed: {error.name()}: {error.str()}"
+        )
+
+
+class TopicMismatch(LogError):
+    """A topic exists with another partition count than the catalogue says."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """Where a record landed."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed record. ``timestamp_ms`` is the broker/producer timestamp, if any."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name``, or None."""
+        found = None
+        for k, v in self.headers:
+            if k == name:
+                found = v
+        return found
+
+
+# --------------------------------------------------------------------------
+# Topics
+# --------------------------------------------------------------------------
+def create_topics(
+    bootstrap_servers: str,
+    topics: Iterable[Topic] = ALL_TOPICS,
+    timeout: float = 10.0,
+    **conf: object,
+) -> list[str]:
+    """Create ``topics`` with their partition counts; return the names newly created.
+
+    Idempotent: a topic that already exists with the same partition count is fine;
+    one with a different count raises :class:`TopicMismatch` (partitions cannot be
+    added on Tansu, and keyed placement depends on the count). The replication
+    factor is the broker's default.
+    """
+    wanted = {t.name: t.partitions for t in topics}
+    if not wanted:
+        return []
+    # The AdminClient must stay referenced until its futures resolve
+    # (BROKER-NOTES); ``admin`` lives until this function returns.
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **conf})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=n) for name, n in wanted.items()],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    created = []
+    for name, future in futures.items():
+        # exception() rather than result(): raising here would tie this frame (and
+        # the admin's open connection) into a traceback cycle until the next GC,
+        # and Tansu waits ~5 s for open connections when stopped.
+        exc = future.exception(timeout=timeout)
+        if exc is None:
+            created.append(name)
+        elif not (isinstance(exc, KafkaException) and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            reason = exc.args[0].str() if isinstance(exc, KafkaException) else repr(exc)
+            raise LogError(f"cannot create topic {name!r}: {reason}") from exc
+    _check_partition_counts(admin, wanted, timeout)
+    return created
+
+
+def _check_partition_counts(admin: AdminClient, wanted: Mapping[str, int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        # All topics, never one by name: a Metadata request for a named topic
+        # auto-creates it on Tansu.
+        metadata = admin.list_topics(timeout=max(0.1, deadline - time.monotonic()))
+        actual = {n: len(metadata.topics[n].partitions) for n in wanted if n in metadata.topics}
+        if len(actual) == len(wanted):
+            break
+        if time.monotonic() >= deadline:  # creation propagates asynchronously on Kafka
+            missing = sorted(set(wanted) - set(actual))
+            raise LogError(f"topics {missing} not visible in metadata after {timeout} s")
+        time.sleep(0.05)
+    wrong = {n: (actual[n], wanted[n]) for n in wanted if actual[n] != wanted[n]}
+    if wrong:
+        detail = ", ".join(f"{n!r} has {a} partitions, the catalogue says {w}" for n, (a, w) in wrong.items())
+        raise TopicMismatch(
+            f"{detail}; partitions cannot be changed in place: recreate the topic "
+            "(or the broker's storage) or fix schemas/topics.py"
+        )
+
+
+# --------------------------------------------------------------------------
+# Partitioning
+# --------------------------------------------------------------------------
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (``org.apache.kafka.common.utils.Utils.murmur2``), unsigned 32 bit."""
+    m = 0x5BD1E995
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    tail = length & ~3
+    for i in range(0, tail, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    rest = length & 3
+    if rest == 3:
+        h ^= data[tail + 2] << 16
+    if rest >= 2:
+        h ^= data[tail + 1] << 8
+    if rest >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def partition_for_key(key: str | bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner puts ``key`` in.
+
+    ``(murmur2(utf8(key)) & 0x7fffffff) % partitions``: the same as the Java client,
+    aiokafka (faust) and :class:`LogProducer` (``partitioner=murmur2_random``), so
+    a record produced without an explicit partition lands where this says.
+    """
+    if partitions <= 0:
+        raise ValueError(f"partitions must be positive, got {partitions}")
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    return (murmur2(raw) & 0x7FFFFFFF) % partitions
+
+
+# --------------------------------------------------------------------------
+# Producer
+# --------------------------------------------------------------------------
+def _key_bytes(key: Key) -> bytes | None:
+    return key.encode("utf-8") if isinstance(key, str) else key
+
+
+def _header_list(headers: Headers) -> list[tuple[str, bytes | str]] | None:
+    if headers is None:
+        return None
+    return list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+
+
+class LogProducer:
+    """A durable, idempotent producer with a background poll thread.
+
+    :meth:`produce` queues and returns at once (failures surface in :meth:`flush`
+    or the given ``on_delivery``); ``await`` :meth:`send` returns once the broker
+    has acknowledged the record. Defaults: ``acks=all``, idempotence on,
+    ``linger.ms=2``, murmur2 partitioning, no topic auto-creation. ``conf`` holds
+    extra librdkafka settings (dots as in librdkafka: pass them via ``**{...}``).
+    Always :meth:`close` it (or use ``with``): the poll thread keeps it alive.
+    The first delivery of a new producer takes 0.5-1 s (librdkafka acquires the
+    idempotent producer id on a 500 ms timer); later ones take milliseconds.
+    """
+
+    _POLL_S = 0.05
+    _QUEUE_FULL_WAIT_S = 30.0
+
+    def __init__(self, bootstrap_servers: str, **conf: object) -> None:
+        settings: dict[str, object] = {
+            "bootstrap.servers": bootstrap_servers,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 2,
+            "partitioner": "murmur2_random",
+            "allow.auto.create.topics": False,
+            # An unknown topic fails after this long rather than after delivery.timeout.ms.
+            "topic.metadata.propagation.max.ms": 10_000,
+            "error_cb": self._on_error,
+        }
+        settings.update(conf)
+        self._producer = Producer(settings)
+        self._report_failure = self._on_unwatched_delivery  # one bound method, not one per record
+        self._failures: list[DeliveryError] = []
+        self._fatal: KafkaError | None = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._poll_loop, name="log-producer-poll", daemon=True)
+        self._thread.start()
+
+    # -- callbacks (run on the poll thread, or on a thread inside flush) ----------
+    def _poll_loop(self) -> None:
+        while not self._closed.is_set():
+            self._producer.poll(self._POLL_S)
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            with self._lock:
+                self._fatal = error
+            log.error("producer fatal error: %s", error.str())
+        else:  # librdkafka retries these itself (e.g. a broker briefly down)
+            log.warning("producer: %s", error.str())
+
+    def _on_unwatched_delivery(self, error: KafkaError | None, msg) -> None:
+        if error is not None:
+            self._record_failure(error, msg)
+
+    def _record_failure(self, error: KafkaError, msg) -> None:
+        failure = DeliveryError(msg.topic(), msg.key(), error)
+        log.error("%s", failure)
+        with self._lock:
+            self._failures.append(failure)
+
+    def _raise_if_fatal(self) -> None:
+        if self._fatal is not None:
+            raise LogError(f"producer is unusable after a fatal error: {self._fatal.str()}; create a new one")
+
+    # -- API ----------------------------------------------------------------------
+    def produce(
+        self,
+        topic: str,
+        key: Key,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Headers = None,
+        on_delivery: Callable[[DeliveryError | None, Delivered | None], None] | None = None,
+    ) -> None:
+        """Queue one record; returns at once.
+
+        Raises :class:`DeliveryError` if librdkafka refuses the record up front (an
+        unknown topic or partition, a record too large). Otherwise, without
+        ``on_delivery``, a failed delivery is logged and raised by the next
+        :meth:`flush`/:meth:`close`. With it, ``on_delivery(error, delivered)`` is
+        called from the poll thread: keep it short and thread-safe.
+        """
+        self._raise_if_fatal()
+        if on_delivery is None:
+            callback = self._report_failure
+        else:
+
+            def callback(err, msg):
+                if err is not None:
+                    on_delivery(DeliveryError(msg.topic(), msg.key(), err), None)
+                else:
+                    on_delivery(None, Delivered(msg.topic(), msg.partition(), msg.offset()))
+
+        deadline = time.monotonic() + self._QUEUE_FULL_WAIT_S
+        while True:
+            try:
+                self._produce(topic, key, value, partition, headers, callback)
+                return
+            except BufferError:  # local queue full: let deliveries drain
+                if time.monotonic() >= deadline:
+                    raise LogError(
+                        f"producer queue still full after {self._QUEUE_FULL_WAIT_S} s (topic {topic!r}); "
+                        "is the broker reachable?"
+                    ) from None
+                self._producer.poll(self._POLL_S)
+
+    async def send(
+        self,
+        topic: str,
+        key: Key,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Headers = None,
+    ) -> Delivered:
+        """Write one record and return where it landed; raises :class:`DeliveryError`.
+
+        Cancelling the awaiting task does not unsend the record.
+        """
+        self._raise_if_fatal()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Delivered] = loop.create_future()
+
+        def settle(err, msg) -> None:
+            if future.done():  # the awaiting task was cancelled
+                return
+            if err is not None:
+                future.set_exception(DeliveryError(msg.topic(), msg.key(), err))
+            else:
+                future.set_result(Delivered(msg.topic(), msg.partition(), msg.offset()))
+
+        def callback(err, msg) -> None:
+            try:
+                loop.call_soon_threadsafe(settle, err, msg)
+            except RuntimeError:  # the loop is closed; nobody is waiting any more
+                if err is not None:
+                    self._record_failure(err, msg)
+
+        while True:
+            try:
+                self._produce(topic, key, value, partition, headers, callback)
+                break
+            except BufferError:
+                await asyncio.sleep(self._POLL_S)
+        return await future
+
+    def _produce(self, topic, key, value, partition, headers, callback) -> None:
+        raw_key = _key_bytes(key)
+        try:
+            self._producer.produce(
+                topic,
+                value=value,
+                key=raw_key,
+                partition=-1 if partition is None else partition,
+                headers=_header_list(headers),
+                on_delivery=callback,
+            )
+        except KafkaException as exc:  # refused up front, e.g. a topic already known not to exist
+            raise DeliveryError(topic, raw_key, exc.args[0]) from None
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued record is delivered; raise the first failure since the last flush."""
+        remaining = self._producer.flush(timeout)
+        with self._lock:
+            failures, self._failures = self._failures, []
+        self._raise_if_fatal()
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise LogError(f"{failures[0]}{more}") from failures[0]
+        if remaining:
+            raise LogError(f"{remaining} records still undelivered after {timeout} s; is the broker reachable?")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush, stop the poll thread and drop the connections. Idempotent.
+
+        Records still undelivered after ``timeout`` are purged (and reported by the
+        raised error): librdkafka's own close would otherwise wait for them until
+        ``delivery.timeout.ms``. Dropping the connections matters: Tansu waits ~5 s
+        for open connections when it is stopped.
+        """
+        if self._closed.is_set():
+            return
+        try:
+            self.flush(timeout)
+        finally:
+            self._closed.set()
+            self._thread.join()
+            if len(self._producer):
+                self._producer.purge()
+                self._producer.poll(0)  # run the purged records' callbacks
+            self._producer.close()
+
+    def __enter__(self) -> LogProducer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------
+# Consumer
+# --------------------------------------------------------------------------
+FETCH_WAIT_MS = 20
+# Errors that are a caller's mistake, not a transient broker condition.
+_RAISE_ON = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+}
+
+
+def _to_record(msg) -> Record:
+    ts_type, ts = msg.timestamp()
+    return Record(
+        topic=msg.topic(),
+        partition=msg.partition(),
+        offset=msg.offset(),
+        key=msg.key(),
+        value=msg.value(),
+        headers=tuple(msg.headers() or ()),
+        timestamp_ms=ts if ts_type else None,  # TIMESTAMP_NOT_AVAILABLE == 0
+    )
+
+
+class LogConsumer:
+    """A consumer for the two ways framespool reads the log.
+
+    (a) Manual assignment (agents, replay and tools): :meth:`assign` explicit
+        partitions from explicit offsets, or :meth:`resume` them from the group's
+        committed positions; no group membership, no rebalances; :meth:`commit`
+        stores positions under ``group_id`` if one is given.
+    (b) Classic group subscription: :meth:`subscribe`; commit explicitly.
+
+    Auto-commit is off, ``auto.offset.reset`` is ``earliest`` (``latest`` relies on
+    ListOffsets(latest), which Tansu gets wrong) and the classic group protocol is
+    kept (``group.protocol=consumer`` never assigns on Tansu); both are refused if
+    passed in ``conf``. The consumer is not thread-safe: use it from one thread
+    at a time (``await asyncio.to_thread(c.poll, 1.0)`` from async code).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        group_id: str | None = None,
+        *,
+        session_timeout_ms: int = 6000,
+        heartbeat_interval_ms: int = 1000,
+        **conf: object,
+    ) -> None:
+        if str(conf.get("group.protocol", "classic")).lower() != "classic":
+            raise ValueError("group.protocol must stay 'classic': the broker never assigns under 'consumer'")
+        if str(conf.get("auto.offset.reset", "earliest")).lower() not in ("earliest", "smallest", "beginning"):
+            raise ValueError("auto.offset.reset must be 'earliest': 'latest' relies on ListOffsets(latest), wrong on Tansu")
+        # librdkafka needs a group id even for manual assignment; an anonymous
+        # one is never joined and never committed to.
+        self._anonymous = group_id is None
+        self.group_id = group_id or f"framespool-anonymous-{uuid.uuid4().hex}"
+        settings: dict[str, object] = {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": session_timeout_ms,
+            "heartbeat.interval.ms": heartbeat_interval_ms,
+            # Tansu holds every Fetch for the full wait even when records arrive,
+            # so this is the added latency per hop (librdkafka default 500 ms).
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "error_cb": self._on_error,
+        }
+        settings.update(conf)
+        self._consumer = Consumer(settings)
+        self._closed = False
+
+    @staticmethod
+    def _on_error(error: KafkaError) -> None:
+        (log.error if error.fatal() else log.warning)("consumer: %s", error.str())
+
+    # -- pattern (a): manual assignment -------------------------------------------
+    def assign(self, topic: str, partitions: Iterable[int], offsets: int | Mapping[int, int] = 0) -> None:
+        """Read ``partitions`` of ``topic`` starting at ``offsets`` (one for all, or per partition).
+
+        Replaces any previous assignment.
+        """
+        parts = list(partitions)
+        start = offsets if isinstance(offsets, Mapping) else {p: offsets for p in parts}
+        self._consumer.assign([TopicPartition(topic, p, start[p]) for p in parts])
+
+    def committed(self, topic: str, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, int | None]:
+        """The group's committed next-offset per partition (None where nothing is committed)."""
+        result = self._consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+        out: dict[int, int | None] = {}
+        for tp in result:
+            if tp.error is not None:
+                raise LogError(f"cannot fetch committed offset of {topic}[{tp.partition}]: {tp.error.str()}")
+            out[tp.partition] = None if tp.offset == OFFSET_INVALID or tp.offset < 0 else tp.offset
+        return out
+
+    def resume(self, topic: str, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, int]:
+        """Assign ``partitions`` from the group's committed positions (0 where none); return them."""
+        if self._anonymous:
+            raise LogError("resume() needs a group_id to read committed positions from")
+        parts = list(partitions)
+        start = {p: (off if off is not None else 0) for p, off in self.committed(topic, parts, timeout).items()}
+        self.assign(topic, parts, start)
+        return start
+
+    # -- pattern (b): group subscription ------------------------------------------
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        on_assign: Callable[[list[TopicPartition]], None] | None = None,
+        on_revoke: Callable[[list[TopicPartition]], None] | None = None,
+    ) -> None:
+        """Join ``group_id`` and read what the group assigns; callbacks run inside :meth:`poll`."""
+        if self._anonymous:
+            raise LogError("subscribe() needs a group_id")
+        kwargs = {}
+        if on_assign is not None:
+            kwargs["on_assign"] = lambda _consumer, parts: on_assign(parts)
+        if on_revoke is not None:
+            kwargs["on_revoke"] = lambda _consumer, parts: on_revoke(parts)
+        self._consumer.subscribe(list(topics), **kwargs)
+
+    # -- reading and committing ---------------------------------------------------
+    def poll(self, timeout: float = 1.0) -> Record | None:
+        """The next record, or None if none arrived within ``timeout`` seconds."""
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return None
+        error = msg.error()
+        if error is None:
+            return _to_record(msg)
+        self._handle_error(error, msg)
+        return None
+
+    def consume(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
+        """Up to ``max_records`` records: waits at most ``timeout`` seconds for the first,
+        then takes only what has already arrived (librdkafka's own ``consume`` would
+        wait out the timeout until it has ``max_records``)."""
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return []
+        records = []
+        more = self._consumer.consume(max_records - 1, 0) if max_records > 1 else []
+        for msg in (first, *more):
+            error = msg.error()
+            if error is None:
+                records.append(_to_record(msg))
+            else:
+                self._handle_error(error, msg)
+        return records
+
+    @staticmethod
+    def _handle_error(error: KafkaError, msg) -> None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        where = f"{msg.topic()}[{msg.partition()}]" if msg.topic() else "consumer"
+        if error.fatal() or error.code() in _RAISE_ON:
+            raise LogError(f"{where}: {error.name()}: {error.str()}")
+        log.warning("%s: %s", where, error.str())  # transient; librdkafka retries
+
+    def commit(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Synchronously commit ``{(topic, partition): next offset to read}`` under ``group_id``."""
+        if self._anonymous:
+            raise LogError("commit() needs a group_id")
+        if not positions:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        try:
+            result = self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            raise LogError(f"commit of {positions} for group {self.group_id!r} failed: {exc.args[0].str()}") from exc
+        failed = [tp for tp in result or () if tp.error is not None]
+        if failed:
+            raise LogError(f"commit failed for group {self.group_id!r}: {[(tp.topic, tp.partition, tp.error.str()) for tp in failed]}")
+
+    def commit_through(self, record: Record) -> None:
+        """Commit everything up to and including ``record``."""
+        self.commit({(record.topic, record.partition): record.offset + 1})
+
+    def high_watermark(self, topic: str, partition: int) -> int | None:
+        """The partition's high watermark from the latest Fetch response, or None before one.
+
+        Never an uncached ListOffsets: Tansu's ListOffsets(latest) is wrong.
+        """
+        _low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        return None if high < 0 else high
+
+    def partitions_of(self, topic: str, timeout: float = 10.0) -> int:
+        """How many partitions ``topic`` has; raises if it does not exist.
+
+        A consumer's Metadata request does not auto-create topics (an admin's does).
+        """
+        metadata = self._consumer.list_topics(topic, timeout=timeout)
+        entry = metadata.topics.get(topic)
+        if entry is None or entry.error is not None or not entry.partitions:
+            reason = entry.error.str() if entry is not None and entry.error is not None else "no partitions"
+            raise LogError(f"topic {topic!r} is not readable: {reason}; create it with create_topics()")
+        return len(entry.partitions)
+
+    def close(self) -> None:
+        """Leave the group (if subscribed) and release the connection. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
+
+    def __enter__(self) -> LogConsumer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def read_all(
+    bootstrap_servers: str,
+    topic: str,
+    partitions: Iterable[int] | None = None,
+    timeout_s: float = 30.0,
+    **conf: object,
+) -> list[Record]:
+    """Every record of ``topic`` (or of ``partitions``), from offset 0 to the high watermark.
+
+    Records come partition by partition, in offset order within each. Each
+    partition stops where a Fetch response said its high watermark was when the
+    reader caught up (librdkafka's partition-EOF event, cross-checked against
+    ``get_watermark_offsets(cached=True)``); records appended later are not
+    included. Tansu quirk: ListOffsets(latest), i.e. ``end_offsets``, uncached
+    ``get_watermark_offsets`` and consumer lag, is wrong there, so "the end" must
+    come from a Fetch response as here, never from ListOffsets. Raises
+    ``TimeoutError`` naming the partitions not read to their end in ``timeout_s``.
+    """
+    conf = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, **conf}
+    with LogConsumer(bootstrap_servers, **conf) as consumer:
+        parts = sorted(partitions) if partitions is not None else list(range(consumer.partitions_of(topic)))
+        if not parts:
+            return []
+        consumer.assign(topic, parts, 0)
+        by_partition: dict[int, list[Record]] = {p: [] for p in parts}
+        open_parts = set(parts)
+        deadline = time.monotonic() + timeout_s
+        while open_parts:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"read_all({topic!r}): partitions {sorted(open_parts)} not read to their high "
+                    f"watermark within {timeout_s} s"
+                )
+            msg = consumer._consumer.poll(min(left, 0.5))
+            if msg is None:
+                continue
+            p = msg.partition()
+            if p not in open_parts:
+                continue  # already at its end: later appends are not ours
+            error = msg.error()
+            if error is None:
+                by_partition[p].append(_to_record(msg))
+            elif error.code() == KafkaError._PARTITION_EOF:
+                # EOF means "fetch position == the Fetch response's high watermark".
+                high = consumer.high_watermark(topic, p)
+                if high is not None and msg.offset() < high:
+                    continue  # stale EOF; more is on its way
+                consumer._consumer.pause([TopicPartition(topic, p)])
+                open_parts.discard(p)
+            else:
+                consumer._handle_error(error, msg)
+        return [r for p in parts for r in by_partition[p]]

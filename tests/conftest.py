@@ -1,0 +1,145 @@
+"""Shared fixtures: a Kafka-compatible broker, an S3 API server, scratch dirs.
+
+Broker (``kafka_bootstrap``, one per session), first that applies:
+
+1. ``KAFKA_BOOTSTRAP_SERVERS`` if set (an external Kafka);
+2. a testcontainers Kafka (KRaft) when a Docker engine answers, unless
+   ``FRAMESPOOL_TEST_BROKER=embedded``;
+3. the embedded Tansu broker (``framespool.broker.EmbeddedBroker``).
+
+The catalogue's topics are created on it once. The log is shared by every test
+in the session and cannot be truncated, so tests isolate themselves by topic:
+a test that needs empty topics takes ``fresh_topics``, a ``TopicSet`` with the
+catalogue's attribute names (``fresh_topics.COMMANDS.name`` ...) whose topics
+carry a unique suffix and the catalogue's partition counts. Code under test must
+therefore take topic names as parameters rather than import them.
+
+S3 (``s3_endpoint``, one per session): ``AWS_ENDPOINT_URL`` if set (a real S3 or
+MinIO, with the caller's credentials); else moto's server in this process on a
+loopback port, with dummy ``AWS_*`` credentials in the environment.
+``s3_bucket`` makes an empty bucket per test.
+
+Everything binds 127.0.0.1 on free ports and is stopped at the end.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from framespool.broker import EmbeddedBroker, free_port
+from producers.log import create_topics
+from schemas import topics as catalogue
+from schemas.topics import Topic
+
+
+class TopicSet:
+    """The catalogue's topics under other names: same attributes, same partition counts."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+        mine = []
+        for attr, topic in vars(catalogue).items():
+            if isinstance(topic, Topic):
+                copy = Topic(f"{topic.name}.{suffix}", topic.partitions, topic.key)
+                setattr(self, attr, copy)
+                mine.append(copy)
+        self.all: tuple[Topic, ...] = tuple(mine)
+
+    def __repr__(self) -> str:
+        return f"TopicSet(suffix={self.suffix!r})"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+        return True
+    except Exception:  # no engine, no socket, no permission: all mean "not here"
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """bootstrap.servers of a broker that has the catalogue's topics."""
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    choice = os.environ.get("FRAMESPOOL_TEST_BROKER", "auto")
+    if external:
+        create_topics(external)
+        yield external
+    elif choice != "embedded" and _docker_answers():
+        try:
+            from testcontainers.community.kafka import KafkaContainer
+        except ImportError:  # testcontainers < 4.15
+            from testcontainers.kafka import KafkaContainer
+        container = KafkaContainer().with_kraft()
+        container.start()
+        try:
+            bootstrap = container.get_bootstrap_server()
+            create_topics(bootstrap)
+            yield bootstrap
+        finally:
+            container.stop()
+    else:
+        log_path = tmp_path_factory.mktemp("broker") / "tansu.log"
+        with EmbeddedBroker(log_path=log_path) as broker:
+            broker.create_topics()
+            yield broker.bootstrap_servers
+
+
+@pytest.fixture
+def fresh_topics(kafka_bootstrap: str) -> TopicSet:
+    """Empty copies of the catalogue's topics, created for this test only."""
+    topic_set = TopicSet(uuid.uuid4().hex[:10])
+    create_topics(kafka_bootstrap, topic_set.all)
+    return topic_set
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """The URL of an S3 API endpoint; credentials are in the environment."""
+    external = os.environ.get("AWS_ENDPOINT_URL")
+    if external:
+        yield external
+        return
+    from moto.server import ThreadedMotoServer
+
+    env = pytest.MonkeyPatch()
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        env.setenv(name, value)
+    for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE"):
+        env.delenv(name, raising=False)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+        env.undo()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A new, empty bucket on ``s3_endpoint``."""
+    import boto3
+
+    name = f"framespool-test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def tmp_data_dir(tmp_path: Path) -> Path:
+    """An empty directory for one test's process data (rocksdict stores, artifacts)."""
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
