@@ -1,0 +1,323 @@
+"""The node agent: the imperative shell around the run ledger and the runner.
+
+Theory of operation
+-------------------
+1. On start the agent takes a new incarnation (greater than any this data dir
+   has used, and than the last one it saw by clock) and produces
+   ``NodeRegistered`` to its cell's partition of the scheduler topic, keyed by
+   the cell id.
+2. It reads only the assignments partition its node id hashes to (manual
+   assignment, no rebalances), from the position committed under its own group
+   (else 0). Records keyed for other nodes are skipped undecoded; records it
+   cannot decode go to dead-letter with a ``reason`` header and their key.
+3. Each instruction goes through :class:`RunLedger` (fencing, dedupe); the
+   agent carries out the decision: launch (download the checkpoint, start the
+   runner, ``RunStarted``), stop (``RunStopped`` once the process group is
+   gone), checkpoint (signal, upload, ``RunCheckpointed``), or confirm a run it
+   does not have as stopped. Offsets are committed after the batch is handled:
+   a redelivered instruction is deduped by the ledger or fenced by incarnation.
+4. Runs report progress to the progress topic (throttled; 0 and 1.0 always),
+   upload checkpoints and outputs under run-scoped keys, and end with exactly
+   one of ``RunCompleted``/``RunFailed``/``RunStopped`` (deterministic ids).
+   Checkpoint uploads finish before the run's final report.
+5. Every ``heartbeat_s`` a ``NodeHeartbeat`` carries GPU health (probe plus the
+   model last run on each GPU) and a report per run it holds.
+6. On shutdown it kills its generators' process groups and exits without
+   reporting; after a restart the scheduler reconciles the new incarnation.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Awaitable, Optional
+
+from agents import reports
+from agents.artifacts import ArtifactStore
+from agents.execution import RunExecution, now_ms
+from agents.gpus import GpuProbe, with_warm_models
+from agents.ledger import Action, RunLedger
+from agents.profiles import ModelProfile
+from producers.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
+from schemas import topics as catalogue
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun
+from schemas.topics import agent_group, partition_of_cell
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 1.0
+
+
+def next_incarnation(data_dir: Path, requested: Optional[int] = None) -> int:
+    """A number greater than every incarnation this node used before, persisted."""
+    path = data_dir / "incarnation"
+    try:
+        previous = int(path.read_text().strip())
+    except (OSError, ValueError):
+        previous = 0
+    value = requested if requested is not None else max(previous + 1, int(time.time() * 1000))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(max(value, previous)))
+    os.replace(tmp, path)
+    return value
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100] or "_"
+
+
+class NodeAgent:
+    """One node's agent. ``await start()`` / ``await stop()``, or ``run_until_signalled()``."""
+
+    def __init__(self, node_id: str, cell: str, bootstrap: str, store: ArtifactStore,
+                 probe: GpuProbe, profiles: dict[str, ModelProfile], data_dir: Path | str,
+                 heartbeat_s: float = 1.0, time_scale: float = 1.0,
+                 incarnation: Optional[int] = None, *, rail: str = "rail-0",
+                 topics: Any = catalogue, progress_interval_s: float = 0.2) -> None:
+        self.progress_interval_s = progress_interval_s
+        self.node_id, self.cell, self.bootstrap = node_id, cell, bootstrap
+        self.store, self.probe, self.profiles = store, probe, profiles
+        self.data_dir = Path(data_dir)
+        self.heartbeat_s, self.time_scale = heartbeat_s, time_scale
+        self.rail, self.topics = rail, topics
+        self._requested_incarnation = incarnation
+        self.incarnation = 0
+        self.cell_partition = partition_of_cell(cell)
+        if self.cell_partition >= topics.SCHEDULER.partitions:
+            raise ValueError(f"cell {cell!r} needs partition {self.cell_partition} but "
+                             f"{topics.SCHEDULER.name} has {topics.SCHEDULER.partitions}")
+        self.assignment_partition = partition_for_key(node_id, topics.ASSIGNMENTS.partitions)
+        self._key = node_id.encode()
+        self._runs: dict[tuple[str, int], RunExecution] = {}
+        self._warm: dict[int, str] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.closing = False  # RunHost: once set, runs end without reporting
+        self._producer: Optional[LogProducer] = None
+        self._consumer: Optional[LogConsumer] = None
+        self.ledger: RunLedger = RunLedger(node_id, 0)
+
+    # -- lifecycle ------------------------------------------------------------
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.incarnation = next_incarnation(self.data_dir, self._requested_incarnation)
+        self.ledger = RunLedger(self.node_id, self.incarnation)
+        self._producer = LogProducer(self.bootstrap)
+        cpus = float(os.cpu_count() or 0)
+        mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+        await self.report(reports.registered(
+            node_id=self.node_id, incarnation=self.incarnation, cell=self.cell,
+            gpus=self.probe.count, gpu_type=self.probe.gpu_type, rail=self.rail,
+            cpus=cpus, mem_gb=mem_gb, ts_ms=now_ms()))
+        self._consumer = LogConsumer(self.bootstrap, group_id=agent_group(self.node_id))
+        start = await asyncio.to_thread(self._consumer.resume, self.topics.ASSIGNMENTS.name,
+                                        [self.assignment_partition])
+        log.info("agent %s incarnation %d registered in %s; reading %s[%d] from %s", self.node_id,
+                 self.incarnation, self.cell, self.topics.ASSIGNMENTS.name,
+                 self.assignment_partition, start)
+        self.spawn(self._consume_loop(), "consume")
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+
+    async def stop(self) -> None:
+        """Kill every generator's process group, stop reading, flush, close."""
+        if self.closing:
+            return
+        self.closing = True
+        runners = [r.runner for r in self._runs.values() if r.runner is not None]
+        await asyncio.gather(*(r.stop(grace_s=min(r.profile.stop_grace_s, 5.0)) for r in runners),
+                             return_exceptions=True)
+        pending = list(self._tasks)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 5.0)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._consumer is not None:
+            await asyncio.to_thread(self._consumer.close)
+        if self._producer is not None:
+            with contextlib.suppress(LogError):
+                await asyncio.to_thread(self._producer.close, 10.0)
+
+    async def run_until_signalled(self) -> None:
+        """Start, run until SIGTERM or SIGINT, then stop."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=f"agent-{self.node_id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent %s task %s failed", self.node_id, task.get_name(), exc_info=task.exception())
+
+    # -- producing ------------------------------------------------------------
+    async def report(self, event: Any) -> None:
+        """Write a report to the cell partition; retried until written or closing."""
+        assert self._producer is not None
+        value = encode(event)
+        while True:
+            try:
+                await self._producer.send(self.topics.SCHEDULER.name, self.cell, value,
+                                          partition=self.cell_partition)
+                return
+            except LogError as e:
+                if self.closing:
+                    raise
+                log.warning("agent %s: %s not written (%s); retrying", self.node_id,
+                            type(event).__name__, e)
+                await asyncio.sleep(RETRY_S)
+
+    def _fire(self, topic: str, key: str, event: Any, partition: Optional[int] = None) -> None:
+        """Samples (heartbeats, progress): queue and move on; a loss is logged, not retried."""
+        assert self._producer is not None
+        try:
+            self._producer.produce(topic, key, encode(event), partition=partition,
+                                   on_delivery=self._delivery_failed)
+        except LogError as e:
+            log.warning("agent %s: %s not queued: %s", self.node_id, type(event).__name__, e)
+
+    def _delivery_failed(self, error: Any, delivered: Any) -> None:
+        if error is not None:
+            log.warning("agent %s: sample lost: %s", self.node_id, error)
+
+    # -- consuming ------------------------------------------------------------
+    async def _consume_loop(self) -> None:
+        assert self._consumer is not None
+        consumer = self._consumer
+        while not self.closing:
+            try:
+                records = await asyncio.to_thread(consumer.consume, 100, 0.2)
+            except LogError as e:
+                log.warning("agent %s: assignments: %s", self.node_id, e)
+                await asyncio.sleep(RETRY_S)
+                continue
+            for record in records:
+                try:
+                    await self._handle_record(record)
+                except Exception:  # one bad record must not stop the node's instructions
+                    log.exception("agent %s: %s[%d]@%d not handled", self.node_id, record.topic,
+                                  record.partition, record.offset)
+            if records:
+                try:
+                    await asyncio.to_thread(consumer.commit_through, records[-1])
+                except LogError as e:  # redelivery after a restart is fenced by incarnation
+                    log.warning("agent %s: commit failed: %s", self.node_id, e)
+
+    async def _handle_record(self, record: Record) -> None:
+        if record.key is not None and record.key != self._key:
+            return  # another node's instruction shares this partition
+        if record.value is None:
+            return await self._dead_letter(record, "empty_value", "record has no value")
+        try:
+            cmd = decode(record.value)
+        except DecodeError as e:
+            return await self._dead_letter(record, e.reason, str(e))
+        if not isinstance(cmd, (StartRun, StopRun, CheckpointRun)):
+            return await self._dead_letter(record, "unexpected_event_type",
+                                           f"{type(cmd).__name__} does not belong on assignments")
+        decision = self.ledger.decide(cmd)
+        key = (decision.job_id, decision.run)
+        if decision.action is Action.IGNORE:
+            log.info("agent %s ignores %s %s (job %s run %d): %s", self.node_id,
+                     type(cmd).__name__, cmd.event_id, *key, decision.reason)
+        elif decision.action is Action.LAUNCH:
+            assert isinstance(cmd, StartRun)
+            for old in decision.supersedes:
+                self._stop_run(old)
+            self._launch(cmd)
+        elif decision.action is Action.STOP:
+            self._stop_run(key)
+        elif decision.action is Action.CHECKPOINT:
+            self._checkpoint(key)
+        elif decision.action is Action.REPORT_STOPPED:
+            await self.report(reports.stopped(self.node_id, self.incarnation, *key, now_ms(),
+                                               f"run not on node {self.node_id}"))
+
+    async def _dead_letter(self, record: Record, reason: str, detail: str) -> None:
+        log.warning("agent %s: %s[%d]@%d to dead-letter: %s", self.node_id, record.topic,
+                    record.partition, record.offset, detail)
+        assert self._producer is not None
+        headers = {"reason": reason, "detail": detail[:500],
+                   "source": f"{record.topic}[{record.partition}]@{record.offset}",
+                   "consumer": agent_group(self.node_id)}
+        while True:
+            try:
+                await self._producer.send(self.topics.DEAD_LETTER.name, record.key, record.value,
+                                          headers=headers)
+                return
+            except LogError as e:
+                if self.closing:
+                    raise
+                log.warning("agent %s: dead-letter write failed (%s); retrying", self.node_id, e)
+                await asyncio.sleep(RETRY_S)
+
+    # -- carrying out decisions -------------------------------------------------
+    def _launch(self, cmd: StartRun) -> None:
+        spec = cmd.spec
+        workdir = self.data_dir / "runs" / _safe(spec.job_id) / str(cmd.run)
+        execution = RunExecution(self, cmd, self.profiles.get(spec.model), workdir,
+                                 self.progress_interval_s)
+        self._runs[execution.key] = execution
+        self.spawn(execution.execute(), f"run-{spec.job_id}-{cmd.run}")
+
+    def _stop_run(self, key: tuple[str, int]) -> None:
+        execution = self._runs.get(key)
+        if execution is not None:
+            self.spawn(execution.stop(), f"stop-{key[0]}-{key[1]}")
+
+    def _checkpoint(self, key: tuple[str, int]) -> None:
+        execution = self._runs.get(key)
+        if execution is not None:
+            execution.checkpoint()
+
+    # -- RunHost ------------------------------------------------------------------
+    def publish_progress(self, event: RunProgress) -> None:
+        self._fire(self.topics.PROGRESS.name, event.job_id, event)
+
+    def run_started(self, execution: RunExecution) -> None:
+        for g in execution.cmd.gpus:
+            self._warm[g] = execution.cmd.spec.model  # the weights now loaded on that GPU
+        self._update_busy()
+
+    def run_ended(self, execution: RunExecution) -> None:
+        if self._runs.get(execution.key) is execution:
+            del self._runs[execution.key]
+        self.ledger.forget_finished()
+        self._update_busy()
+
+    # -- heartbeats --------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while not self.closing:
+            try:
+                self._fire(self.topics.SCHEDULER.name, self.cell, self.heartbeat(), self.cell_partition)
+            except Exception:  # a probe failure must not silence the node (it would look DOWN)
+                log.exception("agent %s: heartbeat not built", self.node_id)
+            await asyncio.sleep(self.heartbeat_s)
+
+    def heartbeat(self) -> NodeHeartbeat:
+        runs = [self._runs[key].report() for key in sorted(self._runs)]
+        return reports.heartbeat(event_id=uuid.uuid4().hex, node_id=self.node_id,
+                                 incarnation=self.incarnation, ts_ms=now_ms(),
+                                 gpus=with_warm_models(self.probe.sample(), self._warm), runs=runs)
+
+    def _update_busy(self) -> None:
+        set_busy = getattr(self.probe, "set_busy", None)
+        if set_busy is not None:
+            set_busy({g for r in self._runs.values() if r.runner is not None for g in r.cmd.gpus})

@@ -1,0 +1,320 @@
+"""Artifact storage: the port agents upload outputs and checkpoints through.
+
+Keys are run-scoped (``jobs/{job_id}/runs/{run}/output/<name>``,
+``jobs/{job_id}/runs/{run}/checkpoints/<n>``) so a stale run can never
+overwrite the current run's files: only the current run's completion is
+published, the rest is garbage to collect.
+
+Every upload records the object's SHA-256; every download recomputes it and
+raises :class:`ChecksumMismatch` on a difference, so a torn or corrupted file
+is never handed to a generator or a user.
+
+Adapters: :class:`LocalDirStore` (a directory, for the embedded stack; its
+signed URLs are served by the API, which checks them with
+:meth:`LocalDirStore.verify_signature`) and :class:`S3Store` (boto3, multipart
+above a threshold, SHA-256 part checksums, presigned GET URLs).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Protocol, runtime_checkable
+from urllib.parse import quote
+
+CHUNK = 1 << 20
+MULTIPART_THRESHOLD = 8 * 1024 * 1024
+SHA256_METADATA = "sha256"  # S3 user metadata key holding the whole-object digest
+
+
+class ArtifactError(RuntimeError):
+    """The store failed (IO, permissions, network)."""
+
+
+class ArtifactNotFound(ArtifactError, FileNotFoundError):
+    """No object under that key (the caller's key is wrong or it was never written)."""
+
+
+class ChecksumMismatch(ArtifactError):
+    """The bytes read back differ from those written (corruption in the store)."""
+
+
+class InvalidKey(ValueError):
+    """A key that could escape the store or is not canonical (the caller's fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredArtifact:
+    uri: str
+    sha256: str
+    size_bytes: int
+
+
+@runtime_checkable
+class ArtifactStore(Protocol):
+    def put_file(self, key: str, path: Path | str) -> StoredArtifact: ...
+
+    def get_file(self, key_or_uri: str, dest_path: Path | str) -> StoredArtifact: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def signed_url(self, key: str, expires_s: int = 3600) -> str: ...
+
+    def key_of(self, key_or_uri: str) -> str: ...
+
+
+# ---------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------
+def run_prefix(job_id: str, run: int) -> str:
+    return f"jobs/{_segment(job_id)}/runs/{int(run)}"
+
+
+def output_key(job_id: str, run: int, name: str) -> str:
+    return f"{run_prefix(job_id, run)}/output/{_segment(name)}"
+
+
+def checkpoint_key(job_id: str, run: int, n: int | str) -> str:
+    return f"{run_prefix(job_id, run)}/checkpoints/{_segment(str(n))}"
+
+
+def _segment(s: str) -> str:
+    if not s or s in (".", "..") or "/" in s or "\\" in s or "\x00" in s:
+        raise InvalidKey(f"{s!r} cannot be a key segment: use a non-empty name without '/'")
+    return s
+
+
+def validate_key(key: str) -> str:
+    """A relative, canonical path: no empty, '.', '..' or hidden segments."""
+    if not key or key.startswith("/") or len(key) > 1024:
+        raise InvalidKey(f"key {key!r} must be relative, non-empty and at most 1024 characters")
+    for seg in key.split("/"):
+        _segment(seg)
+        if seg.startswith("."):
+            raise InvalidKey(f"key {key!r}: segment {seg!r} must not start with '.'")
+    return key
+
+
+def sha256_file(path: Path | str) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+# ---------------------------------------------------------------------------
+# Local directory
+# ---------------------------------------------------------------------------
+class LocalDirStore:
+    """Objects as files under ``root``; metadata (digest, size) under ``root/.meta``.
+
+    URIs are ``local://<key>``; ``file://<absolute path>`` inside ``root`` is
+    accepted too. Signed URLs point at the API (``url_base``) and carry an
+    expiry and an HMAC-SHA256 over ``key`` and expiry.
+    """
+
+    def __init__(self, root: Path | str, url_base: str = "http://127.0.0.1:8080",
+                 secret: bytes | str = b"", clock: Any = time.time) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url_base = url_base.rstrip("/")
+        self._secret = secret.encode() if isinstance(secret, str) else secret
+        if not self._secret:
+            raise ValueError("LocalDirStore needs a non-empty secret to sign URLs")
+        self._clock = clock
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    def _meta(self, key: str) -> Path:
+        return self.root / ".meta" / (validate_key(key) + ".json")
+
+    def key_of(self, key_or_uri: str) -> str:
+        if key_or_uri.startswith("local://"):
+            return validate_key(key_or_uri[len("local://"):])
+        if key_or_uri.startswith("file://"):
+            path = Path(key_or_uri[len("file://"):]).resolve()
+            if not path.is_relative_to(self.root):
+                raise InvalidKey(f"{key_or_uri} is outside the store root {self.root}")
+            return validate_key(path.relative_to(self.root).as_posix())
+        if "://" in key_or_uri:
+            raise InvalidKey(f"{key_or_uri!r} is not a local:// or file:// URI of this store")
+        return validate_key(key_or_uri)
+
+    def put_file(self, key: str, path: Path | str) -> StoredArtifact:
+        dest, meta = self._path(key), self._meta(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        h, size = hashlib.sha256(), 0
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
+        try:
+            with open(path, "rb") as src, os.fdopen(fd, "wb") as out:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            digest = h.hexdigest()
+            meta.write_text(json.dumps({"sha256": digest, "size_bytes": size}))
+            os.replace(tmp, dest)  # readers see the whole object or none
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return StoredArtifact(f"local://{key}", digest, size)
+
+    def get_file(self, key_or_uri: str, dest_path: Path | str) -> StoredArtifact:
+        key = self.key_of(key_or_uri)
+        src = self._path(key)
+        if not src.is_file():
+            raise ArtifactNotFound(f"no artifact at {key!r} in {self.root}")
+        dest = Path(dest_path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".part")
+        shutil.copyfile(src, tmp)
+        digest, size = sha256_file(tmp)
+        _verify(key, digest, self._recorded_sha256(key), tmp)
+        os.replace(tmp, dest)
+        return StoredArtifact(f"local://{key}", digest, size)
+
+    def _recorded_sha256(self, key: str) -> Optional[str]:
+        try:
+            return json.loads(self._meta(key).read_text()).get("sha256")
+        except (OSError, ValueError):
+            return None
+
+    def exists(self, key: str) -> bool:
+        return self._path(self.key_of(key)).is_file()
+
+    def local_path(self, key_or_uri: str) -> Path:
+        """Where an object lives on disk (for the API to serve a verified URL)."""
+        return self._path(self.key_of(key_or_uri))
+
+    # -- signed URLs ----------------------------------------------------------
+    def _sign(self, key: str, expires: int) -> str:
+        return hmac.new(self._secret, f"{key}\n{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def signed_url(self, key: str, expires_s: int = 3600) -> str:
+        key = self.key_of(key)
+        expires = int(self._clock()) + int(expires_s)
+        return (f"{self.url_base}/v1/artifacts/{quote(key, safe='/')}"
+                f"?expires={expires}&sig={self._sign(key, expires)}")
+
+    def verify_signature(self, key: str, expires: int | str, sig: str,
+                         now: Optional[float] = None) -> bool:
+        """True only for an untampered URL that has not expired at ``now``."""
+        try:
+            key = validate_key(key)
+            expires = int(expires)
+        except (InvalidKey, ValueError, TypeError):
+            return False
+        now = self._clock() if now is None else now
+        if now > expires:
+            return False
+        return hmac.compare_digest(self._sign(key, expires), str(sig))
+
+
+def _verify(key: str, got: str, recorded: Optional[str], tmp: Path) -> None:
+    if recorded is not None and got != recorded:
+        tmp.unlink(missing_ok=True)
+        raise ChecksumMismatch(f"artifact {key!r}: sha256 {got} read back, {recorded} written")
+
+
+# ---------------------------------------------------------------------------
+# S3
+# ---------------------------------------------------------------------------
+class S3Store:
+    """S3 (or MinIO, moto) through boto3: multipart above ``multipart_threshold``
+    with SHA-256 checksums per part, the whole-object digest in user metadata."""
+
+    def __init__(self, bucket: str, endpoint_url: Optional[str] = None, *,
+                 region_name: Optional[str] = None, client: Any = None,
+                 multipart_threshold: int = MULTIPART_THRESHOLD,
+                 multipart_chunksize: int = MULTIPART_THRESHOLD, max_concurrency: int = 4) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        self.bucket = bucket
+        self._client = client or boto3.client(
+            "s3", endpoint_url=endpoint_url,
+            region_name=region_name or os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+        self._transfer = TransferConfig(multipart_threshold=multipart_threshold,
+                                        multipart_chunksize=multipart_chunksize,
+                                        max_concurrency=max_concurrency)
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def create_bucket(self) -> None:
+        """Create the bucket if missing (tests, the embedded stack)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self._client.create_bucket(Bucket=self.bucket)
+
+    def key_of(self, key_or_uri: str) -> str:
+        prefix = f"s3://{self.bucket}/"
+        if key_or_uri.startswith(prefix):
+            return validate_key(key_or_uri[len(prefix):])
+        if "://" in key_or_uri:
+            raise InvalidKey(f"{key_or_uri!r} is not an object of bucket {self.bucket!r}")
+        return validate_key(key_or_uri)
+
+    def put_file(self, key: str, path: Path | str) -> StoredArtifact:
+        key = validate_key(key)
+        digest, size = sha256_file(path)
+        try:
+            self._client.upload_file(
+                str(path), self.bucket, key, Config=self._transfer,
+                ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {SHA256_METADATA: digest}})
+        except Exception as e:
+            raise ArtifactError(f"upload of {path} to s3://{self.bucket}/{key} failed: {e}") from e
+        return StoredArtifact(f"s3://{self.bucket}/{key}", digest, size)
+
+    def get_file(self, key_or_uri: str, dest_path: Path | str) -> StoredArtifact:
+        from botocore.exceptions import ClientError
+
+        key = self.key_of(key_or_uri)
+        dest = Path(dest_path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".part")
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+            self._client.download_file(self.bucket, key, str(tmp), Config=self._transfer,
+                                       ExtraArgs={"ChecksumMode": "ENABLED"})
+        except ClientError as e:
+            tmp.unlink(missing_ok=True)
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise ArtifactNotFound(f"no object s3://{self.bucket}/{key}") from e
+            raise ArtifactError(f"download of s3://{self.bucket}/{key} failed: {e}") from e
+        digest, size = sha256_file(tmp)
+        _verify(key, digest, head.get("Metadata", {}).get(SHA256_METADATA), tmp)
+        os.replace(tmp, dest)
+        return StoredArtifact(f"s3://{self.bucket}/{key}", digest, size)
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self.key_of(key))
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise ArtifactError(f"cannot check s3://{self.bucket}/{key}: {e}") from e
+
+    def signed_url(self, key: str, expires_s: int = 3600) -> str:
+        return self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self.key_of(key)},
+            ExpiresIn=int(expires_s))

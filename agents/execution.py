@@ -1,0 +1,253 @@
+"""One run on this node, from StartRun to its single final report.
+
+Theory of operation
+-------------------
+1. Without a profile for the job's model the run fails at once
+   (``launch_error``), naming the models this node knows.
+2. With ``resume_from``, the checkpoint is downloaded (checksum-verified); an
+   unusable one is logged and the run starts from scratch: losing progress
+   beats failing the job.
+3. The generator starts (``RunStarted``); a stop that arrived meanwhile stops
+   it at once. Periodic checkpoints are requested every
+   ``checkpoint_interval_s / time_scale`` when the spec asks for them.
+4. Progress goes to the progress topic through a per-run throttle; every
+   checkpoint the generator reports is uploaded under a run-scoped key and
+   reported (``RunCheckpointed``), in step order.
+5. When the process group is gone, pending checkpoint uploads finish, then the
+   run ends with exactly one of ``RunCompleted`` (output uploaded with its
+   digest), ``RunFailed`` (class, reason with stderr tail, exit code) or
+   ``RunStopped``. While the agent shuts down nothing is reported.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Awaitable, Optional, Protocol
+
+from agents import reports
+from agents.artifacts import ArtifactStore, checkpoint_key, output_key
+from agents.ledger import ProgressThrottle, RunLedger, RunState
+from agents.profiles import ModelProfile
+from agents.runner import COMPLETED, HUNG, STOPPED, Checkpoint, LaunchError, Outcome, Progress, Runner
+from schemas.events import RunProgress, RunReport, StartRun
+
+log = logging.getLogger(__name__)
+
+MIN_HANG_TIMEOUT_S = 2.0  # a time-scaled hang timeout never drops below process start-up time
+
+
+class RunHost(Protocol):
+    """What a run needs from its agent."""
+
+    node_id: str
+    incarnation: int
+    store: ArtifactStore
+    ledger: RunLedger
+    time_scale: float
+    closing: bool
+
+    async def report(self, event: Any) -> None: ...
+
+    def publish_progress(self, event: RunProgress) -> None: ...
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task: ...
+
+    def run_started(self, execution: "RunExecution") -> None: ...
+
+    def run_ended(self, execution: "RunExecution") -> None: ...
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RunExecution:
+    def __init__(self, host: RunHost, cmd: StartRun, profile: Optional[ModelProfile],
+                 workdir: Path, progress_interval_s: float = 0.2) -> None:
+        self.host, self.cmd, self.profile, self.workdir = host, cmd, profile, workdir
+        self.job_id, self.run = cmd.spec.job_id, cmd.run
+        self.runner: Optional[Runner] = None
+        self._throttle = ProgressThrottle(progress_interval_s)
+        self._uploads: list[asyncio.Task] = []
+        self._upload_lock = asyncio.Lock()
+        self._checkpointing: Optional[asyncio.Task] = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.job_id, self.run
+
+    def report(self) -> RunReport:
+        r = self.runner
+        return RunReport(job_id=self.job_id, run=self.run,
+                         step_rate=round(r.step_rate, 4) if r else 0.0,
+                         progress=r.last.progress if r else 0.0)
+
+    # -- commands -------------------------------------------------------------
+    async def stop(self) -> None:
+        """Stop the process group; a checkpoint in flight is let finish first
+        (preemption asks for a checkpoint, then a stop)."""
+        if self._checkpointing is not None and not self._checkpointing.done():
+            await asyncio.wait([self._checkpointing])
+        if self.runner is not None:
+            await self.runner.stop()
+        # Still launching: execute() sees the STOPPING state once the process is up.
+
+    def checkpoint(self) -> None:
+        if self.runner is None:
+            return
+        if self.profile is None or self.profile.checkpoint is None:
+            log.warning("job %s run %d on %s: profile cannot checkpoint; request dropped",
+                        *self.key, self.host.node_id)
+            return
+        if self._checkpointing is None or self._checkpointing.done():
+            self._checkpointing = self.host.spawn(self._take_checkpoint(), f"checkpoint-{self.job_id}-{self.run}")
+
+    async def _take_checkpoint(self) -> None:
+        assert self.runner is not None and self.profile is not None and self.profile.checkpoint
+        try:
+            await asyncio.wait_for(self.runner.request_checkpoint(), self.profile.checkpoint.timeout_s)
+        except (asyncio.TimeoutError, ProcessLookupError) as e:
+            log.warning("job %s run %d on %s: checkpoint not taken: %s", *self.key, self.host.node_id,
+                        e or "timed out")
+
+    async def _periodic_checkpoints(self, interval_s: float) -> None:
+        while self.runner is not None and self.runner.running:
+            await asyncio.sleep(interval_s)
+            if self.runner.running and not self.host.closing:
+                self.checkpoint()
+
+    # -- the run ----------------------------------------------------------------
+    async def execute(self) -> None:
+        host, cmd, spec = self.host, self.cmd, self.cmd.spec
+        job_id, n = self.key
+        periodic: Optional[asyncio.Task] = None
+        try:
+            if self.profile is None:
+                await host.report(reports.failed(
+                    host.node_id, host.incarnation, job_id, n, now_ms(), "launch_error",
+                    f"node {host.node_id} has no profile for model {spec.model!r}"))
+                return
+            profile = self.profile
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            resume = await self._fetch_checkpoint()
+            if host.closing:
+                return
+            entry = host.ledger.entry(job_id, n)
+            if entry is not None and entry.state is RunState.STOPPING:
+                await host.report(reports.stopped(host.node_id, host.incarnation, job_id, n,
+                                                  now_ms(), entry.stop_reason))
+                return
+            out = self.workdir / "output" / profile.output_name
+            gpus = ",".join(str(g) for g in cmd.gpus)
+            argv = profile.argv(
+                prompt=spec.prompt, out=str(out), params_json=json.dumps(dict(spec.params), sort_keys=True),
+                checkpoint_dir=str(self.workdir / "checkpoints"), resume_from=resume,
+                time_scale=repr(float(host.time_scale)), gpus=gpus, job_id=job_id, run=str(n))
+            runner = Runner(
+                profile, argv, output_path=out, cwd=self.workdir,
+                env={"CUDA_VISIBLE_DEVICES": gpus, "FRAMESPOOL_JOB_ID": job_id, "FRAMESPOOL_RUN": str(n)},
+                hang_timeout_s=max(profile.hang_timeout_s / host.time_scale, MIN_HANG_TIMEOUT_S),
+                on_progress=self._on_progress, on_checkpoint=self._on_checkpoint)
+            try:
+                await runner.start()
+            except LaunchError as e:
+                await host.report(reports.failed(host.node_id, host.incarnation, job_id, n,
+                                                 now_ms(), "launch_error", str(e)))
+                return
+            self.runner = runner  # only a started runner is visible to stop()/checkpoint()
+            host.run_started(self)
+            if not host.ledger.started(job_id, n):
+                await self.runner.stop()  # a stop arrived while it was starting
+            else:
+                await host.report(reports.started(host.node_id, host.incarnation, job_id, n, now_ms()))
+                if spec.checkpoint_interval_s > 0 and profile.can_checkpoint:
+                    periodic = asyncio.create_task(
+                        self._periodic_checkpoints(spec.checkpoint_interval_s / host.time_scale))
+            outcome = await self.runner.wait()
+            await asyncio.gather(*self._uploads, return_exceptions=True)
+            if not host.closing:
+                await self._report_outcome(outcome)
+        finally:
+            if periodic is not None:
+                periodic.cancel()
+            if self.runner is not None and self.runner.running:
+                self.runner.kill()  # cancelled mid-run (shutdown): no process group outlives it
+            host.ledger.finished(job_id, n)
+            host.run_ended(self)
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def _fetch_checkpoint(self) -> Optional[str]:
+        source = self.cmd.resume_from
+        if not source:
+            return None
+        assert self.profile is not None
+        if not self.profile.can_resume:
+            log.warning("job %s run %d: profile %s cannot resume; starting from scratch",
+                        *self.key, self.profile.name)
+            return None
+        dest = self.workdir / "resume" / "checkpoint"
+        try:
+            await asyncio.to_thread(self.host.store.get_file, source, dest)
+            return str(dest)
+        except Exception as e:  # missing or corrupt: losing progress beats failing the job
+            log.error("job %s run %d on %s: checkpoint %s unusable (%s); starting from scratch",
+                      *self.key, self.host.node_id, source, e)
+            return None
+
+    async def _report_outcome(self, outcome: Outcome) -> None:
+        host, (job_id, n) = self.host, self.key
+        assert self.profile is not None
+        if outcome.kind == STOPPED:
+            entry = host.ledger.entry(job_id, n)
+            reason = entry.stop_reason if entry and entry.stop_reason else "stopped"
+            await host.report(reports.stopped(host.node_id, host.incarnation, job_id, n, now_ms(), reason))
+        elif outcome.kind == COMPLETED:
+            assert outcome.output_path is not None
+            key = output_key(job_id, n, self.profile.output_name)
+            try:
+                stored = await asyncio.to_thread(host.store.put_file, key, outcome.output_path)
+            except Exception as e:
+                log.error("job %s run %d on %s: output upload failed: %s", job_id, n, host.node_id, e)
+                await host.report(reports.failed(host.node_id, host.incarnation, job_id, n, now_ms(),
+                                                 "upload_error", f"output upload to {key} failed: {e}"))
+                return
+            await host.report(reports.completed(host.node_id, host.incarnation, job_id, n, now_ms(),
+                                                stored.uri, stored.sha256, stored.size_bytes))
+        else:
+            reason = outcome.reason
+            tail = outcome.stderr_tail.strip()
+            if "\n" in tail:
+                reason += "\nstderr tail:\n" + tail[-1500:]
+            cls = "hung" if outcome.kind == HUNG else outcome.failure_class or "generator_error"
+            log.warning("job %s run %d on %s failed (%s): %s", job_id, n, host.node_id, cls, outcome.reason)
+            await host.report(reports.failed(host.node_id, host.incarnation, job_id, n, now_ms(), cls,
+                                             reason, outcome.exit_code or 0))
+
+    # -- runner callbacks ---------------------------------------------------------
+    def _on_progress(self, p: Progress) -> None:
+        if self.host.closing or not self._throttle.should_send(self.key, p.progress, time.monotonic()):
+            return
+        self.host.publish_progress(reports.progress(
+            event_id=uuid.uuid4().hex, node_id=self.host.node_id, job_id=self.job_id, run=self.run,
+            ts_ms=now_ms(), progress=p.progress, step=p.step, total_steps=p.total_steps))
+
+    def _on_checkpoint(self, cp: Checkpoint) -> None:
+        self._uploads.append(asyncio.create_task(self._upload_checkpoint(cp)))
+
+    async def _upload_checkpoint(self, cp: Checkpoint) -> None:
+        host, (job_id, n) = self.host, self.key
+        async with self._upload_lock:  # in step order: the last RunCheckpointed is the newest
+            try:
+                stored = await asyncio.to_thread(host.store.put_file, checkpoint_key(job_id, n, cp.step), cp.path)
+            except Exception as e:
+                log.error("job %s run %d on %s: checkpoint upload failed: %s", job_id, n, host.node_id, e)
+                return
+            last = self.runner.last if self.runner else Progress(0.0, 0, 0)
+            progress = cp.step / last.total_steps if last.total_steps else last.progress
+            await host.report(reports.checkpointed(host.node_id, host.incarnation, job_id, n,
+                                                   now_ms(), stored.uri, cp.step, min(progress, 1.0)))

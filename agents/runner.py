@@ -1,0 +1,300 @@
+"""Run one run's generator as a subprocess and watch it.
+
+Theory of operation
+-------------------
+The generator is opaque: it gets a command line from its :class:`ModelProfile`
+and talks back through JSON lines on stdout (progress, checkpoint files). The
+runner
+
+1. starts it in a new session, so it leads its own process group and every
+   helper it forks can be signalled with one ``killpg``;
+2. reads stdout (progress, checkpoints) and keeps the tail of stderr;
+3. watches for silence: no progress, checkpoint or status line for
+   ``hang_timeout_s`` means hung, and the group is killed;
+4. on stop, sends SIGTERM to the group, waits ``stop_grace_s`` for the leader,
+   then SIGKILLs the group; after any exit it SIGKILLs the group once more so
+   no helper outlives the run (no GPU stays busy for a finished run);
+5. classifies the end as an :class:`Outcome`: completed (exit 0 and the output
+   file exists), stopped (a stop was asked for), hung, or failed
+   (``generator_error`` with exit code and stderr tail).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from agents.ledger import StepRate
+from agents.profiles import ModelProfile
+
+log = logging.getLogger(__name__)
+
+COMPLETED, FAILED, HUNG, STOPPED = "completed", "failed", "hung", "stopped"
+PATHLIKE_ENV = frozenset({"PYTHONPATH", "PATH", "LD_LIBRARY_PATH"})
+STDERR_TAIL_BYTES = 4000
+LINE_LIMIT = 1 << 20
+
+
+class LaunchError(RuntimeError):
+    """The generator could not be started (the profile's or the node's fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    progress: float
+    step: int
+    total_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    path: Path
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: str
+    exit_code: Optional[int] = None
+    output_path: Optional[Path] = None
+    failure_class: str = ""
+    reason: str = ""
+    stderr_tail: str = ""
+
+
+class Runner:
+    """One generator process (group) for one run."""
+
+    def __init__(self, profile: ModelProfile, argv: list[str], *, output_path: Path,
+                 env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None,
+                 hang_timeout_s: Optional[float] = None,
+                 on_progress: Optional[Callable[[Progress], None]] = None,
+                 on_checkpoint: Optional[Callable[[Checkpoint], None]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.profile = profile
+        self.argv = argv
+        self.output_path = output_path
+        self.cwd = cwd
+        self.hang_timeout_s = profile.hang_timeout_s if hang_timeout_s is None else hang_timeout_s
+        self._env = _merge_env(profile.env, env or {})
+        self._on_progress = on_progress
+        self._on_checkpoint = on_checkpoint
+        self._clock = clock
+        self._proc: Optional[asyncio.subprocess.Process] = None
+        self._stderr: deque[bytes] = deque()
+        self._stderr_len = 0
+        self._rate = StepRate()
+        self._last_activity = 0.0
+        self._stop_requested = False
+        self._hung = False
+        self._done: Optional[asyncio.Task[Outcome]] = None
+        self._checkpoint_waiters: list[asyncio.Future[Checkpoint]] = []
+        self.last: Progress = Progress(0.0, 0, 0)
+        self.checkpoints: list[Checkpoint] = []
+
+    # -- public --------------------------------------------------------------
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def step_rate(self) -> float:
+        return self._rate.rate
+
+    @property
+    def running(self) -> bool:
+        return self._done is not None and not self._done.done()
+
+    async def start(self) -> None:
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self._env, cwd=self.cwd,
+                start_new_session=True, limit=LINE_LIMIT)
+        except OSError as e:
+            raise LaunchError(f"cannot start {self.argv[0]!r} for profile {self.profile.name!r}: {e}") from e
+        self._last_activity = self._clock()
+        self._done = asyncio.create_task(self._supervise(), name=f"runner-{self._proc.pid}")
+
+    async def wait(self) -> Outcome:
+        assert self._done is not None, "start() first"
+        return await asyncio.shield(self._done)
+
+    def request_checkpoint(self) -> asyncio.Future[Checkpoint]:
+        """Signal the generator; the future resolves with the next checkpoint it reports."""
+        if self.profile.checkpoint is None:
+            raise ValueError(f"profile {self.profile.name!r} does not support checkpoints")
+        fut: asyncio.Future[Checkpoint] = asyncio.get_running_loop().create_future()
+        if not self.running:
+            fut.set_exception(ProcessLookupError("generator is not running"))
+            return fut
+        self._checkpoint_waiters.append(fut)
+        self._signal_leader(self.profile.checkpoint.signum)
+        return fut
+
+    async def stop(self, grace_s: Optional[float] = None) -> Outcome:
+        """SIGTERM the group, SIGKILL it after the grace period; returns the outcome."""
+        if self._done is None:
+            raise RuntimeError("stop() before start()")
+        if not self._done.done():
+            self._stop_requested = True
+            await self._terminate(self.profile.stop_grace_s if grace_s is None else grace_s)
+        return await self.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group now (no grace); for emergencies and shutdown."""
+        self._stop_requested = True
+        self._killpg(signal.SIGKILL)
+
+    # -- internals -----------------------------------------------------------
+    async def _supervise(self) -> Outcome:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        readers = [asyncio.create_task(self._read_stdout(proc.stdout)),
+                   asyncio.create_task(self._read_stderr(proc.stderr))]
+        watchdog = asyncio.create_task(self._watchdog())
+        try:
+            rc = await proc.wait()
+        finally:
+            watchdog.cancel()
+            self._killpg(signal.SIGKILL)  # helpers of an exited leader go too
+        # Pipes close once every holder is dead; don't wait forever on a stray one.
+        _, pending = await asyncio.wait(readers, timeout=5.0)
+        for task in pending:
+            task.cancel()
+        for fut in self._checkpoint_waiters:
+            if not fut.done():
+                fut.set_exception(ProcessLookupError(f"generator exited ({rc}) before checkpointing"))
+        self._checkpoint_waiters.clear()
+        return self._classify(rc)
+
+    def _classify(self, rc: int) -> Outcome:
+        tail = self.stderr_tail()
+        if self._stop_requested:
+            return Outcome(STOPPED, rc, reason="stopped on request", stderr_tail=tail)
+        if self._hung:
+            return Outcome(HUNG, rc, failure_class="hung", stderr_tail=tail,
+                           reason=f"no progress for {self.hang_timeout_s:g}s (last step {self.last.step})")
+        if rc == 0 and self.output_path.is_file():
+            return Outcome(COMPLETED, rc, output_path=self.output_path, stderr_tail=tail)
+        reason = (f"exited 0 but wrote no output at {self.output_path}" if rc == 0
+                  else f"exited with {_describe(rc)}: {tail.strip().splitlines()[-1] if tail.strip() else 'no stderr'}")
+        return Outcome(FAILED, rc, failure_class="generator_error", reason=reason, stderr_tail=tail)
+
+    async def _read_stdout(self, stream: asyncio.StreamReader) -> None:
+        fmt = self.profile.progress
+        ckpt = self.profile.checkpoint
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line over LINE_LIMIT: skip it, keep reading
+                continue
+            if not line:
+                return
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # generators may print logs; only JSON lines speak to us
+            if not isinstance(msg, dict):
+                continue
+            now = self._clock()
+            if ckpt is not None and ckpt.path_key in msg:
+                self._last_activity = now
+                path = Path(str(msg[ckpt.path_key]))
+                if not path.is_absolute() and self.cwd is not None:
+                    path = self.cwd / path
+                cp = Checkpoint(path, int(msg.get(ckpt.step_key, self.last.step)))
+                self.checkpoints.append(cp)
+                waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(cp)
+                self._callback(self._on_checkpoint, cp)
+            elif fmt.progress_key in msg:
+                self._last_activity = now
+                p = Progress(float(msg[fmt.progress_key]), int(msg.get(fmt.step_key, 0)),
+                             int(msg.get(fmt.total_key, 0)))
+                self.last = p
+                self._rate.add(now, p.step)
+                self._callback(self._on_progress, p)
+            elif fmt.status_key in msg:
+                self._last_activity = now
+
+    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(4096):
+            self._stderr.append(chunk)
+            self._stderr_len += len(chunk)
+            while self._stderr_len - len(self._stderr[0]) >= STDERR_TAIL_BYTES:
+                self._stderr_len -= len(self._stderr.popleft())
+
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr)[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
+
+    async def _watchdog(self) -> None:
+        if self.hang_timeout_s <= 0:
+            return
+        period = min(1.0, self.hang_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            if self._clock() - self._last_activity > self.hang_timeout_s:
+                log.warning("generator pid %s silent for %.1fs: killing its group", self.pid,
+                            self.hang_timeout_s)
+                self._hung = True
+                await self._terminate(min(self.profile.stop_grace_s, 2.0))
+                return
+
+    async def _terminate(self, grace_s: float) -> None:
+        proc = self._proc
+        assert proc is not None
+        self._killpg(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
+        except asyncio.TimeoutError:
+            log.warning("generator pid %s ignored SIGTERM for %.1fs: SIGKILL", proc.pid, grace_s)
+        self._killpg(signal.SIGKILL)
+
+    def _killpg(self, sig: int) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    def _signal_leader(self, sig: int) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(sig)
+
+    @staticmethod
+    def _callback(fn: Optional[Callable], arg: object) -> None:
+        if fn is None:
+            return
+        try:
+            fn(arg)
+        except Exception:  # a reporting bug must not kill the run's supervision
+            log.exception("runner callback %r failed", fn)
+
+
+def _merge_env(profile_env: dict, extra: dict) -> dict[str, str]:
+    env = dict(os.environ)
+    for source in (profile_env, extra):
+        for key, value in source.items():
+            if key in PATHLIKE_ENV and env.get(key):
+                env[key] = f"{value}{os.pathsep}{env[key]}"
+            else:
+                env[key] = str(value)
+    return env
+
+
+def _describe(rc: int) -> str:
+    if rc < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-rc).name}"
+    return f"exit code {rc}"

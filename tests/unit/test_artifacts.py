@@ -1,0 +1,82 @@
+"""LocalDirStore through the artifact-store contract, plus its URL signing."""
+from __future__ import annotations
+
+from urllib.parse import parse_qs, unquote, urlparse
+
+import pytest
+
+from agents.artifact_contract import ArtifactStoreContract
+from agents.artifacts import InvalidKey, LocalDirStore, output_key
+
+SECRET = b"test-secret"
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalDirStore(tmp_path / "store", url_base="http://api.test", secret=SECRET)
+
+
+@pytest.fixture
+def corrupt(store):
+    def _corrupt(key: str) -> None:
+        path = store.local_path(key)
+        path.write_bytes(path.read_bytes()[::-1] + b"!")
+    return _corrupt
+
+
+class TestLocalDirStore(ArtifactStoreContract):
+    pass
+
+
+def _parts(url: str) -> tuple[str, int, str]:
+    u = urlparse(url)
+    q = parse_qs(u.query)
+    key = unquote(u.path.removeprefix("/v1/artifacts/"))
+    return key, int(q["expires"][0]), q["sig"][0]
+
+
+def test_uri_is_local_and_file_uri_inside_root_is_accepted(store, tmp_path):
+    (tmp_path / "a").write_bytes(b"abc")
+    stored = store.put_file("jobs/j/runs/1/output/a", tmp_path / "a")
+    assert stored.uri == "local://jobs/j/runs/1/output/a"
+    file_uri = f"file://{store.local_path(stored.uri)}"
+    assert store.key_of(file_uri) == "jobs/j/runs/1/output/a"
+    with pytest.raises(InvalidKey):
+        store.key_of(f"file://{tmp_path / 'a'}")  # outside the root
+    with pytest.raises(InvalidKey):
+        store.key_of("s3://bucket/jobs/j")
+
+
+def test_signed_url_verifies_until_it_expires():
+    clock = [1_000_000.0]
+    store = LocalDirStore("/tmp/framespool-test-signing", url_base="http://api.test/", secret=SECRET,
+                          clock=lambda: clock[0])
+    url = store.signed_url(output_key("job 1", 2, "out.gif"), expires_s=60)
+    assert url.startswith("http://api.test/v1/artifacts/jobs/job%201/runs/2/output/out.gif?")
+    key, expires, sig = _parts(url)
+    assert key == "jobs/job 1/runs/2/output/out.gif" and expires == 1_000_060
+    assert store.verify_signature(key, expires, sig, now=1_000_000)
+    assert store.verify_signature(key, str(expires), sig, now=1_000_060)
+    assert not store.verify_signature(key, expires, sig, now=1_000_061)
+
+
+@pytest.mark.parametrize("tamper", ["key", "expires", "sig", "secret", "garbage"])
+def test_tampered_signed_url_is_refused(tamper, tmp_path):
+    store = LocalDirStore(tmp_path, secret=SECRET, clock=lambda: 100.0)
+    key, expires, sig = _parts(store.signed_url("jobs/a/runs/1/output/o", expires_s=60))
+    if tamper == "key":
+        key = "jobs/b/runs/1/output/o"
+    elif tamper == "expires":
+        expires += 3600  # extending the lifetime must break the signature
+    elif tamper == "sig":
+        sig = sig[:-1] + ("0" if sig[-1] != "0" else "1")
+    elif tamper == "secret":
+        store = LocalDirStore(tmp_path, secret=b"other", clock=lambda: 100.0)
+    else:
+        key, expires = "../../etc/passwd", "soon"
+    assert not store.verify_signature(key, expires, sig, now=100.0)
+
+
+def test_a_secret_is_required(tmp_path):
+    with pytest.raises(ValueError):
+        LocalDirStore(tmp_path, secret="")
