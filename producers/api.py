@@ -1,0 +1,387 @@
+"""The HTTP API: submit and cancel write commands to the log; reads come from projections.
+
+``make_app(config)`` wires an aiohttp application from injected adapters (the
+log producer, the view store, the artifact store, the key table), so tests run
+it with fakes and ``framespool`` runs it with the real ones. Background work
+(the projection consumer, the webhook dispatcher) starts and stops with the app
+through ``cleanup_ctx``.
+
+Every error is ``{"error": {"code", "message", "field"?}}``. A tenant sees only
+its own jobs: another tenant's job id answers 404, exactly like an unknown one.
+Submission protocol (``POST /v1/jobs``):
+
+1. authenticate, validate; the job id is derived from (tenant, Idempotency-Key)
+   when the header is given, else random;
+2. a known id with the same request fingerprint answers 200 with that job; a
+   different request under the same key answers 409;
+3. write ``SubmitJob`` (key = tenant) to ``commands`` and wait for the ack;
+4. store a provisional SUBMITTED view unless the projection already has one,
+   so an immediate GET finds the job; answer 202.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import generate_latest
+
+from producers.auth import ApiKeys, Principal, token_from_headers
+from producers.validation import Limits, ValidationError, validate_submit
+from projections import cluster as cluster_view
+from projections.hub import Hub
+from projections.jobs import COMPLETED, STATES, JobView, spec_fingerprint, submitted_view
+from projections.serde import public_job
+from projections.sse import parse_last_event_id, stream_job
+from projections.store import ViewStore
+from projections.webhooks import TargetPolicy
+from schemas import codec
+from schemas.events import CancelJob, JobSpec, SubmitJob
+from schemas.topics import COMMANDS
+
+_CURSOR = re.compile(r"^\d{13}/[A-Za-z0-9._:-]{1,128}$")
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+@dataclass
+class ApiConfig:
+    auth: ApiKeys
+    store: ViewStore
+    producer: Any                                  # has ``async send(topic, key, value, ...)``
+    artifacts: Any = None                          # agents.artifacts.ArtifactStore
+    hub: Hub = field(default_factory=Hub)
+    commands_topic: str = COMMANDS.name
+    limits: Limits = Limits()
+    url_policy: TargetPolicy = TargetPolicy()
+    result_url_ttl_s: int = 3600
+    sse_keepalive_s: float = 15.0
+    max_body_bytes: int = 64 * 1024
+    background: Sequence[Callable[[], Awaitable[None]]] = ()   # e.g. consumer.run, dispatcher.run
+    clock: Callable[[], float] = time.time
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("framespool_api_requests_total", "HTTP requests",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("framespool_api_request_seconds", "HTTP request latency",
+                                 ["route"], registry=self.registry)
+        self.submits = Counter("framespool_api_submits_total", "Jobs submitted",
+                               ["tier", "outcome"], registry=self.registry)
+        self.sse_clients = Gauge("framespool_api_sse_clients", "Open SSE streams",
+                                 registry=self.registry)
+
+
+CONFIG = web.AppKey("config", ApiConfig)
+METRICS = web.AppKey("metrics", Metrics)
+LOCKS = web.AppKey("submit_locks", dict)
+TASKS = web.AppKey("background_tasks", list)
+
+
+def error_body(status: int, code: str, message: str, field: Optional[str] = None) -> web.Response:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if field is not None:
+        err["field"] = field
+    return web.json_response({"error": err}, status=status)
+
+
+@web.middleware
+async def _errors_and_metrics(request: web.Request, handler):
+    metrics = request.app[METRICS]
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource \
+        else "unmatched"
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except ApiError as e:
+        status = e.status
+        return error_body(e.status, e.code, e.message, e.field)
+    except ValidationError as e:
+        status = e.status
+        return error_body(e.status, e.code, e.message, e.field)
+    except web.HTTPException as e:
+        status = e.status
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
+            e.status, "http_error")
+        return error_body(e.status, code, e.reason if e.status != 413 else
+                          f"the body exceeds {request.app[CONFIG].max_body_bytes} bytes")
+    finally:
+        metrics.requests.labels(request.method, route, str(status)).inc()
+        metrics.latency.labels(route).observe(time.perf_counter() - started)
+
+
+def _principal(request: web.Request) -> Principal:
+    principal = request.app[CONFIG].auth.authenticate(token_from_headers(request.headers))
+    if principal is None:
+        raise ApiError(401, "unauthenticated", "send a valid API key as 'Authorization: Bearer "
+                                               "<key>' or 'X-API-Key: <key>'")
+    return principal
+
+
+def _own_job(request: web.Request, principal: Principal) -> JobView:
+    job_id = request.match_info["job_id"]
+    view = request.app[CONFIG].store.get(job_id)
+    if view is None or view.tenant != principal.tenant:
+        raise ApiError(404, "job_not_found", f"no job {job_id!r} for your tenant")
+    return view
+
+
+def _job_id_for(tenant: str, idempotency_key: Optional[str]) -> str:
+    if idempotency_key is None:
+        return f"job_{uuid.uuid4().hex}"
+    digest = hashlib.sha256(f"{tenant}\x00{idempotency_key}".encode()).hexdigest()
+    return f"job_{digest[:32]}"
+
+
+def _accepted(view: JobView, status: int) -> web.Response:
+    body = {"job_id": view.job_id, "state": view.state, "status_url": f"/v1/jobs/{view.job_id}",
+            "events_url": f"/v1/jobs/{view.job_id}/events"}
+    return web.json_response(body, status=status, headers={"Location": body["status_url"]})
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    """Submit a job (Idempotency-Key supported)."""
+    config, metrics = request.app[CONFIG], request.app[METRICS]
+    principal = _principal(request)
+    if request.content_length is not None and request.content_length > config.max_body_bytes:
+        raise ApiError(413, "body_too_large", f"the body exceeds {config.max_body_bytes} bytes")
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+    fields = validate_submit(body, principal.policy, config.limits, config.url_policy)
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+        raise ApiError(422, "invalid_header", "Idempotency-Key must be 1-255 printable ASCII "
+                                              "characters without spaces", "Idempotency-Key")
+    job_id = _job_id_for(principal.tenant, key)
+    now_ms = int(config.clock() * 1000)
+    spec = JobSpec(job_id=job_id, tenant=principal.tenant, user=principal.user,
+                   submitted_ms=now_ms, **fields)
+    fingerprint = spec_fingerprint(spec)
+    locks: dict[str, asyncio.Lock] = request.app[LOCKS]
+    lock = locks.setdefault(job_id, asyncio.Lock())
+    try:
+        async with lock:
+            existing = config.store.get(job_id)
+            if existing is not None:
+                if existing.request_hash != fingerprint:
+                    metrics.submits.labels(spec.tier, "conflict").inc()
+                    raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used "
+                                   "for a different request; use a new key for a new job",
+                                   "Idempotency-Key")
+                metrics.submits.labels(spec.tier, "replayed").inc()
+                return _accepted(existing, 200)
+            command = SubmitJob(event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec,
+                                idempotency_key=key)
+            try:
+                await config.producer.send(config.commands_topic, principal.tenant,
+                                           codec.encode(command))
+            except Exception as exc:
+                metrics.submits.labels(spec.tier, "unavailable").inc()
+                raise ApiError(503, "log_unavailable", f"the job could not be recorded ({exc}); "
+                                                       "retry with the same Idempotency-Key") from exc
+            config.store.insert_if_absent(submitted_view(spec, now_ms))
+            metrics.submits.labels(spec.tier, "accepted").inc()
+            return _accepted(config.store.get(job_id) or submitted_view(spec, now_ms), 202)
+    finally:
+        if not lock.locked() and locks.get(job_id) is lock:
+            del locks[job_id]
+
+
+async def get_job(request: web.Request) -> web.Response:
+    """A job's status, progress and timeline."""
+    view = _own_job(request, _principal(request))
+    return web.json_response(public_job(view, timeline=request.query.get("timeline") != "0"))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    """The tenant's jobs, newest first (state, limit, cursor)."""
+    principal = _principal(request)
+    q = request.query
+    if q.get("tenant", principal.tenant) != principal.tenant:
+        raise ApiError(403, "forbidden", "you can list only your own tenant's jobs", "tenant")
+    state = q.get("state")
+    if state is not None and state.upper() not in STATES:
+        raise ApiError(422, "invalid_field", f"state must be one of {', '.join(STATES)}", "state")
+    try:
+        limit = int(q.get("limit", "50"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 200:
+        raise ApiError(422, "invalid_field", "limit must be an integer from 1 to 200", "limit")
+    cursor = q.get("cursor")
+    if cursor is not None and not _CURSOR.match(cursor):
+        raise ApiError(422, "invalid_field", "cursor is not one this API returned; start over "
+                                             "without it", "cursor")
+    page = request.app[CONFIG].store.list_jobs(principal.tenant, state.upper() if state else None,
+                                               limit, cursor)
+    return web.json_response({"jobs": [public_job(v, timeline=False) for v in page.jobs],
+                              "next_cursor": page.next_cursor})
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    """Ask to cancel a queued or running job."""
+    config = request.app[CONFIG]
+    principal = _principal(request)
+    view = _own_job(request, principal)
+    if view.terminal:
+        raise ApiError(409, "job_terminal", f"job {view.job_id} is already {view.state}; "
+                                            "there is nothing to cancel")
+    command = CancelJob(event_id=f"{view.job_id}/cancel/{uuid.uuid4().hex}",
+                        ts_ms=int(config.clock() * 1000), job_id=view.job_id,
+                        tenant=principal.tenant, reason=f"cancelled by {principal.user or 'user'}")
+    try:
+        await config.producer.send(config.commands_topic, principal.tenant, codec.encode(command))
+    except Exception as exc:
+        raise ApiError(503, "log_unavailable", f"the cancel could not be recorded ({exc}); "
+                                               "retry") from exc
+    return web.json_response({"job_id": view.job_id, "state": view.state,
+                              "cancel_requested": True}, status=202)
+
+
+async def job_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events of a job, resumable with Last-Event-ID."""
+    config, metrics = request.app[CONFIG], request.app[METRICS]
+    principal = _principal(request)
+    view = _own_job(request, principal)
+    last = parse_last_event_id(request.headers.get("Last-Event-ID")
+                               or request.query.get("last_event_id"))
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    await response.prepare(request)
+    metrics.sse_clients.inc()
+    try:
+        await stream_job(response.write, config.hub, view.job_id,
+                         lambda: config.store.get(view.job_id), last, config.sse_keepalive_s)
+    except ConnectionResetError:
+        pass   # the client went away; it resumes with Last-Event-ID
+    finally:
+        metrics.sse_clients.dec()
+    return response
+
+
+async def job_result(request: web.Request) -> web.Response:
+    """A signed, expiring URL of a completed job's video."""
+    config = request.app[CONFIG]
+    view = _own_job(request, _principal(request))
+    if view.state != COMPLETED or not view.artifact_uri:
+        raise ApiError(409, "not_completed", f"job {view.job_id} is {view.state}; its result "
+                                             "exists once it is COMPLETED")
+    if config.artifacts is None:
+        raise ApiError(503, "no_artifact_store", "this API has no artifact store configured")
+    ttl = config.result_url_ttl_s
+    try:
+        url = config.artifacts.signed_url(view.artifact_uri, ttl)
+    except ValueError as exc:   # an artifact URI this store cannot serve
+        raise ApiError(409, "artifact_unavailable", f"the result of job {view.job_id} is not "
+                                                    f"available from this API: {exc}") from exc
+    if request.query.get("redirect") in ("1", "true"):
+        raise web.HTTPFound(url)
+    return web.json_response({"job_id": view.job_id, "url": url, "expires_in_s": ttl,
+                              "expires_at_ms": int((config.clock() + ttl) * 1000),
+                              "artifact_uri": view.artifact_uri})
+
+
+async def get_artifact(request: web.Request) -> web.StreamResponse:
+    """Download an artifact through a signed URL."""
+    artifacts = request.app[CONFIG].artifacts
+    if artifacts is None or not hasattr(artifacts, "verify_signature"):
+        raise ApiError(404, "not_found", "this API does not serve artifacts")
+    key = request.match_info["key"]
+    if not artifacts.verify_signature(key, request.query.get("expires", ""),
+                                      request.query.get("sig", "")):
+        raise ApiError(403, "bad_signature", "the URL's signature is invalid or has expired; "
+                                             "get a fresh one from GET /v1/jobs/{id}/result")
+    path = artifacts.local_path(key)
+    if not path.is_file():
+        raise ApiError(404, "artifact_not_found", f"no artifact {key!r}")
+    return web.FileResponse(path)
+
+
+async def get_cluster(request: web.Request) -> web.Response:
+    """GPU map, totals and queue depths per cell."""
+    config = request.app[CONFIG]
+    _principal(request)
+    view = config.store.load_cluster()
+    return web.json_response(cluster_view.to_dict(view, int(config.clock() * 1000),
+                                                  detail=request.query.get("detail") != "0"))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness of the API and its background tasks."""
+    tasks = request.app[TASKS]
+    dead = [t.get_name() for t in tasks if t.done()]
+    body = {"status": "degraded" if dead else "ok", "stopped_background_tasks": dead}
+    return web.json_response(body, status=503 if dead else 200)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    """Prometheus metrics."""
+    data = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """This API's routes."""
+    paths = {}
+    for route in request.app.router.routes():
+        info = route.resource.get_info() if route.resource else {}
+        path = info.get("path") or info.get("formatter")
+        if path and route.method != "HEAD":
+            paths.setdefault(path, {})[route.method.lower()] = {
+                "summary": (route.handler.__doc__ or route.handler.__name__).strip()}
+    return web.json_response({"openapi": "3.1.0", "info": {"title": "framespool",
+                              "version": "1"}, "paths": paths})
+
+
+async def _background(app: web.Application):
+    tasks = [asyncio.create_task(run(), name=getattr(run, "__qualname__", "background"))
+             for run in app[CONFIG].background]
+    app[TASKS].extend(tasks)
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def make_app(config: ApiConfig) -> web.Application:
+    app = web.Application(middlewares=[_errors_and_metrics],
+                          client_max_size=config.max_body_bytes)
+    app[CONFIG] = config
+    app[METRICS] = Metrics()
+    app[LOCKS] = {}
+    app[TASKS] = []
+    app.cleanup_ctx.append(_background)
+    app.router.add_post("/v1/jobs", submit_job)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_get("/v1/jobs/{job_id}", get_job)
+    app.router.add_delete("/v1/jobs/{job_id}", cancel_job)
+    app.router.add_get("/v1/jobs/{job_id}/events", job_events)
+    app.router.add_get("/v1/jobs/{job_id}/result", job_result)
+    app.router.add_get("/v1/artifacts/{key:.+}", get_artifact)
+    app.router.add_get("/v1/cluster", get_cluster)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/openapi.json", openapi)
+    return app

@@ -1,0 +1,144 @@
+"""API keys -> (tenant, user): keys are stored hashed and compared in constant time.
+
+A key is a token ``<key id>.<secret>`` (``new_key`` makes one). The server keeps
+only ``sha256(salt || token)`` with a random per-key salt, looked up by key id;
+a token without a dot has a derived id (``sha256(token)[:16]``), which lets a
+development config list plain keys (``{"key": "...", "tenant": ...}``), hashed
+at load and then forgotten.
+
+Config (a dict, or a path to JSON)::
+
+    {"tenants": {"acme": {"tiers": ["enterprise", "free"], "default_tier": "enterprise",
+                          "webhook_secret": "..."}},
+     "keys": [{"id": "k1", "tenant": "acme", "user": "alice", "salt": "<hex>", "sha256": "<hex>"},
+              {"key": "dev-key-for-bob", "tenant": "acme", "user": "bob"}]}
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+DEFAULT_TIERS = ("free",)
+_DUMMY_SALT = b"\x00" * 16
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    tiers: tuple[str, ...] = DEFAULT_TIERS
+    default_tier: str = ""
+    webhook_secret: str = ""
+
+    @property
+    def tier(self) -> str:
+        return self.default_tier or self.tiers[0]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: every read and write is scoped to ``tenant``."""
+
+    tenant: str
+    user: str
+    key_id: str
+    policy: TenantPolicy = TenantPolicy()
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    key_id: str
+    tenant: str
+    user: str
+    salt: bytes
+    digest: bytes
+    disabled: bool = False
+
+
+def key_id_of(token: str) -> str:
+    if "." in token:
+        return token.split(".", 1)[0]
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def hash_key(token: str, salt: bytes) -> bytes:
+    return hashlib.sha256(salt + token.encode()).digest()
+
+
+def record_for(token: str, tenant: str, user: str = "", salt: Optional[bytes] = None) -> KeyRecord:
+    """What the server stores for ``token``."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    return KeyRecord(key_id_of(token), tenant, user, salt, hash_key(token, salt))
+
+
+def new_key(tenant: str, user: str = "") -> tuple[str, KeyRecord]:
+    """A fresh token (show it once) and the record to store."""
+    token = f"fsk{secrets.token_hex(6)}.{secrets.token_urlsafe(24)}"
+    return token, record_for(token, tenant, user)
+
+
+def record_to_config(r: KeyRecord) -> dict[str, Any]:
+    return {"id": r.key_id, "tenant": r.tenant, "user": r.user, "salt": r.salt.hex(),
+            "sha256": r.digest.hex(), "disabled": r.disabled}
+
+
+class ApiKeys:
+    """The key table; ``authenticate(token)`` is the only question it answers."""
+
+    def __init__(self, records: Iterable[KeyRecord],
+                 tenants: Optional[Mapping[str, TenantPolicy]] = None) -> None:
+        self._records: dict[str, KeyRecord] = {}
+        for r in records:
+            if r.key_id in self._records:
+                raise ValueError(f"duplicate API key id {r.key_id!r}; give each key its own id")
+            self._records[r.key_id] = r
+        self.tenants: dict[str, TenantPolicy] = dict(tenants or {})
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | str | Path) -> "ApiKeys":
+        if isinstance(config, (str, Path)):
+            config = json.loads(Path(config).read_text())
+        tenants = {}
+        for name, t in (config.get("tenants") or {}).items():
+            tiers = tuple(t.get("tiers") or DEFAULT_TIERS)
+            default = t.get("default_tier") or tiers[0]
+            if default not in tiers:
+                raise ValueError(f"tenant {name!r}: default_tier {default!r} is not in its tiers {tiers}")
+            tenants[name] = TenantPolicy(tiers, default, t.get("webhook_secret", ""))
+        records = []
+        for i, k in enumerate(config.get("keys") or ()):
+            if "tenant" not in k:
+                raise ValueError(f"keys[{i}] has no tenant")
+            if "key" in k:
+                records.append(record_for(k["key"], k["tenant"], k.get("user", "")))
+            else:
+                records.append(KeyRecord(k["id"], k["tenant"], k.get("user", ""),
+                                         bytes.fromhex(k["salt"]), bytes.fromhex(k["sha256"]),
+                                         bool(k.get("disabled", False))))
+        return cls(records, tenants)
+
+    def policy(self, tenant: str) -> TenantPolicy:
+        return self.tenants.get(tenant, TenantPolicy())
+
+    def authenticate(self, token: Optional[str]) -> Optional[Principal]:
+        """The caller for a presented token, or None (unknown, wrong or disabled)."""
+        if not token or len(token) > 512:
+            return None
+        record = self._records.get(key_id_of(token))
+        salt = record.salt if record is not None else _DUMMY_SALT
+        expected = record.digest if record is not None else b"\x00" * 32
+        ok = hmac.compare_digest(hash_key(token, salt), expected)  # same work either way
+        if record is None or not ok or record.disabled:
+            return None
+        return Principal(record.tenant, record.user, record.key_id, self.policy(record.tenant))
+
+
+def token_from_headers(headers: Mapping[str, str]) -> Optional[str]:
+    """``Authorization: Bearer <token>`` or ``X-API-Key: <token>``."""
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return headers.get("X-API-Key") or None

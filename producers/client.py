@@ -1,0 +1,136 @@
+"""A small synchronous client of the HTTP API, for the CLI and scripts (stdlib only).
+
+    client = Client("http://127.0.0.1:8080", api_key)
+    job = client.submit(prompt="a red fox", model="demo", idempotency_key="fox-1")
+    for event in client.watch(job["job_id"]):
+        print(event["event"], event["data"]["summary"])
+    print(client.result(job["job_id"])["url"])
+
+Errors come back as ``ApiError`` carrying the server's code, message and field.
+``watch`` reconnects after a dropped stream with ``Last-Event-ID``, so no event
+is lost or repeated, and stops after the job's terminal event.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Iterator, Optional
+
+from projections.sse import parse_stream
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: Optional[str] = None) -> None:
+        super().__init__(f"HTTP {status} {code}: {message}" + (f" (field {field})" if field else ""))
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+class Client:
+    def __init__(self, base_url: str, api_key: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(_NoRedirect)
+
+    # -- plumbing ---------------------------------------------------------------
+    def _request(self, method: str, path: str, body: Any = None,
+                 headers: Optional[dict[str, str]] = None, timeout: Optional[float] = None):
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Authorization": f"Bearer {self.api_key}", "Accept": "application/json"}
+        if data is not None:
+            hdrs["Content-Type"] = "application/json"
+        hdrs.update(headers or {})
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=hdrs)
+        try:
+            return self._opener.open(req, timeout=timeout or self.timeout_s)
+        except urllib.error.HTTPError as exc:
+            raise _api_error(exc) from None
+
+    def _json(self, method: str, path: str, body: Any = None,
+              headers: Optional[dict[str, str]] = None) -> Any:
+        with self._request(method, path, body, headers) as resp:
+            return json.loads(resp.read() or b"null")
+
+    # -- API ----------------------------------------------------------------------
+    def submit(self, *, idempotency_key: Optional[str] = None, **fields: Any) -> dict:
+        """POST /v1/jobs; ``fields`` are the body (prompt, model, params, gpus, ...)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._json("POST", "/v1/jobs", fields, headers)
+
+    def status(self, job_id: str) -> dict:
+        return self._json("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+
+    def jobs(self, state: Optional[str] = None, limit: int = 50,
+             cursor: Optional[str] = None) -> dict:
+        query = {k: v for k, v in (("state", state), ("limit", limit), ("cursor", cursor)) if v}
+        return self._json("GET", "/v1/jobs?" + urllib.parse.urlencode(query))
+
+    def all_jobs(self, state: Optional[str] = None, page_size: int = 100) -> Iterator[dict]:
+        cursor = None
+        while True:
+            page = self.jobs(state, page_size, cursor)
+            yield from page["jobs"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def cancel(self, job_id: str) -> dict:
+        return self._json("DELETE", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+
+    def result(self, job_id: str) -> dict:
+        return self._json("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/result")
+
+    def cluster(self, detail: bool = True) -> dict:
+        return self._json("GET", "/v1/cluster" + ("" if detail else "?detail=0"))
+
+    def watch(self, job_id: str, last_event_id: Optional[int] = None,
+              reconnect: int = 5) -> Iterator[dict]:
+        """Yield ``{"id", "event", "data"}`` for each event until the job ends."""
+        path = f"/v1/jobs/{urllib.parse.quote(job_id)}/events"
+        last = last_event_id
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            ended = False
+            try:
+                with self._request("GET", path, headers=headers, timeout=max(self.timeout_s, 60)) \
+                        as resp:
+                    lines = (raw.decode("utf-8") for raw in resp)
+                    for event in parse_stream(lines):
+                        failures = 0
+                        if event["id"] is not None:
+                            last = int(event["id"])
+                        data = json.loads(event["data"])
+                        if event["event"] == "end":
+                            ended = True
+                            break
+                        yield {"id": last, "event": event["event"], "data": data}
+            except (OSError, ValueError) as exc:   # a dropped connection: resume below
+                if failures >= reconnect:
+                    raise ApiError(0, "stream_lost", f"the event stream of {job_id} failed: "
+                                                     f"{exc}") from exc
+            if ended:
+                return
+            failures += 1
+            if failures > reconnect:
+                raise ApiError(0, "stream_lost", f"the event stream of {job_id} kept closing")
+            time.sleep(min(5.0, 0.2 * 2 ** failures))
+
+
+def _api_error(exc: urllib.error.HTTPError) -> ApiError:
+    try:
+        err = json.loads(exc.read() or b"{}").get("error", {})
+    except ValueError:
+        err = {}
+    return ApiError(exc.code, err.get("code", "http_error"), err.get("message", str(exc.reason)),
+                    err.get("field"))

@@ -1,0 +1,173 @@
+"""The cluster read model: a pure fold of ``CellStatus`` (and node/breaker events).
+
+Theory of operation
+-------------------
+Each cell's scheduler periodically publishes a ``CellStatus``: its GPU map and
+its queue depths per (tier, tenant). The latest status per cell *is* that cell's
+view; the cluster view is the set of cells, and totals are computed from it.
+
+1. A ``CellStatus`` older than (or a duplicate of) the cell's current one is a
+   no-op, so duplicates and replays leave the view unchanged.
+2. ``NodeStateChanged`` between two statuses patches the node (``gpu == -1``)
+   or one GPU in place, if it is newer than the cell's status; the next
+   ``CellStatus`` supersedes it anyway.
+3. ``BreakerTripped`` keeps the latest breaker per (model version, scope, key);
+   a breaker past ``until_ms`` is shown as expired by ``to_dict(now_ms)``.
+
+GPU counting: a GPU of a node that is DOWN counts as down; a free GPU of a node
+that is DEGRADED or DRAINING counts as degraded (it takes no new work).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from schemas.events import BreakerTripped, CellStatus, GpuStatus, NodeStateChanged, NodeStatus
+
+CLUSTER_EVENT_TYPES = frozenset({"CellStatus", "NodeStateChanged", "BreakerTripped"})
+GPU_BUCKETS = ("busy", "free", "degraded", "down")
+_NOT_SCHEDULABLE = frozenset({"degraded", "draining"})
+
+
+@dataclass(frozen=True, slots=True)
+class CellView:
+    cell: str
+    event_id: str
+    ts_ms: int
+    nodes: tuple[NodeStatus, ...] = ()
+    queues: tuple[Any, ...] = ()          # QueueDepth records
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    model_version: str
+    scope: str
+    key: str
+    until_ms: int
+    reason: str
+    ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    cells: dict[str, CellView] = field(default_factory=dict)
+    breakers: dict[str, Breaker] = field(default_factory=dict)
+    updated_ms: int = 0
+
+
+def is_cluster_event(event: Any) -> bool:
+    return type(event).__name__ in CLUSTER_EVENT_TYPES
+
+
+def apply(view: Optional[ClusterView], event: Any) -> ClusterView:
+    """Fold one event into the cluster view; unrelated events are no-ops."""
+    view = view or ClusterView()
+    if isinstance(event, CellStatus):
+        current = view.cells.get(event.cell)
+        if current is not None and (event.ts_ms, event.event_id) <= (current.ts_ms, current.event_id):
+            return view
+        cell = CellView(event.cell, event.event_id, event.ts_ms, tuple(event.nodes),
+                        tuple(event.queues))
+        return _touch(replace(view, cells={**view.cells, event.cell: cell}), event.ts_ms)
+    if isinstance(event, NodeStateChanged):
+        return _node_changed(view, event)
+    if isinstance(event, BreakerTripped):
+        key = f"{event.model_version}|{event.scope}|{event.key}"
+        old = view.breakers.get(key)
+        if old is not None and old.ts_ms >= event.ts_ms:
+            return view
+        breaker = Breaker(event.model_version, event.scope, event.key, event.until_ms,
+                          event.reason, event.ts_ms)
+        return _touch(replace(view, breakers={**view.breakers, key: breaker}), event.ts_ms)
+    return view
+
+
+def changed_cells(before: ClusterView, after: ClusterView) -> list[str]:
+    """Cells whose view differs (what a store has to rewrite)."""
+    return sorted(c for c, v in after.cells.items() if before.cells.get(c) is not v)
+
+
+def _touch(view: ClusterView, ts_ms: int) -> ClusterView:
+    return replace(view, updated_ms=max(view.updated_ms, ts_ms))
+
+
+def _node_changed(view: ClusterView, e: NodeStateChanged) -> ClusterView:
+    for name, cell in view.cells.items():
+        if e.ts_ms < cell.ts_ms:
+            continue
+        for i, node in enumerate(cell.nodes):
+            if node.node_id != e.node_id:
+                continue
+            if e.gpu < 0:
+                node = replace(node, state=e.state)
+            else:
+                node = replace(node, gpus=tuple(
+                    replace(g, state=e.state) if g.index == e.gpu else g for g in node.gpus))
+            nodes = cell.nodes[:i] + (node,) + cell.nodes[i + 1:]
+            cells = {**view.cells, name: replace(cell, nodes=nodes)}
+            return _touch(replace(view, cells=cells), e.ts_ms)
+    return view
+
+
+# --------------------------------------------------------------------------
+# Derived figures
+# --------------------------------------------------------------------------
+def gpu_bucket(node: NodeStatus, gpu: GpuStatus) -> str:
+    """Which of busy/free/degraded/down a GPU counts as."""
+    node_state, gpu_state = node.state.lower(), gpu.state.lower()
+    if node_state == "down" or gpu_state in ("down", "failed"):
+        return "down"
+    if gpu_state == "busy":
+        return "busy"
+    if gpu_state in _NOT_SCHEDULABLE or node_state in _NOT_SCHEDULABLE:
+        return "degraded"
+    return "free" if gpu_state == "free" else "degraded"
+
+
+def totals(view: ClusterView) -> dict[str, int]:
+    out = {b: 0 for b in GPU_BUCKETS}
+    nodes = 0
+    for cell in view.cells.values():
+        for node in cell.nodes:
+            nodes += 1
+            for gpu in node.gpus:
+                out[gpu_bucket(node, gpu)] += 1
+    out["total"] = sum(out[b] for b in GPU_BUCKETS)
+    out["nodes"] = nodes
+    return out
+
+
+def queue_depths(view: ClusterView) -> dict[str, dict[str, dict[str, int]]]:
+    """Queued jobs and GPUs summed over cells, per tier and per tenant."""
+    by_tier: dict[str, dict[str, int]] = {}
+    by_tenant: dict[str, dict[str, int]] = {}
+    for cell in view.cells.values():
+        for q in cell.queues:
+            for bucket, name in ((by_tier, q.tier), (by_tenant, q.tenant)):
+                row = bucket.setdefault(name, {"queued": 0, "queued_gpus": 0, "running_gpus": 0})
+                row["queued"] += q.queued
+                row["queued_gpus"] += q.queued_gpus
+                row["running_gpus"] += q.running_gpus
+    return {"by_tier": dict(sorted(by_tier.items())), "by_tenant": dict(sorted(by_tenant.items()))}
+
+
+def to_dict(view: ClusterView, now_ms: Optional[int] = None, *, detail: bool = True) -> dict:
+    """The ``GET /v1/cluster`` document."""
+    doc: dict[str, Any] = {"updated_ms": view.updated_ms, "totals": totals(view),
+                           "queues": queue_depths(view), "cells": []}
+    for name in sorted(view.cells):
+        cell = view.cells[name]
+        cell_doc: dict[str, Any] = {"cell": name, "ts_ms": cell.ts_ms,
+                                    "totals": totals(ClusterView(cells={name: cell}))}
+        if detail:
+            cell_doc["nodes"] = [{
+                "node_id": n.node_id, "state": n.state, "gpu_type": n.gpu_type, "rail": n.rail,
+                "gpus": [{"index": g.index, "state": g.state, "bucket": gpu_bucket(n, g),
+                          "job_id": g.job_id, "run": g.run} for g in n.gpus],
+            } for n in cell.nodes]
+        doc["cells"].append(cell_doc)
+    doc["breakers"] = [{
+        "model_version": b.model_version, "scope": b.scope, "key": b.key, "until_ms": b.until_ms,
+        "reason": b.reason, "active": now_ms is None or b.until_ms > now_ms,
+    } for _, b in sorted(view.breakers.items())]
+    return doc

@@ -1,0 +1,242 @@
+"""The projection shell: read ``job-events`` and ``progress``, fold, store, notify.
+
+Theory of operation
+-------------------
+Each input topic has its own ``LogConsumer`` with every partition assigned
+manually, starting at the stored offset + 1 (0 when none): no group, no
+rebalances, the store's offsets are the only position. A poll's records go
+through ``prepare`` (pure apart from store reads) and ``finish``:
+
+1. skip a record at or below the offset already stored (or already in this
+   batch) for its (topic, partition): replays are no-ops;
+2. decode it; an undecodable record, or one of a type this projection does
+   not take, goes to ``dead-letter`` with a ``reason`` header and the source
+   position, and the consumer keeps going;
+3. fold job events into job views (``projections.jobs``) and cluster events
+   into the cluster view (``projections.cluster``); a state change of a job
+   with a callback becomes a webhook delivery (``projections.webhooks``);
+4. send the dead letters and wait for the broker's acknowledgement;
+5. commit views, cells, outbox and offsets in one store batch;
+6. publish every changed view to the SSE hub and wake the webhook dispatcher.
+
+A crash between 4 and 5 re-sends a dead letter (at-least-once, like every
+topic); a crash before 5 re-folds the records, which the store makes a no-op.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from producers.log import LogConsumer, Record
+from projections import cluster as cluster_fold
+from projections import jobs as job_fold
+from projections.cluster import ClusterView
+from projections.hub import Hub
+from projections.store import Batch, ViewStore
+from projections.webhooks import delivery_for
+from schemas import codec
+from schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS
+
+log = logging.getLogger(__name__)
+
+UNEXPECTED_TYPE = "unexpected_type"
+NO_VALUE = "no_value"
+
+
+class Sender(Protocol):
+    async def send(self, topic: str, key: Any, value: Optional[bytes], partition: Optional[int] = None,
+                   headers: Any = None) -> Any: ...
+
+
+@dataclass
+class DeadLetter:
+    key: Optional[bytes]
+    value: Optional[bytes]
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass
+class Step:
+    """What ``prepare`` derived from one poll; ``finish`` makes it durable and visible."""
+
+    batch: Batch = field(default_factory=Batch)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    cluster: Optional[ClusterView] = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.batch.views or self.batch.cells or self.batch.breakers
+                    or self.batch.offsets or self.dead_letters)
+
+
+@dataclass
+class Counters:
+    records: int = 0
+    applied: int = 0
+    skipped_replays: int = 0
+    dead_lettered: int = 0
+    commits: int = 0
+
+
+class ProjectionConsumer:
+    """Folds the log into the store; ``run()`` until cancelled."""
+
+    def __init__(self, store: ViewStore, *, bootstrap_servers: str = "",
+                 topics: Sequence[str] = (JOB_EVENTS.name, PROGRESS.name),
+                 dead_letter_topic: str = DEAD_LETTER.name,
+                 dead_letter_sender: Optional[Sender] = None,
+                 hub: Optional[Hub] = None, on_deliveries: Optional[Callable[[], None]] = None,
+                 consumer_factory: Optional[Callable[[], LogConsumer]] = None,
+                 max_records: int = 500, poll_timeout_s: float = 0.5) -> None:
+        self.store = store
+        self.topics = tuple(topics)
+        self.dead_letter_topic = dead_letter_topic
+        self._sender = dead_letter_sender
+        self.hub = hub
+        self._on_deliveries = on_deliveries
+        self._factory = consumer_factory or (lambda: LogConsumer(bootstrap_servers))
+        self._max_records = max_records
+        self._poll_timeout_s = poll_timeout_s
+        self.cluster = store.load_cluster()
+        self.counters = Counters()
+        self._progress = asyncio.Condition()
+        self._lock = asyncio.Lock()   # one fold-and-commit at a time across topics
+
+    # -- the pure-ish part ------------------------------------------------------
+    def prepare(self, records: Sequence[Record]) -> Step:
+        step = Step(cluster=self.cluster)
+        views = step.batch.views
+        for rec in records:
+            self.counters.records += 1
+            tp = (rec.topic, rec.partition)
+            if rec.offset <= max(self.store.offset(*tp), step.batch.offsets.get(tp, -1)):
+                self.counters.skipped_replays += 1
+                continue
+            step.batch.advance(rec.topic, rec.partition, rec.offset)
+            if rec.value is None:
+                self._dead_letter(step, rec, NO_VALUE, "record has no value")
+                continue
+            try:
+                event = codec.decode(rec.value)
+            except codec.DecodeError as exc:
+                self._dead_letter(step, rec, exc.reason, str(exc))
+                continue
+            job_id = job_fold.job_id_of(event)
+            if job_id is not None:
+                before = views.get(job_id) or self.store.get(job_id)
+                after = job_fold.apply(before, event)
+                if after is not None and after is not before:
+                    views[job_id] = after
+                    delivery = delivery_for(before, after, event)
+                    if delivery is not None:
+                        step.batch.deliveries.append(delivery)
+                self.counters.applied += 1
+            elif cluster_fold.is_cluster_event(event):
+                new = cluster_fold.apply(step.cluster, event)
+                for cell in cluster_fold.changed_cells(step.cluster, new):
+                    step.batch.cells[cell] = new.cells[cell]
+                for key, breaker in new.breakers.items():
+                    if step.cluster.breakers.get(key) is not breaker:
+                        step.batch.breakers[key] = breaker
+                step.cluster = new
+                self.counters.applied += 1
+            else:
+                self._dead_letter(step, rec, UNEXPECTED_TYPE,
+                                  f"{type(event).__name__} does not belong on {rec.topic}")
+        return step
+
+    def _dead_letter(self, step: Step, rec: Record, reason: str, detail: str) -> None:
+        self.counters.dead_lettered += 1
+        log.warning("dead-lettering %s[%d]@%d: %s (%s)", rec.topic, rec.partition, rec.offset,
+                    reason, detail)
+        headers = [("reason", reason.encode()), ("detail", detail[:500].encode()),
+                   ("source_topic", rec.topic.encode()),
+                   ("source_partition", str(rec.partition).encode()),
+                   ("source_offset", str(rec.offset).encode())]
+        step.dead_letters.append(DeadLetter(rec.key, rec.value, list(rec.headers) + headers))
+
+    async def finish(self, step: Step) -> None:
+        if step.empty:
+            return
+        for dl in step.dead_letters:
+            if self._sender is None:
+                raise RuntimeError("a record must be dead-lettered but no dead-letter sender is set")
+            await self._sender.send(self.dead_letter_topic, dl.key, dl.value, headers=dl.headers)
+        self.store.commit(step.batch)
+        self.counters.commits += 1
+        self.cluster = step.cluster or self.cluster
+        if self.hub is not None:
+            for job_id, view in step.batch.views.items():
+                self.hub.publish(job_id, view)
+        if step.batch.deliveries and self._on_deliveries is not None:
+            self._on_deliveries()
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def handle(self, records: Sequence[Record]) -> None:
+        async with self._lock:
+            await self.finish(self.prepare(records))
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Wait until ``predicate()`` holds after some commit (tests, readiness checks)."""
+        async with self._progress:
+            await asyncio.wait_for(self._progress.wait_for(predicate), timeout)
+
+    # -- the IO loop --------------------------------------------------------------
+    async def run(self) -> None:
+        """Consume every topic until cancelled.
+
+        A topic starts only after the one before it in ``topics`` first caught
+        up (a poll came back empty), so a catch-up folds job-events before
+        progress: progress for a run whose ``JobAssigned`` has not been read
+        yet would otherwise be fenced off. Live, the topics interleave.
+        """
+        caught_up = [asyncio.Event() for _ in self.topics]
+        await asyncio.gather(*(
+            self._run_topic(topic, caught_up[i], caught_up[i - 1] if i else None)
+            for i, topic in enumerate(self.topics)))
+
+    async def _run_topic(self, topic: str, caught_up: asyncio.Event,
+                         after: Optional[asyncio.Event]) -> None:
+        if after is not None:
+            await after.wait()
+        loop = asyncio.get_running_loop()
+        consumer = self._factory()
+        pending: Optional[asyncio.Future] = None
+        try:
+            partitions = await loop.run_in_executor(None, consumer.partitions_of, topic)
+            start = {p: self.store.offset(topic, p) + 1 for p in range(partitions)}
+            consumer.assign(topic, list(start), start)
+            log.info("projection reading %s from %s", topic, start)
+            failures = 0
+            while True:
+                pending = loop.run_in_executor(None, consumer.consume, self._max_records,
+                                               self._poll_timeout_s)
+                try:
+                    records = await asyncio.shield(pending)
+                    pending = None
+                    if records:
+                        await self.handle(records)
+                    else:
+                        caught_up.set()
+                    failures = 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    pending = None
+                    failures += 1
+                    log.exception("projection consumer on %s failed (%d in a row); retrying",
+                                  topic, failures)
+                    await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                    # what was folded but not committed must be read again
+                    start = {p: self.store.offset(topic, p) + 1 for p in range(partitions)}
+                    consumer.assign(topic, list(start), start)
+        finally:
+            if pending is not None:   # let the poll thread finish before closing under it
+                try:
+                    await pending
+                except Exception:
+                    pass
+            consumer.close()

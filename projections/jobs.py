@@ -1,0 +1,358 @@
+"""The job read model: a pure fold of ``job-events`` and ``progress`` into one view per job.
+
+Theory of operation
+-------------------
+``apply(view, event) -> view`` is the whole projection; it does no IO, reads no
+clock and is deterministic, so truncate-and-replay rebuilds the same views.
+
+1. **Dedupe.** The log is at-least-once and a crashed writer re-emits outputs
+   with the same ``event_id``. A view remembers the ids of its last
+   ``SEEN_MAX`` events (applied, recorded or ignored); a repeated id is a no-op.
+   Progress records are also checked for monotonicity within a run, so a late
+   duplicate older than the window cannot move progress backwards.
+2. **Lifecycle as data.** ``TRANSITIONS`` lists, per event type, the states it
+   may arrive in and the state it leads to. An event that arrives in another
+   state is recorded in the timeline as ignored and changes nothing else.
+3. **Fencing.** ``JobAssigned`` starts run ``n`` (the job's fencing epoch). A
+   report that names another run is stale and ignored (progress is only
+   counted, it would flood the timeline). The first progress of the current
+   run means RUNNING.
+4. **Terminal jobs** (COMPLETED, FAILED, CANCELLED, REJECTED) never change state
+   again; later events are recorded as ignored.
+5. **Timeline.** Every applied or recorded event appends a ``TimelineEntry``
+   with a per-job ``seq`` (1, 2, ...), the SSE event id. Consecutive progress
+   (or wait-estimate) entries of the same run replace each other under a new
+   seq, so the bounded timeline keeps the lifecycle and the latest progress.
+
+PREEMPTED and REQUEUED are shown as state QUEUED with ``phase`` naming them and
+``reason`` saying why; the view's ``state`` is what a user acts on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+from schemas.events import (
+    JobAdmitted, JobAssigned, JobCompleted, JobFailed, JobPreempted,
+    JobQueued, JobRejected, JobRequeued, JobSpec, JobWaitEstimated, ReportIgnored,
+    RunProgress, Shape,
+)
+
+SUBMITTED, QUEUED, ASSIGNED, RUNNING = "SUBMITTED", "QUEUED", "ASSIGNED", "RUNNING"
+COMPLETED, FAILED, CANCELLED, REJECTED = "COMPLETED", "FAILED", "CANCELLED", "REJECTED"
+STATES = (SUBMITTED, QUEUED, ASSIGNED, RUNNING, COMPLETED, FAILED, CANCELLED, REJECTED)
+TERMINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, REJECTED})
+ACTIVE_STATES = frozenset(STATES) - TERMINAL_STATES
+
+SEEN_MAX = 256       # event ids remembered per job for dedupe
+TIMELINE_MAX = 100   # timeline entries kept per job
+COALESCED_TYPES = frozenset({"RunProgress", "JobWaitEstimated"})
+
+# event type -> (states it may arrive in, state it leads to; None = unchanged)
+TRANSITIONS: dict[str, tuple[frozenset[str], Optional[str]]] = {
+    "JobAdmitted": (frozenset({SUBMITTED}), SUBMITTED),
+    "JobQueued": (frozenset({SUBMITTED, QUEUED}), QUEUED),
+    "JobWaitEstimated": (frozenset({SUBMITTED, QUEUED}), None),
+    "JobAssigned": (frozenset({SUBMITTED, QUEUED}), ASSIGNED),
+    "RunProgress": (frozenset({ASSIGNED, RUNNING}), RUNNING),
+    "JobPreempted": (frozenset({ASSIGNED, RUNNING}), QUEUED),
+    "JobRequeued": (frozenset({ASSIGNED, RUNNING, QUEUED}), QUEUED),
+    "JobCancelled": (ACTIVE_STATES, CANCELLED),
+    "JobCompleted": (ACTIVE_STATES, COMPLETED),
+    "JobFailed": (ACTIVE_STATES, FAILED),
+    "JobRejected": (ACTIVE_STATES, REJECTED),
+    "ReportIgnored": (frozenset(STATES), None),
+}
+JOB_EVENT_TYPES = frozenset(TRANSITIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One line of a job's history: the SSE event and the dashboard row."""
+
+    seq: int
+    event_id: str
+    ts_ms: int
+    type: str
+    state: str
+    summary: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobView:
+    """What the API answers about a job."""
+
+    job_id: str
+    tenant: str = ""
+    user: str = ""
+    tier: str = ""
+    model: str = ""
+    model_version: str = ""
+    prompt: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    gpus_per_node: int = 0
+    shapes: tuple[Shape, ...] = ()
+    preemptible: bool = False
+    callback_url: Optional[str] = None
+    cell: str = ""
+    state: str = SUBMITTED
+    phase: str = ""              # PREEMPTED / REQUEUED while shown as QUEUED
+    run: int = 0
+    nodes: tuple[str, ...] = ()
+    assigned_gpus: int = 0
+    progress: float = 0.0
+    step: int = 0
+    total_steps: int = 0
+    progress_message: str = ""
+    wait_estimate_s: float = -1.0
+    position: int = 0
+    reason: str = ""
+    artifact_uri: str = ""
+    created_ms: int = 0
+    updated_ms: int = 0
+    started_ms: int = 0
+    finished_ms: int = 0
+    request_hash: str = ""       # fingerprint of the submission (idempotency)
+    ignored: int = 0             # stale or illegal events seen for this job
+    seq: int = 0
+    timeline: tuple[TimelineEntry, ...] = ()
+    seen: tuple[str, ...] = ()
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+# --------------------------------------------------------------------------
+# Helpers used by the API and the shells
+# --------------------------------------------------------------------------
+def spec_fingerprint(spec: JobSpec) -> str:
+    """Hash of what the user asked for, to tell a resubmission from a new request."""
+    doc = {
+        "tenant": spec.tenant, "user": spec.user, "tier": spec.tier, "model": spec.model,
+        "model_version": spec.model_version, "prompt": spec.prompt,
+        "params": dict(sorted(spec.params.items())), "gpus": spec.gpus,
+        "gpus_per_node": spec.gpus_per_node, "preemptible": spec.preemptible,
+        "callback_url": spec.callback_url,
+        "shapes": [[s.gpus, s.gpus_per_node, s.estimate_s] for s in spec.shapes],
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def submitted_view(spec: JobSpec, ts_ms: int) -> JobView:
+    """The provisional view the API stores right after writing ``SubmitJob``.
+
+    It has no timeline entries, so a view rebuilt from the log alone (which
+    starts at ``JobAdmitted``) carries the same sequence numbers.
+    """
+    return _with_spec(JobView(job_id=spec.job_id, created_ms=spec.submitted_ms or ts_ms,
+                              updated_ms=ts_ms), spec)
+
+
+def job_id_of(event: Any) -> Optional[str]:
+    """The job an event belongs to, or None for events this fold does not take."""
+    name = type(event).__name__
+    if name not in JOB_EVENT_TYPES:
+        return None
+    if isinstance(event, JobAdmitted):
+        return event.spec.job_id
+    if isinstance(event, ReportIgnored):
+        return event.subject
+    return event.job_id
+
+
+def entries_after(view: JobView, seq: int) -> tuple[TimelineEntry, ...]:
+    """Timeline entries newer than ``seq`` (the SSE backlog after Last-Event-ID)."""
+    return tuple(e for e in view.timeline if e.seq > seq)
+
+
+# --------------------------------------------------------------------------
+# The fold
+# --------------------------------------------------------------------------
+def apply(view: Optional[JobView], event: Any) -> Optional[JobView]:
+    """Fold one event into a job's view; returns the view unchanged for no-ops."""
+    name = type(event).__name__
+    if name not in TRANSITIONS:
+        return view
+    if view is None:
+        view = _new_view(event)
+        if view is None:
+            return None
+    if event.event_id in view.seen:
+        return view
+    allowed_from, _ = TRANSITIONS[name]
+    if isinstance(event, RunProgress):
+        if view.state not in allowed_from or event.run != view.run or _older_progress(view, event):
+            return _ignore_silently(view, event)
+        return _finish(_progress(view, event), event, _progress_summary(event))
+    if view.terminal and name != "ReportIgnored":
+        return _record_ignored(view, event, f"job already {view.state}")
+    if view.state not in allowed_from:
+        return _record_ignored(view, event, f"{name} is not legal in state {view.state}")
+    stale = _stale_run(view, event)
+    if stale:
+        return _record_ignored(view, event, stale)
+    new_view, summary = _HANDLERS[name](view, event)
+    return _finish(new_view, event, summary)
+
+
+def fold(events, view: Optional[JobView] = None) -> Optional[JobView]:
+    """Apply events in order (replay, tests)."""
+    for event in events:
+        view = apply(view, event)
+    return view
+
+
+def _new_view(event: Any) -> Optional[JobView]:
+    if isinstance(event, JobAdmitted):
+        return JobView(job_id=event.spec.job_id, created_ms=event.spec.submitted_ms or event.ts_ms)
+    if isinstance(event, (JobRejected, JobQueued)):
+        return JobView(job_id=event.job_id, tenant=event.tenant, created_ms=event.ts_ms)
+    return None   # progress or decisions for a job this projection never saw
+
+
+def _stale_run(view: JobView, event: Any) -> str:
+    if isinstance(event, JobAssigned):
+        return "" if event.run > view.run else f"run {event.run} is not newer than run {view.run}"
+    if isinstance(event, (JobPreempted, JobRequeued, JobCompleted, JobFailed)):
+        if event.run not in (0, view.run):
+            return f"stale run {event.run}; current run is {view.run}"
+    return ""
+
+
+def _older_progress(view: JobView, event: RunProgress) -> bool:
+    return view.state == RUNNING and (event.step, event.progress) < (view.step, view.progress)
+
+
+def _remember(view: JobView, event_id: str) -> tuple[str, ...]:
+    return (view.seen + (event_id,))[-SEEN_MAX:]
+
+
+def _ignore_silently(view: JobView, event: Any) -> JobView:
+    return replace(view, seen=_remember(view, event.event_id), ignored=view.ignored + 1)
+
+
+def _record_ignored(view: JobView, event: Any, why: str) -> JobView:
+    counted = replace(view, ignored=view.ignored + 1)
+    return _finish(counted, event, f"ignored: {why}", coalesce=False)
+
+
+def _finish(view: JobView, event: Any, summary: str, *, coalesce: bool = True) -> JobView:
+    seq = view.seq + 1
+    name = type(event).__name__
+    entry = TimelineEntry(seq, event.event_id, event.ts_ms, name, view.state, summary)
+    timeline = view.timeline
+    if coalesce and name in COALESCED_TYPES and timeline and timeline[-1].type == name \
+            and timeline[-1].state == view.state:
+        timeline = timeline[:-1]
+    timeline = (timeline + (entry,))[-TIMELINE_MAX:]
+    return replace(view, seq=seq, timeline=timeline, seen=_remember(view, event.event_id),
+                   updated_ms=max(view.updated_ms, event.ts_ms))
+
+
+def _with_spec(view: JobView, spec: JobSpec) -> JobView:
+    return replace(
+        view, tenant=spec.tenant, user=spec.user, tier=spec.tier, model=spec.model,
+        model_version=spec.model_version, prompt=spec.prompt, params=dict(spec.params),
+        gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, shapes=tuple(spec.shapes),
+        preemptible=spec.preemptible, callback_url=spec.callback_url,
+        request_hash=view.request_hash or spec_fingerprint(spec))
+
+
+# --------------------------------------------------------------------------
+# Handlers: (view, event) -> (view, summary); legality was checked by apply()
+# --------------------------------------------------------------------------
+def _admitted(v: JobView, e: JobAdmitted):
+    v = replace(_with_spec(v, e.spec), cell=e.cell, state=SUBMITTED)
+    return v, f"admitted to {e.cell or 'a cell'}: {e.spec.gpus} GPU(s), tier {e.spec.tier}"
+
+
+def _queued(v: JobView, e: JobQueued):
+    v = replace(v, state=QUEUED, tier=e.tier or v.tier, tenant=v.tenant or e.tenant,
+                wait_estimate_s=e.wait_estimate_s, position=e.position,
+                reason=e.reason or v.reason)
+    return v, f"queued{_wait_text(e.position, e.wait_estimate_s)}"
+
+
+def _wait(v: JobView, e: JobWaitEstimated):
+    v = replace(v, wait_estimate_s=e.wait_estimate_s, position=e.position)
+    return v, f"wait estimate{_wait_text(e.position, e.wait_estimate_s)}"
+
+
+def _assigned(v: JobView, e: JobAssigned):
+    nodes = tuple(s.node_id for s in e.placement)
+    v = replace(v, state=ASSIGNED, phase="", run=e.run, nodes=nodes, assigned_gpus=e.gpus,
+                reason=e.reason, position=0, wait_estimate_s=-1.0, step=0, total_steps=0,
+                progress=v.progress if e.resume_from else 0.0)
+    resumed = f", resuming from {e.resume_from}" if e.resume_from else ""
+    return v, f"run {e.run} assigned {e.gpus} GPU(s) on {', '.join(nodes) or '?'}{resumed}"
+
+
+def _progress(v: JobView, e: RunProgress) -> JobView:
+    return replace(v, state=RUNNING, progress=min(1.0, max(0.0, e.progress)), step=e.step,
+                   total_steps=e.total_steps, progress_message=e.message,
+                   started_ms=v.started_ms or e.ts_ms)
+
+
+def _progress_summary(e: RunProgress) -> str:
+    steps = f" (step {e.step}/{e.total_steps})" if e.total_steps else ""
+    return f"run {e.run} {min(1.0, max(0.0, e.progress)):.0%}{steps}" + \
+        (f": {e.message}" if e.message else "")
+
+
+def _preempted(v: JobView, e: JobPreempted):
+    by = f" by {e.by_job_id}" if e.by_job_id else ""
+    v = replace(v, state=QUEUED, phase="PREEMPTED", reason=f"preempted{by}: {e.reason}")
+    return v, f"run {e.run} preempted{by}: {e.reason}"
+
+
+def _requeued(v: JobView, e: JobRequeued):
+    v = replace(v, state=QUEUED, phase="REQUEUED", reason=f"requeued: {e.reason}")
+    ckpt = f" from {e.resume_from}" if e.resume_from else ""
+    return v, f"run {e.run} requeued{ckpt}: {e.reason} ({e.retries_left} retries left)"
+
+
+def _terminal(state: str, summary: Callable[[Any], str], reason: Callable[[Any], str]):
+    def handler(v: JobView, e: Any):
+        v = replace(v, state=state, phase="", reason=reason(e), finished_ms=e.ts_ms,
+                    artifact_uri=getattr(e, "artifact_uri", "") or v.artifact_uri,
+                    progress=1.0 if state == COMPLETED else v.progress,
+                    position=0, wait_estimate_s=-1.0)
+        return v, summary(e)
+    return handler
+
+
+def _report_ignored(v: JobView, e: ReportIgnored):
+    return replace(v, ignored=v.ignored + 1), f"scheduler ignored a report: {e.reason}"
+
+
+def _wait_text(position: int, wait_s: float) -> str:
+    parts = []
+    if position > 0:
+        parts.append(f"position {position}")
+    if wait_s >= 0:
+        parts.append(f"~{wait_s:.0f}s wait")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+_HANDLERS: dict[str, Callable[[JobView, Any], tuple[JobView, str]]] = {
+    "JobAdmitted": _admitted,
+    "JobQueued": _queued,
+    "JobWaitEstimated": _wait,
+    "JobAssigned": _assigned,
+    "JobPreempted": _preempted,
+    "JobRequeued": _requeued,
+    "JobCancelled": _terminal(CANCELLED, lambda e: f"cancelled: {e.reason}", lambda e: e.reason),
+    "JobCompleted": _terminal(COMPLETED, lambda e: f"run {e.run} completed: {e.artifact_uri}",
+                              lambda e: ""),
+    "JobFailed": _terminal(FAILED, lambda e: f"run {e.run} failed ({e.failure_class}): {e.reason}",
+                           lambda e: f"{e.failure_class}: {e.reason}" if e.failure_class
+                           else e.reason),
+    "JobRejected": _terminal(REJECTED, lambda e: f"rejected: {e.reason}"
+                             + (f" ({e.detail})" if e.detail else ""),
+                             lambda e: f"{e.reason}: {e.detail}" if e.detail else e.reason),
+    "ReportIgnored": _report_ignored,
+}

@@ -1,0 +1,58 @@
+"""The projection process's parts, wired once: store, SSE hub, consumer, webhook dispatcher.
+
+The composition root (``framespool``) does::
+
+    service = ProjectionService.open(data_dir, bootstrap, producer, webhooks=WebhookConfig(...))
+    app = make_app(ApiConfig(auth=keys, store=service.store, hub=service.hub, producer=producer,
+                             artifacts=artifacts, background=service.background))
+    ...
+    service.close()
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional
+
+from projections.consumer import ProjectionConsumer
+from projections.hub import Hub
+from projections.store import RocksViewStore, ViewStore
+from projections.webhooks import WebhookConfig, WebhookDispatcher
+from schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS, PROJECTION_STORE
+
+
+@dataclass
+class ProjectionService:
+    store: ViewStore
+    hub: Hub
+    consumer: ProjectionConsumer
+    dispatcher: Optional[WebhookDispatcher]
+
+    @classmethod
+    def open(cls, data_dir: str | Path, bootstrap_servers: str, producer: Any, *,
+             webhooks: Optional[WebhookConfig] = None, store: Optional[ViewStore] = None,
+             job_events: str = JOB_EVENTS.name, progress: str = PROGRESS.name,
+             dead_letter: str = DEAD_LETTER.name) -> "ProjectionService":
+        """``producer`` (a ``LogProducer``) sends dead letters; ``webhooks=None`` disables them."""
+        if store is None:
+            path = Path(data_dir) / PROJECTION_STORE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            store = RocksViewStore(str(path))
+        hub = Hub()
+        dispatcher = WebhookDispatcher(store, webhooks) if webhooks is not None else None
+        consumer = ProjectionConsumer(
+            store, bootstrap_servers=bootstrap_servers, topics=(job_events, progress),
+            dead_letter_topic=dead_letter, dead_letter_sender=producer, hub=hub,
+            on_deliveries=dispatcher.notify if dispatcher is not None else None)
+        return cls(store, hub, consumer, dispatcher)
+
+    @property
+    def background(self) -> tuple[Callable[[], Awaitable[None]], ...]:
+        """What ``ApiConfig.background`` should run for the app's lifetime."""
+        runs: tuple[Callable[[], Awaitable[None]], ...] = (self.consumer.run,)
+        if self.dispatcher is not None:
+            runs += (self.dispatcher.run,)
+        return runs
+
+    def close(self) -> None:
+        self.store.close()

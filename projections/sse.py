@@ -1,0 +1,98 @@
+"""Server-sent events for one job: the backlog after ``Last-Event-ID``, then live.
+
+Theory of operation
+-------------------
+The SSE id of an event is the timeline entry's per-job ``seq`` (1, 2, ...), so
+a client that reconnects with ``Last-Event-ID: n`` gets exactly the entries
+after ``n`` that the bounded timeline still holds. ``stream_job``:
+
+1. subscribes to the hub *before* reading the view, so nothing committed in
+   between is missed (a view seen twice sends nothing new: seq filters it);
+2. sends the backlog (entries with seq > last id) from the stored view;
+3. then, for every view the hub delivers, sends its entries newer than the
+   last one sent; a comment line every ``keepalive_s`` keeps proxies open;
+4. ends after the job's terminal entry, or when the hub drops the client
+   for being slow (it reconnects and resumes from its Last-Event-ID).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Awaitable, Callable, Optional
+
+from projections.hub import Hub, SlowSubscriber
+from projections.jobs import TERMINAL_STATES, JobView, entries_after
+from projections.serde import entry_to_dict
+
+RETRY_MS = 3000
+
+
+def format_event(data: Any, *, event: Optional[str] = None, id: Optional[int | str] = None) -> bytes:
+    """One SSE frame; ``data`` is JSON-encoded on a single line."""
+    lines = []
+    if id is not None:
+        lines.append(f"id: {id}")
+    if event is not None:
+        lines.append(f"event: {event}")
+    lines.append(f"data: {json.dumps(data, separators=(',', ':'))}")
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+def parse_last_event_id(value: Optional[str]) -> int:
+    try:
+        return max(0, int((value or "0").strip()))
+    except ValueError:
+        return 0
+
+
+def parse_stream(lines) -> Any:
+    """Client side: yield ``{"id", "event", "data"}`` dicts from decoded SSE lines."""
+    event: dict[str, Any] = {}
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line:
+            if data:
+                yield {"id": event.get("id"), "event": event.get("event", "message"),
+                       "data": "\n".join(data)}
+            event, data = {}, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name in ("id", "event", "retry"):
+            event[name] = value
+
+
+def _done(view: JobView, sent: int) -> bool:
+    return view.state in TERMINAL_STATES and sent >= view.seq
+
+
+async def stream_job(write: Callable[[bytes], Awaitable[None]], hub: Hub, job_id: str,
+                     load: Callable[[], Optional[JobView]], last_seq: int,
+                     keepalive_s: float = 15.0) -> int:
+    """Write the job's events until it ends; returns the last seq sent."""
+    sent = last_seq
+    with hub.subscribe(job_id) as sub:
+        await write(f"retry: {RETRY_MS}\n\n".encode())
+        view = load()
+        if view is None:
+            return sent
+        while True:
+            for entry in entries_after(view, sent):
+                await write(format_event(entry_to_dict(job_id, entry), event=entry.type,
+                                         id=entry.seq))
+                sent = entry.seq
+            if _done(view, sent):
+                await write(format_event({"job_id": job_id, "state": view.state}, event="end"))
+                return sent
+            try:
+                update = await sub.get(timeout=keepalive_s)
+            except SlowSubscriber:
+                return sent
+            if update is None:
+                await write(b": keep-alive\n\n")
+            elif update.seq > view.seq:
+                view = update

@@ -1,0 +1,349 @@
+"""Webhook delivery for jobs that gave a ``callback_url``.
+
+Theory of operation
+-------------------
+1. The projection consumer calls ``delivery_for(before, after, event)`` (pure)
+   for every applied job event; a state change into ``NOTIFY_STATES`` of a job
+   with a callback becomes a ``Delivery`` whose id is the event id. The
+   consumer commits it in the same batch as the view (an outbox), so a crash
+   can neither lose nor invent a notification.
+2. ``WebhookDispatcher`` POSTs pending deliveries with ``Framespool-Event-Id``
+   (the receiver's idempotency key) and ``Framespool-Signature: t=<unix s>,
+   v1=<hex HMAC-SHA256(secret, "<t>.<body>")>``. A 2xx marks it delivered in
+   the store, so a restart does not redeliver it. Network errors, 408, 429 and
+   5xx are retried with exponential backoff and full jitter up to
+   ``max_attempts``; other 4xx, refused targets and notifications older than
+   ``max_age_s`` (a full replay re-creates the outbox) fail at once.
+3. Targets: ``check_url`` (syntax) and ``check_address`` (each resolved address)
+   are pure. The HTTP session resolves hosts through ``PolicyResolver``, which
+   applies the same check to the very addresses it connects to, so a DNS answer
+   that changes between the check and the connection cannot reach a private,
+   loopback, link-local, multicast or reserved address unless allowed.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import random
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+
+from projections.jobs import (ASSIGNED, CANCELLED, COMPLETED, FAILED, QUEUED, REJECTED, RUNNING,
+                              JobView)
+from projections.store import DELIVERED, FAILED as DELIVERY_FAILED, PENDING, Delivery, ViewStore
+
+log = logging.getLogger(__name__)
+
+NOTIFY_STATES = frozenset({QUEUED, ASSIGNED, RUNNING, COMPLETED, FAILED, CANCELLED, REJECTED})
+MAX_URL_LEN = 2048
+RETRYABLE_STATUS = frozenset({408, 425, 429})
+
+
+# --------------------------------------------------------------------------
+# Signing (pure)
+# --------------------------------------------------------------------------
+def sign(secret: bytes, timestamp: int, body: bytes) -> str:
+    """The ``Framespool-Signature`` header value for ``body`` sent at ``timestamp``."""
+    mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def verify(secret: bytes, header: str, body: bytes, now_s: int, tolerance_s: int = 300) -> bool:
+    """Receiver side: a valid v1 signature made within ``tolerance_s`` of ``now_s``."""
+    parts: dict[str, list[str]] = {}
+    for item in header.split(","):
+        name, _, value = item.strip().partition("=")
+        parts.setdefault(name, []).append(value)
+    try:
+        timestamp = int(parts.get("t", [""])[0])
+    except ValueError:
+        return False
+    if abs(now_s - timestamp) > tolerance_s:
+        return False
+    expected = sign(secret, timestamp, body).split("v1=", 1)[1]
+    return any(hmac.compare_digest(expected, v) for v in parts.get("v1", []))
+
+
+# --------------------------------------------------------------------------
+# Target policy (pure)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TargetPolicy:
+    allow_private: bool = False
+    allow_hosts: frozenset[str] = frozenset()          # exact host names exempt from the IP check
+    allow_networks: tuple[str, ...] = ()               # CIDRs allowed although not public
+    schemes: frozenset[str] = frozenset({"https", "http"})
+
+
+class TargetRefused(Exception):
+    """The callback target is not allowed by the policy (the tenant's fault)."""
+
+
+def check_url(url: str, policy: TargetPolicy = TargetPolicy()) -> str:
+    """'' if the URL is acceptable as a callback, else why not."""
+    if len(url) > MAX_URL_LEN:
+        return f"URL is longer than {MAX_URL_LEN} characters"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"URL is malformed: {exc}"
+    if parts.scheme.lower() not in policy.schemes:
+        return f"scheme must be one of {sorted(policy.schemes)}, not {parts.scheme or 'none'!r}"
+    if not parts.hostname:
+        return "URL has no host"
+    if parts.username or parts.password:
+        return "URL must not contain credentials"
+    if port == 0:
+        return "port 0 is not a valid port"
+    return ""
+
+
+def address_problem(address: str) -> str:
+    """'' for a public unicast address, else which kind of non-public address it is."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None:
+            inner = address_problem(str(embedded))
+            if inner:
+                return inner
+    for attr, name in (("is_loopback", "loopback"), ("is_link_local", "link-local"),
+                       ("is_multicast", "multicast"), ("is_unspecified", "unspecified"),
+                       ("is_reserved", "reserved"), ("is_private", "private")):
+        if getattr(ip, attr):
+            return name
+    return "" if ip.is_global else "not globally routable"
+
+
+def check_address(host: str, address: str, policy: TargetPolicy = TargetPolicy()) -> str:
+    """'' if the policy lets us connect to ``address`` (resolved from ``host``)."""
+    if policy.allow_private or host.lower().rstrip(".") in policy.allow_hosts:
+        return ""
+    problem = address_problem(address)
+    if not problem:
+        return ""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if any(ip in ipaddress.ip_network(net, strict=False) for net in policy.allow_networks):
+        return ""
+    return f"{host} resolves to {address}, a {problem} address; callbacks must be public"
+
+
+def check_target(url: str, policy: TargetPolicy = TargetPolicy()) -> str:
+    """``check_url`` plus the address check for IP-literal hosts, which no resolver sees."""
+    problem = check_url(url, policy)
+    if problem:
+        return problem
+    host = urlsplit(url).hostname or ""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return ""   # a name: PolicyResolver checks every address it resolves to
+    return check_address(host, host, policy)
+
+
+class PolicyResolver(AbstractResolver):
+    """aiohttp resolver that refuses every answer the target policy forbids."""
+
+    def __init__(self, policy: TargetPolicy, inner: Optional[AbstractResolver] = None) -> None:
+        self._policy = policy
+        self._inner = inner or DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        for r in results:
+            problem = check_address(host, r["host"], self._policy)
+            if problem:
+                raise TargetRefused(problem)
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+# --------------------------------------------------------------------------
+# What to deliver (pure)
+# --------------------------------------------------------------------------
+def delivery_for(before: Optional[JobView], after: Optional[JobView], event: Any) -> Optional[Delivery]:
+    """A webhook for this event if it moved a job with a callback into a notified state."""
+    if after is None or not after.callback_url or after.state not in NOTIFY_STATES:
+        return None
+    if before is not None and before.state == after.state:
+        return None
+    body = {
+        "type": "job.state_changed", "event_id": event.event_id, "event_type": type(event).__name__,
+        "ts_ms": event.ts_ms, "job_id": after.job_id, "tenant": after.tenant, "run": after.run,
+        "state": after.state, "previous_state": before.state if before else None,
+        "reason": after.reason or None, "artifact_uri": after.artifact_uri or None,
+        "status_url": f"/v1/jobs/{after.job_id}",
+        "result_url": f"/v1/jobs/{after.job_id}/result" if after.state == COMPLETED else None,
+    }
+    return Delivery(delivery_id=event.event_id, job_id=after.job_id, tenant=after.tenant,
+                    url=after.callback_url, created_ms=event.ts_ms, seq=after.seq,
+                    body=json.dumps(body, sort_keys=True, separators=(",", ":")))
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
+    """Full-jitter exponential backoff before retry number ``attempt`` (1-based)."""
+    return rand * min(cap_s, base_s * (2 ** (attempt - 1)))
+
+
+# --------------------------------------------------------------------------
+# Delivery (IO)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WebhookConfig:
+    secret: bytes = b""
+    tenant_secrets: dict[str, bytes] = field(default_factory=dict)
+    policy: TargetPolicy = TargetPolicy()
+    max_attempts: int = 8
+    base_delay_s: float = 1.0
+    max_delay_s: float = 300.0
+    timeout_s: float = 10.0
+    concurrency: int = 8
+    max_age_s: float = 24 * 3600.0   # older notifications (e.g. after a full replay) expire
+
+    @classmethod
+    def for_tenants(cls, secret: bytes, tenants: dict[str, Any], **kw: Any) -> "WebhookConfig":
+        """Per-tenant secrets from ``producers.auth`` tenant policies (``webhook_secret``)."""
+        secrets = {name: p.webhook_secret.encode() for name, p in tenants.items()
+                   if getattr(p, "webhook_secret", "")}
+        return cls(secret=secret, tenant_secrets=secrets, **kw)
+
+    def secret_for(self, tenant: str) -> bytes:
+        return self.tenant_secrets.get(tenant, self.secret)
+
+
+class WebhookDispatcher:
+    """Delivers the store's pending deliveries until cancelled."""
+
+    def __init__(self, store: ViewStore, config: WebhookConfig, *,
+                 clock: Callable[[], float] = time.time,
+                 rand: Callable[[], float] = random.random) -> None:
+        self._store = store
+        self._config = config
+        self._clock = clock
+        self._rand = rand
+        self._wake = asyncio.Event()
+        self._inflight: set[str] = set()      # job ids with a delivery in flight
+        self.delivered = 0
+        self.failed = 0
+
+    def notify(self) -> None:
+        """New deliveries were committed: look again now."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        connector = aiohttp.TCPConnector(resolver=PolicyResolver(self._config.policy),
+                                         limit=self._config.concurrency)
+        timeout = aiohttp.ClientTimeout(total=self._config.timeout_s)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            tasks: set[asyncio.Task] = set()
+            try:
+                while True:
+                    self._wake.clear()
+                    now_ms = int(self._clock() * 1000)
+                    next_due: Optional[int] = None
+                    for d in self._due(self._store.pending_deliveries()):
+                        if d.next_attempt_ms > now_ms:
+                            next_due = min(next_due or d.next_attempt_ms, d.next_attempt_ms)
+                            continue
+                        self._inflight.add(d.job_id)
+                        task = asyncio.create_task(self._deliver_and_release(session, d))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                    wait_s = 5.0 if next_due is None else max(0.01, (next_due - now_ms) / 1000)
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), wait_s)
+                    except asyncio.TimeoutError:
+                        pass
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _due(self, pending: list[Delivery]) -> list[Delivery]:
+        """Each job's oldest pending delivery, unless one of the job's is in flight.
+
+        A job's notifications go out one at a time in fold order, so a
+        receiver never sees COMPLETED before RUNNING.
+        """
+        heads: dict[str, Delivery] = {}
+        for d in pending:
+            head = heads.get(d.job_id)
+            if head is None or (d.seq, d.created_ms) < (head.seq, head.created_ms):
+                heads[d.job_id] = d
+        return [d for job, d in heads.items() if job not in self._inflight]
+
+    async def _deliver_and_release(self, session: aiohttp.ClientSession, d: Delivery) -> None:
+        try:
+            await self.deliver_once(session, d)
+        finally:
+            self._inflight.discard(d.job_id)
+            self._wake.set()
+
+    async def deliver_once(self, session: aiohttp.ClientSession, d: Delivery) -> Delivery:
+        """One attempt; records the outcome in the store and returns it."""
+        current = self._store.get_delivery(d.delivery_id) or d
+        if current.status != PENDING:
+            return current
+        now = self._clock()
+        body = current.body.encode()
+        problem = check_target(current.url, self._config.policy)
+        status: Optional[int] = None
+        if not problem and now * 1000 - current.created_ms > self._config.max_age_s * 1000:
+            problem = f"expired: the event is older than {self._config.max_age_s:.0f} s"
+        if not problem:
+            headers = {
+                "Content-Type": "application/json",
+                "Framespool-Event-Id": current.delivery_id,
+                "Framespool-Signature": sign(self._config.secret_for(current.tenant), int(now), body),
+                "User-Agent": "framespool-webhooks/1",
+            }
+            try:
+                async with session.post(current.url, data=body, headers=headers,
+                                        allow_redirects=False) as resp:
+                    status = resp.status
+                    await resp.read()
+                problem = "" if 200 <= status < 300 else f"receiver answered HTTP {status}"
+            except TargetRefused as exc:
+                problem = str(exc)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                status = -1
+        return self._record(current, now, status, problem)
+
+    def _record(self, d: Delivery, now: float, status: Optional[int], problem: str) -> Delivery:
+        attempts = d.attempts + 1
+        now_ms = int(now * 1000)
+        if not problem:
+            out = replace(d, status=DELIVERED, attempts=attempts, done_ms=now_ms, last_error="")
+            self.delivered += 1
+        else:
+            retryable = status is not None and (status == -1 or status >= 500
+                                                or status in RETRYABLE_STATUS)
+            if retryable and attempts < self._config.max_attempts:
+                delay = backoff_delay(attempts, self._config.base_delay_s,
+                                      self._config.max_delay_s, self._rand())
+                out = replace(d, attempts=attempts, last_error=problem,
+                              next_attempt_ms=now_ms + int(delay * 1000))
+            else:
+                out = replace(d, status=DELIVERY_FAILED, attempts=attempts, done_ms=now_ms,
+                              last_error=problem)
+                self.failed += 1
+                log.warning("webhook for job %s event %s to %s failed after %d attempt(s): %s",
+                            d.job_id, d.delivery_id, d.url, attempts, problem)
+        self._store.put_delivery(out)
+        return out
