@@ -1,0 +1,79 @@
+"""``framespool up``: run the embedded stack until Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from framespool.commands import CommandError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "up", help="run the whole system on this machine (broker, processors, API, agents)",
+        description="Start the embedded stack: a Tansu broker (log in memory), the admission "
+                    "and scheduler processors, the clock, the API with its projections, and "
+                    "agents with simulated GPUs running the demo generator. Writes "
+                    "<data-dir>/stack.json when ready; Ctrl-C stops everything.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data-dir", default=".framespool", type=Path)
+    p.add_argument("--port", type=int, default=8080, help="API port on 127.0.0.1")
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--nodes-per-rail", type=int, default=2)
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="speed factor of the demo generator (10 = ten times faster)")
+    p.add_argument("--scheduler-config", type=Path,
+                   help="JSON file with tiers, tenants and leases for the scheduler")
+    p.add_argument("--allow-private-webhooks", action="store_true",
+                   help="let callbacks target loopback/private addresses (development only)")
+    p.add_argument("--json", action="store_true", help="print stack.json instead of a summary")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from framespool.stack import Stack, StackConfig, StackError
+
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise CommandError("--nodes and --gpus-per-node must be at least 1")
+    stack = Stack(StackConfig(data_dir=args.data_dir, port=args.port, nodes=args.nodes,
+                              gpus_per_node=args.gpus_per_node,
+                              nodes_per_rail=args.nodes_per_rail, time_scale=args.time_scale,
+                              scheduler_config=args.scheduler_config,
+                              allow_private_webhooks=args.allow_private_webhooks))
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    try:
+        info = stack.start()
+    except StackError as exc:
+        stack.stop()
+        raise CommandError(str(exc)) from None
+    except BaseException:
+        stack.stop()
+        raise
+    if args.json:
+        print(json.dumps(info, indent=2), flush=True)
+    else:
+        print(f"framespool is up: API {info['api_url']}  broker {info['bootstrap_servers']}")
+        for tenant in info["tenants"]:
+            print(f"  tenant {tenant['name']:<8} tier {tenant['tier']:<11} "
+                  f"key {tenant['api_key']}")
+        print(f"  try: framespool submit --prompt 'a red fox in the snow'   "
+              f"(logs in {info['logs']}; Ctrl-C to stop)", flush=True)
+    try:
+        while not stopping:
+            stack.check_alive()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # a process died: say which, then stop the rest
+        print(f"framespool up: {exc}", file=sys.stderr)
+        stack.stop()
+        return 1
+    stack.stop()
+    print("framespool stopped", file=sys.stderr)
+    return 0

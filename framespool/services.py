@@ -1,0 +1,123 @@
+"""Composition roots of the API and agent processes: wire adapters, run.
+
+    python -m framespool.services api --stack-dir DIR --port P --bootstrap B
+    python -m framespool.services agent --stack-dir DIR --node n0 --cell cell-0 --bootstrap B
+
+Both read the shared settings (tenant keys, signing secret, artifact root)
+from ``<stack-dir>/stack-secrets.json``, which ``framespool up`` writes.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from framespool.logs import configure_json_logging
+
+
+def stack_secrets(stack_dir: Path) -> dict:
+    return json.loads((stack_dir / "stack-secrets.json").read_text())
+
+
+def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
+    from agents.artifacts import LocalDirStore, S3Store
+
+    s3 = secrets.get("s3")
+    if s3:
+        return S3Store(s3["bucket"], endpoint_url=s3.get("endpoint_url"))
+    return LocalDirStore(stack_dir / "artifacts", url_base=api_url,
+                         secret=secrets["signing_secret"])
+
+
+async def run_api(args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    from producers.api import ApiConfig, make_app
+    from producers.auth import ApiKeys
+    from producers.log import LogProducer
+    from projections.service import ProjectionService
+    from projections.webhooks import TargetPolicy, WebhookConfig
+
+    stack_dir = Path(args.stack_dir)
+    secrets = stack_secrets(stack_dir)
+    api_url = f"http://127.0.0.1:{args.port}"
+    producer = LogProducer(args.bootstrap)
+    keys = ApiKeys.from_config(secrets["auth"])
+    policy = TargetPolicy(allow_private=args.allow_private_webhooks)
+    webhooks = WebhookConfig.for_tenants(secrets["signing_secret"].encode(), keys.tenants,
+                                         policy=policy)
+    service = ProjectionService.open(stack_dir / "api", args.bootstrap, producer,
+                                     webhooks=webhooks)
+    app = make_app(ApiConfig(auth=keys, store=service.store, hub=service.hub, producer=producer,
+                             artifacts=artifact_store(stack_dir, secrets, api_url),
+                             url_policy=policy, background=service.background))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    await site.start()
+    logging.getLogger("framespool.api").info("api listening", extra={"url": api_url})
+    try:
+        await wait_for_signal()
+    finally:
+        await runner.cleanup()
+        service.close()
+        producer.close()
+
+
+async def run_agent(args: argparse.Namespace) -> None:
+    from agents.agent import NodeAgent
+    from agents.gpus import SimulatedProbe, detect_probe
+    from agents.profiles import load_profiles
+
+    stack_dir = Path(args.stack_dir)
+    secrets = stack_secrets(stack_dir)
+    probe = (SimulatedProbe(args.gpus, args.gpu_type, seed=hash(args.node) & 0xFFFF)
+             if args.simulated else detect_probe(args.gpus, args.gpu_type))
+    agent = NodeAgent(args.node, args.cell, args.bootstrap,
+                      artifact_store(stack_dir, secrets, args.api_url), probe, load_profiles(),
+                      stack_dir / "agents" / args.node, heartbeat_s=args.heartbeat_s,
+                      time_scale=args.time_scale, rail=args.rail)
+    await agent.run_until_signalled()
+
+
+async def wait_for_signal() -> None:
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m framespool.services")
+    sub = parser.add_subparsers(dest="service", required=True)
+    api = sub.add_parser("api")
+    api.add_argument("--port", type=int, required=True)
+    api.add_argument("--allow-private-webhooks", action="store_true")
+    agent = sub.add_parser("agent")
+    agent.add_argument("--node", required=True)
+    agent.add_argument("--cell", default="cell-0")
+    agent.add_argument("--rail", default="rail-0")
+    agent.add_argument("--gpus", type=int, default=8)
+    agent.add_argument("--gpu-type", default="H100")
+    agent.add_argument("--simulated", action="store_true")
+    agent.add_argument("--time-scale", type=float, default=1.0)
+    agent.add_argument("--heartbeat-s", type=float, default=1.0)
+    agent.add_argument("--api-url", default="http://127.0.0.1:8080")
+    for p in (api, agent):
+        p.add_argument("--stack-dir", required=True)
+        p.add_argument("--bootstrap", required=True)
+    args = parser.parse_args(argv)
+    configure_json_logging(args.service)
+    runner = run_api if args.service == "api" else run_agent
+    asyncio.run(runner(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
