@@ -117,12 +117,31 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
 
     # -- time -------------------------------------------------------------
     def on_tick(self, event: ev.Tick) -> None:
+        if self.now_ms == 0 and event.now_ms > 0:
+            self.rebase_time(event.now_ms)
         if event.now_ms > self.now_ms:
             self.now_ms = event.now_ms
         self.expire_nodes()
         self.expire_runs()
         self.schedule(full=True)
         self.publish_periodic()
+
+    def rebase_time(self, first_ms: int) -> None:
+        """Before the first Tick the cell has no clock: whatever happened then
+        (registrations, admissions) is taken to have happened at the first Tick,
+        so leases do not expire the moment time starts."""
+        for node in self.index.nodes.values():
+            node.last_seen_ms = first_ms
+        for job in self.jobs.values():
+            job.queued_ms = first_ms
+        for run in self.runs.values():
+            span = run.limit_ms - run.assigned_ms
+            run.assigned_ms = run.started_ms = run.last_report_ms = first_ms
+            run.limit_ms = first_ms + span
+        self.limits = [(r.limit_ms, r.job_id, r.run) for r in self.runs.values()]
+        heapq.heapify(self.limits)
+        self.running_end_gpu_s = sum(r.gpus * (first_ms / 1000 + r.estimate_s)
+                                     for r in self.runs.values())
 
     # -- shared helpers ---------------------------------------------------
     def use_of(self, job_or_run: Job | Run) -> tuple[TenantUse, TenantUse]:

@@ -102,12 +102,15 @@ class Run:
         return (self.job_id, self.run)
 
     def projected_end_ms(self, now_ms: int) -> int:
-        """When the run is expected to free its GPUs: its estimate, or its hard
-        limit once it has outlived the estimate."""
+        """When the run is expected to free its GPUs: at its estimate; once it
+        has outlived that, a slack of 10% of the estimate (at least 1 s) from
+        now, never past its hard limit. A late run thus delays a reservation by
+        about as much as it overruns, not by its whole limit at once."""
         end = self.started_ms + int(self.estimate_s * 1000)
         if end > now_ms:
             return end
-        return max(self.limit_ms, now_ms + 1)
+        slack = max(1000, int(self.estimate_s * 100))
+        return max(now_ms + 1, min(self.limit_ms, now_ms + slack))
 
 
 class Node:

@@ -36,9 +36,19 @@ class Reservations:
             for node_id, gpus in run.held.items():
                 releases.append((end, node_id, len(gpus)))
         releases.sort()
+        # A reservation keeps its nodes while they stay usable: backfill was only
+        # allowed around those nodes, so moving it would let backfill delay it.
+        sticky: tuple[str, ...] = ()
+        if self.reservation_job == job.job_id and all(
+                self.index.nodes[n].schedulable for n in self.reservation_nodes):
+            sticky = self.reservation_nodes
         best: Optional[tuple[int, tuple[str, ...], float]] = None
         for gpus, per_node, estimate in self.shapes_of(job):
-            ok = self.node_filter(job, estimate, holder=True, claim_only=False)
+            base = self.node_filter(job, estimate, holder=True, claim_only=False)
+            ok = (lambda node, base=base: node.node_id in sticky and base(node)) if sticky \
+                else base
+            if sticky and job.shape != (gpus, per_node, estimate):
+                continue
             fit = self.index.earliest_fit(min(per_node, gpus), -(-gpus // per_node), releases, ok)
             if fit is None:
                 continue
@@ -46,7 +56,11 @@ class Reservations:
             finish = max(start_ms, self.now_ms) + estimate * 1000
             if best is None or finish < best[2]:
                 best = (max(start_ms, self.now_ms), nodes, finish)
+                job.shape = (gpus, per_node, estimate)
         if best is None:
+            if sticky:
+                self.clear_reservation()
+                return self.reserve(job)
             job.reason = "waiting: no healthy nodes can ever fit this shape right now"
             return
         changed = (self.reservation_job != job.job_id or self.reservation_nodes != best[1])

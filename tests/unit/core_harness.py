@@ -38,6 +38,7 @@ class Harness:
         self.terminal = Counter()
         self.admitted: dict[str, ev.JobSpec] = {}
         self.incarnation: dict[str, int] = {}
+        self.tick(1.0)   # the cell's clock starts with its first Tick
         for i in range(nodes):
             self.register(f"n{i}", gpus, rail=f"rail-{i // nodes_per_rail}")
 

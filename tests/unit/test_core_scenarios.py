@@ -287,3 +287,14 @@ def test_wait_estimate_grows_with_backlog_ahead():
     first = of(h.submit("q1", gpus=8, estimate_s=100), ev.JobQueued)[0].wait_estimate_s
     second = of(h.submit("q2", gpus=8, estimate_s=100), ev.JobQueued)[0].wait_estimate_s
     assert 0 < first < second
+
+
+def test_nodes_registered_before_the_first_tick_are_not_expired_by_it():
+    from processors.core import Cell
+
+    cell = Cell(cfg())
+    cell.apply(ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n1", incarnation=1,
+                                 cell="cell-0", gpus=8), "p@0")
+    out = cell.apply(ev.Tick(event_id="t", ts_ms=0, cell="cell-0", now_ms=1_700_000_000_250),
+                     "p@1")
+    assert not [o for o in out if isinstance(o, ev.NodeStateChanged)]
