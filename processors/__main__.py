@@ -1,0 +1,137 @@
+"""``python -m processors {admission,scheduler,clock} --bootstrap HOST:PORT --data-dir DIR``.
+
+Exit status: 0 after SIGTERM/SIGINT (batch finished, state snapshotted, group
+left), 2 for a bad configuration or missing topics, 3 when outputs could not
+be delivered or state not saved (restart it: the batch is replayed).
+Logs are JSON lines on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from processors.app import (
+    ProcessorFailed, ProcessorRunner, SetupError, setup_logging, topics_with_suffix,
+)
+from processors.config_file import (
+    ConfigError, admission_config, cell_config, describe, read_config_file,
+)
+from processors.routing import RoutingError
+from processors.snapshots import SnapshotStore, StatefulProcessor
+from producers.log import LogError, LogProducer
+from schemas import topics as catalogue
+
+log = logging.getLogger("processors")
+
+EXIT_CONFIG = 2
+EXIT_FAILED = 3
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m processors",
+        description="Run a framespool stream processor (admission, scheduler) or the clock.",
+        epilog="Exit status: 0 after SIGTERM/SIGINT, 2 bad configuration or missing topics, "
+               "3 outputs not delivered or state not saved (restart it).")
+    parser.add_argument("role", choices=("admission", "scheduler", "clock"))
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS",
+                                                              "127.0.0.1:9092"))
+    parser.add_argument("--data-dir", type=Path, help="this instance's own directory for state")
+    parser.add_argument("--config", type=Path, help="JSON or TOML with [admission]/[scheduler]")
+    parser.add_argument("--instance", default="", help="instance name (client id, logs)")
+    parser.add_argument("--topic-suffix", default="",
+                        help="read and write '<catalogue name>.<suffix>' topics (tests)")
+    parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    parser.add_argument("--heartbeat-interval-ms", type=int, default=1000)
+    parser.add_argument("--max-batch", type=int, default=500)
+    parser.add_argument("--snapshot-interval", type=float, default=0.0,
+                        help="seconds between snapshots of a partition (0: every batch)")
+    parser.add_argument("--interval", type=float, default=0.25, help="clock: seconds between Ticks")
+    parser.add_argument("--log-level", default=os.environ.get("FRAMESPOOL_LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+def build_runner(args: argparse.Namespace, topics: Any) -> ProcessorRunner:
+    """Wire one stateful processor instance (raises ConfigError/RoutingError when it can't)."""
+    from processors.admission import AdmissionFold
+    from processors.scheduler import SchedulerFold
+
+    doc = read_config_file(args.config) if args.config else {}
+    if args.data_dir is None:
+        raise ConfigError(f"{args.role} needs --data-dir (one directory per instance)")
+    if args.role == "admission":
+        fold: Any = AdmissionFold(admission_config(doc), topics)
+        input_topic, group, store_name = topics.COMMANDS, catalogue.ADMISSION_GROUP, \
+            catalogue.ADMISSION_STORE
+    else:
+        fold = SchedulerFold(cell_config(doc), topics)
+        input_topic, group, store_name = topics.SCHEDULER, catalogue.SCHEDULER_GROUP, \
+            catalogue.SCHEDULER_STORE
+    if args.topic_suffix:
+        group = f"{group}.{args.topic_suffix}"
+    log.info("%s config: %s", args.role, describe(fold.config))
+    try:
+        store = SnapshotStore(args.data_dir / store_name, input_topic.name)
+    except Exception as exc:  # rocksdb: locked by another process, unwritable...
+        raise ConfigError(f"cannot open the state store in {args.data_dir / store_name}: {exc}") \
+            from None
+    processor = StatefulProcessor(fold, store, input_topic.name,
+                                  snapshot_interval_s=args.snapshot_interval)
+    return ProcessorRunner(processor, args.bootstrap, group, input_topic=input_topic,
+                           instance=args.instance, session_timeout_ms=args.session_timeout_ms,
+                           heartbeat_interval_ms=args.heartbeat_interval_ms,
+                           max_batch=args.max_batch)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    setup_logging(args.log_level, role=args.role, instance=args.instance or "default")
+    topics = topics_with_suffix(args.topic_suffix)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %s: finishing the current batch", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if args.role == "clock":
+        from processors.clock import Clock
+
+        producer = LogProducer(args.bootstrap, **{"client.id": f"framespool-clock-{args.instance}"})
+        try:
+            Clock(producer, topics, args.interval).run(stop)
+        except ValueError as exc:
+            print(f"processors clock: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        finally:
+            producer.close(timeout=5.0)
+        return 0
+    try:
+        runner = build_runner(args, topics)
+    except (ConfigError, RoutingError, ValueError) as exc:
+        log.error("bad configuration: %s", exc)
+        print(f"processors {args.role}: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        runner.run(stop)
+    except SetupError as exc:  # topics missing or with the wrong partition count
+        log.error("%s", exc)
+        print(f"processors {args.role}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (ProcessorFailed, LogError) as exc:
+        log.critical("%s", exc)
+        return EXIT_FAILED
+    finally:
+        runner.processor.store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The admission processor's fold: commands-topic records through the admission core.
+
+The commands topic is keyed by tenant; each partition has its own
+``processors.core.admission.AdmissionState``. A record is decoded; one that
+is not a ``SubmitJob``/``CancelJob`` is dead-lettered; the rest go through
+``AdmissionState.apply`` with the position ``admission-<p>@<offset>``. A
+``JobAdmitted`` is produced twice, with one event id: to its cell's partition
+of the scheduler topic and to job-events (``processors.routing.destinations``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from processors.core.admission import ADMISSION_INPUTS, AdmissionConfig, AdmissionState
+from processors.routing import Outgoing, cell_destination, dead_letter, decode_input, encode_outputs
+from producers.log import Record
+from schemas import topics as catalogue
+
+log = logging.getLogger(__name__)
+
+
+def position(partition: int, offset: int) -> str:
+    return f"admission-{partition}@{offset}"
+
+
+class AdmissionFold:
+    name = "admission"
+
+    def __init__(self, config: Optional[AdmissionConfig] = None, topics: Any = catalogue) -> None:
+        self.config = config or AdmissionConfig()
+        self.topics = topics
+        for cell in self.config.cells:  # fail at start-up, not on the first job
+            cell_destination(cell, topics)
+
+    def new_state(self, partition: int) -> AdmissionState:
+        return AdmissionState(self.config)
+
+    def adopt(self, state: AdmissionState, partition: int) -> AdmissionState:
+        if state.config != self.config:
+            log.warning("admission partition %d: the configuration differs from the snapshot's; "
+                        "the new one applies from the next command", partition,
+                        extra={"partition": partition})
+            state.config = self.config
+        return state
+
+    def step(self, state: AdmissionState, record: Record) -> list[Outgoing]:
+        event, rejected = decode_input(record, ADMISSION_INPUTS, self.name, self.topics)
+        if rejected is not None:
+            return [rejected]
+        return encode_outputs(state.apply(event, position(record.partition, record.offset)),
+                              self.topics)
+
+    def dead_letter(self, record: Record, reason: str, detail: str) -> Outgoing:
+        return dead_letter(record, reason, detail, self.name, self.topics)

@@ -1,0 +1,274 @@
+"""The processor runtime: a classic consumer group around a :class:`StatefulProcessor`.
+
+Theory of operation
+-------------------
+One thread does everything, so a rebalance callback (which librdkafka runs
+inside ``poll``) never sees a batch half done. Each turn of :meth:`run`:
+
+1. poll up to ``max_batch`` records (waiting at most ``poll_timeout_s`` for the
+   first) and fold them (``StatefulProcessor.fold``);
+2. produce every output and dead letter, then ``flush``: wait until the broker
+   acknowledged all of them;
+3. write the due snapshots (state + offset, one ``WriteBatch``);
+4. commit the consumer offsets. A failed commit is only logged: it costs
+   replay, never correctness (see ``processors.snapshots``).
+
+A failure in 2 or 3 is fatal (:class:`ProcessorFailed`): librdkafka has
+already retried delivery for ``delivery.timeout.ms``, and carrying on would
+commit inputs whose outputs may be lost. The in-memory states are abandoned
+unsaved (they may be ahead of what was delivered), the process exits
+non-zero, its partitions move to another instance (or to it, restarted), and
+the batch is replayed from the snapshot with the same event ids.
+
+On assignment each partition is loaded from its snapshot and read from its
+offset + 1 (0 without one); inputs below the group's committed offset are
+folded without re-sending. On revocation a partition's state is snapshotted
+and dropped. :meth:`run` returns when ``stop`` is set, after finishing the
+batch in hand, snapshotting every partition and leaving the group.
+
+Why not faust: faust-streaming 0.15.3 was tried first. Seeking to the
+snapshot offset works (a custom ``Consumer.seek_to_committed``), but its
+aiokafka consumer hard-codes ``fetch_max_wait_ms=1500`` (1.5 s per hop on
+Tansu, fixable only through a private attribute), and its offset handling
+fights the commit order above: ``take_events`` acks a batch in a ``finally``
+(also when the handler raised or was cancelled), faust commits acked offsets
+on its own timer and at shutdown, and an explicit commit that fails crashes
+the worker. A commit could so overtake the delivery of the outputs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from confluent_kafka import TopicPartition
+
+from processors.routing import Outgoing
+from processors.snapshots import StatefulProcessor
+from producers.log import LogConsumer, LogError, LogProducer
+from schemas import events as ev
+from schemas import topics as catalogue
+from schemas.topics import Topic
+
+log = logging.getLogger(__name__)
+
+# Outputs worth an INFO line each; the rest are DEBUG.
+_NOTABLE = (ev.JobAdmitted, ev.JobRejected, ev.JobAssigned, ev.JobPreempted, ev.JobRequeued,
+            ev.JobCancelled, ev.JobCompleted, ev.JobFailed, ev.NodeStateChanged,
+            ev.BreakerTripped, ev.StopRun)
+
+
+class ProcessorFailed(RuntimeError):
+    """Outputs could not be delivered or state not saved; the process must restart."""
+
+
+class SetupError(RuntimeError):
+    """The input topic is missing or has another partition count than the catalogue."""
+
+
+def topics_with_suffix(suffix: str = "") -> Any:
+    """The catalogue's topics, named ``<name>.<suffix>`` when a suffix is given (as the
+    tests' ``fresh_topics`` does); same attribute names and partition counts."""
+    if not suffix:
+        return catalogue
+    renamed = {attr: Topic(f"{t.name}.{suffix}", t.partitions, t.key)
+               for attr, t in vars(catalogue).items() if isinstance(t, Topic)}
+    return SimpleNamespace(**renamed)
+
+
+@dataclass
+class Counters:
+    batches: int = 0
+    records: int = 0
+    produced: int = 0
+    quiet: int = 0
+    skipped: int = 0
+    dead_letters: int = 0
+    snapshots: int = 0
+    commit_failures: int = 0
+
+
+class ProcessorRunner:
+    """Runs one processor instance in the calling thread until ``stop`` is set."""
+
+    def __init__(self, processor: StatefulProcessor, bootstrap: str, group_id: str, *,
+                 input_topic: Topic, instance: str = "", session_timeout_ms: int = 6000,
+                 heartbeat_interval_ms: int = 1000, max_batch: int = 500,
+                 poll_timeout_s: float = 0.1, flush_timeout_s: float = 60.0,
+                 consumer_factory: Optional[Callable[..., Any]] = None,
+                 producer_factory: Optional[Callable[..., Any]] = None) -> None:
+        self.processor = processor
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.input_topic = input_topic
+        self.instance = instance or "default"
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.max_batch = max_batch
+        self.poll_timeout_s = poll_timeout_s
+        self.flush_timeout_s = flush_timeout_s
+        self._new_consumer = consumer_factory or LogConsumer   # fakes in unit tests
+        self._new_producer = producer_factory or LogProducer
+        self.counters = Counters()
+        self.assigned = threading.Event()   # set after the first assignment (tests, readiness)
+        self._consumer: Optional[LogConsumer] = None
+
+    # -- rebalance callbacks (run inside poll, in this thread) -------------------
+    def _on_assign(self, parts: list[TopicPartition]) -> None:
+        consumer = self._consumer
+        numbers = sorted(p.partition for p in parts if p.topic == self.input_topic.name)
+        try:
+            committed = consumer.committed(self.input_topic.name, numbers) if numbers else {}
+        except LogError as exc:  # without it every input is re-sent: duplicates, never loss
+            log.warning("cannot read committed offsets (%s); replayed outputs will be re-sent", exc)
+            committed = {}
+        starts = {p: self.processor.assign(p, committed.get(p)) for p in numbers}
+        consumer.assign(self.input_topic.name, numbers, starts)
+        log.info("assigned %s partitions %s", self.input_topic.name, numbers)
+        self.assigned.set()
+
+    def _on_revoke(self, parts: list[TopicPartition]) -> None:
+        numbers = sorted(p.partition for p in parts if p.topic == self.input_topic.name)
+        for p in numbers:
+            self.processor.revoke(p)
+        log.info("revoked %s partitions %s", self.input_topic.name, numbers)
+
+    # -- the loop ----------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Process until ``stop`` is set; raises :class:`ProcessorFailed` on a fatal error."""
+        client_id = f"{self.group_id}-{self.instance}"
+        consumer = self._consumer = self._new_consumer(
+            self.bootstrap, self.group_id, session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms, **{"client.id": client_id})
+        producer = self._new_producer(self.bootstrap, **{"client.id": client_id})
+        clean = False
+        try:
+            try:
+                found = consumer.partitions_of(self.input_topic.name)
+            except LogError as exc:
+                raise SetupError(str(exc)) from None
+            if found != self.input_topic.partitions:
+                raise SetupError(f"topic {self.input_topic.name!r} has {found} partitions, the "
+                                 f"catalogue says {self.input_topic.partitions}")
+            consumer.subscribe([self.input_topic.name], on_assign=self._on_assign,
+                               on_revoke=self._on_revoke)
+            while not stop.is_set():
+                self.turn(consumer, producer)
+            self.counters.snapshots += self.processor.snapshot(force=True)
+            clean = True
+        except BaseException:
+            # The failed batch's state may be ahead of what was delivered: it must not
+            # reach a snapshot (leaving the group below runs the revoke callback).
+            self.processor.abandon()
+            raise
+        finally:
+            try:
+                consumer.close()   # leaves the group: the partitions move at once
+            finally:
+                try:
+                    producer.close(timeout=self.flush_timeout_s if clean else 1.0)
+                except LogError as exc:
+                    log.error("producer close: %s", exc)
+            log.info("stopped (%s): %s", "clean" if clean else "failed", self.counters)
+
+    def turn(self, consumer: LogConsumer, producer: LogProducer) -> None:
+        """One poll-fold-produce-snapshot-commit cycle."""
+        records = consumer.consume(self.max_batch, self.poll_timeout_s)
+        if not records:
+            return
+        batch = self.processor.fold(records)                                     # 1
+        c = self.counters
+        c.batches += 1
+        c.records += len(records)
+        c.quiet += batch.quiet
+        c.skipped += batch.skipped
+        c.dead_letters += batch.dead_letters
+        try:
+            for out in batch.outgoing:                                           # 2
+                producer.produce(out.topic, out.key, out.value, out.partition, out.headers or None)
+            producer.flush(self.flush_timeout_s)
+        except LogError as exc:
+            raise ProcessorFailed(f"outputs of {len(records)} input records were not delivered: "
+                                  f"{exc}") from exc
+        c.produced += len(batch.outgoing)
+        for out in batch.outgoing:
+            _log_output(out)
+        try:
+            c.snapshots += self.processor.snapshot()                             # 3
+        except Exception as exc:
+            raise ProcessorFailed(f"cannot write snapshots to {self.processor.store.path}: "
+                                  f"{exc!r}") from exc
+        try:
+            consumer.commit(self.processor.commit_positions(batch))              # 4
+        except LogError as exc:
+            c.commit_failures += 1
+            log.warning("offset commit failed (the batch will be replayed quietly or re-sent "
+                        "after a restart): %s", exc)
+
+
+def _log_output(out: Outgoing) -> None:
+    event = out.event
+    if event is None:
+        source = dict(out.headers)
+        log.warning("dead-lettered %s[%s]@%s: %s", source.get("source_topic", b"?").decode(),
+                    source.get("source_partition", b"?").decode(),
+                    source.get("source_offset", b"?").decode(), out.reason,
+                    extra={"reason": out.reason, "detail": source.get("detail", b"").decode()})
+        return
+    level = logging.INFO if isinstance(event, _NOTABLE) else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
+    inner = getattr(event, "command", event)   # a CellCommand wraps a forwarded CancelJob
+    fields = {"event_type": type(inner).__name__, "event_id": inner.event_id, "topic": out.topic}
+    for name in ("job_id", "run", "node_id", "cell", "reason"):
+        value = getattr(inner, name, None)
+        if value not in (None, ""):
+            fields[name] = value
+    if isinstance(inner, (ev.JobAdmitted, ev.StartRun)):
+        fields["job_id"] = inner.spec.job_id
+    if isinstance(inner, ev.JobAssigned):
+        fields["node_id"] = ",".join(s.node_id for s in inner.placement)
+    log.log(level, "%s %s -> %s", fields["event_type"], fields.get("job_id", ""), out.topic,
+            extra=fields)
+
+
+# --------------------------------------------------------------------------
+# Logging: JSON lines on stderr
+# --------------------------------------------------------------------------
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, and any ``extra`` fields."""
+
+    def __init__(self, static: Optional[dict[str, Any]] = None) -> None:
+        super().__init__()
+        self.static = static or {}
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **self.static,
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(level: str = "INFO", **static: Any) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(static))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,166 @@
+"""Where each output of a fold goes: topic, key and partition (pure).
+
+The rules (DESIGN.md §2):
+
+- ``StartRun``/``StopRun``/``CheckpointRun`` (``processors.core.AGENT_COMMANDS``)
+  go to the assignments topic, keyed by ``node_id``, at the partition the
+  node's agent reads (``partition_for_key(node_id)``);
+- ``JobAdmitted`` goes to the scheduler topic at its cell's partition (key: the
+  cell id) *and* to job-events (key: the job id);
+- a :class:`~processors.core.admission.CellCommand` (a forwarded ``CancelJob``)
+  goes to the scheduler topic at its cell's partition;
+- every other output is a job event for job-events, keyed by its ``job_id``, or
+  by ``node_id`` (``NodeStateChanged``), ``cell`` (``CellStatus``), ``subject``
+  (``ReportIgnored``) or ``key`` (``BreakerTripped``).
+
+Partitions are always computed here (Kafka's murmur2 for keyed topics, the
+cell number for the scheduler topic), so placement never depends on which
+producer client sends the record. ``topics`` is anything with the catalogue's
+attribute names (``schemas.topics`` itself, or a test's ``TopicSet``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from processors.core import AGENT_COMMANDS
+from processors.core.admission import CellCommand
+from producers.log import Record, partition_for_key
+from schemas import codec
+from schemas import events as ev
+from schemas import topics as catalogue
+from schemas.topics import partition_of_cell
+
+# Dead-letter reasons a shell adds to the codec's own (truncated, bad_magic,
+# unknown_fingerprint, malformed_body).
+NO_VALUE = "no_value"
+UNEXPECTED_TYPE = "unexpected_type"
+WRONG_PARTITION = "wrong_partition"
+PROCESSING_ERROR = "processing_error"
+
+
+class RoutingError(ValueError):
+    """An output the router has no rule for, or a cell with no partition: a bug upstream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    topic: str
+    key: str
+    partition: Optional[int]
+
+
+def _keyed(topic: Any, key: str) -> Destination:
+    return Destination(topic.name, key, partition_for_key(key, topic.partitions))
+
+
+def cell_destination(cell: str, topics: Any = catalogue) -> Destination:
+    """The scheduler topic's partition for ``cell`` (``cell-<p>`` lives in partition p)."""
+    try:
+        partition = partition_of_cell(cell)
+    except ValueError as exc:
+        raise RoutingError(str(exc)) from None
+    if partition >= topics.SCHEDULER.partitions:
+        raise RoutingError(f"cell {cell!r} needs partition {partition} but {topics.SCHEDULER.name} "
+                           f"has {topics.SCHEDULER.partitions}")
+    return Destination(topics.SCHEDULER.name, cell, partition)
+
+
+def job_event_key(output: Any) -> str:
+    """The job-events key of a job event (see the module docstring)."""
+    if isinstance(output, ev.NodeStateChanged):
+        return output.node_id
+    if isinstance(output, ev.CellStatus):
+        return output.cell
+    if isinstance(output, ev.ReportIgnored):
+        return output.subject
+    if isinstance(output, ev.BreakerTripped):
+        return output.key
+    job_id = getattr(output, "job_id", None)
+    if job_id is None:
+        spec = getattr(output, "spec", None)
+        job_id = getattr(spec, "job_id", None)
+    if not isinstance(job_id, str):
+        raise RoutingError(f"no job-events key for {type(output).__name__}")
+    return job_id
+
+
+def route(output: Any, topics: Any = catalogue) -> Destination:
+    """The one destination of a cell output (``Cell.apply``)."""
+    if isinstance(output, AGENT_COMMANDS):
+        return _keyed(topics.ASSIGNMENTS, output.node_id)
+    if isinstance(output, (CellCommand, ev.JobAdmitted)):
+        raise RoutingError(f"{type(output).__name__} is not a cell output; use destinations()")
+    return _keyed(topics.JOB_EVENTS, job_event_key(output))
+
+
+def destinations(output: Any, topics: Any = catalogue) -> tuple[Destination, ...]:
+    """Every destination of an output of either fold (admission or cell)."""
+    if isinstance(output, CellCommand):
+        return (cell_destination(output.cell, topics),)
+    if isinstance(output, ev.JobAdmitted):
+        return (cell_destination(output.cell, topics),
+                _keyed(topics.JOB_EVENTS, output.spec.job_id))
+    return (route(output, topics),)
+
+
+def payload(output: Any) -> Any:
+    """The event to encode for an output (unwraps a :class:`CellCommand`)."""
+    return output.command if isinstance(output, CellCommand) else output
+
+
+# --------------------------------------------------------------------------
+# Records in, records out
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One record to produce. ``event`` is the output (None for a dead letter)."""
+
+    topic: str
+    key: Optional[bytes]
+    partition: Optional[int]
+    value: Optional[bytes]
+    headers: tuple[tuple[str, bytes], ...] = ()
+    event: Any = None
+    reason: str = ""   # why a dead letter was dead-lettered
+
+
+def encode_outputs(outputs: list[Any], topics: Any = catalogue) -> list[Outgoing]:
+    """Every record the outputs of one input become, in output order."""
+    records = []
+    for output in outputs:
+        value = codec.encode(payload(output))
+        for d in destinations(output, topics):
+            records.append(Outgoing(d.topic, d.key.encode(), d.partition, value, event=output))
+    return records
+
+
+def dead_letter(record: Record, reason: str, detail: str, processor: str,
+                topics: Any = catalogue) -> Outgoing:
+    """``record`` for the dead-letter topic: original key and value, its own headers
+    plus why (``reason``, ``detail``), who and where it was dead-lettered."""
+    headers = tuple(record.headers) + (
+        ("reason", reason.encode()),
+        ("detail", detail[:500].encode()),
+        ("processor", processor.encode()),
+        ("source_topic", record.topic.encode()),
+        ("source_partition", str(record.partition).encode()),
+        ("source_offset", str(record.offset).encode()),
+    )
+    return Outgoing(topics.DEAD_LETTER.name, record.key, None, record.value, headers,
+                    reason=reason)
+
+
+def decode_input(record: Record, accepted: tuple[type, ...], processor: str,
+                 topics: Any = catalogue) -> tuple[Any, Optional[Outgoing]]:
+    """``(event, None)`` for a record ``processor`` folds, else ``(None, dead letter)``."""
+    if record.value is None:
+        return None, dead_letter(record, NO_VALUE, "record has no value", processor, topics)
+    try:
+        event = codec.decode(record.value)
+    except codec.DecodeError as exc:
+        return None, dead_letter(record, exc.reason, str(exc), processor, topics)
+    if not isinstance(event, accepted):
+        return None, dead_letter(record, UNEXPECTED_TYPE, f"{type(event).__name__} is not an "
+                                 f"input of the {processor} processor", processor, topics)
+    return event, None

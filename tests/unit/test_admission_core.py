@@ -1,0 +1,218 @@
+"""The pure admission core: idempotency, rate limits, validation, routing to cells."""
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import pytest
+
+from processors.core.admission import (
+    INVALID_TIER, NO_MATCHING_CELL, RATE_LIMITED, AdmissionConfig, AdmissionState, CellCommand,
+    RateLimit, rendezvous,
+)
+from schemas import events as ev
+
+T0 = 1_700_000_000_000
+
+
+def submit(job_id: str, tenant: str = "acme", ts: int = T0, key: str | None = None,
+           **spec: object) -> ev.SubmitJob:
+    return ev.SubmitJob(event_id=f"cmd-{job_id}", ts_ms=ts, idempotency_key=key,
+                        spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec))
+
+
+def cancel(job_id: str, tenant: str = "acme", ts: int = T0) -> ev.CancelJob:
+    return ev.CancelJob(event_id=f"cancel-{job_id}", ts_ms=ts, job_id=job_id, tenant=tenant)
+
+
+def test_submit_is_admitted_to_a_cell_with_ids_from_the_position():
+    state = AdmissionState()
+    out = state.apply(submit("j1"), "admission-0@7")
+    assert len(out) == 1
+    admitted = out[0]
+    assert isinstance(admitted, ev.JobAdmitted)
+    assert admitted.event_id == "admission-0@7/0"
+    assert admitted.ts_ms == T0
+    assert admitted.cell == "cell-0"
+    assert admitted.spec.job_id == "j1"
+
+
+def test_repeated_job_id_produces_nothing_new():
+    state = AdmissionState()
+    state.apply(submit("j1"), "p@0")
+    out = state.apply(submit("j1"), "p@1")
+    assert [type(o) for o in out] == [ev.ReportIgnored]
+    assert out[0].subject == "j1"
+    assert "already admitted to cell-0" in out[0].reason
+    assert out[0].source_event_id == "cmd-j1"
+
+
+def test_repeated_idempotency_key_with_another_job_id_is_ignored():
+    state = AdmissionState()
+    state.apply(submit("j1", key="k"), "p@0")
+    out = state.apply(submit("j2", key="k"), "p@1")
+    assert [type(o) for o in out] == [ev.ReportIgnored]
+    assert "idempotency key 'k' was already used for job j1" in out[0].reason
+    # the same key under another tenant is another job
+    other = state.apply(submit("j3", tenant="globex", key="k"), "p@2")
+    assert [type(o) for o in other] == [ev.JobAdmitted]
+
+
+def test_a_rejected_job_stays_rejected():
+    state = AdmissionState()
+    first = state.apply(submit("j1", tier="platinum"), "p@0")
+    assert [(type(o), o.reason) for o in first] == [(ev.JobRejected, INVALID_TIER)]
+    again = state.apply(submit("j1"), "p@1")
+    assert [type(o) for o in again] == [ev.ReportIgnored]
+    assert "already rejected" in again[0].reason
+
+
+def test_unknown_tier_is_rejected_naming_the_tiers():
+    out = AdmissionState().apply(submit("j1", tier="platinum"), "p@0")
+    assert out[0].reason == INVALID_TIER
+    assert "'platinum'" in out[0].detail and "interactive" in out[0].detail
+
+
+def test_rate_limit_rejects_with_the_limit_and_a_retry_hint():
+    state = AdmissionState(AdmissionConfig(rate=RateLimit(rate_per_s=1.0, burst=2)))
+    assert isinstance(state.apply(submit("j1"), "p@0")[0], ev.JobAdmitted)
+    assert isinstance(state.apply(submit("j2"), "p@1")[0], ev.JobAdmitted)
+    rejected = state.apply(submit("j3"), "p@2")[0]
+    assert isinstance(rejected, ev.JobRejected)
+    assert rejected.reason == RATE_LIMITED
+    assert "1/s" in rejected.detail and "burst 2" in rejected.detail
+    assert "retry in 1000 ms" in rejected.detail and f"at ts_ms {T0 + 1000}" in rejected.detail
+    # half a token later: still limited, and the hint shrinks
+    half = state.apply(submit("j4", ts=T0 + 500), "p@3")[0]
+    assert half.reason == RATE_LIMITED and "retry in 500 ms" in half.detail
+    # at the hinted time, admitted
+    assert isinstance(state.apply(submit("j5", ts=T0 + 1000), "p@4")[0], ev.JobAdmitted)
+
+
+def test_rate_limit_refills_only_forward_and_only_to_the_burst():
+    state = AdmissionState(AdmissionConfig(rate=RateLimit(rate_per_s=10.0, burst=3)))
+    for i in range(3):
+        assert isinstance(state.apply(submit(f"a{i}", ts=T0), f"p@{i}")[0], ev.JobAdmitted)
+    # an older timestamp (another API instance's clock) refills nothing
+    assert state.apply(submit("old", ts=T0 - 60_000), "p@3")[0].reason == RATE_LIMITED
+    # an hour idle refills to the burst, not beyond
+    later = T0 + 3_600_000
+    results = [state.apply(submit(f"b{i}", ts=later), f"p@{10 + i}")[0] for i in range(4)]
+    assert [type(r) for r in results] == [ev.JobAdmitted] * 3 + [ev.JobRejected]
+
+
+def test_rate_limits_are_per_tenant_with_overrides():
+    config = AdmissionConfig(rate=RateLimit(rate_per_s=1.0, burst=1),
+                             tenant_rates={"big": RateLimit(rate_per_s=0.0)})
+    state = AdmissionState(config)
+    assert isinstance(state.apply(submit("a1", tenant="small"), "p@0")[0], ev.JobAdmitted)
+    assert state.apply(submit("a2", tenant="small"), "p@1")[0].reason == RATE_LIMITED
+    assert isinstance(state.apply(submit("o1", tenant="other"), "p@2")[0], ev.JobAdmitted)
+    for i in range(50):  # rate 0 = unlimited
+        assert isinstance(state.apply(submit(f"b{i}", tenant="big"), f"p@{3 + i}")[0],
+                          ev.JobAdmitted)
+
+
+def test_routing_is_stable_and_spread():
+    cells = ("cell-0", "cell-1", "cell-2")
+    config = AdmissionConfig(cells=cells, rate=RateLimit(rate_per_s=0))
+    one, two = AdmissionState(config), AdmissionState(config)
+    placed = Counter()
+    for i in range(3000):
+        a = one.apply(submit(f"job-{i}"), f"p@{i}")[0]
+        b = two.apply(submit(f"job-{i}"), f"q@{i}")[0]
+        assert a.cell == b.cell == rendezvous(f"job-{i}", cells)
+        placed[a.cell] += 1
+    assert set(placed) == set(cells)
+    assert all(800 < n < 1200 for n in placed.values()), placed
+
+
+def test_adding_a_cell_moves_only_jobs_to_the_new_cell():
+    before = ("cell-0", "cell-1", "cell-2")
+    after = before + ("cell-3",)
+    moved = [j for j in (f"job-{i}" for i in range(2000))
+             if rendezvous(j, before) != rendezvous(j, after)]
+    assert moved and all(rendezvous(j, after) == "cell-3" for j in moved)
+    assert len(moved) < 700  # about a quarter
+
+
+def test_gpu_type_routes_to_matching_cells_only():
+    config = AdmissionConfig(cells=("cell-0", "cell-1", "cell-2"),
+                             cell_gpu_types={"cell-0": ("H100",), "cell-1": ("A100", "L40S")},
+                             rate=RateLimit(rate_per_s=0))
+    state = AdmissionState(config)
+    for i in range(60):
+        assert state.apply(submit(f"h{i}", gpu_type="H100"), f"p@{i}")[0].cell in ("cell-0", "cell-2")
+        assert state.apply(submit(f"a{i}", gpu_type="L40S"), f"q@{i}")[0].cell in ("cell-1", "cell-2")
+
+
+def test_no_cell_for_the_gpu_type_is_rejected_naming_the_offered_types():
+    config = AdmissionConfig(cells=("cell-0", "cell-1"),
+                             cell_gpu_types={"cell-0": ("H100",), "cell-1": ("A100",)})
+    out = AdmissionState(config).apply(submit("j", gpu_type="B200"), "p@0")[0]
+    assert out.reason == NO_MATCHING_CELL
+    assert "'B200'" in out.detail and "A100, H100" in out.detail
+
+
+def test_cancel_is_forwarded_to_the_jobs_cell():
+    config = AdmissionConfig(cells=("cell-0", "cell-1", "cell-2"))
+    state = AdmissionState(config)
+    cell = state.apply(submit("j1"), "p@0")[0].cell
+    out = state.apply(cancel("j1", ts=T0 + 5), "p@1")
+    assert len(out) == 1 and isinstance(out[0], CellCommand)
+    assert out[0].cell == cell
+    forwarded = out[0].command
+    assert isinstance(forwarded, ev.CancelJob)
+    assert (forwarded.event_id, forwarded.ts_ms, forwarded.job_id, forwarded.tenant) == \
+        ("p@1/0", T0 + 5, "j1", "acme")
+
+
+@pytest.mark.parametrize("setup, command, reason", [
+    ([], cancel("nope"), "unknown job"),
+    ([submit("j1")], cancel("j1", tenant="globex"), "another tenant"),
+    ([submit("j1", tier="gold")], cancel("j1"), "rejected at admission"),
+])
+def test_cancel_that_cannot_be_forwarded_is_recorded(setup, command, reason):
+    state = AdmissionState()
+    for i, c in enumerate(setup):
+        state.apply(c, f"s@{i}")
+    out = state.apply(command, "p@9")
+    assert [type(o) for o in out] == [ev.ReportIgnored]
+    assert reason in out[0].reason and out[0].subject == command.job_id
+
+
+def test_unknown_command_type_is_recorded():
+    tick = ev.Tick(event_id="t", ts_ms=T0, cell="cell-0", now_ms=T0)
+    out = AdmissionState().apply(tick, "p@0")
+    assert [type(o) for o in out] == [ev.ReportIgnored]
+    assert "unknown command type Tick" in out[0].reason
+
+
+def test_state_survives_pickling_and_replays_identically():
+    config = AdmissionConfig(cells=("cell-0", "cell-1"), rate=RateLimit(rate_per_s=2, burst=3))
+    commands = [submit(f"j{i}", tenant=f"t{i % 2}", ts=T0 + 100 * i, key=f"k{i % 7}")
+                for i in range(40)] + [cancel(f"j{i}", tenant=f"t{i % 2}") for i in range(0, 40, 3)]
+    straight = AdmissionState(config)
+    expected = [straight.apply(c, f"p@{i}") for i, c in enumerate(commands)]
+    resumed = AdmissionState(config)
+    got = []
+    for i, c in enumerate(commands):
+        if i == 20:
+            resumed = pickle.loads(pickle.dumps(resumed))
+        got.append(resumed.apply(c, f"p@{i}"))
+    assert got == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cells": ()}, "at least one cell"),
+    ({"cells": ("cell-0", "cell-0")}, "twice"),
+    ({"cell_gpu_types": {"cell-9": ("H100",)}}, "cell-9"),
+])
+def test_config_refuses_impossible_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AdmissionConfig(**kwargs)
+
+
+def test_rate_limit_refuses_negative_rates():
+    with pytest.raises(ValueError, match="rate_per_s"):
+        RateLimit(rate_per_s=-1)

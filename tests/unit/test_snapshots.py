@@ -1,0 +1,345 @@
+"""The snapshot store and the per-partition commit protocol (rocksdict on a temp dir, no broker)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from processors.routing import Outgoing
+from processors.snapshots import SnapshotStore, StatefulProcessor
+from producers.log import Record
+
+TOPIC = "in"
+
+
+class ListFold:
+    """A fold for tests: the state is the list of values seen; one output per record;
+    the value b"boom" makes the fold raise."""
+
+    name = "list"
+
+    def new_state(self, partition: int) -> list:
+        return []
+
+    def adopt(self, state: list, partition: int) -> list:
+        return state
+
+    def step(self, state: list, record: Record) -> list[Outgoing]:
+        if record.value == b"boom":
+            raise RuntimeError("boom")
+        state.append(record.value)
+        return [Outgoing("out", record.key, None, record.value, event=f"{record.partition}@{record.offset}")]
+
+    def dead_letter(self, record: Record, reason: str, detail: str) -> Outgoing:
+        return Outgoing("dlq", record.key, None, record.value, (("reason", reason.encode()),),
+                        reason=reason)
+
+
+def records(partition: int, start: int, values: list[bytes]) -> list[Record]:
+    return [Record(TOPIC, partition, start + i, b"k", v) for i, v in enumerate(values)]
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = SnapshotStore(tmp_path / "store", TOPIC)
+    yield s
+    s.close()
+
+
+# -- the store ---------------------------------------------------------------------
+def test_save_and_load_round_trip_per_partition(store: SnapshotStore):
+    assert store.load(0) is None
+    store.save({0: ({"a": [1, 2]}, 41), 3: ("three", 7)})
+    assert store.load(0) == ({"a": [1, 2]}, 41)
+    assert store.load(3) == ("three", 7)
+    assert store.load(1) is None
+
+
+def test_namespaces_do_not_see_each_other(tmp_path: Path):
+    a = SnapshotStore(tmp_path / "s", "topic-a")
+    a.save({0: ("a", 1)})
+    a.close()
+    b = SnapshotStore(tmp_path / "s", "topic-b")
+    assert b.load(0) is None
+    b.close()
+
+
+def test_an_unreadable_snapshot_counts_as_none(store: SnapshotStore, caplog):
+    state_key, offset_key = store._keys(0)
+    store._db[state_key] = b"not a pickle"
+    store._db[offset_key] = b"12"
+    assert store.load(0) is None
+    assert "unreadable" in caplog.text
+
+
+class RecordingDb:
+    """Delegates to the real Rdict and records which writing calls were made."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+        self.calls: list[str] = []
+
+    def write(self, batch) -> None:
+        self.calls.append(f"write({len(batch)})")
+        self.db.write(batch)
+
+    def __setitem__(self, key, value) -> None:
+        self.calls.append("put")
+        self.db[key] = value
+
+    def __getattr__(self, name):
+        if name in ("put", "delete", "__delitem__"):
+            self.calls.append(name)
+        return getattr(self.db, name)
+
+
+def test_state_and_offsets_of_a_save_go_in_one_write_batch(store: SnapshotStore):
+    recorder = store._db = RecordingDb(store._db)
+    store.save({0: ("s0", 4), 1: ("s1", 9)})
+    assert recorder.calls == ["write(4)"]   # two partitions x (state, offset), one batch
+    store._db = recorder.db
+
+
+CRASH_WRITER = textwrap.dedent("""
+    import sys
+    from processors.snapshots import SnapshotStore
+    store = SnapshotStore(sys.argv[1], "in")
+    payload = "x" * 200_000
+    i = 0
+    print("ready", flush=True)
+    while True:
+        i += 1
+        store.save({0: ({"offset": i, "payload": payload}, i), 1: ({"offset": -i}, -i)})
+""")
+
+
+def test_state_and_offset_agree_after_a_crash_mid_write(tmp_path: Path):
+    """SIGKILL a process that rewrites (state, offset) in a loop; whatever survived agrees."""
+    path = tmp_path / "crash"
+    for attempt in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, str(path)],
+                                stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
+        try:
+            assert proc.stdout.readline().strip() == b"ready"
+            time.sleep(0.2 + 0.1 * attempt)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc.stdout.close()
+        store = SnapshotStore(path, "in")
+        try:
+            (state0, offset0), (state1, offset1) = store.load(0), store.load(1)
+        finally:
+            store.close()
+        assert state0["offset"] == offset0 > 0
+        assert state1["offset"] == offset1 == -offset0  # both partitions from one batch
+
+
+# -- the protocol --------------------------------------------------------------------
+def test_a_fresh_partition_starts_at_zero_and_a_snapshotted_one_after_its_offset(store):
+    proc = StatefulProcessor(ListFold(), store, TOPIC)
+    assert proc.assign(0) == 0
+    proc.fold(records(0, 0, [b"a", b"b", b"c"]))
+    assert proc.snapshot() == 1
+    again = StatefulProcessor(ListFold(), store, TOPIC)
+    assert again.assign(0) == 3
+    assert again.state(0) == [b"a", b"b", b"c"]
+
+
+def test_input_at_or_below_the_snapshot_offset_is_a_no_op(store):
+    proc = StatefulProcessor(ListFold(), store, TOPIC)
+    proc.assign(0)
+    proc.fold(records(0, 0, [b"a", b"b"]))
+    proc.snapshot()
+    restarted = StatefulProcessor(ListFold(), store, TOPIC)
+    restarted.assign(0)
+    batch = restarted.fold(records(0, 0, [b"a", b"b", b"c"]))  # a redelivery overlapping the state
+    assert [o.value for o in batch.outgoing] == [b"c"]
+    assert batch.skipped == 2
+    assert restarted.state(0) == [b"a", b"b", b"c"]
+    assert restarted.commit_positions(batch) == {(TOPIC, 0): 3}
+
+
+def test_input_below_the_committed_offset_is_folded_without_re_sending(store):
+    proc = StatefulProcessor(ListFold(), store, TOPIC)
+    assert proc.assign(1, committed=2) == 0   # no snapshot here, but the group got to 2
+    batch = proc.fold(records(1, 0, [b"a", b"b", b"c", b"d"]))
+    assert [o.value for o in batch.outgoing] == [b"c", b"d"]
+    assert batch.quiet == 2
+    assert proc.state(1) == [b"a", b"b", b"c", b"d"]
+
+
+def test_partitions_are_independent_and_unassigned_ones_skipped(store):
+    proc = StatefulProcessor(ListFold(), store, TOPIC)
+    proc.assign(0)
+    proc.assign(2)
+    batch = proc.fold(records(0, 0, [b"a"]) + records(1, 0, [b"x"]) + records(2, 0, [b"b"]))
+    assert [o.event for o in batch.outgoing] == ["0@0", "2@0"]
+    assert batch.skipped == 1
+    assert batch.advanced == {0: 0, 2: 0}
+
+
+def test_a_fold_error_dead_letters_the_record_and_processing_continues(store):
+    proc = StatefulProcessor(ListFold(), store, TOPIC)
+    proc.assign(0)
+    batch = proc.fold(records(0, 0, [b"a", b"boom", b"c"]))
+    assert [(o.topic, o.value) for o in batch.outgoing] == [("out", b"a"), ("dlq", b"boom"),
+                                                           ("out", b"c")]
+    assert batch.dead_letters == 1
+    assert proc.offset(0) == 2
+
+
+def test_snapshots_are_throttled_by_interval_but_forced_on_revoke(store):
+    now = [100.0]
+    proc = StatefulProcessor(ListFold(), store, TOPIC, snapshot_interval_s=5.0,
+                             clock=lambda: now[0])
+    proc.assign(0)
+    proc.fold(records(0, 0, [b"a"]))
+    assert proc.snapshot() == 0 and store.load(0) is None
+    now[0] += 5.0
+    assert proc.snapshot() == 1 and store.load(0) == ([b"a"], 0)
+    proc.fold(records(0, 1, [b"b"]))
+    assert proc.snapshot() == 0
+    proc.revoke(0)
+    assert store.load(0) == ([b"a", b"b"], 1)
+    assert proc.partitions == []
+
+
+def test_an_unchanged_partition_is_not_rewritten(store):
+    proc = StatefulProcessor(ListFold(), store, TOPIC)
+    proc.assign(0)
+    proc.fold(records(0, 0, [b"a"]))
+    assert proc.snapshot() == 1
+    assert proc.snapshot() == 0
+    assert proc.snapshot(force=True) == 0
+
+
+# -- the commit order, through the runner with a fake consumer and producer ----------
+class Journal(list):
+    pass
+
+
+class FakeConsumer:
+    """The LogConsumer port: one partition, scripted polls; closing revokes (like leaving)."""
+
+    def __init__(self, journal: Journal, polls: list[list[Record]], stop, committed=None):
+        self.journal, self.polls, self.stop = journal, polls, stop
+        self._committed = committed or {}
+        self.callbacks = None
+
+    def __call__(self, *args, **kwargs):   # the factory
+        return self
+
+    def partitions_of(self, topic):
+        return 1
+
+    def subscribe(self, topics, on_assign, on_revoke):
+        self.callbacks = (on_assign, on_revoke)
+
+    def consume(self, max_records, timeout):
+        if self.callbacks and "assigned" not in self.journal:
+            self.journal.append("assigned")
+            from confluent_kafka import TopicPartition
+            self.callbacks[0]([TopicPartition(TOPIC, 0)])
+        if not self.polls:
+            self.stop.set()
+            return []
+        return self.polls.pop(0)
+
+    def committed(self, topic, partitions):
+        return {p: self._committed.get(p) for p in partitions}
+
+    def assign(self, topic, partitions, offsets):
+        self.journal.append(f"seek {offsets}")
+
+    def commit(self, positions):
+        self.journal.append(f"commit {positions[(TOPIC, 0)]}")
+
+    def close(self):
+        from confluent_kafka import TopicPartition
+        self.callbacks[1]([TopicPartition(TOPIC, 0)])
+        self.journal.append("closed")
+
+
+class FakeProducer:
+    def __init__(self, journal: Journal, fail_flush: bool = False):
+        self.journal, self.fail_flush = journal, fail_flush
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def produce(self, topic, key, value, partition=None, headers=None):
+        self.journal.append(f"produce {value.decode()}")
+
+    def flush(self, timeout=None):
+        if self.fail_flush:
+            from producers.log import LogError
+            raise LogError("broker gone")
+        self.journal.append("flush")
+
+    def close(self, timeout=None):
+        self.journal.append("producer closed")
+
+
+class JournalStore(SnapshotStore):
+    def __init__(self, path, journal):
+        super().__init__(path, TOPIC)
+        self.journal = journal
+
+    def save(self, snapshots):
+        self.journal.append(f"snapshot {snapshots[0][1]}")
+        super().save(snapshots)
+
+
+def run_fake(tmp_path, polls, fail_flush=False, committed=None):
+    import threading
+
+    from processors.app import ProcessorRunner
+    from schemas.topics import Topic
+
+    journal, stop = Journal(), threading.Event()
+    store = JournalStore(tmp_path / "j", journal)
+    runner = ProcessorRunner(StatefulProcessor(ListFold(), store, TOPIC), "fake:9092", "g",
+                             input_topic=Topic(TOPIC, 1, "x"),
+                             consumer_factory=FakeConsumer(journal, polls, stop, committed),
+                             producer_factory=FakeProducer(journal, fail_flush))
+    try:
+        runner.run(stop)
+        return journal, store.load(0), None
+    except Exception as exc:
+        return journal, store.load(0), exc
+    finally:
+        store.close()
+
+
+def test_each_batch_is_produced_then_snapshotted_then_committed(tmp_path):
+    journal, snapshot, error = run_fake(tmp_path, [records(0, 0, [b"a", b"b"]),
+                                                   records(0, 2, [b"c"])])
+    assert error is None
+    assert journal == ["assigned", "seek {0: 0}",
+                       "produce a", "produce b", "flush", "snapshot 1", "commit 2",
+                       "produce c", "flush", "snapshot 2", "commit 3",
+                       "closed", "producer closed"]
+    assert snapshot == ([b"a", b"b", b"c"], 2)
+
+
+def test_a_failed_delivery_is_fatal_and_never_snapshotted_or_committed(tmp_path):
+    from processors.app import ProcessorFailed
+
+    journal, snapshot, error = run_fake(tmp_path, [records(0, 0, [b"a"])], fail_flush=True)
+    assert isinstance(error, ProcessorFailed) and "broker gone" in str(error)
+    assert not [j for j in journal if j.startswith(("snapshot", "commit"))], journal
+    assert snapshot is None   # leaving the group (revoke) did not save the undelivered state
+
+
+def test_inputs_below_the_committed_offset_are_not_re_sent(tmp_path):
+    journal, snapshot, _ = run_fake(tmp_path, [records(0, 0, [b"a", b"b", b"c"])],
+                                    committed={0: 2})
+    assert [j for j in journal if j.startswith("produce ")] == ["produce c"]
+    assert snapshot == ([b"a", b"b", b"c"], 2)
