@@ -151,10 +151,27 @@ def demo_profile() -> ModelProfile:
     })
 
 
+def noop_profile() -> ModelProfile:
+    """A zero-work generator (a shell that reports done and writes an empty
+    file): what ``framespool bench pipeline`` runs to measure the pipeline
+    itself rather than generation."""
+    return ModelProfile.from_dict({
+        "name": "noop",
+        "command": ["/bin/sh", "-c",
+                    "mkdir -p \"${{0%/*}}\" && : > \"$0\" && "
+                    "echo '{{\"progress\": 1.0, \"step\": 1, \"total_steps\": 1}}'",
+                    "{out}"],
+        "output_name": "output.bin",
+        "hang_timeout_s": 30.0,
+        "stop_grace_s": 1.0,
+    })
+
+
 def load_profiles(source: Any = None) -> dict[str, ModelProfile]:
-    """Profiles by model name: the built-in ``demo`` plus any from ``source``
-    (a path to .json/.toml holding ``{"profiles": [...]}`` or a list of dicts)."""
-    profiles = {"demo": demo_profile()}
+    """Profiles by model name: the built-in ``demo`` and ``noop`` plus any from
+    ``source`` (a path to .json/.toml holding ``{"profiles": [...]}`` or a list
+    of dicts)."""
+    profiles = {"demo": demo_profile(), "noop": noop_profile()}
     if source is None:
         return profiles
     if isinstance(source, (str, Path)):

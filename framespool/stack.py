@@ -42,7 +42,7 @@ class StackConfig:
     time_scale: float = 1.0
     tenants: tuple[tuple[str, str], ...] = DEFAULT_TENANTS
     allow_private_webhooks: bool = False
-    scheduler_config: Optional[Path] = None
+    processor_config: Optional[Path] = None   # [admission]/[scheduler] JSON or TOML
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -98,11 +98,12 @@ class Stack:
         common = ["--bootstrap", bootstrap]
         processors = [sys.executable, "-m", "processors"]
         state = str(self.data_dir / "processors")
-        sched = processors + ["scheduler", *common, "--data-dir", state]
-        if self.config.scheduler_config:
-            sched += ["--config", str(self.config.scheduler_config)]
-        self.spawn("admission", processors + ["admission", *common, "--data-dir", state])
-        self.spawn("scheduler", sched)
+        if self.config.processor_config:
+            common_cfg = ["--config", str(Path(self.config.processor_config).resolve())]
+        else:
+            common_cfg = []
+        for role in ("admission", "scheduler"):
+            self.spawn(role, processors + [role, *common, "--data-dir", state, *common_cfg])
         self.spawn("clock", processors + ["clock", *common, "--data-dir", state])
         services = [sys.executable, "-m", "framespool.services"]
         api = services + ["api", *common, "--stack-dir", str(self.data_dir),

@@ -27,8 +27,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--nodes-per-rail", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="speed factor of the demo generator (10 = ten times faster)")
-    p.add_argument("--scheduler-config", type=Path,
-                   help="JSON file with tiers, tenants and leases for the scheduler")
+    p.add_argument("--config", type=Path,
+                   help="JSON or TOML with [admission] (rate limits, cells) and [scheduler] "
+                        "(tiers, tenants, leases) sections")
     p.add_argument("--allow-private-webhooks", action="store_true",
                    help="let callbacks target loopback/private addresses (development only)")
     p.add_argument("--json", action="store_true", help="print stack.json instead of a summary")
@@ -43,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     stack = Stack(StackConfig(data_dir=args.data_dir, port=args.port, nodes=args.nodes,
                               gpus_per_node=args.gpus_per_node,
                               nodes_per_rail=args.nodes_per_rail, time_scale=args.time_scale,
-                              scheduler_config=args.scheduler_config,
+                              processor_config=args.config,
                               allow_private_webhooks=args.allow_private_webhooks))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

@@ -1,0 +1,185 @@
+"""``framespool bench pipeline``: the whole embedded stack, end to end.
+
+Two measurements on a fresh embedded stack whose agents run the zero-work
+``noop`` generator (a shell that reports done), so the numbers are the
+pipeline's (HTTP API -> commands -> admission -> scheduler -> agent ->
+scheduler -> job-events), not generation's:
+
+1. throughput: ``jobs`` submissions as fast as the API takes them (``concurrency``
+   clients); ``jobs_per_s`` = jobs / (last JobCompleted - first submit);
+2. latency: submissions at a fixed offered ``rate`` for ``seconds``;
+   submit -> JobAssigned as seen by a consumer of job-events.
+
+Job events are read by the bench's own consumer of the job-events topic, so
+the figures include one consumer hop.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from framespool.broker import free_port
+from framespool.stack import Stack, StackConfig
+
+BODY = {"prompt": "bench", "model": "noop", "gpus": 1}
+
+
+@dataclass
+class PipelineResult:
+    jobs_per_s: float
+    jobs: int
+    completed: int
+    submit_to_assigned_ms: dict[str, float]
+    submit_to_completed_ms: dict[str, float]
+    offered_rate: float
+    achieved_submit_rate: float
+    nodes: int
+    gpus: int
+    failed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+class EventWatcher(threading.Thread):
+    """Reads job-events and timestamps JobAssigned/JobCompleted per job."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(daemon=True)
+        from producers.log import LogConsumer
+        from schemas.topics import JOB_EVENTS
+
+        self.consumer = LogConsumer(bootstrap)
+        self.consumer.assign(JOB_EVENTS.name, range(JOB_EVENTS.partitions), 0)
+        self.assigned: dict[str, float] = {}
+        self.completed: dict[str, float] = {}
+        self.failed: dict[str, float] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        from schemas import codec
+        from schemas.events import JobAssigned, JobCompleted, JobFailed, JobRejected
+
+        while not self.stopping.is_set():
+            for record in self.consumer.consume(500, timeout=0.05):
+                now = time.perf_counter()
+                try:
+                    event = codec.decode(record.value)
+                except codec.DecodeError:
+                    continue
+                if isinstance(event, JobAssigned):
+                    self.assigned.setdefault(event.job_id, now)
+                elif isinstance(event, JobCompleted):
+                    self.completed.setdefault(event.job_id, now)
+                elif isinstance(event, (JobFailed, JobRejected)):
+                    self.failed.setdefault(event.job_id, now)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+        self.consumer.close()
+
+
+async def submit_many(url: str, key: str, count: int, rate: float, concurrency: int,
+                      sent: dict[str, float]) -> None:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}"}
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    start = time.perf_counter()
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while True:
+            i = await queue.get()
+            if i < 0:
+                return
+            if rate > 0:
+                delay = start + i / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            t0 = time.perf_counter()
+            async with session.post(f"{url}/v1/jobs", json=BODY, headers=headers) as resp:
+                doc = await resp.json()
+                if resp.status >= 300:
+                    raise RuntimeError(f"submit refused: HTTP {resp.status} {doc}")
+            sent[doc["job_id"]] = t0
+
+    for i in range(count):
+        queue.put_nowait(i)
+    for _ in range(concurrency):
+        queue.put_nowait(-1)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=100, method="inclusive") if len(ordered) > 1 \
+        else [ordered[0]] * 99
+    return {"p50": round(q[49], 2), "p99": round(q[98], 2), "max": round(ordered[-1], 2)}
+
+
+def wait_for(watch: dict[str, float], ids, timeout_s: float,
+             failed: Optional[dict[str, float]] = None) -> None:
+    """Until every job is in ``watch`` (or ended in ``failed``), or the timeout."""
+    failed = failed if failed is not None else {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(i in watch or i in failed for i in ids):
+        time.sleep(0.05)
+
+
+def bench_pipeline(jobs: int = 2000, rate: float = 200.0, seconds: float = 10.0,
+                   concurrency: int = 32, nodes: int = 8, gpus_per_node: int = 8,
+                   data_dir: Optional[Path] = None) -> PipelineResult:
+    workdir = Path(data_dir or tempfile.mkdtemp(prefix="framespool-bench-"))
+    config_path = workdir / "bench-config.json"
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps({"admission": {"rate": {"rate_per_s": 0}},
+                                       "scheduler": {"status_interval_s": 5}}))
+    stack = Stack(StackConfig(data_dir=workdir / "stack", port=free_port(), nodes=nodes,
+                              gpus_per_node=gpus_per_node, processor_config=config_path))
+    with stack:
+        key = stack.tenant_keys[0]["api_key"]
+        watcher = EventWatcher(stack.broker.bootstrap_servers)
+        watcher.start()
+        try:
+            # warm-up: the first submissions pay for connection and producer setup
+            warm: dict[str, float] = {}
+            asyncio.run(submit_many(stack.api_url, key, 20, 0, 4, warm))
+            wait_for(watcher.completed, warm, 60, watcher.failed)
+            # 1. throughput
+            sent: dict[str, float] = {}
+            t0 = time.perf_counter()
+            asyncio.run(submit_many(stack.api_url, key, jobs, 0, concurrency, sent))
+            wait_for(watcher.completed, sent, 300, watcher.failed)
+            done = [watcher.completed[j] for j in sent if j in watcher.completed]
+            elapsed = (max(done) - t0) if done else float("inf")
+            # 2. latency at a fixed offered rate
+            lat: dict[str, float] = {}
+            n = int(rate * seconds)
+            s0 = time.perf_counter()
+            asyncio.run(submit_many(stack.api_url, key, n, rate, concurrency, lat))
+            submit_elapsed = time.perf_counter() - s0
+            wait_for(watcher.assigned, lat, 120, watcher.failed)
+            wait_for(watcher.completed, lat, 120, watcher.failed)
+        finally:
+            watcher.stop()
+    assigned = [1000 * (watcher.assigned[j] - t) for j, t in lat.items() if j in watcher.assigned]
+    completed = [1000 * (watcher.completed[j] - t) for j, t in lat.items()
+                 if j in watcher.completed]
+    return PipelineResult(
+        jobs_per_s=round(len(done) / elapsed, 1) if done else 0.0, jobs=jobs,
+        completed=len(done), submit_to_assigned_ms=percentiles(assigned),
+        submit_to_completed_ms=percentiles(completed), offered_rate=rate,
+        achieved_submit_rate=round(n / submit_elapsed, 1), nodes=nodes,
+        gpus=nodes * gpus_per_node, failed=len(watcher.failed))
