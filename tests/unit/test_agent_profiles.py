@@ -72,6 +72,6 @@ def test_load_from_json_and_toml(tmp_path):
         '[profiles.checkpoint]\nsignal = "SIGUSR1"\n')
     from_json = load_profiles(tmp_path / "p.json")
     from_toml = load_profiles(tmp_path / "p.toml")
-    assert set(from_json) == {"demo", "vidgen-2"}
+    assert set(from_json) == {"demo", "noop", "vidgen-2"}
     assert from_toml["t2v"].hang_timeout_s == 5.0 and from_toml["t2v"].can_checkpoint
     assert not from_toml["t2v"].can_resume
