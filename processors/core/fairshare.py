@@ -12,9 +12,12 @@ jobs first). This is start-time fair queueing with GPU-time as the cost.
 - A run is charged ``gpus * estimate_s`` (times its dominant-resource factor)
   when it starts, and the difference to what it really used when it ends, so
   long-run shares are in true GPU-time.
-- A flow that becomes backlogged after being idle has its usage raised to
-  ``min(active siblings' virtual time) * weight - idle_credit``: idle time
-  earns at most ``idle_credit`` GPU-seconds of head start.
+- A flow that becomes backlogged after being idle has its settled usage
+  (usage less the estimates charged for its still-running runs) raised to
+  ``min(active siblings' settled virtual time) * weight - idle_credit``: idle
+  time earns at most ``idle_credit`` GPU-seconds of head start, and the
+  returning flow is not made to wait for refunds the others will get when
+  their running work ends earlier than estimated.
 
 Guarantee (tested in ``tests/unit/test_core_fairness.py``): while n
 equal-weight flows stay backlogged, their charged usage never differs by more
@@ -33,7 +36,7 @@ from typing import Iterator, Optional
 
 class Flow:
     __slots__ = ("name", "weight", "usage", "parent", "children", "active",
-                 "queue", "requeued", "queued", "backlog")
+                 "queue", "requeued", "queued", "backlog", "inflight")
 
     def __init__(self, name: str, weight: float, parent: Optional["Flow"]) -> None:
         self.name = name
@@ -46,9 +49,13 @@ class Flow:
         self.requeued: dict[str, None] = {}    # leaf only: served before queue
         self.queued = 0                        # jobs queued in this subtree
         self.backlog = 0.0                     # their GPU-seconds (estimated)
+        self.inflight = 0.0                    # charged for runs not yet settled
 
     def vt(self) -> float:
         return self.usage / self.weight
+
+    def settled_vt(self) -> float:
+        return (self.usage - self.inflight) / self.weight
 
     def chain(self) -> Iterator["Flow"]:
         flow: Optional[Flow] = self
@@ -104,14 +111,22 @@ class FairTree:
         siblings = flow.parent.active
         if not siblings:
             return
-        floor = min(s.vt() for s in siblings.values()) * flow.weight - self.idle_credit
-        if flow.usage < floor:
-            flow.usage = floor
+        floor = min(s.settled_vt() for s in siblings.values()) * flow.weight - self.idle_credit
+        if flow.usage - flow.inflight < floor:
+            flow.usage = floor + flow.inflight
 
     # -- charging ------------------------------------------------------------
-    def charge(self, leaf: Flow, gpu_seconds: float) -> None:
+    def charge_start(self, leaf: Flow, gpu_seconds: float) -> None:
+        """A run starts: charge its estimated cost now."""
         for flow in leaf.chain():
             flow.usage += gpu_seconds
+            flow.inflight += gpu_seconds
+
+    def charge_end(self, leaf: Flow, charged: float, used: float) -> None:
+        """A run ended: replace its estimated charge by the GPU-time it used."""
+        for flow in leaf.chain():
+            flow.usage += used - charged
+            flow.inflight -= charged
 
     # -- fair order ----------------------------------------------------------
     def pick(self, offsets: dict[int, float], exhausted: set[int]) -> Optional[Flow]:

@@ -125,6 +125,15 @@ class JobHandlers:
             self.ignore(subject, f"stale report: incarnation {event.incarnation}, "
                                  f"node is at {node.incarnation}", event)
             return None
+        if run.phase == STOPPING:
+            # The run is over for the scheduler (even if the job has not been
+            # placed again yet): an exit report only confirms this node's
+            # processes are gone; anything else is stale.
+            if isinstance(event, (ev.RunStopped, ev.RunCompleted, ev.RunFailed)):
+                self.release_slice(run, event.node_id)
+            else:
+                self.ignore(subject, "stale report: run already ended", event)
+            return None
         job = self.jobs.get(event.job_id)
         if job is None or job.run != event.run:
             if not allow_terminal:
@@ -169,7 +178,9 @@ class JobHandlers:
         self.finish(job, lc.COMPLETED, "complete")
         self.emit(ev.JobCompleted, job_id=job.job_id, run=run.run, artifact_uri=event.artifact_uri,
                   gpu_seconds=round(run.gpus * max(0, self.now_ms - run.started_ms) / 1000, 3))
-        self.end_run(run, confirmed=tuple(run.held), reason="completed")
+        # Only this node's processes are known gone; the gang's other nodes
+        # confirm with their own exit reports (or are stopped).
+        self.end_run(run, confirmed=(event.node_id,), reason="completed")
 
     def on_run_failed(self: "Cell", event: ev.RunFailed) -> None:
         run = self.fenced_run(event)
@@ -185,9 +196,8 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs.get(run.job_id)
-        unexpected = run.phase != STOPPING and job is not None and job.run == run.run
         self.release_slice(run, event.node_id)
-        if unexpected:
+        if job is not None and job.run == run.run:
             # The agent stopped a run nobody asked it to stop (it shut down):
             # the run is lost; resume it elsewhere from its last checkpoint.
             self.end_run(run, confirmed=(), reason="stopped by agent")

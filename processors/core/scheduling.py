@@ -212,7 +212,7 @@ class Scheduling:
         org.running += 1
         user.running += 1
         self.tier_use[job.tier] = self.tier_use.get(job.tier, 0) + gpus
-        self.fair.charge(self.leaf_of(job), charged)
+        self.fair.charge_start(self.leaf_of(job), charged)
         self.running_end_gpu_s += gpus * (self.now_ms / 1000 + estimate)
         self.running_gpus += gpus
         self.push_limit(run)
@@ -257,7 +257,7 @@ class Scheduling:
         job = self.jobs.get(run.job_id)
         leaf = self.fair.leaf((run.tier, run.tenant, run.user), (1.0, 1.0, 1.0)) \
             if job is None else self.leaf_of(job)
-        self.fair.charge(leaf, used - run.charged)
+        self.fair.charge_end(leaf, run.charged, used)
         org, user = self.use_of(run)
         org.running -= 1
         user.running -= 1

@@ -298,3 +298,30 @@ def test_nodes_registered_before_the_first_tick_are_not_expired_by_it():
     out = cell.apply(ev.Tick(event_id="t", ts_ms=0, cell="cell-0", now_ms=1_700_000_000_250),
                      "p@1")
     assert not [o for o in out if isinstance(o, ev.NodeStateChanged)]
+
+
+def test_late_reports_of_a_requeued_run_change_nothing():
+    h = Harness(nodes=1, config=cfg(start_lease_s=10, heartbeat_timeout_s=1000))
+    h.submit("j", gpus=1)
+    h.heartbeat("n0", runs=())
+    h.tick(11)                                      # start lease expired: requeued, run 1 stopping
+    assert h.cell.jobs["j"].state == "QUEUED" or h.cell.jobs["j"].run == 2
+    out = h.report(ev.RunStarted, "j", 1, "n0")
+    assert [type(o) for o in out] == [ev.ReportIgnored]
+    out = h.report(ev.RunFailed, "j", 1, "n0", failure_class="generator_error")
+    assert not of(out, ev.JobFailed)
+    h.tick(1)
+    h.drain()
+    assert h.terminal["j"] == 1
+
+
+def test_gang_completion_from_one_node_does_not_free_the_other_nodes_gpus():
+    h = Harness(nodes=2, nodes_per_rail=2)
+    h.submit("gang", gpus=16, per_node=8)
+    h.start_all()
+    out = h.report(ev.RunCompleted, "gang", 1, "n0")
+    assert of(out, ev.JobCompleted)
+    assert [s.node_id for s in of(out, ev.StopRun)] == ["n1"]
+    assert h.cell.index.free_total == 8              # n1 held until it confirms
+    h.report(ev.RunCompleted, "gang", 1, "n1")
+    assert h.cell.index.free_total == 16
