@@ -1,0 +1,33 @@
+"""``framespool audit JOB``: a job's timeline with reasons; why a waiting job waits."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from framespool.commands import CommandError
+from framespool.commands.replay import cell_config_for, log_arguments, read_log_for
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "audit", help="a job's timeline with the reason of every decision",
+        description="Print every event about JOB (its commands, the scheduler's decisions, "
+                    "its runs' agent reports and the agents' instructions) in log order, "
+                    "with reasons. For a job that has not ended, re-fold its cell with the "
+                    "core and say what holds it back and what would unblock it.")
+    p.add_argument("job_id", metavar="JOB")
+    log_arguments(p)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from processors.tools.audit import audit
+
+    config = cell_config_for(args)
+    report = audit(read_log_for(args), args.job_id, config)
+    if not report.timeline and report.spec is None:
+        raise CommandError(f"job {args.job_id!r} does not appear in the log; check the id "
+                           "(framespool jobs lists yours)")
+    print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
+    return 0

@@ -1,0 +1,221 @@
+"""What the tools share: the log as read, decoding, positions, and the re-fold (pure).
+
+Theory of operation
+-------------------
+1. :class:`LogContents` is everything a tool reads: the records of the
+   scheduler, job-events, assignments and commands topics, and how far the
+   scheduler and admission processors had committed when reading started
+   (inputs below a committed offset had all their outputs delivered first).
+2. An output of a cell's fold has the event id ``cell-<p>@<offset>/<i>``
+   (:func:`parse_position`): the input it came from and its index among that
+   input's outputs. That is what orders outputs on their cell's timeline
+   across topics and partitions.
+3. :class:`Refold` re-folds one scheduler partition with the processor's own
+   fold (``SchedulerFold.step``), mirroring the runtime's handling of a fold
+   that raises (dead letter ``processing_error``), so a re-fold emits exactly
+   what the processor would have.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from processors.core import Cell, CellConfig
+from processors.routing import PROCESSING_ERROR, Outgoing
+from processors.scheduler import SchedulerFold
+from producers.log import Record
+from schemas import codec
+from schemas import events as ev
+from schemas import topics as catalogue
+
+_POSITION = re.compile(r"^(cell-\d+)@(\d+)/(\d+)$")
+
+
+def parse_position(event_id: str) -> Optional[tuple[str, int, int]]:
+    """``(cell, input offset, output index)`` of a cell output's event id, else None."""
+    m = _POSITION.match(event_id or "")
+    return (m[1], int(m[2]), int(m[3])) if m else None
+
+
+def event_dict(event: Any) -> Optional[dict[str, Any]]:
+    """An event as JSON-ready data: ``{"type": name, **fields}``."""
+    if event is None:
+        return None
+    return {"type": type(event).__name__, **dataclasses.asdict(event)}
+
+
+def diff_fields(a: Any, b: Any) -> list[str]:
+    """Names of the top-level fields where two events differ (``type`` if their types do)."""
+    if type(a) is not type(b):
+        return ["type"]
+    return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def job_of(event: Any) -> Optional[str]:
+    """The job an event is about, if any (``ReportIgnored`` subjects ``job`` or ``job#run``)."""
+    if isinstance(event, ev.ReportIgnored):
+        return event.subject.partition("#")[0] or None
+    job_id = getattr(event, "job_id", None)
+    if job_id is None:
+        spec = getattr(event, "spec", None)
+        job_id = getattr(spec, "job_id", None)
+    return job_id if isinstance(job_id, str) else None
+
+
+def fmt_ms(ms: int) -> str:
+    """A wall-clock time in ms as an ISO-8601 UTC string (empty for 0)."""
+    if not ms:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+# --------------------------------------------------------------------------
+# The log as read
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One decoded record. ``event`` is None when it could not be decoded (``error``)."""
+
+    record: Record
+    event: Any
+    error: str = ""
+
+    @property
+    def event_id(self) -> str:
+        return getattr(self.event, "event_id", "")
+
+
+def decode_all(records: Iterable[Record]) -> list[Decoded]:
+    out = []
+    for r in records:
+        try:
+            out.append(Decoded(r, codec.decode(r.value)))
+        except codec.DecodeError as exc:
+            out.append(Decoded(r, None, exc.reason))
+    return out
+
+
+@dataclass
+class LogContents:
+    """Records of the topics the tools read, and the processors' committed positions.
+
+    ``committed``: ``{"scheduler": {partition: next offset}, "admission": {...}}``;
+    a partition missing there counts as nothing committed (offset 0).
+    """
+
+    scheduler: list[Record] = field(default_factory=list)
+    job_events: list[Record] = field(default_factory=list)
+    assignments: list[Record] = field(default_factory=list)
+    commands: list[Record] = field(default_factory=list)
+    committed: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    topics: Any = catalogue
+
+    def scheduler_partitions(self) -> dict[int, list[Record]]:
+        """Scheduler records by partition, each in offset order."""
+        parts: dict[int, list[Record]] = {}
+        for r in self.scheduler:
+            parts.setdefault(r.partition, []).append(r)
+        for records in parts.values():
+            records.sort(key=lambda r: r.offset)
+        return dict(sorted(parts.items()))
+
+    def committed_offset(self, group: str, partition: int) -> int:
+        return self.committed.get(group, {}).get(partition, 0)
+
+
+def as_records(topic: str, events: Iterable[Any], partition: int = 0, start: int = 0,
+               key: Optional[str] = None) -> list[Record]:
+    """Events encoded as consecutive records of one partition (tests, forged input)."""
+    return [Record(topic=topic, partition=partition, offset=start + i,
+                   key=key.encode() if key else None, value=codec.encode(e))
+            for i, e in enumerate(events)]
+
+
+# --------------------------------------------------------------------------
+# --until
+# --------------------------------------------------------------------------
+_EPOCH_MS_MIN = 10**11   # an integer this large is a time in ms, not an offset
+
+
+@dataclass(frozen=True, slots=True)
+class Until:
+    """Where a replay stops: after input ``offset`` (inclusive), or before the first
+    Tick that moves the cell's clock past ``time_ms``."""
+
+    offset: Optional[int] = None
+    time_ms: Optional[int] = None
+
+    def stops_before(self, record: Record, event: Any) -> bool:
+        if self.offset is not None:
+            return record.offset > self.offset
+        return (self.time_ms is not None and isinstance(event, ev.Tick)
+                and event.now_ms > self.time_ms)
+
+    def describe(self) -> str:
+        if self.offset is not None:
+            return f"through offset {self.offset}"
+        return f"until cell time {fmt_ms(self.time_ms or 0)}"
+
+
+def parse_until(text: str) -> Until:
+    """``123`` (an input offset), ``1790000000000`` (epoch ms) or an ISO-8601 time."""
+    text = text.strip()
+    if text.isdigit():
+        value = int(text)
+        return Until(time_ms=value) if value >= _EPOCH_MS_MIN else Until(offset=value)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--until {text!r} is neither an offset, epoch milliseconds nor an "
+                         "ISO-8601 time such as 2026-05-01T12:00:00Z") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return Until(time_ms=int(when.timestamp() * 1000))
+
+
+# --------------------------------------------------------------------------
+# The re-fold
+# --------------------------------------------------------------------------
+class Refold:
+    """One scheduler partition re-folded from offset 0 with the processor's own fold."""
+
+    def __init__(self, partition: int, config: Optional[CellConfig] = None,
+                 topics: Any = catalogue) -> None:
+        self.fold = SchedulerFold(config or CellConfig(), topics)
+        self.partition = partition
+        self.cell: Cell = self.fold.new_state(partition)
+        self.last_offset = -1
+        self.processing_errors: list[tuple[int, str]] = []
+
+    @property
+    def cell_id(self) -> str:
+        return self.cell.cell_id
+
+    def step(self, record: Record) -> list[Outgoing]:
+        """What the processor emits for ``record`` (its outputs, or a dead letter)."""
+        self.last_offset = record.offset
+        try:
+            return self.fold.step(self.cell, record)
+        except Exception as exc:  # the runtime dead-letters a failing fold and goes on
+            self.processing_errors.append((record.offset, repr(exc)))
+            return [self.fold.dead_letter(record, PROCESSING_ERROR, repr(exc))]
+
+    def run(self, records: Iterable[Record], until: Optional[Until] = None) -> "Refold":
+        """Fold ``records`` (in offset order), stopping where ``until`` says."""
+        for r in records:
+            if until is not None and until.stops_before(
+                    r, _peek(r) if until.time_ms is not None else None):
+                break
+            self.step(r)
+        return self
+
+
+def _peek(record: Record) -> Any:
+    try:
+        return codec.decode(record.value)
+    except codec.DecodeError:
+        return None

@@ -1,0 +1,256 @@
+"""Checks of a cell's emitted history against its inputs, without the core (pure).
+
+Theory of operation
+-------------------
+A cell's inputs (by offset) and its outputs (by ``cell-<p>@<offset>/<i>``)
+form one timeline: input ``o`` is followed by its outputs ``o/0, o/1, ...``.
+Walking it, :class:`CellLedger` keeps what the log itself says, independently
+of the core's state:
+
+- **GPU holdings.** A ``JobAssigned`` takes its placement's GPUs; a GPU already
+  held by another run is a *double booking*. A run's GPUs on a node are given
+  back when the run has ended (``JobCompleted``/``JobFailed``/``JobCancelled``/
+  ``JobRequeued``/``JobPreempted`` for that run) AND that node's agent
+  confirmed its processes there are gone: a ``RunStopped``, ``RunFailed`` or
+  ``RunCompleted`` from that node about the run (even one the cell ignored as
+  stale: it is still the agent's word), or an accepted heartbeat of that node
+  that no longer lists the run; or at once when the node goes DOWN or
+  re-registers (an accepted registration: one the cell did not answer with a
+  ``ReportIgnored``). This is stricter than the core, which takes one node's
+  ``RunCompleted`` as confirming every node of a gang.
+- **Fencing.** The job's current run is its latest ``JobAssigned``; a node's
+  current incarnation is its latest accepted ``NodeRegistered``. A report of
+  another run, of a finished job, or of an older incarnation is *stale*: its
+  outputs may only be ``ReportIgnored`` and ``StopRun`` (telling zombies to
+  stop); anything else is a state change from a stale report.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from processors.tools.history import parse_position
+from schemas import events as ev
+
+RUN_REPORTS = (ev.RunStarted, ev.RunCheckpointed, ev.RunCompleted, ev.RunFailed, ev.RunStopped)
+RUN_ENDS = (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobRequeued, ev.JobPreempted)
+STALE_MAY_EMIT = (ev.ReportIgnored, ev.StopRun)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant: ``kind`` (machine-readable), what it is about, where."""
+
+    kind: str
+    subject: str
+    detail: str
+    where: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "subject": self.subject, "detail": self.detail,
+                "where": self.where}
+
+    def line(self) -> str:
+        return f"{self.kind}: {self.subject}: {self.detail}" + (f" [{self.where}]"
+                                                                 if self.where else "")
+
+
+@dataclass
+class _Holding:
+    run: tuple[str, int]
+    since: str            # event id of the JobAssigned
+
+
+@dataclass
+class CellLedger:
+    cell: str
+    violations: list[Violation] = field(default_factory=list)
+    gpus: dict[tuple[str, int], _Holding] = field(default_factory=dict)
+    node_size: dict[str, int] = field(default_factory=dict)
+    incarnation: dict[str, int] = field(default_factory=dict)
+    current_run: dict[str, int] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+    ended: set[tuple[str, int]] = field(default_factory=set)
+    confirmed: set[tuple[tuple[str, int], str]] = field(default_factory=set)
+    assignments: int = 0
+    stale_reports: int = 0
+    unplaced: int = 0
+
+    # -- the walk --------------------------------------------------------------
+    def walk(self, inputs: Iterable[tuple[int, Any]],
+             outputs: Mapping[int, list[Any]]) -> "CellLedger":
+        """``inputs``: (offset, event) in offset order (None for undecodable);
+        ``outputs``: offset -> that input's emitted outputs in index order."""
+        seen: set[int] = set()
+        for offset, event in inputs:
+            seen.add(offset)
+            outs = outputs.get(offset, [])
+            ignored = {o.source_event_id for o in outs if isinstance(o, ev.ReportIgnored)}
+            accepted = event is not None and event.event_id not in ignored
+            stale = self._stale(event) if event is not None else False
+            if stale:
+                self.stale_reports += 1
+                changes = [o for o in outs if not isinstance(o, STALE_MAY_EMIT)]
+                if changes:
+                    self.violations.append(Violation(
+                        "stale_report_changed_state", _subject(event),
+                        f"stale {type(event).__name__} {event.event_id} ({stale}) produced "
+                        + ", ".join(f"{type(o).__name__} {o.event_id}" for o in changes),
+                        f"{self.cell}@{offset}"))
+            if event is not None:
+                self._input(event, accepted)
+            for out in outs:
+                self._output(out, offset)
+        # Outputs of inputs read after this walk's inputs (the log grew) are left out.
+        self.unplaced = sum(len(v) for k, v in outputs.items() if k not in seen)
+        return self
+
+    def _stale(self, e: Any) -> str:
+        if isinstance(e, RUN_REPORTS):
+            if e.job_id in self.finished:
+                return f"job {e.job_id} already finished"
+            current = self.current_run.get(e.job_id)
+            if current is None:
+                return f"job {e.job_id} has no run"
+            if e.run != current and not isinstance(e, ev.RunStopped):
+                return f"run {e.run} is not the current run {current}"
+            if (e.job_id, e.run) in self.ended and not isinstance(e, ev.RunStopped):
+                return f"run {e.run} already ended"
+            if e.incarnation < self.incarnation.get(e.node_id, 0):
+                return f"incarnation {e.incarnation} < {self.incarnation[e.node_id]}"
+            return ""
+        if isinstance(e, (ev.NodeHeartbeat, ev.NodeRegistered)):
+            known = self.incarnation.get(e.node_id)
+            if known is not None and (e.incarnation < known or (
+                    isinstance(e, ev.NodeRegistered) and e.incarnation == known)):
+                return f"incarnation {e.incarnation}, node is at {known}"
+        return ""
+
+    def _input(self, e: Any, accepted: bool) -> None:
+        if isinstance(e, ev.NodeRegistered):
+            if accepted and e.incarnation > self.incarnation.get(e.node_id, 0):
+                self._release_node(e.node_id)
+                self.incarnation[e.node_id] = e.incarnation
+                self.node_size[e.node_id] = e.gpus
+        elif isinstance(e, (ev.RunCompleted, ev.RunStopped, ev.RunFailed)):
+            self._confirm((e.job_id, e.run), e.node_id)
+        elif isinstance(e, ev.NodeHeartbeat) and accepted and \
+                e.incarnation == self.incarnation.get(e.node_id):
+            listed = {(r.job_id, r.run) for r in e.runs}
+            for (node, _), h in list(self.gpus.items()):
+                if node == e.node_id and h.run not in listed and h.run in self.ended:
+                    self._confirm(h.run, node)
+
+    def _output(self, o: Any, offset: int) -> None:
+        if isinstance(o, ev.JobAssigned):
+            self._assign(o, offset)
+        elif isinstance(o, RUN_ENDS):
+            if isinstance(o, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
+                self.finished.add(o.job_id)
+            key = (o.job_id, o.run)
+            if key not in self.ended:
+                self.ended.add(key)
+                for node in {n for (n, _), h in self.gpus.items() if h.run == key}:
+                    if (key, node) in self.confirmed:
+                        self._release(key, node)
+        elif isinstance(o, ev.JobRejected):
+            self.finished.add(o.job_id)
+        elif isinstance(o, ev.NodeStateChanged) and o.gpu == -1 and o.state == "DOWN":
+            self._release_node(o.node_id)
+
+    def _assign(self, o: ev.JobAssigned, offset: int) -> None:
+        self.assignments += 1
+        key = (o.job_id, o.run)
+        self.current_run[o.job_id] = o.run
+        where = f"{self.cell}@{offset}"
+        for piece in o.placement:
+            size = self.node_size.get(piece.node_id)
+            clashes: dict[tuple[str, int], tuple[str, list[int]]] = {}
+            for gpu in piece.gpus:
+                if size is not None and not 0 <= gpu < size:
+                    self.violations.append(Violation(
+                        "gpu_out_of_range", f"{piece.node_id}:{gpu}",
+                        f"{o.event_id} places {o.job_id}#{o.run} on GPU {gpu} of a "
+                        f"{size}-GPU node", where))
+                holder = self.gpus.get((piece.node_id, gpu))
+                if holder is not None and holder.run != key:
+                    clashes.setdefault(holder.run, (holder.since, []))[1].append(gpu)
+                self.gpus[(piece.node_id, gpu)] = _Holding(key, o.event_id)
+            for other, (since, gpus) in clashes.items():
+                self.violations.append(Violation(
+                    "double_booked", f"{piece.node_id}:{','.join(map(str, gpus))}",
+                    f"{o.event_id} gives GPU(s) {gpus} of {piece.node_id} to {o.job_id}#{o.run} "
+                    f"while {other[0]}#{other[1]} holds them (assigned by {since}, not yet "
+                    "released and confirmed)", where))
+
+    def _confirm(self, run: tuple[str, int], node: str) -> None:
+        self.confirmed.add((run, node))
+        if run in self.ended:
+            self._release(run, node)
+
+    def _release(self, run: tuple[str, int], node: str) -> None:
+        for slot in [s for s, h in self.gpus.items() if s[0] == node and h.run == run]:
+            del self.gpus[slot]
+
+    def _release_node(self, node: str) -> None:
+        for slot in [s for s in self.gpus if s[0] == node]:
+            del self.gpus[slot]
+
+    # -- the end ---------------------------------------------------------------
+    def held_by(self) -> dict[tuple[str, int], int]:
+        """GPUs still held at the end of the log, per run."""
+        out: dict[tuple[str, int], int] = {}
+        for h in self.gpus.values():
+            out[h.run] = out.get(h.run, 0) + 1
+        return out
+
+
+def _subject(e: Any) -> str:
+    if isinstance(e, RUN_REPORTS):
+        return f"{e.job_id}#{e.run}"
+    return getattr(e, "node_id", "") or getattr(e, "event_id", "?")
+
+
+def check_cell_history(cell: str, inputs: Iterable[tuple[int, Any]],
+                       outputs: Iterable[Any]) -> CellLedger:
+    """Walk one cell's inputs and emitted outputs (any order; placed by event id)."""
+    by_offset: dict[int, list[tuple[int, Any]]] = {}
+    seen: set[str] = set()
+    for o in outputs:
+        pos = parse_position(o.event_id)
+        if pos is not None and pos[0] == cell and o.event_id not in seen:
+            seen.add(o.event_id)     # at-least-once: a re-delivered output is the same one
+            by_offset.setdefault(pos[1], []).append((pos[2], o))
+    ordered = {off: [o for _, o in sorted(items, key=lambda x: x[0])]
+               for off, items in by_offset.items()}
+    return CellLedger(cell).walk(inputs, ordered)
+
+
+def first_terminal_violations(job_events: Iterable[Any]) -> tuple[list[Violation], dict[str, Any]]:
+    """Exactly one terminal event per job (after deduplication by event id).
+
+    Returns the violations and each job's first terminal event."""
+    violations: list[Violation] = []
+    first: dict[str, Any] = {}
+    seen: dict[str, Any] = {}
+    for e in job_events:
+        if e.event_id in seen:
+            if seen[e.event_id] != e:
+                violations.append(Violation(
+                    "conflicting_duplicate", e.event_id,
+                    f"two different events carry this id: {type(seen[e.event_id]).__name__} "
+                    f"and {type(e).__name__}"))
+            continue
+        seen[e.event_id] = e
+        if not isinstance(e, ev.TERMINAL_EVENTS):
+            continue
+        earlier: Optional[Any] = first.get(e.job_id)
+        if earlier is None:
+            first[e.job_id] = e
+            continue
+        violations.append(Violation(
+            "duplicate_terminal", e.job_id,
+            f"{type(e).__name__} {e.event_id} after {type(earlier).__name__} "
+            f"{earlier.event_id}: a job has exactly one terminal event", e.event_id))
+    return violations, first

@@ -1,0 +1,103 @@
+"""The replay/audit/verify commands: argument handling and exit statuses (log reads faked)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import framespool.cli as cli
+import processors.tools.reader as reader
+from processors.core import CellConfig
+from schemas import events as ev
+from schemas import topics as catalogue
+from tests.unit.test_tools_support import clean_history, record
+
+
+@pytest.fixture
+def main(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "COMMANDS", tuple(dict.fromkeys(
+        (*cli.COMMANDS, "replay", "audit", "verify"))))
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        status = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+@pytest.fixture
+def fake_log(monkeypatch):
+    """read_log returns an in-memory log (made under the default policy, as the
+    commands assume without --config); ``contents`` may be edited by the test."""
+    log = clean_history(CellConfig())
+    contents = log.contents()
+    calls = []
+
+    def read_log(bootstrap, topics, **kw):
+        calls.append((bootstrap, kw))
+        return contents
+
+    monkeypatch.setattr(reader, "read_log", read_log)
+    return contents, calls
+
+
+def test_verify_and_replay_exit_zero_on_a_clean_log(main, fake_log):
+    status, out, _ = main("verify", "--bootstrap", "broker:9092")
+    assert status == 0 and "OK: no invariant violated" in out
+    status, out, _ = main("replay", "--bootstrap", "broker:9092", "--json")
+    assert status == 0 and json.loads(out)["ok"] is True
+    assert fake_log[1][0][0] == "broker:9092"
+
+
+def test_verify_exits_one_naming_a_forged_terminal(main, fake_log):
+    contents, _ = fake_log
+    forged = ev.JobCancelled(event_id="forged", ts_ms=1, job_id="b", run=1)
+    contents.job_events.append(record(catalogue.JOB_EVENTS.name, 0, 999, forged))
+    status, out, _ = main("verify", "--bootstrap", "b:1", "--json")
+    report = json.loads(out)
+    assert status == 1 and report["violation_counts"] == {"duplicate_terminal": 1}
+    assert report["violations"][0]["subject"] == "b"
+
+
+def test_replay_exits_one_on_divergence_and_reads_only_the_asked_cell(main, fake_log):
+    contents, calls = fake_log
+    contents.job_events.append(record(catalogue.JOB_EVENTS.name, 0, 999, ev.JobCompleted(
+        event_id="cell-0@2/5", ts_ms=1, job_id="zzz", run=1)))
+    status, out, _ = main("replay", "--bootstrap", "b:1", "--cell", "cell-0", "--until", "20")
+    assert status == 1 and "unexpected output at cell-0@2 output #5" in out
+    assert calls[-1][1]["cells"] == [0] and calls[-1][1]["commands"] is False
+
+
+def test_audit_prints_a_timeline_and_refuses_an_unknown_job(main, fake_log):
+    status, out, _ = main("audit", "gang", "--bootstrap", "b:1")
+    assert status == 0 and "JobAssigned" in out and "reservation holder" in out
+    status, _, err = main("audit", "no-such-job", "--bootstrap", "b:1")
+    assert status == 2 and "does not appear in the log" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("replay", "--bootstrap", "b:1", "--cell", "east"), "--cell"),
+    (("replay", "--bootstrap", "b:1", "--cell", "cell-9"), "cell-0 to cell-3"),
+    (("replay", "--bootstrap", "b:1", "--until", "yesterday"), "ISO-8601"),
+    (("verify", "--bootstrap", "b:1", "--config", "/nonexistent.toml"), "cannot read config"),
+])
+def test_usage_errors_exit_two_and_say_what_to_change(main, fake_log, argv, message):
+    status, _, err = main(*argv)
+    assert status == 2 and message in err
+
+
+def test_the_bootstrap_comes_from_stack_json(main, fake_log, tmp_path):
+    status, _, err = main("verify", "--data-dir", str(tmp_path))
+    assert status == 2 and "stack.json" in err and "--bootstrap" in err
+    (tmp_path / "stack.json").write_text(json.dumps({"bootstrap_servers": "127.0.0.1:1234"}))
+    status, _, _ = main("verify", "--data-dir", str(tmp_path))
+    assert status == 0 and fake_log[1][-1][0] == "127.0.0.1:1234"
+
+
+def test_the_config_file_is_the_scheduler_policy(main, fake_log, tmp_path):
+    config = tmp_path / "fs.toml"
+    config.write_text("[scheduler]\nstatus_interval_s = 0\n")    # no CellStatus
+    status, out, _ = main("replay", "--bootstrap", "b:1", "--config", str(config))
+    assert status == 1 and "unexpected output" in out and "CellStatus" in out

@@ -1,0 +1,145 @@
+"""replay: the re-fold against the emitted records, on in-memory logs."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from processors.core import CellConfig
+from processors.tools.history import Until, parse_position, parse_until
+from processors.tools.replay import DIFFERING, MISSING, UNEXPECTED, replay
+from producers.log import Record
+from schemas import codec
+from schemas import events as ev
+from schemas import topics as catalogue
+from tests.unit.test_tools_support import T0, clean_history, record
+
+
+def emitted_index(records: list[Record], event_id: str) -> int:
+    return next(i for i, r in enumerate(records) if codec.decode(r.value).event_id == event_id)
+
+
+def cell_outputs(records: list[Record]) -> list[int]:
+    """Indexes of the records that are a cell's outputs (not the admission's)."""
+    return [i for i, r in enumerate(records) if parse_position(codec.decode(r.value).event_id)]
+
+
+def test_a_clean_log_replays_without_divergence():
+    log = clean_history()
+    report = replay(log.contents(), log.config)
+    assert report.ok, report.render()
+    c = report.counts
+    assert c["inputs"] == len(log.scheduler) and c["outputs"] == len(log.outputs)
+    assert c["matched"] == c["outputs"] and c["missing"] == c["unexpected"] == 0
+    assert report.to_dict()["first_divergence"] is None
+
+
+def test_identical_redeliveries_are_fine():
+    log = clean_history()
+    contents = log.contents()
+    contents.job_events += [contents.job_events[i] for i in cell_outputs(contents.job_events)[:3]]
+    report = replay(contents, log.config)
+    assert report.ok and report.counts["duplicates"] == 3
+
+
+def test_replay_pinpoints_the_first_differing_position():
+    log = clean_history()
+    contents = log.contents()
+    assignments = [(off, o) for off, o in log.outputs if isinstance(o, ev.JobAssigned)]
+    (k, first), (later, second) = assignments[1], assignments[3]
+    i = emitted_index(contents.job_events, first.event_id)
+    tampered = replace(first, reason="made up")
+    contents.job_events[i] = replace(contents.job_events[i], value=codec.encode(tampered))
+    j = emitted_index(contents.job_events, second.event_id)   # a later one goes missing
+    del contents.job_events[j]
+    report = replay(contents, log.config)
+    assert not report.ok
+    d = report.first
+    assert (d.kind, d.position, d.event_id) == (DIFFERING, f"cell-0@{k}", first.event_id)
+    assert d.expected == first and d.emitted == tampered and d.fields == ["reason"]
+    assert isinstance(d.input, ev.JobAdmitted)
+    assert report.counts["differing"] == 1 and report.counts["missing"] == 1
+    kinds = [(x["kind"], x["position"]) for x in report.to_dict()["divergences"]]
+    assert kinds == [(DIFFERING, f"cell-0@{k}"), (MISSING, f"cell-0@{later}")]
+    text = report.render()
+    assert f"emitted output differs at cell-0@{k}" in text and "differing fields: reason" in text
+
+
+def test_an_output_on_another_partition_is_a_divergence():
+    log = clean_history()
+    contents = log.contents()
+    i = cell_outputs(contents.job_events)[2]
+    contents.job_events[i] = replace(contents.job_events[i],
+                                     partition=contents.job_events[i].partition + 1)
+    report = replay(contents, log.config)
+    assert report.first.kind == DIFFERING and report.first.fields == ["(partition)"]
+
+
+def test_missing_counts_only_below_the_committed_offset():
+    log = clean_history()
+    contents = log.contents()
+    last_input = len(log.scheduler) - 1
+    completed = next(o for off, o in log.outputs if isinstance(o, ev.JobCompleted)
+                     and o.job_id == "gang")
+    off = parse_position(completed.event_id)[1]
+    del contents.job_events[emitted_index(contents.job_events, completed.event_id)]
+    contents.committed = {"scheduler": {0: off}}       # that input is not committed yet
+    report = replay(contents, log.config)
+    assert report.ok and report.counts["pending"] == 1
+    contents.committed = {"scheduler": {0: last_input + 1}}
+    report = replay(contents, log.config)
+    assert [(d.kind, d.position) for d in report.divergences] == [(MISSING, f"cell-0@{off}")]
+
+
+def test_an_output_the_fold_never_made_is_unexpected_and_later_ones_are_beyond():
+    log = clean_history()
+    contents = log.contents()
+    forged = ev.JobCompleted(event_id="cell-0@3/7", ts_ms=T0, job_id="a", run=1)
+    future = ev.JobCompleted(event_id=f"cell-0@{len(log.scheduler) + 5}/0", ts_ms=T0,
+                             job_id="a", run=1)
+    n = len(contents.job_events)
+    contents.job_events += [record(catalogue.JOB_EVENTS.name, 0, n, forged),
+                            record(catalogue.JOB_EVENTS.name, 0, n + 1, future)]
+    report = replay(contents, log.config)
+    (d,) = report.divergences
+    assert (d.kind, d.position, d.index, d.emitted) == (UNEXPECTED, "cell-0@3", 7, forged)
+    assert report.counts["beyond"] == 1
+
+
+def test_until_an_offset_stops_the_replay_there():
+    log = clean_history()
+    report = replay(log.contents(), log.config, until=Until(offset=6))
+    assert report.ok and report.counts["inputs"] == 7
+    assert report.counts["beyond"] > 0
+
+
+def test_until_a_time_stops_before_the_first_tick_past_it():
+    log = clean_history()
+    report = replay(log.contents(), log.config, until=Until(time_ms=T0 + 2000))
+    ticks = [r for r in log.scheduler if isinstance(codec.decode(r.value), ev.Tick)]
+    assert report.counts["inputs"] == ticks[2].offset   # ticks at T0+1 s, T0+2 s, then past
+    assert report.ok
+
+
+def test_a_different_policy_diverges():
+    log = clean_history()
+    other = CellConfig(status_interval_s=5.0, estimate_interval_s=0)   # CellStatus every 5 s
+    report = replay(log.contents(), other)
+    assert not report.ok and report.first.kind == MISSING
+    assert report.first.expected.__class__ is ev.CellStatus
+
+
+@pytest.mark.parametrize("text, until", [
+    ("42", Until(offset=42)),                                  # an input offset
+    ("1800000000000", Until(time_ms=T0)),                      # epoch ms
+    ("2027-01-15T08:00:00Z", Until(time_ms=T0)),               # ISO-8601 (T0 is this instant)
+    ("2027-01-15T08:00:00+00:00", Until(time_ms=T0)),
+    ("2027-01-15T08:00:00", Until(time_ms=T0)),                # naive times are UTC
+])
+def test_parse_until(text, until):
+    assert parse_until(text) == until
+
+
+def test_parse_until_refuses_nonsense():
+    with pytest.raises(ValueError, match="ISO-8601"):
+        parse_until("yesterday")
