@@ -32,7 +32,8 @@ def test_a_completed_jobs_timeline_is_in_log_order_with_its_reasons():
     assert report.state == "COMPLETED" and report.cell == "cell-0"
     kinds = [e.kind for e in report.timeline]
     assert kinds[:4] == ["SubmitJob", "JobAdmitted", "JobQueued", "JobWaitEstimated"]
-    assert kinds[-2:] == ["RunCompleted", "JobCompleted"]
+    # one node reported completion; the gang's other node is told to stop
+    assert kinds[-3:] == ["RunCompleted", "JobCompleted", "StopRun"]
     assert kinds.count("StartRun") == 2 and "RunStarted" in kinds and "heartbeats" in kinds
     assigned = next(e for e in report.timeline if e.kind == "JobAssigned")
     assert "reservation holder" in assigned.summary and "gang: 2 nodes in rail" in assigned.summary
