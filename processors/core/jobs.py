@@ -45,7 +45,7 @@ class JobHandlers:
         self.emit(ev.JobQueued, job_id=spec.job_id, tenant=spec.tenant, tier=spec.tier,
                   wait_estimate_s=round(ahead, 3), position=self.leaf_of(job).queued,
                   reason="admitted: fair-share queue")
-        if self.index.free_total >= min(s[0] for s in self.shapes_of(job)):
+        if self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job)):
             self.schedule(full=False)
 
     def admission_problem(self: "Cell", spec: ev.JobSpec) -> Optional[tuple[str, str]]:

@@ -222,6 +222,8 @@ class NodeHandlers:
         stop_deadline = now - int(self.config.stop_lease_s * 1000)
         for key in [k for k in self.stopping if self.runs[k].stop_sent_ms <= stop_deadline]:
             run = self.runs.get(key)
+            if run is None:   # released meanwhile (its node went DOWN for another run)
+                continue
             for node_id in tuple(run.held):
                 node = self.index.nodes[node_id]
                 if node.state != DOWN:

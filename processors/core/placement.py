@@ -63,9 +63,22 @@ class NodeIndex:
                 self.free_total += free
 
     def mark_warm(self, node: Node, gpus: tuple[int, ...], model: str) -> None:
+        """These GPUs now hold ``model``'s weights (one model per GPU): the node
+        joins that model's warm set and leaves the sets of models it no longer holds."""
+        evicted = {node.warm[i] for i in gpus if node.warm[i] and node.warm[i] != model}
         for i in gpus:
             node.warm[i] = model
+        for old in sorted(evicted):
+            if old not in node.warm:
+                self.warm_nodes.get(old, {}).pop(node.node_id, None)
         self.warm_nodes.setdefault(model, {})[node.node_id] = None
+
+    def largest_free(self) -> int:
+        """The most free healthy GPUs on any one schedulable node."""
+        for free in range(self.max_gpus, 0, -1):
+            if self.buckets.get(free):
+                return free
+        return 0
 
     # -- search --------------------------------------------------------------
     def find(self, gpus: int, per_node: int, model: str, ok: NodeFilter) -> Optional[Placement]:
@@ -81,15 +94,18 @@ class NodeIndex:
             best: Optional[Node] = None
             scanned = 0
             for node_id in warm:
-                free = self.bucket_of.get(node_id, 0)
-                if free >= k:
-                    node = self.nodes[node_id]
-                    if ok(node) and self._warm_free(node, model) > 0 and (
-                            best is None or free < self.bucket_of[best.node_id]):
-                        best = node
                 scanned += 1
-                if scanned >= WARM_SCAN_LIMIT:
+                if scanned > WARM_SCAN_LIMIT * 8:
                     break
+                free = self.bucket_of.get(node_id, 0)
+                if free < k:
+                    continue            # busy warm nodes cost one lookup each
+                node = self.nodes[node_id]
+                if ok(node) and self._warm_free(node, model) > 0 and (
+                        best is None or free < self.bucket_of[best.node_id]):
+                    best = node
+                    if free == k:
+                        break           # a perfect fit cannot be beaten
             if best is not None:
                 return Placement((self._slice(best, k, model),), "bin-pack: warm model")
         for free in range(k, self.max_gpus + 1):

@@ -1,0 +1,363 @@
+"""What a simulation measures: utilization, waits, fairness, invariants, and the
+per-job and per-run rows, streamed to CSV as they become final.
+
+Theory of operation
+-------------------
+Everything time-weighted is integrated exactly, piecewise-constant between the
+events that change it (no sampling error): busy GPUs, queued jobs, and per
+(tier, tenant) flow the GPUs it holds and whether it is backlogged.
+
+Fairness is measured against entitlement. While a flow (a tenant within a
+tier) is backlogged (at least one job queued), it is entitled to a weighted
+share of the GPUs that the backlogged flows of its tier hold together:
+``entitled = w_f * integral(U_B / W_B)`` over its backlogged time, where
+``U_B`` and ``W_B`` are the GPUs and the weight sum of the tier's backlogged
+flows. One cumulative integral per tier makes this O(1) per change. A
+tenant's ``fair_ratio`` is its GPU-time while backlogged over that
+entitlement (1.0 = exactly its share), ``share_while_backlogged`` is the same
+GPU-time over what its backlogged peers held together (1/n for n equal
+weights), and ``jain_fairness`` is Jain's index over the tenants' fair ratios.
+Metrics always use the job's original tenant and tier, whatever the policy
+presented to the cell.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from array import array
+from pathlib import Path
+from typing import IO, Any, Optional
+
+from .fleet import SimJob
+
+MAX_SAMPLES = 4000
+MAX_VIOLATION_EXAMPLES = 20
+
+JOB_COLUMNS = ("job_id", "tenant", "tier", "gpus", "submit_s", "first_start_s", "end_s", "state",
+               "runs")
+RUN_COLUMNS = ("job_id", "run", "placement", "start_s", "end_s", "outcome")
+
+
+class FlowStats:
+    __slots__ = ("tier", "tenant", "weight", "gpus", "queued", "last_ms", "gpu_ms",
+                 "backlog_gpu_ms", "entitled_ms", "peer_gpu_ms", "c0", "d0", "tier_stats")
+
+    def __init__(self, tier: "TierStats", tenant: str, weight: float) -> None:
+        self.tier = tier.name
+        self.tier_stats = tier
+        self.tenant = tenant
+        self.weight = weight
+        self.gpus = 0
+        self.queued = 0
+        self.last_ms = 0
+        self.gpu_ms = 0.0            # GPU-ms held, whole run
+        self.backlog_gpu_ms = 0.0    # GPU-ms held while backlogged
+        self.entitled_ms = 0.0       # GPU-ms it was entitled to while backlogged
+        self.peer_gpu_ms = 0.0       # GPU-ms its tier's backlogged flows held meanwhile
+        self.c0 = 0.0
+        self.d0 = 0.0
+
+
+class TierStats:
+    __slots__ = ("name", "ub", "wb", "c", "d", "last_ms", "queued", "waits")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ub = 0          # GPUs held by backlogged flows
+        self.wb = 0.0        # their weights
+        self.c = 0.0         # integral of ub / wb dt
+        self.d = 0.0         # integral of ub dt
+        self.last_ms = 0
+        self.queued = 0
+        self.waits = array("d")
+
+    def advance(self, now: int) -> None:
+        dt = now - self.last_ms
+        if dt > 0:
+            if self.ub:
+                self.c += self.ub / self.wb * dt
+                self.d += self.ub * dt
+            self.last_ms = now
+
+
+class Recorder:
+    def __init__(self, out_dir: Optional[Path], capacity_gpus: int,
+                 tenant_weights: dict[str, float]) -> None:
+        self.capacity = capacity_gpus
+        self.available = capacity_gpus
+        self.weights = tenant_weights
+        self.tiers: dict[str, TierStats] = {}
+        self.flows: dict[tuple[str, str], FlowStats] = {}
+        self.busy = 0
+        self.queued = 0
+        self.last_ms = 0
+        self.first_submit_ms = -1
+        self.end_ms = 0
+        self.busy_ms = 0.0
+        self.available_ms = 0.0
+        self.backlog_ms = 0.0
+        self.busy_backlog_ms = 0.0
+        self.waits = array("d")
+        self.states: dict[str, int] = {}
+        self.submitted = 0
+        self.terminal = bytearray()          # per job index: terminal events seen
+        self.violations = 0
+        self.violations_by_kind: dict[str, int] = {}
+        self.examples: list[str] = []
+        self.counters: dict[str, float] = {}
+        self.goodput_gpu_ms = 0.0
+        # time series for the report (decimated to stay under MAX_SAMPLES)
+        self.sample_ms = 0
+        self.samples_t: list[float] = []
+        self.samples_busy: list[int] = []
+        self.samples_queued: dict[str, list[int]] = {}
+        self.samples_tenant: dict[str, list[int]] = {}
+        self._files: list[IO[str]] = []
+        self.jobs_csv = self.runs_csv = None
+        if out_dir is not None:
+            self.jobs_csv = self._writer(out_dir / "jobs.csv", JOB_COLUMNS)
+            self.runs_csv = self._writer(out_dir / "runs.csv", RUN_COLUMNS)
+
+    def _writer(self, path: Path, header: tuple[str, ...]) -> Any:
+        handle = path.open("w", newline="", buffering=1 << 20)
+        self._files.append(handle)
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        return writer
+
+    def close(self) -> None:
+        for handle in self._files:
+            handle.close()
+        self._files = []
+
+    def count(self, name: str, amount: float = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + amount
+
+    def violation(self, kind: str, message: str) -> None:
+        self.violations += 1
+        self.violations_by_kind[kind] = self.violations_by_kind.get(kind, 0) + 1
+        if len(self.examples) < MAX_VIOLATION_EXAMPLES:
+            self.examples.append(f"{kind}: {message}")
+
+    # -- integration -----------------------------------------------------------
+    def advance(self, now: int) -> None:
+        dt = now - self.last_ms
+        if dt > 0:
+            self.busy_ms += self.busy * dt
+            self.available_ms += self.available * dt
+            if self.queued:
+                self.backlog_ms += dt
+                self.busy_backlog_ms += self.busy * dt
+            self.last_ms = now
+
+    def flow_of(self, job: SimJob) -> FlowStats:
+        trace = job.trace
+        flow = self.flows.get((trace.tier, trace.tenant))
+        if flow is None:
+            tier = self.tiers.get(trace.tier)
+            if tier is None:
+                tier = self.tiers[trace.tier] = TierStats(trace.tier)
+                tier.last_ms = self.last_ms
+            flow = self.flows[(trace.tier, trace.tenant)] = FlowStats(
+                tier, trace.tenant, self.weights.get(trace.tenant, 1.0))
+            flow.last_ms = self.last_ms
+        job.flow = flow
+        return flow
+
+    @staticmethod
+    def _flush(flow: FlowStats, now: int) -> None:
+        dt = now - flow.last_ms
+        if dt > 0:
+            if flow.gpus:
+                flow.gpu_ms += flow.gpus * dt
+                if flow.queued:
+                    flow.backlog_gpu_ms += flow.gpus * dt
+            flow.last_ms = now
+
+    # -- job and GPU changes ----------------------------------------------------
+    def submitted_job(self, job: SimJob, now: int) -> None:
+        self.submitted += 1
+        if self.first_submit_ms < 0:
+            self.first_submit_ms = now
+        idx = job.trace.idx
+        if idx >= len(self.terminal):
+            self.terminal.extend(bytes(idx + 1 - len(self.terminal)))
+        self.flow_of(job)
+
+    def queue_change(self, job: SimJob, delta: int, now: int) -> None:
+        self.advance(now)
+        self.queued += delta
+        flow = job.flow
+        tier = flow.tier_stats
+        tier.advance(now)
+        self._flush(flow, now)
+        tier.queued += delta
+        was = flow.queued
+        flow.queued += delta
+        if was == 0 and flow.queued > 0:          # becomes backlogged
+            flow.c0 = tier.c
+            flow.d0 = tier.d
+            tier.ub += flow.gpus
+            tier.wb += flow.weight
+        elif was > 0 and flow.queued == 0:        # stops being backlogged
+            flow.entitled_ms += flow.weight * (tier.c - flow.c0)
+            flow.peer_gpu_ms += tier.d - flow.d0
+            tier.ub -= flow.gpus
+            tier.wb -= flow.weight
+
+    def gpus_change(self, job: SimJob, delta: int, now: int) -> None:
+        self.advance(now)
+        self.busy += delta
+        flow = job.flow
+        tier = flow.tier_stats
+        tier.advance(now)
+        self._flush(flow, now)
+        flow.gpus += delta
+        if flow.queued:
+            tier.ub += delta
+
+    def capacity_change(self, delta: int, now: int) -> None:
+        self.advance(now)
+        self.available += delta
+
+    def started(self, job: SimJob, now: int) -> None:
+        wait = (now - job.trace.submit_ms) / 1000
+        self.waits.append(wait)
+        job.flow.tier_stats.waits.append(wait)
+
+    def terminal_event(self, job_idx: int, job_id: str) -> bool:
+        """Count a terminal event; False (and a violation) when it is not the first."""
+        if job_idx >= len(self.terminal):
+            self.violation("terminal_for_unknown_job", f"{job_id} ended but was never submitted")
+            return False
+        seen = self.terminal[job_idx]
+        self.terminal[job_idx] = min(255, seen + 1)
+        if seen:
+            self.violation("second_terminal_event", f"{job_id} got a terminal event {seen + 1} times")
+            return False
+        return True
+
+    def finished(self, job: SimJob, state: str, now: int) -> None:
+        self.states[state] = self.states.get(state, 0) + 1
+        self.end_ms = max(self.end_ms, now)
+        if state == "COMPLETED":
+            self.goodput_gpu_ms += job.trace.gpus * job.trace.duration_s * 1000
+        if self.jobs_csv is not None:
+            trace = job.trace
+            self.jobs_csv.writerow((
+                job.job_id, trace.tenant, trace.tier, trace.gpus, _s(trace.submit_ms),
+                _s(job.first_start_ms) if job.first_start_ms >= 0 else "", _s(now), state,
+                job.runs))
+
+    def run_closed(self, job_id: str, run: int, start_ms: int, placement: str, end_ms: int,
+                   outcome: str) -> None:
+        self.count("runs")
+        self.count("outcome:" + outcome)
+        if self.runs_csv is not None:
+            self.runs_csv.writerow((job_id, run, placement, _s(start_ms), _s(end_ms), outcome))
+
+    # -- time series ----------------------------------------------------------------
+    def sample(self, now: int) -> None:
+        self.samples_t.append(now / 1000)
+        self.samples_busy.append(self.busy)
+        n = len(self.samples_t)
+        for name, tier in self.tiers.items():
+            series = self.samples_queued.get(name)
+            if series is None:
+                series = self.samples_queued[name] = [0] * (n - 1)
+            series.append(tier.queued)
+        per_tenant: dict[str, int] = {}
+        for flow in self.flows.values():
+            per_tenant[flow.tenant] = per_tenant.get(flow.tenant, 0) + flow.gpus
+        for name, gpus in per_tenant.items():
+            series = self.samples_tenant.get(name)
+            if series is None:
+                series = self.samples_tenant[name] = [0] * (n - 1)
+            series.append(gpus)
+        if n >= MAX_SAMPLES:
+            self._decimate()
+
+    def _decimate(self) -> None:
+        self.sample_ms *= 2
+        self.samples_t = self.samples_t[::2]
+        self.samples_busy = self.samples_busy[::2]
+        for table in (self.samples_queued, self.samples_tenant):
+            for name in table:
+                table[name] = table[name][::2]
+
+    # -- the end ------------------------------------------------------------------
+    def finish(self, now: int) -> None:
+        """Close every open integral at ``now``."""
+        self.advance(now)
+        for flow in self.flows.values():
+            tier = flow.tier_stats
+            tier.advance(now)
+            self._flush(flow, now)
+            if flow.queued:
+                flow.entitled_ms += flow.weight * (tier.c - flow.c0)
+                flow.peer_gpu_ms += tier.d - flow.d0
+                flow.c0, flow.d0 = tier.c, tier.d
+
+    def summary(self) -> dict[str, Any]:
+        start = max(0, self.first_submit_ms)
+        makespan_ms = max(0, self.end_ms - start)
+        capacity_ms = self.capacity * makespan_ms
+        tenants: dict[str, dict[str, float]] = {}
+        totals: dict[str, list[float]] = {}
+        for flow in self.flows.values():
+            row = totals.setdefault(flow.tenant, [0.0, 0.0, 0.0, 0.0])
+            row[0] += flow.gpu_ms
+            row[1] += flow.backlog_gpu_ms
+            row[2] += flow.entitled_ms
+            row[3] += flow.peer_gpu_ms
+        all_gpu_ms = sum(r[0] for r in totals.values()) or 1.0
+        ratios = []
+        for name in sorted(totals):
+            gpu_ms, backlog_ms, entitled_ms, peer_ms = totals[name]
+            ratio = backlog_ms / entitled_ms if entitled_ms > 0 else None
+            if ratio is not None:
+                ratios.append(ratio)
+            tenants[name] = {
+                "weight": self.weights.get(name, 1.0),
+                "gpu_s": round(gpu_ms / 1000, 1),
+                "share": round(gpu_ms / all_gpu_ms, 4),
+                "share_while_backlogged": round(backlog_ms / peer_ms, 4) if peer_ms > 0 else None,
+                "fair_ratio": round(ratio, 4) if ratio is not None else None,
+                "backlog_gpu_s": round(backlog_ms / 1000, 1),
+            }
+        jain = (sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios))
+                if ratios and any(ratios) else None)
+        return {
+            "makespan_s": round(makespan_ms / 1000, 3),
+            "gpu_utilization": round(self.busy_ms / capacity_ms, 4) if capacity_ms else 0.0,
+            "gpu_utilization_of_available": round(self.busy_ms / self.available_ms, 4)
+            if self.available_ms else 0.0,
+            "utilization_under_backlog": round(
+                self.busy_backlog_ms / (self.capacity * self.backlog_ms), 4)
+            if self.backlog_ms else None,
+            "backlog_s": round(self.backlog_ms / 1000, 3),
+            "goodput_utilization": round(self.goodput_gpu_ms / capacity_ms, 4)
+            if capacity_ms else 0.0,
+            "wait_s": quantiles(self.waits),
+            "wait_s_by_tier": {name: quantiles(t.waits) for name, t in sorted(self.tiers.items())},
+            "jain_fairness": round(jain, 4) if jain is not None else None,
+            "tenants": tenants,
+        }
+
+
+def _s(ms: int) -> str:
+    return f"{ms / 1000:.3f}"
+
+
+def quantiles(values: array) -> dict[str, Optional[float]]:
+    if not values:
+        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def q(p: float) -> float:
+        # nearest-rank on the sorted values (no interpolation surprises)
+        return round(ordered[min(n - 1, max(0, math.ceil(p * n) - 1))], 3)
+
+    return {"n": n, "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(ordered[-1], 3),
+            "mean": round(sum(ordered) / n, 3)}

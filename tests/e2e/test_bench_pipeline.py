@@ -1,0 +1,21 @@
+"""framespool bench pipeline on a real embedded stack (tiny sizes)."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_bench_pipeline_runs_end_to_end_and_writes_its_keys(tmp_path):
+    """A tiny pipeline bench on a real embedded stack: the keys exist and every job ended."""
+    import json as _json
+
+    from framespool.cli import main as cli_main
+
+    out = tmp_path / "pipe.json"
+    assert cli_main(["bench", "pipeline", "--jobs", "20", "--rate", "20", "--seconds", "1",
+                     "--nodes", "2", "--concurrency", "4", "--json", str(out)]) == 0
+    result = _json.loads(out.read_text())
+    assert result["completed"] == 20 and result["failed"] == 0
+    assert set(result["submit_to_assigned_ms"]) >= {"p50", "p99"}
+    assert result["jobs_per_s"] > 0
