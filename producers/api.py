@@ -8,10 +8,15 @@ through ``cleanup_ctx``.
 
 Every error is ``{"error": {"code", "message", "field"?}}``. A tenant sees only
 its own jobs: another tenant's job id answers 404, exactly like an unknown one.
+Every authenticated request takes a token from its tenant's bucket
+(``producers.ratelimit``); an empty bucket answers 429 with ``Retry-After``.
+``/openapi.json`` is built by ``producers.openapi`` from the same limits the
+validation applies; ``/`` serves the dashboard (``projections/dashboard``).
 Submission protocol (``POST /v1/jobs``):
 
-1. authenticate, validate; the job id is derived from (tenant, Idempotency-Key)
-   when the header is given, else random;
+1. authenticate, rate-limit, validate (a callback host that resolves to a
+   non-public address is refused here, and again at delivery); the job id is
+   derived from (tenant, Idempotency-Key) when the header is given, else random;
 2. a known id with the same request fingerprint answers 200 with that job; a
    different request under the same key answers 409;
 3. write ``SubmitJob`` (key = tenant) to ``commands`` and wait for the ack;
@@ -22,32 +27,46 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import json
 import re
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, Sequence
+from urllib.parse import urlsplit
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from producers import openapi as openapi_doc
 from producers.auth import ApiKeys, Principal, token_from_headers
+from producers.metrics import (AssignmentObserver, Metrics, ProjectionCollector, PublishTap,
+                               ViewCollector, projection_parts)
+from producers.ratelimit import RateLimit, RateLimiter, retry_after_header
 from producers.validation import Limits, ValidationError, validate_submit
 from projections import cluster as cluster_view
+from projections import dashboard
 from projections.hub import Hub
 from projections.jobs import COMPLETED, STATES, JobView, spec_fingerprint, submitted_view
 from projections.serde import public_job
 from projections.sse import parse_last_event_id, stream_job
 from projections.store import ViewStore
-from projections.webhooks import TargetPolicy
+from projections.webhooks import TargetPolicy, check_address
 from schemas import codec
 from schemas.events import CancelJob, JobSpec, SubmitJob
 from schemas.topics import COMMANDS
 
 _CURSOR = re.compile(r"^\d{13}/[A-Za-z0-9._:-]{1,128}$")
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+async def resolve_host(host: str) -> list[str]:
+    """The addresses ``host`` resolves to (the default ``ApiConfig.resolve_host``)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return [info[4][0] for info in infos]
 
 
 @dataclass
@@ -65,38 +84,36 @@ class ApiConfig:
     max_body_bytes: int = 64 * 1024
     background: Sequence[Callable[[], Awaitable[None]]] = ()   # e.g. consumer.run, dispatcher.run
     clock: Callable[[], float] = time.time
+    rate_limit: RateLimit = RateLimit()                # per tenant; generous by default
+    rate_limit_overrides: dict[str, RateLimit] = field(default_factory=dict)
+    monotonic: Callable[[], float] = time.monotonic    # the rate limiter's clock
+    resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
+    resolve_timeout_s: float = 2.0
+    dashboard_dir: Optional[Path] = dashboard.DIRECTORY   # None: no dashboard
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: Optional[str] = None) -> None:
+    def __init__(self, status: int, code: str, message: str, field: Optional[str] = None,
+                 headers: Optional[dict[str, str]] = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("framespool_api_requests_total", "HTTP requests",
-                                ["method", "route", "status"], registry=self.registry)
-        self.latency = Histogram("framespool_api_request_seconds", "HTTP request latency",
-                                 ["route"], registry=self.registry)
-        self.submits = Counter("framespool_api_submits_total", "Jobs submitted",
-                               ["tier", "outcome"], registry=self.registry)
-        self.sse_clients = Gauge("framespool_api_sse_clients", "Open SSE streams",
-                                 registry=self.registry)
+        self.headers = headers
 
 
 CONFIG = web.AppKey("config", ApiConfig)
 METRICS = web.AppKey("metrics", Metrics)
 LOCKS = web.AppKey("submit_locks", dict)
 TASKS = web.AppKey("background_tasks", list)
+LIMITER = web.AppKey("rate_limiter", RateLimiter)
+OPENAPI = web.AppKey("openapi", dict)
 
 
-def error_body(status: int, code: str, message: str, field: Optional[str] = None) -> web.Response:
+def error_body(status: int, code: str, message: str, field: Optional[str] = None,
+               headers: Optional[dict[str, str]] = None) -> web.Response:
     err: dict[str, Any] = {"code": code, "message": message}
     if field is not None:
         err["field"] = field
-    return web.json_response({"error": err}, status=status)
+    return web.json_response({"error": err}, status=status, headers=headers)
 
 
 @web.middleware
@@ -112,7 +129,7 @@ async def _errors_and_metrics(request: web.Request, handler):
         return response
     except ApiError as e:
         status = e.status
-        return error_body(e.status, e.code, e.message, e.field)
+        return error_body(e.status, e.code, e.message, e.field, e.headers)
     except ValidationError as e:
         status = e.status
         return error_body(e.status, e.code, e.message, e.field)
@@ -130,11 +147,50 @@ async def _errors_and_metrics(request: web.Request, handler):
 
 
 def _principal(request: web.Request) -> Principal:
-    principal = request.app[CONFIG].auth.authenticate(token_from_headers(request.headers))
+    """The authenticated caller, after taking a token from its tenant's rate-limit bucket."""
+    config = request.app[CONFIG]
+    principal = config.auth.authenticate(token_from_headers(request.headers))
     if principal is None:
         raise ApiError(401, "unauthenticated", "send a valid API key as 'Authorization: Bearer "
                                                "<key>' or 'X-API-Key: <key>'")
+    wait_s = request.app[LIMITER].take(principal.tenant, config.monotonic())
+    if wait_s > 0:
+        request.app[METRICS].rate_limited.labels(principal.tenant).inc()
+        limit = request.app[LIMITER].limit_for(principal.tenant)
+        retry = retry_after_header(wait_s)
+        raise ApiError(429, "rate_limited", f"tenant {principal.tenant!r} is over its rate "
+                       f"limit of {limit.rate_per_s:g} requests/s (burst {limit.burst}); "
+                       f"retry after {retry} s", headers={"Retry-After": retry})
     return principal
+
+
+async def _check_callback_host(config: ApiConfig, url: Optional[str]) -> None:
+    """Refuse a callback whose host name resolves to an address the policy forbids.
+
+    IP literals were checked by the validation. A name that does not resolve
+    now is accepted: delivery resolves it again and checks every address it
+    connects to (``projections.webhooks.PolicyResolver``).
+    """
+    if not url:
+        return
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return
+    except ValueError:
+        pass
+    policy = config.url_policy
+    if not host or policy.allow_private or host.lower() in policy.allow_hosts:
+        return
+    try:
+        addresses = await asyncio.wait_for(config.resolve_host(host), config.resolve_timeout_s)
+    except (OSError, asyncio.TimeoutError, UnicodeError):
+        return
+    for address in addresses:
+        problem = check_address(host, address, policy)
+        if problem:
+            raise ApiError(422, "invalid_field", f"{problem}; use a public http(s) endpoint",
+                           "callback_url")
 
 
 def _own_job(request: web.Request, principal: Principal) -> JobView:
@@ -169,6 +225,7 @@ async def submit_job(request: web.Request) -> web.Response:
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
     fields = validate_submit(body, principal.policy, config.limits, config.url_policy)
+    await _check_callback_host(config, fields.get("callback_url"))
     key = request.headers.get("Idempotency-Key")
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
         raise ApiError(422, "invalid_header", "Idempotency-Key must be 1-255 printable ASCII "
@@ -343,26 +400,27 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    """This API's routes."""
-    paths = {}
-    for route in request.app.router.routes():
-        info = route.resource.get_info() if route.resource else {}
-        path = info.get("path") or info.get("formatter")
-        if path and route.method != "HEAD":
-            paths.setdefault(path, {})[route.method.lower()] = {
-                "summary": (route.handler.__doc__ or route.handler.__name__).strip()}
-    return web.json_response({"openapi": "3.1.0", "info": {"title": "framespool",
-                              "version": "1"}, "paths": paths})
+    """This API's OpenAPI 3.1 document."""
+    return web.json_response(request.app[OPENAPI])
 
 
 async def _background(app: web.Application):
+    config = app[CONFIG]
+    tap = PublishTap(config.hub, AssignmentObserver(app[METRICS].submit_to_assigned))
     tasks = [asyncio.create_task(run(), name=getattr(run, "__qualname__", "background"))
-             for run in app[CONFIG].background]
+             for run in config.background]
     app[TASKS].extend(tasks)
     yield
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    tap.remove()
+
+
+def _register_collectors(metrics: Metrics, config: ApiConfig) -> None:
+    metrics.registry.register(ViewCollector(config.store.load_cluster))
+    metrics.registry.register(ProjectionCollector(projection_parts(config.background),
+                                                  config.hub))
 
 
 def make_app(config: ApiConfig) -> web.Application:
@@ -370,8 +428,11 @@ def make_app(config: ApiConfig) -> web.Application:
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[METRICS] = Metrics()
+    _register_collectors(app[METRICS], config)
     app[LOCKS] = {}
     app[TASKS] = []
+    app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
+    app[OPENAPI] = openapi_doc.build(config.limits, max_body_bytes=config.max_body_bytes)
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/jobs", submit_job)
     app.router.add_get("/v1/jobs", list_jobs)
@@ -384,4 +445,6 @@ def make_app(config: ApiConfig) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_get("/openapi.json", openapi)
+    if config.dashboard_dir is not None:
+        dashboard.add_routes(app, config.dashboard_dir)
     return app

@@ -1,0 +1,210 @@
+"""Prometheus metrics of the API process: its own requests, and the read models it serves.
+
+Four kinds of figure, each from where it is true:
+
+- counted by the API's handlers (requests, submits, SSE clients, rate-limit
+  refusals): ordinary ``Counter``/``Gauge``/``Histogram`` objects;
+- read from the views at scrape time (queue depth per tier and tenant, GPUs
+  busy/free/degraded/down per cell, nodes per state): ``ViewCollector`` asks
+  the store for the cluster view, so the figures are exactly what
+  ``GET /v1/cluster`` answers;
+- counters the projection parts keep (records folded, dead-lettered, webhooks
+  delivered/failed, slow SSE clients dropped): ``ProjectionCollector`` reads
+  them at scrape time;
+- submit -> assigned latency: ``AssignmentObserver`` looks at every job view
+  the projection publishes and observes, once per job, the first
+  ``JobAssigned`` entry's time minus the job's ``created_ms``.
+
+Metrics of the processors and agents are theirs to expose, not the API's.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from projections import cluster as cluster_view
+from projections.jobs import JobView
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                   1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
+OBSERVED_JOBS_MAX = 100_000   # job ids remembered so a job's assignment is observed once
+
+
+class Metrics:
+    """The API's registry and the metrics its handlers update."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("framespool_api_requests_total", "HTTP requests",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("framespool_api_request_seconds", "HTTP request latency",
+                                 ["route"], registry=self.registry)
+        self.submits = Counter("framespool_api_submits_total", "Jobs submitted",
+                               ["tier", "outcome"], registry=self.registry)
+        self.sse_clients = Gauge("framespool_api_sse_clients", "Open SSE streams",
+                                 registry=self.registry)
+        self.rate_limited = Counter("framespool_api_rate_limited_total",
+                                    "Requests refused with 429 by the per-tenant rate limit",
+                                    ["tenant"], registry=self.registry)
+        self.submit_to_assigned = Histogram(
+            "framespool_job_submit_to_assigned_seconds",
+            "Time from a job's submission to its first assignment (queue wait), by tier",
+            ["tier"], buckets=LATENCY_BUCKETS, registry=self.registry)
+
+
+class ViewCollector:
+    """Cluster figures from the store's cluster view, read at scrape time."""
+
+    def __init__(self, load_cluster: Callable[[], cluster_view.ClusterView]) -> None:
+        self._load = load_cluster
+
+    def collect(self) -> Iterable[Any]:
+        view = self._load()
+        gpus = GaugeMetricFamily("framespool_gpus", "GPUs per cell by state "
+                                 "(busy, free, degraded, down)", labels=["cell", "state"])
+        nodes = GaugeMetricFamily("framespool_nodes", "Nodes per cell by state",
+                                  labels=["cell", "state"])
+        queued = GaugeMetricFamily("framespool_queue_jobs", "Queued jobs by tier and tenant",
+                                   labels=["tier", "tenant"])
+        queued_gpus = GaugeMetricFamily("framespool_queue_gpus",
+                                        "GPUs asked for by queued jobs, by tier and tenant",
+                                        labels=["tier", "tenant"])
+        running = GaugeMetricFamily("framespool_running_gpus",
+                                    "GPUs running jobs, by tier and tenant",
+                                    labels=["tier", "tenant"])
+        depth: dict[tuple[str, str], list[int]] = {}
+        for name in sorted(view.cells):
+            cell = view.cells[name]
+            counts = {b: 0 for b in cluster_view.GPU_BUCKETS}
+            node_states: dict[str, int] = {}
+            for node in cell.nodes:
+                node_states[node.state] = node_states.get(node.state, 0) + 1
+                for gpu in node.gpus:
+                    counts[cluster_view.gpu_bucket(node, gpu)] += 1
+            for bucket, n in counts.items():
+                gpus.add_metric([name, bucket], n)
+            for state, n in sorted(node_states.items()):
+                nodes.add_metric([name, state], n)
+            for q in cell.queues:
+                row = depth.setdefault((q.tier, q.tenant), [0, 0, 0])
+                row[0] += q.queued
+                row[1] += q.queued_gpus
+                row[2] += q.running_gpus
+        for (tier, tenant), (jobs, want, run) in sorted(depth.items()):
+            queued.add_metric([tier, tenant], jobs)
+            queued_gpus.add_metric([tier, tenant], want)
+            running.add_metric([tier, tenant], run)
+        updated = GaugeMetricFamily("framespool_cluster_view_updated_seconds",
+                                    "Event time of the newest cluster status folded")
+        updated.add_metric([], view.updated_ms / 1000)
+        return [gpus, nodes, queued, queued_gpus, running, updated]
+
+
+class ProjectionCollector:
+    """Counters the projection consumer, webhook dispatcher and SSE hub keep.
+
+    ``parts`` are objects found among the API's background tasks (see
+    ``projection_parts``); an absent part contributes nothing.
+    """
+
+    def __init__(self, parts: Iterable[Any], hub: Any = None) -> None:
+        self._parts = list(parts)
+        self._hub = hub
+
+    def collect(self) -> Iterable[Any]:
+        out = []
+        for part in self._parts:
+            counters = getattr(part, "counters", None)
+            if counters is not None:
+                for name, help_text in (
+                        ("records", "Records the projection read"),
+                        ("applied", "Events the projection folded"),
+                        ("skipped_replays", "Records at or below the stored offset (replays)"),
+                        ("dead_lettered", "Records the projection sent to dead-letter"),
+                        ("commits", "Store batches the projection committed")):
+                    family = CounterMetricFamily(f"framespool_projection_{name}", help_text)
+                    family.add_metric([], getattr(counters, name, 0))
+                    out.append(family)
+            if hasattr(part, "delivered") and hasattr(part, "failed"):
+                hooks = CounterMetricFamily("framespool_webhook_deliveries",
+                                            "Webhook deliveries by final outcome",
+                                            labels=["outcome"])
+                hooks.add_metric(["delivered"], part.delivered)
+                hooks.add_metric(["failed"], part.failed)
+                out.append(hooks)
+        if self._hub is not None and hasattr(self._hub, "dropped_total"):
+            dropped = CounterMetricFamily("framespool_sse_dropped_clients",
+                                          "SSE clients dropped for not keeping up")
+            dropped.add_metric([], self._hub.dropped_total)
+            out.append(dropped)
+        return out
+
+
+def projection_parts(background: Iterable[Callable[..., Any]]) -> list[Any]:
+    """The objects behind background runs given as bound methods (``consumer.run``)."""
+    parts = []
+    for run in background:
+        owner = getattr(run, "__self__", None)
+        if owner is not None and owner not in parts:
+            parts.append(owner)
+    return parts
+
+
+class AssignmentObserver:
+    """Observes submit -> first assignment once per job from the views the projection publishes."""
+
+    def __init__(self, histogram: Histogram, max_jobs: int = OBSERVED_JOBS_MAX) -> None:
+        self._histogram = histogram
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._max = max_jobs
+
+    def __call__(self, job_id: str, view: Any) -> None:
+        if not isinstance(view, JobView) or job_id in self._seen or view.run < 1:
+            return
+        first = next((e for e in view.timeline if e.type == "JobAssigned"), None)
+        if first is None or view.created_ms <= 0:
+            return   # assigned before the bounded timeline's window: not measurable
+        self._seen[job_id] = None
+        if len(self._seen) > self._max:
+            self._seen.popitem(last=False)
+        self._histogram.labels(view.tier or "unknown").observe(
+            max(0.0, (first.ts_ms - view.created_ms) / 1000))
+
+
+class PublishTap:
+    """Calls ``observer(key, item)`` for everything published on a hub, then publishes.
+
+    The projection consumer publishes every changed job view to the SSE hub;
+    the tap lets the API see them without a subscription per job.
+    ``remove()`` restores the hub.
+    """
+
+    def __init__(self, hub: Any, observer: Callable[[str, Any], None]) -> None:
+        self._hub = hub
+        self._original: Callable[[str, Any], int] = hub.publish
+        self._own = "publish" in vars(hub)     # an earlier tap's wrapper, or the class's method
+
+        def publish(key: str, item: Any) -> int:
+            try:
+                observer(key, item)
+            except Exception:   # a metric must never stop a view from reaching its clients
+                log.exception("metrics observer failed on %s", key)
+            return self._original(key, item)
+
+        self._wrapper: Optional[Callable[[str, Any], int]] = publish
+        hub.publish = publish
+
+    def remove(self) -> None:
+        """Restore the hub, unless another tap was put on top of this one since."""
+        if self._wrapper is not None and self._hub.publish is self._wrapper:
+            if self._own:
+                self._hub.publish = self._original
+            else:
+                del self._hub.publish
+        self._wrapper = None
