@@ -98,6 +98,9 @@ class Runner:
         self._done: Optional[asyncio.Task[Outcome]] = None
         self._checkpoint_waiters: list[asyncio.Future[Checkpoint]] = []
         self.last: Progress = Progress(0.0, 0, 0)
+        # Set by the generator's first JSON line: only then are its signal
+        # handlers surely installed (a signal before that would kill it).
+        self._spoke = asyncio.Event()
         self.checkpoints: list[Checkpoint] = []
 
     # -- public --------------------------------------------------------------
@@ -137,8 +140,16 @@ class Runner:
             fut.set_exception(ProcessLookupError("generator is not running"))
             return fut
         self._checkpoint_waiters.append(fut)
-        self._signal_leader(self.profile.checkpoint.signum)
+        if self._spoke.is_set():
+            self._signal_leader(self.profile.checkpoint.signum)
+        else:
+            asyncio.ensure_future(self._signal_once_spoken(self.profile.checkpoint.signum))
         return fut
+
+    async def _signal_once_spoken(self, signum: int) -> None:
+        await self._spoke.wait()
+        if self.running:
+            self._signal_leader(signum)
 
     async def stop(self, grace_s: Optional[float] = None) -> Outcome:
         """SIGTERM the group, SIGKILL it after the grace period; returns the outcome."""
@@ -205,6 +216,7 @@ class Runner:
                 continue  # generators may print logs; only JSON lines speak to us
             if not isinstance(msg, dict):
                 continue
+            self._spoke.set()
             now = self._clock()
             if ckpt is not None and ckpt.path_key in msg:
                 self._last_activity = now

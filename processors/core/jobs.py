@@ -160,7 +160,9 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs[run.job_id]
-        job.checkpoint = event.checkpoint_uri
+        if event.progress >= job.checkpoint_progress:   # a re-delivered older one never wins
+            job.checkpoint = event.checkpoint_uri
+            job.checkpoint_progress = event.progress
         run.last_report_ms = self.now_ms
         if run.phase == EXITING:
             self.finish_exit(run)

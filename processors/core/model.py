@@ -33,7 +33,7 @@ class Job:
     __slots__ = (
         "spec", "state", "run", "tier", "tenant", "user", "checkpoint",
         "failures", "preemptions", "queued_ms", "submitted_ms", "first_start_ms",
-        "reason", "shape", "cost", "wait_estimate_s",
+        "reason", "shape", "cost", "wait_estimate_s", "checkpoint_progress",
     )
 
     def __init__(self, spec: JobSpec, tier: str, now_ms: int) -> None:
@@ -44,6 +44,7 @@ class Job:
         self.tenant = spec.tenant
         self.user = spec.user or spec.tenant
         self.checkpoint: Optional[str] = None
+        self.checkpoint_progress = 0.0
         self.failures: dict[str, int] = {}
         self.preemptions = 0
         self.queued_ms = now_ms
@@ -117,7 +118,7 @@ class Node:
     __slots__ = (
         "node_id", "incarnation", "gpu_type", "rail", "total", "gpu_state",
         "owner", "warm", "state", "last_seen_ms", "cpus", "mem_gb", "cpus_used",
-        "mem_used", "healthy_streak", "state_reason",
+        "mem_used", "healthy_streak", "state_reason", "last_heartbeat_ts",
     )
 
     def __init__(self, node_id: str, incarnation: int, gpus: int, gpu_type: str,
@@ -134,6 +135,7 @@ class Node:
         self.state = UP
         self.state_reason = ""
         self.last_seen_ms = now_ms
+        self.last_heartbeat_ts = -1     # the reporter's ts_ms of the last heartbeat taken
         self.cpus = cpus
         self.mem_gb = mem_gb
         self.cpus_used = 0.0

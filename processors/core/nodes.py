@@ -90,6 +90,12 @@ class NodeHandlers:
                           job_id=report.job_id, run=report.run, reason=f"zombie: {why}")
             self.ignore(event.node_id, f"heartbeat ignored: {why}", event)
             return
+        if event.ts_ms <= node.last_heartbeat_ts:
+            # A re-delivered or reordered heartbeat is no sign of life now.
+            self.ignore(event.node_id, "heartbeat ignored: not newer than the last one "
+                                       f"({event.ts_ms} <= {node.last_heartbeat_ts})", event)
+            return
+        node.last_heartbeat_ts = event.ts_ms
         self.touch(node)
         self.apply_health(node, event.gpus)
         self.reconcile(node, event)

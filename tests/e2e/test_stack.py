@@ -103,8 +103,9 @@ def test_cancel_queued_and_running_jobs_releases_gpus(stack):
             break
         time.sleep(0.5)
     assert totals.get("busy") == 0, totals
-    generators = subprocess.run(["pgrep", "-f", "agents.demo_generator"], capture_output=True,
-                                text=True).stdout.split()
+    # this stack's generators only (their output paths are under its data dir)
+    generators = subprocess.run(["pgrep", "-f", f"agents.demo_generator.*{stack.data_dir}"],
+                                capture_output=True, text=True).stdout.split()
     assert generators == []
 
 

@@ -325,3 +325,24 @@ def test_gang_completion_from_one_node_does_not_free_the_other_nodes_gpus():
     assert h.cell.index.free_total == 8              # n1 held until it confirms
     h.report(ev.RunCompleted, "gang", 1, "n1")
     assert h.cell.index.free_total == 16
+
+
+def test_redelivered_old_heartbeat_is_no_sign_of_life():
+    h = Harness(nodes=1, config=cfg(heartbeat_timeout_s=10))
+    first = ev.NodeHeartbeat(event_id="hb", ts_ms=h.now_ms + 1000, node_id="n0", incarnation=1)
+    h.tick(1)
+    h.feed(first)
+    h.tick(8)
+    assert of(h.feed(first), ev.ReportIgnored)          # the same heartbeat again
+    out = h.tick(4)
+    assert [o.state for o in of(out, ev.NodeStateChanged)] == ["DOWN"]
+
+
+def test_redelivered_older_checkpoint_does_not_move_the_checkpoint_back():
+    h = Harness(nodes=1)
+    h.submit("j", gpus=1, checkpoint_interval_s=30)
+    h.start_all()
+    for step in (10, 20, 10):
+        h.report(ev.RunCheckpointed, "j", 1, "n0", checkpoint_uri=f"ck/{step}",
+                 progress=step / 100)
+    assert h.cell.jobs["j"].checkpoint == "ck/20"
