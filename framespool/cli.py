@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from framespool.commands import CommandError
 
-COMMANDS = ("up", "jobs", "simulate", "bench", "replay", "audit", "verify")
+COMMANDS = ("up", "jobs", "simulate", "bench", "replay", "audit", "verify", "chaos")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -56,7 +56,7 @@ async def run_api(args: argparse.Namespace) -> None:
                              url_policy=policy, background=service.background))
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     logging.getLogger("framespool.api").info("api listening", extra={"url": api_url})
     try:
@@ -76,6 +76,10 @@ async def run_agent(args: argparse.Namespace) -> None:
     secrets = stack_secrets(stack_dir)
     probe = (SimulatedProbe(args.gpus, args.gpu_type, seed=hash(args.node) & 0xFFFF)
              if args.simulated else detect_probe(args.gpus, args.gpu_type))
+    if args.simulated:  # tests and chaos drills inject GPU faults through this file
+        from agents.faults import FAULTS_FILE, FaultFileProbe
+
+        probe = FaultFileProbe(probe, stack_dir / "agents" / args.node / FAULTS_FILE)
     agent = NodeAgent(args.node, args.cell, args.bootstrap,
                       artifact_store(stack_dir, secrets, args.api_url), probe, load_profiles(),
                       stack_dir / "agents" / args.node, heartbeat_s=args.heartbeat_s,
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="service", required=True)
     api = sub.add_parser("api")
     api.add_argument("--port", type=int, required=True)
+    api.add_argument("--host", default="127.0.0.1",
+                     help="address to bind (0.0.0.0 only inside a container network)")
     api.add_argument("--allow-private-webhooks", action="store_true")
     agent = sub.add_parser("agent")
     agent.add_argument("--node", required=True)

@@ -1,0 +1,583 @@
+"""The imperative shell of ``framespool chaos``: a stack, a workload, faults, a report.
+
+Theory of operation
+-------------------
+:class:`ChaosRun` owns one embedded :class:`~framespool.stack.Stack` and three
+threads of its own besides the caller's:
+
+1. a :class:`Watcher` that follows ``job-events`` (terminal events, node
+   states, the last ``CellStatus``), the cell-0 partition of the scheduler
+   topic (recent agent reports, to duplicate) and ``dead-letter``;
+2. a submitter that POSTs each planned job at its time (idempotency key
+   ``chaos-<seed>-<index>``, retried on connection errors);
+3. the caller's thread, which runs the fault actions at their times, restarts
+   agents whose node left service without a fault of ours (an operator's
+   job: a node the scheduler declared DOWN never re-registers by itself), and
+   decides when the run is over.
+
+The plan and the accounting are pure (:mod:`framespool.chaos`); this module
+only does what they say and reads the log back.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import tempfile
+import threading
+import time
+import urllib.error
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from agents import faults as node_faults
+from framespool import chaos
+from framespool.broker import free_port
+from framespool.stack import Process, Stack, StackConfig
+from schemas import events as ev
+from schemas import topics as catalogue
+
+log = logging.getLogger(__name__)
+
+OUT_OF_SERVICE = ("DOWN", "DEGRADED", "DRAINING")
+SUPERVISOR_GRACE_S = 3.0
+SUPERVISOR_MIN_GAP_S = 15.0
+
+
+@dataclass
+class ChaosConfig:
+    jobs: int = 100
+    seed: int = 1
+    time_scale: float = 10.0
+    nodes: int = 6
+    gpus_per_node: int = 8
+    data_dir: Optional[Path] = None
+    timeout_s: Optional[float] = None     # default: from the plan's expected length
+    settle_s: float = 30.0
+    stall_s: float = 180.0                # no job ended this long (all submitted): give up
+    timing: chaos.Timing = field(default_factory=chaos.Timing)
+    say: Callable[[str], None] = lambda line: None
+
+
+class Watcher(threading.Thread):
+    """Follows job-events, the cell-0 scheduler partition and dead-letter from offset 0."""
+
+    def __init__(self, bootstrap: str, topics: Any = catalogue) -> None:
+        super().__init__(name="chaos-watcher", daemon=True)
+        from producers.log import LogConsumer
+
+        self._jobs = LogConsumer(bootstrap)
+        self._jobs.assign(topics.JOB_EVENTS.name, range(topics.JOB_EVENTS.partitions), 0)
+        self._sched = LogConsumer(bootstrap)
+        self._sched.assign(topics.SCHEDULER.name, [0], 0)
+        self._dead = LogConsumer(bootstrap)
+        self._dead.assign(topics.DEAD_LETTER.name, range(topics.DEAD_LETTER.partitions), 0)
+        self.lock = threading.Lock()
+        self.terminal: set[str] = set()
+        self.node_state: dict[str, tuple[str, float, str]] = {}   # node -> (state, since, why)
+        self.busy_gpus: Optional[int] = None
+        self.statuses = 0
+        self.recent: deque = deque(maxlen=600)                   # agent-report records
+        self.dead_values: set[bytes] = set()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        from schemas import codec
+
+        while not self.stopping.is_set():
+            try:
+                jobs = self._jobs.consume(500, 0.05)
+                sched = self._sched.consume(500, 0.02)
+                dead = self._dead.consume(500, 0.02)
+            except Exception as e:  # a broker hiccup must not end the watch
+                log.warning("chaos watcher: %s", e)
+                time.sleep(0.5)
+                continue
+            with self.lock:
+                for rec in jobs:
+                    try:
+                        e = codec.decode(rec.value)
+                    except Exception:
+                        continue
+                    if isinstance(e, chaos.TERMINAL_TYPES):
+                        self.terminal.add(e.job_id)
+                    elif isinstance(e, ev.NodeStateChanged) and e.gpu < 0:
+                        self.node_state[e.node_id] = (e.state, time.monotonic(), e.reason)
+                    elif isinstance(e, ev.CellStatus) and e.cell == "cell-0":
+                        self.busy_gpus = sum(1 for n in e.nodes for g in n.gpus if g.job_id)
+                        self.statuses += 1
+                for rec in sched:
+                    try:
+                        e = codec.decode(rec.value)
+                    except Exception:
+                        continue
+                    if isinstance(e, chaos.AGENT_REPORTS):
+                        self.recent.append(rec)
+                self.dead_values.update(r.value for r in dead if r.value is not None)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+        for c in (self._jobs, self._sched, self._dead):
+            c.close()
+
+
+def chaos_stack(data_dir: Path, nodes: int = 2, gpus_per_node: int = 8, time_scale: float = 10.0,
+                timing: chaos.Timing = chaos.Timing()) -> Stack:
+    """An embedded stack configured as the drill runs it: no admission rate limit, the
+    timing's leases, simulated GPUs whose faults follow ``agents/<node>/faults.json``."""
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config_path = data_dir / "chaos-processors.json"
+    config_path.write_text(json.dumps({"admission": {"rate": {"rate_per_s": 0}},
+                                       "scheduler": timing.scheduler_config()}))
+    return Stack(StackConfig(data_dir=data_dir, port=free_port(), nodes=nodes,
+                             gpus_per_node=gpus_per_node, time_scale=time_scale,
+                             processor_config=config_path))
+
+
+def restart_process(stack: Stack, name: str) -> Process:
+    """Stop the stack's process ``name`` (SIGTERM, or reap it if it is dead) and start
+    it again with the same command line, in the same place in ``stack.processes``."""
+    i, old = next((i, p) for i, p in enumerate(stack.processes) if p.name == name)
+    if old.alive():
+        node_faults.resume(old.popen.pid)     # a stopped process cannot act on SIGTERM
+        old.stop(grace_s=10.0)
+    else:
+        old.popen.wait(5)
+        old.log.close()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **stack.config.extra_env)
+    stack.processes[i] = Process(name, list(old.popen.args), stack.log_dir, env)
+    return stack.processes[i]
+
+
+class LogTail:
+    """Every record of some topics from offset 0, decoded where possible; for tests
+    and post-mortems that wait for a fault's consequences."""
+
+    def __init__(self, bootstrap: str, topics: Any = catalogue,
+                 names: tuple[str, ...] = ("JOB_EVENTS", "SCHEDULER", "PROGRESS",
+                                           "DEAD_LETTER", "ASSIGNMENTS")) -> None:
+        from producers.log import LogConsumer
+
+        self._consumers = []
+        for name in names:
+            topic = getattr(topics, name)
+            consumer = LogConsumer(bootstrap)
+            consumer.assign(topic.name, range(topic.partitions), 0)
+            self._consumers.append(consumer)
+        self.records: list[Any] = []
+        self.events: list[Any] = []
+
+    def poll(self) -> None:
+        from schemas import codec
+
+        for consumer in self._consumers:
+            for rec in consumer.consume(1000, 0.02):
+                self.records.append(rec)
+                try:
+                    self.events.append(codec.decode(rec.value))
+                except Exception:
+                    pass
+
+    def of(self, cls: type, **fields: Any) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)
+                and all(getattr(e, k, None) == v for k, v in fields.items())]
+
+    def first(self, cls: type, **fields: Any) -> Any:
+        found = self.of(cls, **fields)
+        return found[0] if found else None
+
+    def wait_for(self, predicate: Callable[["LogTail"], Any], timeout_s: float = 30.0,
+                 what: str = "") -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.poll()
+            result = predicate(self)
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                kinds = Counter(type(e).__name__ for e in self.events)
+                raise TimeoutError(f"no {what or predicate} within {timeout_s:.0f}s; seen {dict(kinds)}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        for consumer in self._consumers:
+            consumer.close()
+
+    def __enter__(self) -> "LogTail":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ChaosRun:
+    def __init__(self, config: ChaosConfig) -> None:
+        self.config = c = config
+        self.plans = chaos.build_workload(c.seed, c.jobs, c.time_scale)
+        self.span_s = chaos.expected_span_s(self.plans, c.nodes * c.gpus_per_node)
+        self.faults = chaos.build_schedule(c.seed, c.jobs, c.nodes, c.gpus_per_node,
+                                           max(20.0, 0.7 * self.span_s), c.timing)
+        self.actions = chaos.actions_of(self.faults, c.timing)
+        self.timeout_s = c.timeout_s or max(300.0, 3 * self.span_s + 120)
+        self.data_dir = Path(c.data_dir or tempfile.mkdtemp(prefix="framespool-chaos-")).resolve()
+        self.stack: Optional[Stack] = None
+        self.watcher: Optional[Watcher] = None
+        self.producer: Any = None
+        self.job_ids: dict[int, str] = {}
+        self.roles: dict[str, str] = {}
+        self.submit_errors: list[str] = []
+        self.fault_log: list[dict[str, Any]] = []
+        self.injected: list[chaos.Malformed] = []
+        self.wedged: set[str] = set()
+        self.held: set[str] = set()                    # nodes a fault of ours has out of service
+        self.gpu_faults: dict[str, dict[str, dict]] = {}
+        self.last_restart: dict[str, float] = {}
+        self.supervisor_restarts: list[dict[str, Any]] = []
+        self.t0 = 0.0
+
+    # -- the run ------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        c = self.config
+        self.stack = chaos_stack(self.data_dir, c.nodes, c.gpus_per_node, c.time_scale, c.timing)
+        started = time.monotonic()
+        c.say(f"chaos: {len(self.plans)} jobs, {len(self.faults)} faults "
+              f"({len(self.actions)} actions), expected ~{self.span_s:.0f} s; data in "
+              f"{self.data_dir}")
+        with self.stack:
+            from producers.log import LogProducer
+
+            bootstrap = self.stack.broker.bootstrap_servers
+            self.watcher = Watcher(bootstrap)
+            self.watcher.start()
+            self.producer = LogProducer(bootstrap)
+            try:
+                finished = self._drive()
+                self._settle()
+                cluster = self._cluster_view()
+            finally:
+                self.watcher.stop()
+                self.producer.close(10)
+            report = self._report(bootstrap)
+            report["cluster_view"] = cluster
+            report["finished_before_timeout"] = finished
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        (self.data_dir / "chaos-report.json").write_text(json.dumps(report, indent=2, default=str))
+        return report
+
+    def _drive(self) -> bool:
+        """Submit, inject, supervise; True when everything ended before the timeout."""
+        self.t0 = time.monotonic()
+        submitter = threading.Thread(target=self._submit_all, name="chaos-submitter", daemon=True)
+        submitter.start()
+        pending = list(self.actions)
+        next_note = 10.0
+        last_done, progress_at = -1, 0.0
+        while True:
+            now = time.monotonic() - self.t0
+            while pending and pending[0].at_s <= now:
+                self._do(pending.pop(0))
+            self._supervise(now)
+            with self.watcher.lock:
+                done = sum(1 for j in self.job_ids.values() if j in self.watcher.terminal)
+            if done != last_done:
+                last_done, progress_at = done, now
+            if not submitter.is_alive() and not pending and done == len(self.job_ids):
+                return True
+            stalled = not submitter.is_alive() and not pending and \
+                now - progress_at > self.config.stall_s
+            if now > self.timeout_s or stalled:
+                why = f"no job ended for {self.config.stall_s:.0f} s" if stalled else "timeout"
+                self.config.say(f"chaos: {why} after {now:.0f} s; {done}/{len(self.job_ids)} "
+                                f"jobs terminal, {len(pending)} actions left")
+                for action in pending:     # recoveries still run: resume, heal, restart
+                    if action.op in ("resume", "unecc", "unthrottle", "restart"):
+                        self._do(action)
+                return False
+            if now >= next_note:
+                next_note += 10.0
+                self.config.say(f"chaos: t={now:.0f}s submitted {len(self.job_ids)}/"
+                                f"{len(self.plans)} terminal {done} actions left {len(pending)}")
+            time.sleep(0.1)
+
+    def _settle(self) -> None:
+        """Wait until the cell shows no GPU held and every malformed record is dead-lettered."""
+        deadline = time.monotonic() + self.config.settle_s
+        with self.watcher.lock:
+            seen = self.watcher.statuses
+        while time.monotonic() < deadline:
+            with self.watcher.lock:
+                fresh = self.watcher.statuses > seen
+                idle = self.watcher.busy_gpus == 0
+                dead = all(m.value in self.watcher.dead_values for m in self.injected)
+            if fresh and idle and dead:
+                return
+            time.sleep(0.2)
+
+    def _cluster_view(self) -> dict:
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.stack.api_url}/v1/cluster", headers={
+            "Authorization": f"Bearer {self.stack.tenant_keys[0]['api_key']}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read()).get("totals", {})
+        except (OSError, ValueError) as e:
+            return {"error": str(e)}
+
+    # -- submissions ----------------------------------------------------------------
+    def _submit_all(self) -> None:
+        from producers.client import ApiError, Client
+
+        clients = [Client(self.stack.api_url, t["api_key"], timeout_s=30)
+                   for t in self.stack.tenant_keys]
+        for plan in self.plans:
+            delay = self.t0 + plan.at_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            key = f"chaos-{self.config.seed}-{plan.index}"
+            for attempt in range(5):
+                try:
+                    job = clients[plan.tenant % len(clients)].submit(idempotency_key=key,
+                                                                     **plan.body)
+                    self.roles[job["job_id"]] = plan.role
+                    self.job_ids[plan.index] = job["job_id"]
+                    break
+                except ApiError as e:
+                    if e.status < 500 or attempt == 4:
+                        self.submit_errors.append(f"job {plan.index}: {e}")
+                        break
+                except (OSError, urllib.error.URLError) as e:
+                    if attempt == 4:
+                        self.submit_errors.append(f"job {plan.index}: {e}")
+                time.sleep(1.0)
+
+    # -- faults ----------------------------------------------------------------------
+    def _process(self, name: str) -> tuple[int, Process]:
+        for i, p in enumerate(self.stack.processes):
+            if p.name == name:
+                return i, p
+        raise KeyError(name)
+
+    def _restart(self, name: str) -> None:
+        restart_process(self.stack, name)
+
+    def _write_gpu_faults(self, node: str) -> None:
+        state = self.gpu_faults.setdefault(node, {"throttle": {}, "ecc": {}})
+        node_faults.write_gpu_faults(self.data_dir / "agents" / node,
+                                     throttle=set(state["throttle"].values()),
+                                     ecc={g: (0, 1) for g in state["ecc"].values()})
+
+    def _do(self, a: chaos.Action) -> None:
+        detail = ""
+        ok = True
+        node = a.target if a.target.startswith("node-") else ""
+        agent = f"agent-{node}"
+        try:
+            if a.op == "crash" and node:
+                self.held.add(node)
+                _, p = self._process(agent)
+                killed = node_faults.crash_node(p.popen.pid)
+                p.popen.wait(5)
+                detail = f"killed with {len(killed)} generator(s)"
+            elif a.op == "crash":
+                _, p = self._process("scheduler")
+                os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait(5)
+            elif a.op == "restart":
+                self._restart(agent if node else "scheduler")
+                if node:
+                    self.last_restart[node] = time.monotonic()
+            elif a.op == "pause":
+                self.held.add(node)
+                _, p = self._process(agent)
+                detail = f"{len(node_faults.generators(p.popen.pid))} generator(s) left running"
+                node_faults.pause(p.popen.pid)
+            elif a.op == "resume":
+                node_faults.resume(self._process(agent)[1].popen.pid)
+            elif a.op in ("ecc", "unecc", "throttle", "unthrottle"):
+                what = "ecc" if a.op.endswith("ecc") else "throttle"
+                faults = self.gpu_faults.setdefault(node, {"throttle": {}, "ecc": {}})[what]
+                if a.op.startswith("un"):
+                    faults.pop(a.fault_id, None)
+                else:
+                    faults[a.fault_id] = a.gpu
+                    if what == "ecc":
+                        self.held.add(node)
+                self._write_gpu_faults(node)
+                detail = f"GPU {a.gpu}"
+            elif a.op == "duplicate":
+                detail = self._duplicate(a)
+            elif a.op == "malformed":
+                detail = self._malformed(a)
+            elif a.op == "wedge":
+                detail = self._wedge(a)
+                ok = detail.startswith("wedged")
+        except Exception as e:  # one failed action must not end the drill
+            ok, detail = False, f"failed: {e!r}"
+            log.exception("chaos action %s failed", a)
+        if a.final and node:
+            self.held.discard(node)
+        entry = {"t_s": round(time.monotonic() - self.t0, 2), "t_ms": int(time.time() * 1000),
+                 "fault_id": a.fault_id, "kind": a.kind, "op": a.op, "node": node,
+                 "ok": ok, "detail": detail}
+        self.fault_log.append(entry)
+        self.config.say(f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
+                        f"{a.target} {detail}".rstrip())
+
+    def _duplicate(self, a: chaos.Action) -> str:
+        rng = random.Random(f"duplicate/{self.config.seed}/{a.fault_id}")
+        with self.watcher.lock:
+            recent = list(self.watcher.recent)
+        # A re-delivered heartbeat counts as a sign of life (the fold has no way to
+        # tell it is old): those of nodes we hold out of service are left out, or
+        # they would hide the very fault we inject.
+        recent = [r for r in recent if not self._heartbeat_of_held(r)]
+        picked = rng.sample(recent, min(a.count, len(recent)))
+        rng.shuffle(picked)                     # reordered as well as repeated
+        from schemas import codec
+
+        kinds = Counter(codec.event_type_name(r.value) for r in picked)
+        for r in picked:
+            self.producer.produce(r.topic, r.key, r.value, r.partition, list(r.headers) or None)
+        self.producer.flush(10)
+        return f"{len(picked)} re-produced: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+
+    def _heartbeat_of_held(self, record: Any) -> bool:
+        from schemas import codec
+
+        try:
+            e = codec.decode(record.value)
+        except Exception:
+            return False
+        return isinstance(e, ev.NodeHeartbeat) and e.node_id in self.held
+
+    def _malformed(self, a: chaos.Action) -> str:
+        node = f"node-{a.fault_id % self.config.nodes}"
+        records = chaos.malformed_records(catalogue, node, f"{self.config.seed}-{a.fault_id}")
+        for m in records:
+            self.producer.produce(m.topic, m.key, m.value, m.partition, [("chaos", b"malformed")])
+        self.producer.flush(10)
+        self.injected.extend(records)
+        return f"{len(records)} records on {len({m.topic for m in records})} topics"
+
+    def _wedge(self, a: chaos.Action) -> str:
+        rng = random.Random(f"wedge/{self.config.seed}/{a.fault_id}")
+        candidates = []
+        for p in self.stack.processes:
+            node = p.name.removeprefix("agent-")
+            if p.name.startswith("agent-") and p.alive() and node not in self.held:
+                candidates += [g for g in node_faults.generators(p.popen.pid)
+                               if self.roles.get(g.job_id) == chaos.NORMAL
+                               and g.job_id not in self.wedged]
+        if not candidates:
+            return "skipped: no generator running"
+        g = rng.choice(sorted(candidates, key=lambda g: (g.job_id, g.run, g.pid)))
+        node_faults.wedge(g)
+        self.wedged.add(g.job_id)
+        return f"wedged {g.job_id} run {g.run} (pid {g.pid})"
+
+    def _supervise(self, now: float) -> None:
+        """Restart an agent whose node is out of service, or whose process died, without
+        a fault of ours: a DOWN node never re-registers by itself."""
+        with self.watcher.lock:
+            states = dict(self.watcher.node_state)
+        for i in range(self.config.nodes):
+            node = f"node-{i}"
+            if node in self.held:
+                continue
+            if time.monotonic() - self.last_restart.get(node, -1e9) < SUPERVISOR_MIN_GAP_S:
+                continue
+            state, since, why = states.get(node, ("UP", 0.0, ""))
+            dead = not self._process(f"agent-{node}")[1].alive()
+            if dead or (state in OUT_OF_SERVICE and time.monotonic() - since > SUPERVISOR_GRACE_S):
+                why = "agent process exited" if dead else f"{state}: {why}"
+                self._restart(f"agent-{node}")
+                self.last_restart[node] = time.monotonic()
+                entry = {"t_s": round(now, 2), "t_ms": int(time.time() * 1000),
+                         "kind": "supervisor", "node": node, "detail": why}
+                self.supervisor_restarts.append(entry)
+                self.fault_log.append({**entry, "fault_id": 0, "op": "restart", "ok": True})
+                self.config.say(f"chaos: t={now:.1f}s supervisor restarts {node} ({why})")
+
+    # -- the report ----------------------------------------------------------------
+    def _report(self, bootstrap: str) -> dict[str, Any]:
+        from producers.log import read_all
+        from schemas import codec
+
+        def decoded(topic: str, partitions: Optional[list[int]] = None) -> list[Any]:
+            out = []
+            for rec in read_all(bootstrap, topic, partitions, timeout_s=120):
+                try:
+                    out.append(codec.decode(rec.value))
+                except Exception:  # the malformed records we injected
+                    pass
+            return out
+
+        job_events = decoded(catalogue.JOB_EVENTS.name)
+        scheduler = decoded(catalogue.SCHEDULER.name, [0])
+        dump(self.data_dir / "chaos-job-events.jsonl", (
+            e for e in chaos.cell_ordered(job_events)
+            if not isinstance(e, (ev.CellStatus, ev.JobWaitEstimated))))
+        dump(self.data_dir / "chaos-scheduler.jsonl",
+             (e for e in scheduler if not isinstance(e, ev.Tick)))
+        dead = read_all(bootstrap, catalogue.DEAD_LETTER.name, timeout_s=60)
+        submitted = [self.job_ids[i] for i in sorted(self.job_ids)]
+        report = chaos.account(job_events, scheduler, dead, submitted, self.roles, self.injected,
+                               self.fault_log, self.wedged, self.config.time_scale)
+        c = self.config
+        report["config"] = {"jobs": c.jobs, "seed": c.seed, "time_scale": c.time_scale,
+                            "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+                            "data_dir": str(self.data_dir), "timing": asdict(c.timing)}
+        report["submit_errors"] = self.submit_errors
+        report["faults_injected"] = self._injected_counts()
+        report["faults_skipped"] = [f"{e['kind']} #{e['fault_id']}: {e['detail']}"
+                                    for e in self.fault_log if not e["ok"]]
+        report["supervisor_restarts"] = len(self.supervisor_restarts)
+        report["fault_log"] = self.fault_log
+        report["verify"] = run_verify(bootstrap, self.data_dir / "chaos-processors.json")
+        return report
+
+    def _injected_counts(self) -> dict[str, int]:
+        first_ops = {"crash", "pause", "ecc", "throttle", "duplicate", "malformed", "wedge"}
+        counts = Counter(e["kind"] for e in self.fault_log
+                         if e.get("op") in first_ops and e["ok"] and e["kind"] != "supervisor")
+        roles = Counter(self.roles.values())
+        if roles.get(chaos.CRASH):
+            counts[chaos.CRASH_GENERATOR] = roles[chaos.CRASH]
+        if roles.get(chaos.HANG):
+            counts[chaos.HANG_GENERATOR] = roles[chaos.HANG]
+        return dict(sorted(counts.items()))
+
+
+def dump(path: Path, events: Any) -> None:
+    """Decoded events as JSON lines, for a post-mortem once the in-memory broker is gone."""
+    with open(path, "w") as out:
+        for e in events:
+            out.write(json.dumps({"type": type(e).__name__, **asdict(e)}, default=str) + "\n")
+
+
+def run_verify(bootstrap: str, config_path: Path) -> Optional[dict]:
+    """``processors.tools.verify`` over the same log (None where that tool is absent):
+    its own re-fold of every cell is a second opinion on the invariants above."""
+    try:
+        from processors.tools.reader import read_log
+        from processors.tools.verify import verify
+    except ImportError:
+        return None
+    from processors.config_file import load_cell_config
+
+    try:
+        report = verify(read_log(bootstrap, timeout_s=120), load_cell_config(config_path))
+    except Exception as e:  # the tool failing is reported, not taken for a verdict
+        log.exception("verify failed")
+        return {"ok": None, "error": repr(e)}
+    doc = report.to_dict()
+    return {"ok": report.ok, "violation_counts": doc["violation_counts"],
+            "violations": doc["violations"][:20], "warnings": doc["warnings"][:20],
+            "jobs": doc["jobs"], "summary": report.render(limit=10)}
