@@ -77,12 +77,7 @@ def handle_core(args: argparse.Namespace) -> int:
     print(f"  decision latency p50 {latency['p50']} ms, p99 {latency['p99']} ms, max "
           f"{latency['max']} ms over {latency['n']:,} deciding applies")
     print(f"  replay matches recording: {mixed['replay_matches']}; wall {result['wall_s']} s")
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}")
-    return 0
+    return write_json(args.json, result)
 
 
 def handle_pipeline(args: argparse.Namespace) -> int:
@@ -104,8 +99,13 @@ def handle_pipeline(args: argparse.Namespace) -> int:
           f"at {result['offered_rate']:g}/s offered ({result['achieved_submit_rate']}/s "
           f"achieved; target p99 <= 50 ms)")
     print(f"  submit->completed p50 {done['p50']} ms  p99 {done['p99']} ms")
-    if args.json:
-        path = Path(args.json)
+    return write_json(args.json, result)
+
+
+def write_json(target: str | None, result: dict) -> int:
+    """``--json FILE``: the results as JSON, beside what was printed."""
+    if target:
+        path = Path(target)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path}")
