@@ -84,7 +84,30 @@ async def run_agent(args: argparse.Namespace) -> None:
                       artifact_store(stack_dir, secrets, args.api_url), probe, load_profiles(),
                       stack_dir / "agents" / args.node, heartbeat_s=args.heartbeat_s,
                       time_scale=args.time_scale, rail=args.rail)
+    if args.metrics_port:
+        from processors.metrics import serve
+
+        serve(AgentCollector(agent), args.metrics_port)
     await agent.run_until_signalled()
+
+
+class AgentCollector:
+    """Prometheus gauges of one node agent (runs it executes, its incarnation, GPUs)."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        node = self.agent.node_id
+        for name, doc, value in (
+                ("framespool_agent_runs", "runs this agent is executing", len(self.agent._runs)),
+                ("framespool_agent_incarnation", "registration number", self.agent.incarnation),
+                ("framespool_agent_gpus", "GPUs on this node", self.agent.probe.count)):
+            family = GaugeMetricFamily(name, doc, labels=["node"])
+            family.add_metric([node], float(value))
+            yield family
 
 
 async def wait_for_signal() -> None:
@@ -115,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     agent.add_argument("--time-scale", type=float, default=1.0)
     agent.add_argument("--heartbeat-s", type=float, default=1.0)
     agent.add_argument("--api-url", default="http://127.0.0.1:8080")
+    agent.add_argument("--metrics-port", type=int, default=0,
+                       help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
     for p in (api, agent):
         p.add_argument("--stack-dir", required=True)
         p.add_argument("--bootstrap", required=True)

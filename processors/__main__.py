@@ -53,6 +53,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--snapshot-interval", type=float, default=0.0,
                         help="seconds between snapshots of a partition (0: every batch)")
     parser.add_argument("--interval", type=float, default=0.25, help="clock: seconds between Ticks")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
     parser.add_argument("--log-level", default=os.environ.get("FRAMESPOOL_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -119,6 +121,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         log.error("bad configuration: %s", exc)
         print(f"processors {args.role}: bad configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.metrics_port:
+        from processors.metrics import RunnerCollector, serve
+
+        serve(RunnerCollector(runner, args.role), args.metrics_port)
     try:
         runner.run(stop)
     except SetupError as exc:  # topics missing or with the wrong partition count
