@@ -103,7 +103,10 @@ class Stack:
         else:
             common_cfg = []
         for role in ("admission", "scheduler"):
-            self.spawn(role, processors + [role, *common, "--data-dir", state, *common_cfg])
+            # snapshot at most once a second: state is pickled whole, and the
+            # commit protocol re-folds (without re-sending) what a crash loses
+            self.spawn(role, processors + [role, *common, "--data-dir", state, *common_cfg,
+                                           "--snapshot-interval", "1.0"])
         self.spawn("clock", processors + ["clock", *common, "--data-dir", state])
         services = [sys.executable, "-m", "framespool.services"]
         api = services + ["api", *common, "--stack-dir", str(self.data_dir),
