@@ -50,13 +50,24 @@ class StackError(RuntimeError):
     """The stack could not start; the message says which process and where its log is."""
 
 
+def die_with_parent() -> None:
+    """In the child: get SIGTERM when the launcher dies (even by SIGKILL), so no
+    process of a stack outlives it (Linux prctl PR_SET_PDEATHSIG; a no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class Process:
     def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.log = open(self.log_path, "ab")
         self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=die_with_parent)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
