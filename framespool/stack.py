@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from framespool.broker import EmbeddedBroker, free_port
+from framespool.broker import EmbeddedBroker
 
 DEFAULT_TENANTS = (("acme", "enterprise"), ("studio", "paid"), ("hobby", "free"))
 

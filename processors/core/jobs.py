@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from schemas import events as ev
 
 from . import lifecycle as lc
-from .model import ASSIGNED, DOWN, EXITING, RUNNING, STOPPING, Job, Run
+from .model import ASSIGNED, EXITING, RUNNING, STOPPING, Job, Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -258,6 +258,3 @@ class JobHandlers:
         self.end_run(run, confirmed=(), reason=reason)
         if job is not None and job.run == run.run and job.state in lc.ACTIVE:
             self.retry_or_fail(job, "node_lost", reason)
-
-    def node_down_for(self: "Cell", run: Run) -> tuple[str, ...]:
-        return tuple(n for n in run.held if self.index.nodes[n].state == DOWN)

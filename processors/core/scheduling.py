@@ -27,7 +27,7 @@ from schemas import events as ev
 
 from . import lifecycle as lc
 from .fairshare import Flow
-from .model import ASSIGNED, EXITING, RUNNING, STOPPING, Job, Node, Run
+from .model import STOPPING, Job, Node, Run
 from .placement import Placement
 
 if TYPE_CHECKING:  # pragma: no cover
