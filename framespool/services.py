@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from framespool.logs import configure_json_logging
+from producers.jsonlog import setup_logging
 
 
 def stack_secrets(stack_dir: Path) -> dict:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--stack-dir", required=True)
         p.add_argument("--bootstrap", required=True)
     args = parser.parse_args(argv)
-    configure_json_logging(args.service)
+    setup_logging(process=args.service)
     runner = run_api if args.service == "api" else run_agent
     asyncio.run(runner(args))
     return 0

@@ -16,8 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
+from producers.jsonlog import setup_logging
 from processors.app import (
-    ProcessorFailed, ProcessorRunner, SetupError, setup_logging, topics_with_suffix,
+    ProcessorFailed, ProcessorRunner, SetupError, topics_with_suffix,
 )
 from processors.config_file import (
     ConfigError, admission_config, cell_config, describe, read_config_file,

@@ -37,9 +37,7 @@ the worker. A commit could so overtake the delivery of the outputs.
 """
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,40 +233,3 @@ def _log_output(out: Outgoing) -> None:
         fields["node_id"] = ",".join(s.node_id for s in inner.placement)
     log.log(level, "%s %s -> %s", fields["event_type"], fields.get("job_id", ""), out.topic,
             extra=fields)
-
-
-# --------------------------------------------------------------------------
-# Logging: JSON lines on stderr
-# --------------------------------------------------------------------------
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, and any ``extra`` fields."""
-
-    def __init__(self, static: Optional[dict[str, Any]] = None) -> None:
-        super().__init__()
-        self.static = static or {}
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-            **self.static,
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                doc[key] = value
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
-
-
-def setup_logging(level: str = "INFO", **static: Any) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(static))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())

@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agents.artifacts import LocalDirStore
-from framespool.logs import JsonFormatter
+from producers.jsonlog import JsonFormatter
 from producers.api import ApiConfig, make_app
 from producers.auth import ApiKeys, TenantPolicy, record_for
 from projections.jobs import fold
@@ -128,7 +128,7 @@ def captured_json_logs():
     """Every logger (aiohttp's access log included, at INFO) into JSON lines."""
     out = io.StringIO()
     handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter("api"))
+    handler.setFormatter(JsonFormatter({"process": "api"}))
     root, access = logging.getLogger(), logging.getLogger("aiohttp.access")
     saved = (root.handlers[:], root.level, access.level)
     root.handlers[:] = [handler]

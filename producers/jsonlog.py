@@ -1,0 +1,49 @@
+"""Structured JSON logs for every framespool process, with secrets redacted.
+
+One JSON object per line on stderr: ts, level, logger, msg, the process's
+static fields (role, instance, ...) and any ``extra`` fields. Values that look
+like bearer tokens or URL signatures are masked before the line is written, so
+logs never carry API keys or signed URLs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from typing import Any, Optional
+
+_SECRETS = re.compile(r"(Bearer\s+)\S+|([?&](?:sig|signature|X-Amz-Signature|X-Amz-Credential)=)"
+                      r"[^&\s\"']+", re.IGNORECASE)
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+def redact(text: str) -> str:
+    return _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, static: Optional[dict[str, Any]] = None) -> None:
+        super().__init__()
+        self.static = static or {}
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+                               "logger": record.name, "msg": redact(record.getMessage()),
+                               **self.static}
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_") and key not in doc:
+                doc[key] = redact(value) if isinstance(value, str) else value
+        if record.exc_info:
+            doc["exc"] = redact(self.formatException(record.exc_info))
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(level: str = "INFO", **static: Any) -> None:
+    """Route the root logger to stderr as JSON lines carrying ``static`` fields."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(static))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
