@@ -54,12 +54,19 @@ class Accounting:
     def capacity_mem(self: "Cell") -> float:
         return sum(n.mem_gb for n in self.index.nodes.values() if n.state != "DOWN")
 
-    def leaf_of(self: "Cell", job: Job) -> Flow:
+    def leaf_of(self: "Cell", job: Job | Run) -> Flow:
+        """The fair-share flow a job (or one of its runs) is charged to (cached:
+        this is on every admission, placement and release)."""
+        key = (job.tier, job.tenant, job.user)
+        leaf = self.leaves.get(key)
+        if leaf is not None:
+            return leaf
         tier = self.config.tier(job.tier)
         tenant = self.config.tenant(job.tenant)
         user_weight = dict(tenant.user_weights).get(job.user, 1.0)
-        return self.fair.leaf((job.tier, job.tenant, job.user),
-                              (tier.weight if tier else 1.0, tenant.weight, user_weight))
+        leaf = self.leaves[key] = self.fair.leaf(
+            key, (tier.weight if tier else 1.0, tenant.weight, user_weight))
+        return leaf
 
     def predicted_wait_s(self: "Cell", job: Job, own_ahead: float) -> float:
         """``own_ahead``: GPU-seconds queued in the job's own flow up to and

@@ -56,6 +56,7 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         self.runs: dict[RunKey, Run] = {}
         self.index = NodeIndex()
         self.fair = FairTree(self.config.idle_credit_gpu_s)
+        self.leaves: dict[tuple[str, str, str], Any] = {}   # (tier, org, user) -> leaf flow
         self.org_use: dict[str, TenantUse] = {}
         self.user_use: dict[tuple[str, str], TenantUse] = {}
         self.tier_use: dict[str, int] = {}

@@ -254,10 +254,7 @@ class Scheduling:
     def settle(self: "Cell", run: Run) -> None:
         """Correct the fair-share charge to the GPU-time really used, once."""
         used = run.gpus * max(0, self.now_ms - run.started_ms) / 1000
-        job = self.jobs.get(run.job_id)
-        leaf = self.fair.leaf((run.tier, run.tenant, run.user), (1.0, 1.0, 1.0)) \
-            if job is None else self.leaf_of(job)
-        self.fair.charge_end(leaf, run.charged, used)
+        self.fair.charge_end(self.leaf_of(run), run.charged, used)
         org, user = self.use_of(run)
         org.running -= 1
         user.running -= 1
