@@ -38,17 +38,17 @@ import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Optional
 
-from agents import reports
-from agents.artifacts import ArtifactStore
-from agents.execution import RunExecution, now_ms
-from agents.gpus import GpuProbe, with_warm_models
-from agents.ledger import Action, RunLedger
-from agents.profiles import ModelProfile
-from producers.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
-from schemas import topics as catalogue
-from schemas.codec import DecodeError, decode, encode
-from schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun
-from schemas.topics import agent_group, partition_of_cell
+from framespool.agents import reports
+from framespool.agents.artifacts import ArtifactStore
+from framespool.agents.execution import RunExecution, now_ms
+from framespool.agents.gpus import GpuProbe, with_warm_models
+from framespool.agents.ledger import Action, RunLedger
+from framespool.agents.profiles import ModelProfile
+from framespool.producers.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
+from framespool.schemas import topics as catalogue
+from framespool.schemas.codec import DecodeError, decode, encode
+from framespool.schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun
+from framespool.schemas.topics import agent_group, partition_of_cell
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.artifacts import (
+from framespool.agents.artifacts import (
     ArtifactNotFound, ArtifactStore, ChecksumMismatch, InvalidKey, checkpoint_key, output_key,
 )
 

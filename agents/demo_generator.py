@@ -1,6 +1,6 @@
 """A small, real text-to-video generator for demos, tests and chaos drills.
 
-Run as ``python -m agents.demo_generator --prompt "a cat" --out out.gif``.
+Run as ``python -m framespool.agents.demo_generator --prompt "a cat" --out out.gif``.
 
 Theory of operation
 -------------------
@@ -128,7 +128,7 @@ def write_checkpoint(gen: Generator, directory: Path) -> Path:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m agents.demo_generator", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m framespool.agents.demo_generator", description=__doc__.split("\n")[0])
     p.add_argument("--prompt", required=True)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--params-json", default="{}",

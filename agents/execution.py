@@ -29,12 +29,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Optional, Protocol
 
-from agents import reports
-from agents.artifacts import ArtifactStore, checkpoint_key, output_key
-from agents.ledger import ProgressThrottle, RunLedger, RunState
-from agents.profiles import ModelProfile
-from agents.runner import COMPLETED, HUNG, STOPPED, Checkpoint, LaunchError, Outcome, Progress, Runner
-from schemas.events import RunProgress, RunReport, StartRun
+from framespool.agents import reports
+from framespool.agents.artifacts import ArtifactStore, checkpoint_key, output_key
+from framespool.agents.ledger import ProgressThrottle, RunLedger, RunState
+from framespool.agents.profiles import ModelProfile
+from framespool.agents.runner import COMPLETED, HUNG, STOPPED, Checkpoint, LaunchError, Outcome, Progress, Runner
+from framespool.schemas.events import RunProgress, RunReport, StartRun
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Theory of operation
 Two channels, neither of which needs the agent to cooperate beyond reading a file:
 
 1. **GPU faults** go through a file. :class:`FaultFileProbe` wraps a
-   :class:`~agents.gpus.SimulatedProbe`; before every sample (one per
+   :class:`~framespool.agents.gpus.SimulatedProbe`; before every sample (one per
    heartbeat) it re-reads ``<agent data dir>/faults.json`` when the file has
    changed and makes the simulated GPUs match it::
 
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from schemas.events import GpuHealth
+from framespool.schemas.events import GpuHealth
 
 log = logging.getLogger(__name__)
 
 FAULTS_FILE = "faults.json"
-GENERATOR_MARK = "agents.demo_generator"
+GENERATOR_MARK = "framespool.agents.demo_generator"
 
 
 # --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import threading
 from dataclasses import replace
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
-from schemas.events import GpuHealth
+from framespool.schemas.events import GpuHealth
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from schemas.events import CheckpointRun, StartRun, StopRun
+from framespool.schemas.events import CheckpointRun, StartRun, StopRun
 
 Instruction = Union[StartRun, StopRun, CheckpointRun]
 RunKey = tuple[str, int]

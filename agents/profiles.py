@@ -133,11 +133,11 @@ def _check_template(name: str, part: str) -> None:
 
 
 def demo_profile() -> ModelProfile:
-    """The bundled demo generator (``python -m agents.demo_generator``)."""
+    """The bundled demo generator (``python -m framespool.agents.demo_generator``)."""
     return ModelProfile.from_dict({
         "name": "demo",
         "command": [
-            "{python}", "-m", "agents.demo_generator",
+            "{python}", "-m", "framespool.agents.demo_generator",
             "--prompt", "{prompt}", "--out", "{out}", "--params-json", "{params_json}",
             "--checkpoint-dir", "{checkpoint_dir}", "--time-scale", "{time_scale}",
         ],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from schemas.events import (
+from framespool.schemas.events import (
     GpuHealth, NodeHeartbeat, NodeRegistered, RunCheckpointed, RunCompleted, RunFailed,
     RunProgress, RunReport, RunStarted, RunStopped,
 )

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from agents.ledger import StepRate
-from agents.profiles import ModelProfile
+from framespool.agents.ledger import StepRate
+from framespool.agents.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ def retry(what: str, action: Callable[[], T], timeout_s: float) -> T:
 
 def tenant_config(spec: str) -> tuple[dict, dict, list[dict]]:
     """(tenants policy, auth keys config, plain keys) for ``name:tier,...``."""
-    from producers.auth import new_key, record_to_config
+    from framespool.producers.auth import new_key, record_to_config
 
     tenants, records, plain = {}, [], []
     for item in filter(None, (s.strip() for s in spec.split(","))):
@@ -82,8 +82,8 @@ def write_private(path: Path, doc: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from agents.artifacts import S3Store
-    from producers.log import create_topics
+    from framespool.agents.artifacts import S3Store
+    from framespool.producers.log import create_topics
 
     try:
         created = retry("creating topics", lambda: create_topics(args.bootstrap), args.timeout_s)

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from producers.log import LogError, create_topics
-from schemas.topics import ALL_TOPICS, Topic
+from framespool.producers.log import LogError, create_topics
+from framespool.schemas.topics import ALL_TOPICS, Topic
 
 log = logging.getLogger(__name__)
 

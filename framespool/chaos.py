@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 # -- fault kinds ------------------------------------------------------------------
 KILL_AGENT = "kill_agent"              # SIGKILL agent + its generators, restart later
@@ -276,8 +276,8 @@ def malformed_records(topics: Any, node: str, marker: str) -> list[Malformed]:
     keyed for ``node``, whose agent reads it), plus misplaced valid events where a
     consumer can tell (wrong type, wrong cell). ``marker`` makes every value
     unique, so its dead letter can be found by value."""
-    from producers.log import partition_for_key
-    from schemas import codec
+    from framespool.producers.log import partition_for_key
+    from framespool.schemas import codec
 
     def undecodable(topic: str) -> list[tuple[str, bytes]]:
         tag = f"{marker}/{topic}".encode()
@@ -660,7 +660,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     verdict = r.get("verify")
     if verdict is not None:
         state = {True: "OK", False: "VIOLATED", None: f"could not run ({verdict.get('error')})"}
-        lines.append(f"  processors.tools.verify: {state[verdict.get('ok')]}"
+        lines.append(f"  framespool.processors.tools.verify: {state[verdict.get('ok')]}"
                      + "".join(f"\n    {v}" for v in verdict.get("violation_counts", {}).items()))
     problems = failures(r)
     lines.append("  result: " + ("OK" if not problems else "FAILED: " + "; ".join(problems)))

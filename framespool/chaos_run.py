@@ -34,12 +34,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from agents import faults as node_faults
+from framespool.agents import faults as node_faults
 from framespool import chaos
 from framespool.broker import free_port
 from framespool.stack import Process, Stack, StackConfig
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Watcher(threading.Thread):
 
     def __init__(self, bootstrap: str, topics: Any = catalogue) -> None:
         super().__init__(name="chaos-watcher", daemon=True)
-        from producers.log import LogConsumer
+        from framespool.producers.log import LogConsumer
 
         self._jobs = LogConsumer(bootstrap)
         self._jobs.assign(topics.JOB_EVENTS.name, range(topics.JOB_EVENTS.partitions), 0)
@@ -86,7 +86,7 @@ class Watcher(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        from schemas import codec
+        from framespool.schemas import codec
 
         while not self.stopping.is_set():
             try:
@@ -162,7 +162,7 @@ class LogTail:
     def __init__(self, bootstrap: str, topics: Any = catalogue,
                  names: tuple[str, ...] = ("JOB_EVENTS", "SCHEDULER", "PROGRESS",
                                            "DEAD_LETTER", "ASSIGNMENTS")) -> None:
-        from producers.log import LogConsumer
+        from framespool.producers.log import LogConsumer
 
         self._consumers = []
         for name in names:
@@ -174,7 +174,7 @@ class LogTail:
         self.events: list[Any] = []
 
     def poll(self) -> None:
-        from schemas import codec
+        from framespool.schemas import codec
 
         for consumer in self._consumers:
             for rec in consumer.consume(1000, 0.02):
@@ -250,7 +250,7 @@ class ChaosRun:
               f"({len(self.actions)} actions), expected ~{self.span_s:.0f} s; data in "
               f"{self.data_dir}")
         with self.stack:
-            from producers.log import LogProducer
+            from framespool.producers.log import LogProducer
 
             bootstrap = self.stack.broker.bootstrap_servers
             self.watcher = Watcher(bootstrap)
@@ -332,7 +332,7 @@ class ChaosRun:
 
     # -- submissions ----------------------------------------------------------------
     def _submit_all(self) -> None:
-        from producers.client import ApiError, Client
+        from framespool.producers.client import ApiError, Client
 
         clients = [Client(self.stack.api_url, t["api_key"], timeout_s=30)
                    for t in self.stack.tenant_keys]
@@ -440,7 +440,7 @@ class ChaosRun:
         recent = [r for r in recent if not self._heartbeat_of_held(r)]
         picked = rng.sample(recent, min(a.count, len(recent)))
         rng.shuffle(picked)                     # reordered as well as repeated
-        from schemas import codec
+        from framespool.schemas import codec
 
         kinds = Counter(codec.event_type_name(r.value) for r in picked)
         for r in picked:
@@ -449,7 +449,7 @@ class ChaosRun:
         return f"{len(picked)} re-produced: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
 
     def _heartbeat_of_held(self, record: Any) -> bool:
-        from schemas import codec
+        from framespool.schemas import codec
 
         try:
             e = codec.decode(record.value)
@@ -507,8 +507,8 @@ class ChaosRun:
 
     # -- the report ----------------------------------------------------------------
     def _report(self, bootstrap: str) -> dict[str, Any]:
-        from producers.log import read_all
-        from schemas import codec
+        from framespool.producers.log import read_all
+        from framespool.schemas import codec
 
         def decoded(topic: str, partitions: Optional[list[int]] = None) -> list[Any]:
             out = []
@@ -563,14 +563,14 @@ def dump(path: Path, events: Any) -> None:
 
 
 def run_verify(bootstrap: str, config_path: Path) -> Optional[dict]:
-    """``processors.tools.verify`` over the same log (None where that tool is absent):
+    """``framespool.processors.tools.verify`` over the same log (None where that tool is absent):
     its own re-fold of every cell is a second opinion on the invariants above."""
     try:
-        from processors.tools.reader import read_log
-        from processors.tools.verify import verify
+        from framespool.processors.tools.reader import read_log
+        from framespool.processors.tools.verify import verify
     except ImportError:
         return None
-    from processors.config_file import load_cell_config
+    from framespool.processors.config_file import load_cell_config
 
     try:
         report = verify(read_log(bootstrap, timeout_s=120), load_cell_config(config_path))

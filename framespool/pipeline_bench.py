@@ -53,8 +53,8 @@ class EventWatcher(threading.Thread):
 
     def __init__(self, bootstrap: str) -> None:
         super().__init__(daemon=True)
-        from producers.log import LogConsumer
-        from schemas.topics import JOB_EVENTS
+        from framespool.producers.log import LogConsumer
+        from framespool.schemas.topics import JOB_EVENTS
 
         self.consumer = LogConsumer(bootstrap)
         self.consumer.assign(JOB_EVENTS.name, range(JOB_EVENTS.partitions), 0)
@@ -64,8 +64,8 @@ class EventWatcher(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        from schemas import codec
-        from schemas.events import JobAssigned, JobCompleted, JobFailed, JobRejected
+        from framespool.schemas import codec
+        from framespool.schemas.events import JobAssigned, JobCompleted, JobFailed, JobRejected
 
         while not self.stopping.is_set():
             for record in self.consumer.consume(500, timeout=0.05):

@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from producers.jsonlog import setup_logging
+from framespool.producers.jsonlog import setup_logging
 
 
 def stack_secrets(stack_dir: Path) -> dict:
@@ -23,7 +23,7 @@ def stack_secrets(stack_dir: Path) -> dict:
 
 
 def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
-    from agents.artifacts import LocalDirStore, S3Store
+    from framespool.agents.artifacts import LocalDirStore, S3Store
 
     s3 = secrets.get("s3")
     if s3:
@@ -35,11 +35,11 @@ def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
 async def run_api(args: argparse.Namespace) -> None:
     from aiohttp import web
 
-    from producers.api import ApiConfig, make_app
-    from producers.auth import ApiKeys
-    from producers.log import LogProducer
-    from projections.service import ProjectionService
-    from projections.webhooks import TargetPolicy, WebhookConfig
+    from framespool.producers.api import ApiConfig, make_app
+    from framespool.producers.auth import ApiKeys
+    from framespool.producers.log import LogProducer
+    from framespool.projections.service import ProjectionService
+    from framespool.projections.webhooks import TargetPolicy, WebhookConfig
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
@@ -68,16 +68,16 @@ async def run_api(args: argparse.Namespace) -> None:
 
 
 async def run_agent(args: argparse.Namespace) -> None:
-    from agents.agent import NodeAgent
-    from agents.gpus import SimulatedProbe, detect_probe
-    from agents.profiles import load_profiles
+    from framespool.agents.agent import NodeAgent
+    from framespool.agents.gpus import SimulatedProbe, detect_probe
+    from framespool.agents.profiles import load_profiles
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
     probe = (SimulatedProbe(args.gpus, args.gpu_type, seed=hash(args.node) & 0xFFFF)
              if args.simulated else detect_probe(args.gpus, args.gpu_type))
     if args.simulated:  # tests and chaos drills inject GPU faults through this file
-        from agents.faults import FAULTS_FILE, FaultFileProbe
+        from framespool.agents.faults import FAULTS_FILE, FaultFileProbe
 
         probe = FaultFileProbe(probe, stack_dir / "agents" / args.node / FAULTS_FILE)
     agent = NodeAgent(args.node, args.cell, args.bootstrap,
@@ -85,7 +85,7 @@ async def run_agent(args: argparse.Namespace) -> None:
                       stack_dir / "agents" / args.node, heartbeat_s=args.heartbeat_s,
                       time_scale=args.time_scale, rail=args.rail)
     if args.metrics_port:
-        from processors.metrics import serve
+        from framespool.processors.metrics import serve
 
         serve(AgentCollector(agent), args.metrics_port)
     await agent.run_until_signalled()

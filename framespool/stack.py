@@ -98,7 +98,7 @@ class Stack:
 
     # -- start ------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 60.0) -> dict:
-        from producers.log import create_topics
+        from framespool.producers.log import create_topics
 
         self.reset_state()
         self.broker = EmbeddedBroker(log_path=self.log_dir / "broker.log")
@@ -107,7 +107,7 @@ class Stack:
         create_topics(bootstrap)
         self.write_secrets()
         common = ["--bootstrap", bootstrap]
-        processors = [sys.executable, "-m", "processors"]
+        processors = [sys.executable, "-m", "framespool.processors"]
         state = str(self.data_dir / "processors")
         if self.config.processor_config:
             common_cfg = ["--config", str(Path(self.config.processor_config).resolve())]

@@ -1,4 +1,4 @@
-"""``python -m processors {admission,scheduler,clock} --bootstrap HOST:PORT --data-dir DIR``.
+"""``python -m framespool.processors {admission,scheduler,clock} --bootstrap HOST:PORT --data-dir DIR``.
 
 Exit status: 0 after SIGTERM/SIGINT (batch finished, state snapshotted, group
 left), 2 for a bad configuration or missing topics, 3 when outputs could not
@@ -16,17 +16,17 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-from producers.jsonlog import setup_logging
-from processors.app import (
+from framespool.producers.jsonlog import setup_logging
+from framespool.processors.app import (
     ProcessorFailed, ProcessorRunner, SetupError, topics_with_suffix,
 )
-from processors.config_file import (
+from framespool.processors.config_file import (
     ConfigError, admission_config, cell_config, describe, read_config_file,
 )
-from processors.routing import RoutingError
-from processors.snapshots import SnapshotStore, StatefulProcessor
-from producers.log import LogError, LogProducer
-from schemas import topics as catalogue
+from framespool.processors.routing import RoutingError
+from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
+from framespool.producers.log import LogError, LogProducer
+from framespool.schemas import topics as catalogue
 
 log = logging.getLogger("processors")
 
@@ -36,7 +36,7 @@ EXIT_FAILED = 3
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m processors",
+        prog="python -m framespool.processors",
         description="Run a framespool stream processor (admission, scheduler) or the clock.",
         epilog="Exit status: 0 after SIGTERM/SIGINT, 2 bad configuration or missing topics, "
                "3 outputs not delivered or state not saved (restart it).")
@@ -62,8 +62,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def build_runner(args: argparse.Namespace, topics: Any) -> ProcessorRunner:
     """Wire one stateful processor instance (raises ConfigError/RoutingError when it can't)."""
-    from processors.admission import AdmissionFold
-    from processors.scheduler import SchedulerFold
+    from framespool.processors.admission import AdmissionFold
+    from framespool.processors.scheduler import SchedulerFold
 
     doc = read_config_file(args.config) if args.config else {}
     if args.data_dir is None:
@@ -105,7 +105,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if args.role == "clock":
-        from processors.clock import Clock
+        from framespool.processors.clock import Clock
 
         producer = LogProducer(args.bootstrap, **{"client.id": f"framespool-clock-{args.instance}"})
         try:
@@ -123,7 +123,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"processors {args.role}: bad configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.metrics_port:
-        from processors.metrics import RunnerCollector, serve
+        from framespool.processors.metrics import RunnerCollector, serve
 
         serve(RunnerCollector(runner, args.role), args.metrics_port)
     try:

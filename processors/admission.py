@@ -1,21 +1,21 @@
 """The admission processor's fold: commands-topic records through the admission core.
 
 The commands topic is keyed by tenant; each partition has its own
-``processors.core.admission.AdmissionState``. A record is decoded; one that
+``framespool.processors.core.admission.AdmissionState``. A record is decoded; one that
 is not a ``SubmitJob``/``CancelJob`` is dead-lettered; the rest go through
 ``AdmissionState.apply`` with the position ``admission-<p>@<offset>``. A
 ``JobAdmitted`` is produced twice, with one event id: to its cell's partition
-of the scheduler topic and to job-events (``processors.routing.destinations``).
+of the scheduler topic and to job-events (``framespool.processors.routing.destinations``).
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, Optional
 
-from processors.core.admission import ADMISSION_INPUTS, AdmissionConfig, AdmissionState
-from processors.routing import Outgoing, cell_destination, dead_letter, decode_input, encode_outputs
-from producers.log import Record
-from schemas import topics as catalogue
+from framespool.processors.core.admission import ADMISSION_INPUTS, AdmissionConfig, AdmissionState
+from framespool.processors.routing import Outgoing, cell_destination, dead_letter, decode_input, encode_outputs
+from framespool.producers.log import Record
+from framespool.schemas import topics as catalogue
 
 log = logging.getLogger(__name__)
 

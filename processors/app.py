@@ -11,7 +11,7 @@ inside ``poll``) never sees a batch half done. Each turn of :meth:`run`:
    acknowledged all of them;
 3. write the due snapshots (state + offset, one ``WriteBatch``);
 4. commit the consumer offsets. A failed commit is only logged: it costs
-   replay, never correctness (see ``processors.snapshots``).
+   replay, never correctness (see ``framespool.processors.snapshots``).
 
 A failure in 2 or 3 is fatal (:class:`ProcessorFailed`): librdkafka has
 already retried delivery for ``delivery.timeout.ms``, and carrying on would
@@ -46,12 +46,12 @@ from typing import Any, Optional
 
 from confluent_kafka import TopicPartition
 
-from processors.routing import Outgoing
-from processors.snapshots import StatefulProcessor
-from producers.log import LogConsumer, LogError, LogProducer
-from schemas import events as ev
-from schemas import topics as catalogue
-from schemas.topics import Topic
+from framespool.processors.routing import Outgoing
+from framespool.processors.snapshots import StatefulProcessor
+from framespool.producers.log import LogConsumer, LogError, LogProducer
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topic
 
 log = logging.getLogger(__name__)
 

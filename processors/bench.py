@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from time import perf_counter
 from typing import Any, Iterator, Optional
 
-from processors.core import Cell, CellConfig, TenantConfig
-from schemas import events as ev
+from framespool.processors.core import Cell, CellConfig, TenantConfig
+from framespool.schemas import events as ev
 
 TARGET_EVENTS_PER_S = 50_000
 TARGET_PLACEMENTS_PER_S = 5_000
@@ -53,9 +53,9 @@ def record_tape(nodes: int, gpus_per_node: int, events: int, seed: int, load: fl
                 ) -> tuple[list[Any], list[int], CellConfig]:
     """Inputs (and output counts) of a simulated steady workload, ``events`` long.
     ``load`` sets how contended the cell is (above ~0.95 queues grow)."""
-    from processors.sim.engine import SimOptions, Simulation
-    from processors.sim.policies import POLICIES
-    from processors.sim.workload import steady
+    from framespool.processors.sim.engine import SimOptions, Simulation
+    from framespool.processors.sim.policies import POLICIES
+    from framespool.processors.sim.workload import steady
 
     opts = SimOptions(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed)
     # enough jobs that submissions never run out before the event budget

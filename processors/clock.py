@@ -15,11 +15,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from producers.log import LogError, LogProducer
-from schemas import codec
-from schemas import events as ev
-from schemas import topics as catalogue
-from schemas.topics import cell_of_partition
+from framespool.producers.log import LogError, LogProducer
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import cell_of_partition
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 One file serves both processors::
 
-    [admission]                      # processors.core.admission.AdmissionConfig
+    [admission]                      # framespool.processors.core.admission.AdmissionConfig
     cells = ["cell-0", "cell-1"]
     rate = { rate_per_s = 5, burst = 10 }
     [admission.cell_gpu_types]
@@ -11,7 +11,7 @@ One file serves both processors::
     rate_per_s = 50
     burst = 100
 
-    [scheduler]                      # processors.core.CellConfig
+    [scheduler]                      # framespool.processors.core.CellConfig
     heartbeat_timeout_s = 10
     retries = { node_lost = 5 }
     [[scheduler.tenants]]
@@ -37,8 +37,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from processors.core import CellConfig
-from processors.core.admission import AdmissionConfig
+from framespool.processors.core import CellConfig
+from framespool.processors.core.admission import AdmissionConfig
 
 
 class ConfigError(ValueError):

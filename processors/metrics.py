@@ -1,6 +1,6 @@
 """Prometheus metrics of a processor instance, read from its runner's counters.
 
-``python -m processors ... --metrics-port P`` serves them on 127.0.0.1:P/metrics.
+``python -m framespool.processors ... --metrics-port P`` serves them on 127.0.0.1:P/metrics.
 """
 from __future__ import annotations
 

@@ -2,12 +2,12 @@
 
 The rules (DESIGN.md §2):
 
-- ``StartRun``/``StopRun``/``CheckpointRun`` (``processors.core.AGENT_COMMANDS``)
+- ``StartRun``/``StopRun``/``CheckpointRun`` (``framespool.processors.core.AGENT_COMMANDS``)
   go to the assignments topic, keyed by ``node_id``, at the partition the
   node's agent reads (``partition_for_key(node_id)``);
 - ``JobAdmitted`` goes to the scheduler topic at its cell's partition (key: the
   cell id) *and* to job-events (key: the job id);
-- a :class:`~processors.core.admission.CellCommand` (a forwarded ``CancelJob``)
+- a :class:`~framespool.processors.core.admission.CellCommand` (a forwarded ``CancelJob``)
   goes to the scheduler topic at its cell's partition;
 - every other output is a job event for job-events, keyed by its ``job_id``, or
   by ``node_id`` (``NodeStateChanged``), ``cell`` (``CellStatus``), ``subject``
@@ -16,20 +16,20 @@ The rules (DESIGN.md §2):
 Partitions are always computed here (Kafka's murmur2 for keyed topics, the
 cell number for the scheduler topic), so placement never depends on which
 producer client sends the record. ``topics`` is anything with the catalogue's
-attribute names (``schemas.topics`` itself, or a test's ``TopicSet``).
+attribute names (``framespool.schemas.topics`` itself, or a test's ``TopicSet``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from processors.core import AGENT_COMMANDS
-from processors.core.admission import CellCommand
-from producers.log import Record, partition_for_key
-from schemas import codec
-from schemas import events as ev
-from schemas import topics as catalogue
-from schemas.topics import partition_of_cell
+from framespool.processors.core import AGENT_COMMANDS
+from framespool.processors.core.admission import CellCommand
+from framespool.producers.log import Record, partition_for_key
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import partition_of_cell
 
 # Dead-letter reasons a shell adds to the codec's own (truncated, bad_magic,
 # unknown_fingerprint, malformed_body).

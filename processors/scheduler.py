@@ -1,25 +1,25 @@
 """The scheduler processor's fold: scheduler-topic records through a cell's core.
 
 Partition p of the scheduler topic is cell ``cell-<p>``; its state is a
-``processors.core.Cell``. A record is decoded; one that is not an input of the
+``framespool.processors.core.Cell``. A record is decoded; one that is not an input of the
 cell (undecodable, another event type, or an event that names another cell)
 is dead-lettered; the rest go through ``Cell.apply`` with the position
 ``cell-<p>@<offset>``, so output event ids are ``cell-<p>@<offset>/<i>``, and
-the outputs are routed by :func:`processors.routing.route`.
+the outputs are routed by :func:`framespool.processors.routing.route`.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, Optional
 
-from processors.core import Cell, CellConfig
-from processors.routing import (
+from framespool.processors.core import Cell, CellConfig
+from framespool.processors.routing import (
     WRONG_PARTITION, Outgoing, dead_letter, decode_input, encode_outputs,
 )
-from producers.log import Record
-from schemas import events as ev
-from schemas import topics as catalogue
-from schemas.topics import cell_of_partition
+from framespool.producers.log import Record
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import cell_of_partition
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ topic, through a consumer group. Per partition it keeps a fold state (an
 it. :class:`SnapshotStore` keeps, per partition, the pickled state and that
 offset under two keys written in ONE rocksdict ``WriteBatch``, so after a crash
 they always agree. :class:`StatefulProcessor` applies the protocol; the shell
-(``processors.app``) does the IO. For each batch of polled records:
+(``framespool.processors.app``) does the IO. For each batch of polled records:
 
 1. **fold** them (:meth:`StatefulProcessor.fold`): input at or below the
    partition's offset is a no-op; each record is decoded and folded, and its
@@ -51,8 +51,8 @@ from typing import Any, Optional, Protocol
 
 from rocksdict import Options, Rdict, WriteBatch
 
-from processors.routing import Outgoing
-from producers.log import Record
+from framespool.processors.routing import Outgoing
+from framespool.producers.log import Record
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ through ``cleanup_ctx``.
 Every error is ``{"error": {"code", "message", "field"?}}``. A tenant sees only
 its own jobs: another tenant's job id answers 404, exactly like an unknown one.
 Every authenticated request takes a token from its tenant's bucket
-(``producers.ratelimit``); an empty bucket answers 429 with ``Retry-After``.
-``/openapi.json`` is built by ``producers.openapi`` from the same limits the
+(``framespool.producers.ratelimit``); an empty bucket answers 429 with ``Retry-After``.
+``/openapi.json`` is built by ``framespool.producers.openapi`` from the same limits the
 validation applies; ``/`` serves the dashboard (``projections/dashboard``).
 Submission protocol (``POST /v1/jobs``):
 
@@ -41,23 +41,23 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from producers import openapi as openapi_doc
-from producers.auth import ApiKeys, Principal, token_from_headers
-from producers.metrics import (AssignmentObserver, Metrics, ProjectionCollector, PublishTap,
+from framespool.producers import openapi as openapi_doc
+from framespool.producers.auth import ApiKeys, Principal, token_from_headers
+from framespool.producers.metrics import (AssignmentObserver, Metrics, ProjectionCollector, PublishTap,
                                ViewCollector, projection_parts)
-from producers.ratelimit import RateLimit, RateLimiter, retry_after_header
-from producers.validation import Limits, ValidationError, validate_submit
-from projections import cluster as cluster_view
-from projections import dashboard
-from projections.hub import Hub
-from projections.jobs import COMPLETED, STATES, JobView, spec_fingerprint, submitted_view
-from projections.serde import public_job
-from projections.sse import parse_last_event_id, stream_job
-from projections.store import ViewStore
-from projections.webhooks import TargetPolicy, check_address
-from schemas import codec
-from schemas.events import CancelJob, JobSpec, SubmitJob
-from schemas.topics import COMMANDS
+from framespool.producers.ratelimit import RateLimit, RateLimiter, retry_after_header
+from framespool.producers.validation import Limits, ValidationError, validate_submit
+from framespool.projections import cluster as cluster_view
+from framespool.projections import dashboard
+from framespool.projections.hub import Hub
+from framespool.projections.jobs import COMPLETED, STATES, JobView, spec_fingerprint, submitted_view
+from framespool.projections.serde import public_job
+from framespool.projections.sse import parse_last_event_id, stream_job
+from framespool.projections.store import ViewStore
+from framespool.projections.webhooks import TargetPolicy, check_address
+from framespool.schemas import codec
+from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
+from framespool.schemas.topics import COMMANDS
 
 _CURSOR = re.compile(r"^\d{13}/[A-Za-z0-9._:-]{1,128}$")
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
@@ -74,7 +74,7 @@ class ApiConfig:
     auth: ApiKeys
     store: ViewStore
     producer: Any                                  # has ``async send(topic, key, value, ...)``
-    artifacts: Any = None                          # agents.artifacts.ArtifactStore
+    artifacts: Any = None                          # framespool.agents.artifacts.ArtifactStore
     hub: Hub = field(default_factory=Hub)
     commands_topic: str = COMMANDS.name
     limits: Limits = Limits()
@@ -169,7 +169,7 @@ async def _check_callback_host(config: ApiConfig, url: Optional[str]) -> None:
 
     IP literals were checked by the validation. A name that does not resolve
     now is accepted: delivery resolves it again and checks every address it
-    connects to (``projections.webhooks.PolicyResolver``).
+    connects to (``framespool.projections.webhooks.PolicyResolver``).
     """
     if not url:
         return

@@ -19,7 +19,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterator, Optional
 
-from projections.sse import parse_stream
+from framespool.projections.sse import parse_stream
 
 
 class ApiError(Exception):

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-This module moves bytes; it knows nothing about events (``schemas.codec`` turns
+This module moves bytes; it knows nothing about events (``framespool.schemas.codec`` turns
 events into bytes and back). It exists so that the broker's quirks are handled
 in one place (``/work/shared/BROKER-NOTES.md``; the embedded broker is Tansu):
 
@@ -45,7 +45,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.topics import ALL_TOPICS, Topic
+from framespool.schemas.topics import ALL_TOPICS, Topic
 
 log = logging.getLogger(__name__)
 

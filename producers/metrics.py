@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from projections import cluster as cluster_view
-from projections.jobs import JobView
+from framespool.projections import cluster as cluster_view
+from framespool.projections.jobs import JobView
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``build(limits, ...)`` returns the document ``GET /openapi.json`` serves. The
 request schema takes its bounds from the same ``Limits`` that
-``producers.validation`` applies, so the document cannot drift from the
+``framespool.producers.validation`` applies, so the document cannot drift from the
 validation; a unit test checks that every route of the app is described and
 a schemathesis run checks that the handlers' answers conform to it.
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from producers.validation import FIELDS, Limits
-from projections.jobs import STATES
+from framespool.producers.validation import FIELDS, Limits
+from framespool.projections.jobs import STATES
 
 ERROR_CODES = ("unauthenticated", "forbidden", "invalid_field", "unknown_field", "invalid_body",
                "invalid_header", "malformed_json", "body_too_large", "tier_not_allowed",
@@ -101,7 +101,7 @@ def _submit_schema(limits: Limits) -> dict[str, Any]:
         "cpus": {"type": ["number", "null"], "minimum": 0, "maximum": 1024},
         "mem_gb": {"type": ["number", "null"], "minimum": 0, "maximum": 8192},
     }
-    assert set(props) == set(FIELDS), "the schema and producers.validation.FIELDS disagree"
+    assert set(props) == set(FIELDS), "the schema and framespool.producers.validation.FIELDS disagree"
     return {"type": "object", "required": ["prompt", "model"], "additionalProperties": False,
             "properties": props}
 

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from producers.auth import TenantPolicy
-from projections.webhooks import TargetPolicy, check_target
-from schemas.events import Shape
+from framespool.producers.auth import TenantPolicy
+from framespool.projections.webhooks import TargetPolicy, check_target
+from framespool.schemas.events import Shape
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PARAM_KEY = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

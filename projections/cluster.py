@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from schemas.events import BreakerTripped, CellStatus, GpuStatus, NodeStateChanged, NodeStatus
+from framespool.schemas.events import BreakerTripped, CellStatus, GpuStatus, NodeStateChanged, NodeStatus
 
 CLUSTER_EVENT_TYPES = frozenset({"CellStatus", "NodeStateChanged", "BreakerTripped"})
 GPU_BUCKETS = ("busy", "free", "degraded", "down")

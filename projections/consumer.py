@@ -12,9 +12,9 @@ through ``prepare`` (pure apart from store reads) and ``finish``:
 2. decode it; an undecodable record, or one of a type this projection does
    not take, goes to ``dead-letter`` with a ``reason`` header and the source
    position, and the consumer keeps going;
-3. fold job events into job views (``projections.jobs``) and cluster events
-   into the cluster view (``projections.cluster``); a state change of a job
-   with a callback becomes a webhook delivery (``projections.webhooks``);
+3. fold job events into job views (``framespool.projections.jobs``) and cluster events
+   into the cluster view (``framespool.projections.cluster``); a state change of a job
+   with a callback becomes a webhook delivery (``framespool.projections.webhooks``);
 4. send the dead letters and wait for the broker's acknowledgement;
 5. commit views, cells, outbox and offsets in one store batch;
 6. publish every changed view to the SSE hub and wake the webhook dispatcher.
@@ -29,15 +29,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-from producers.log import LogConsumer, Record
-from projections import cluster as cluster_fold
-from projections import jobs as job_fold
-from projections.cluster import ClusterView
-from projections.hub import Hub
-from projections.store import Batch, ViewStore
-from projections.webhooks import delivery_for
-from schemas import codec
-from schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS
+from framespool.producers.log import LogConsumer, Record
+from framespool.projections import cluster as cluster_fold
+from framespool.projections import jobs as job_fold
+from framespool.projections.cluster import ClusterView
+from framespool.projections.hub import Hub
+from framespool.projections.store import Batch, ViewStore
+from framespool.projections.webhooks import delivery_for
+from framespool.schemas import codec
+from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS
 
 log = logging.getLogger(__name__)
 

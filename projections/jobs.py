@@ -34,7 +34,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
-from schemas.events import (
+from framespool.schemas.events import (
     JobAdmitted, JobAssigned, JobCompleted, JobFailed, JobPreempted,
     JobQueued, JobRejected, JobRequeued, JobSpec, JobWaitEstimated, ReportIgnored,
     RunProgress, Shape,

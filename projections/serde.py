@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from projections.cluster import Breaker, CellView
-from projections.jobs import JobView, TimelineEntry
-from schemas.events import GpuStatus, NodeStatus, QueueDepth, Shape
+from framespool.projections.cluster import Breaker, CellView
+from framespool.projections.jobs import JobView, TimelineEntry
+from framespool.schemas.events import GpuStatus, NodeStatus, QueueDepth, Shape
 
 
 def view_to_dict(v: JobView) -> dict[str, Any]:

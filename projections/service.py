@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
-from projections.consumer import ProjectionConsumer
-from projections.hub import Hub
-from projections.store import RocksViewStore, ViewStore
-from projections.webhooks import WebhookConfig, WebhookDispatcher
-from schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS, PROJECTION_STORE
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.hub import Hub
+from framespool.projections.store import RocksViewStore, ViewStore
+from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
+from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS, PROJECTION_STORE
 
 
 @dataclass

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any, Awaitable, Callable, Optional
 
-from projections.hub import Hub, SlowSubscriber
-from projections.jobs import TERMINAL_STATES, JobView, entries_after
-from projections.serde import entry_to_dict
+from framespool.projections.hub import Hub, SlowSubscriber
+from framespool.projections.jobs import TERMINAL_STATES, JobView, entries_after
+from framespool.projections.serde import entry_to_dict
 
 RETRY_MS = 3000
 

@@ -27,9 +27,9 @@ from typing import Iterable, Optional, Protocol
 
 from rocksdict import Options, Rdict, WriteBatch
 
-from projections.cluster import Breaker, CellView, ClusterView
-from projections.jobs import JobView
-from projections.serde import (
+from framespool.projections.cluster import Breaker, CellView, ClusterView
+from framespool.projections.jobs import JobView
+from framespool.projections.serde import (
     breaker_from_dict, breaker_to_dict, cell_from_dict, cell_to_dict, view_from_dict,
     view_to_dict,
 )

@@ -2,22 +2,22 @@
 
 ``lifecycle`` writes the job-events and progress a well-behaved scheduler and
 agent would produce for one job; ``RecordingProducer`` is the fake log
-producer (the real one is ``producers.log.LogProducer``): it keeps what was sent.
+producer (the real one is ``framespool.producers.log.LogProducer``): it keeps what was sent.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from producers.log import Record, partition_for_key
-from projections.jobs import job_id_of
-from schemas import codec
-from schemas.events import (
+from framespool.producers.log import Record, partition_for_key
+from framespool.projections.jobs import job_id_of
+from framespool.schemas import codec
+from framespool.schemas.events import (
     CellStatus, GpuStatus, JobAdmitted, JobAssigned, JobCancelled, JobCompleted, JobFailed,
     JobPreempted, JobQueued, JobRejected, JobRequeued, JobSpec, JobWaitEstimated, NodeSlice,
     NodeStatus, QueueDepth, RunProgress,
 )
-from schemas.topics import JOB_EVENTS, PROGRESS
+from framespool.schemas.topics import JOB_EVENTS, PROGRESS
 
 
 def spec(job_id: str, tenant: str = "acme", **kw: Any) -> JobSpec:

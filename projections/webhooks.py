@@ -39,9 +39,9 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from projections.jobs import (ASSIGNED, CANCELLED, COMPLETED, FAILED, QUEUED, REJECTED, RUNNING,
+from framespool.projections.jobs import (ASSIGNED, CANCELLED, COMPLETED, FAILED, QUEUED, REJECTED, RUNNING,
                               JobView)
-from projections.store import DELIVERED, FAILED as DELIVERY_FAILED, PENDING, Delivery, ViewStore
+from framespool.projections.store import DELIVERED, FAILED as DELIVERY_FAILED, PENDING, Delivery, ViewStore
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class WebhookConfig:
 
     @classmethod
     def for_tenants(cls, secret: bytes, tenants: dict[str, Any], **kw: Any) -> "WebhookConfig":
-        """Per-tenant secrets from ``producers.auth`` tenant policies (``webhook_secret``)."""
+        """Per-tenant secrets from ``framespool.producers.auth`` tenant policies (``webhook_secret``)."""
         secrets = {name: p.webhook_secret.encode() for name, p in tenants.items()
                    if getattr(p, "webhook_secret", "")}
         return cls(secret=secret, tenant_secrets=secrets, **kw)

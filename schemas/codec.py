@@ -44,7 +44,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
-from schemas.events import EVENT_TYPES, NESTED_TYPES
+from framespool.schemas.events import EVENT_TYPES, NESTED_TYPES
 
 AVRO_DIR = Path(__file__).resolve().parent / "avro"
 HISTORY_DIR = AVRO_DIR / "history"
@@ -310,7 +310,7 @@ def encode(event: Any) -> bytes:
     """Single-object encoding of one instance of an ``EVENT_TYPES`` class."""
     enc = _ENCODERS.get(type(event))
     if enc is None:
-        raise TypeError(f"{type(event).__name__} is not an event type in schemas.events")
+        raise TypeError(f"{type(event).__name__} is not an event type in framespool.schemas.events")
     fo = BytesIO()
     fo.write(enc.header)
     try:

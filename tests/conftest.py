@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from framespool.broker import EmbeddedBroker, free_port
-from producers.log import create_topics
-from schemas import topics as catalogue
-from schemas.topics import Topic
+from framespool.producers.log import create_topics
+from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topic
 
 
 class TopicSet:

@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from processors.tools.audit import audit
+    from framespool.processors.tools.audit import audit
 
     config = cell_config_for(args)
     report = audit(read_log_for(args), args.job_id, config)

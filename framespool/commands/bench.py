@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle_core(args: argparse.Namespace) -> int:
-    from processors.bench import bench_core
+    from framespool.processors.bench import bench_core
 
     for flag, value in {"--nodes": args.nodes, "--gpus-per-node": args.gpus_per_node,
                         "--queued": args.queued, "--events": args.events,

@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
 
 
 def client_for(args: argparse.Namespace):
-    from producers.client import Client
+    from framespool.producers.client import Client
 
     url, key = args.url, args.api_key
     if not (url and key):
@@ -77,7 +77,7 @@ def client_for(args: argparse.Namespace):
 
 
 def call(args: argparse.Namespace, fn, *a: Any, **kw: Any) -> Any:
-    from producers.client import ApiError
+    from framespool.producers.client import ApiError
 
     try:
         return fn(*a, **kw)

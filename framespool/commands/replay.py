@@ -49,8 +49,8 @@ def bootstrap_for(args: argparse.Namespace) -> str:
 
 
 def cell_config_for(args: argparse.Namespace) -> Any:
-    from processors.config_file import ConfigError, load_cell_config
-    from processors.core import CellConfig
+    from framespool.processors.config_file import ConfigError, load_cell_config
+    from framespool.processors.core import CellConfig
 
     if args.config is None:
         return CellConfig()
@@ -62,9 +62,9 @@ def cell_config_for(args: argparse.Namespace) -> Any:
 
 def read_log_for(args: argparse.Namespace, cells: Optional[list[int]] = None,
                  commands: bool = True) -> Any:
-    from processors.app import topics_with_suffix
-    from processors.tools.reader import read_log
-    from producers.log import LogError
+    from framespool.processors.app import topics_with_suffix
+    from framespool.processors.tools.reader import read_log
+    from framespool.producers.log import LogError
 
     bootstrap = bootstrap_for(args)
     try:
@@ -92,9 +92,9 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from processors.tools.history import parse_until
-    from processors.tools.replay import replay
-    from schemas.topics import SCHEDULER, partition_of_cell
+    from framespool.processors.tools.history import parse_until
+    from framespool.processors.tools.replay import replay
+    from framespool.schemas.topics import SCHEDULER, partition_of_cell
 
     cells = None
     if args.cell:

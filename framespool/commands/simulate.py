@@ -10,7 +10,7 @@ from framespool.commands import CommandError, end_progress, progress_bar
 
 
 def register(subparsers: Any) -> None:
-    from processors.sim.workload import SYNTHETIC
+    from framespool.processors.sim.workload import SYNTHETIC
     synthetic_names = tuple(SYNTHETIC)
     p = subparsers.add_parser(
         "simulate", help="simulate a workload on a virtual fleet with the real scheduler core",
@@ -82,8 +82,8 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from processors.core import CellConfig
-    from processors import sim
+    from framespool.processors.core import CellConfig
+    from framespool.processors import sim
 
     _check(args)
     try:

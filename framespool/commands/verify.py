@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from processors.tools.verify import verify
+    from framespool.processors.tools.verify import verify
 
     config = cell_config_for(args)
     report = verify(read_log_for(args), config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from .fairshare import Flow
 from .model import Job, Run

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from .config import DEFAULT_TIERS
 

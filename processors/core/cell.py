@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Callable, Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from .accounting import Accounting
 from .config import CellConfig

@@ -8,7 +8,7 @@ flapping GPU does not take and drop work).
 """
 from __future__ import annotations
 
-from schemas.events import GpuHealth
+from framespool.schemas.events import GpuHealth
 
 from .config import CellConfig
 from .model import GPU_DEGRADED, GPU_FAILED, GPU_OK

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from . import lifecycle as lc
 from .model import ASSIGNED, EXITING, RUNNING, STOPPING, Job, Run

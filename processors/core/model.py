@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from schemas.events import JobSpec, NodeSlice
+from framespool.schemas.events import JobSpec, NodeSlice
 
 # Node states
 UP = "UP"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from . import lifecycle as lc
 from .health import classify, is_straggler, next_gpu_state

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from schemas.events import NodeSlice
+from framespool.schemas.events import NodeSlice
 
 from .model import Node
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from .model import RUNNING, Job, Node, Run
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from . import lifecycle as lc
 from .fairshare import Flow

@@ -12,7 +12,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from processors.core import CellConfig, TierConfig
+from framespool.processors.core import CellConfig, TierConfig
 
 from .engine import SimOptions, Simulation
 from .policies import POLICIES, Policy, parse_policies

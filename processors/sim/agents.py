@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from .fleet import SimNode, SimRun, checkpoint_uri, unit, work_done_in
 from .kinds import CELL, CHECKPOINT, HEARTBEAT, NODE_FAIL, NODE_REPAIR, RUN_END

@@ -36,8 +36,8 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from processors.core import Cell, CellConfig
-from schemas import events as ev
+from framespool.processors.core import Cell, CellConfig
+from framespool.schemas import events as ev
 
 from .agents import Agents
 from .fleet import SimJob, SimNode, SimRun

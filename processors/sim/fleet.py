@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from .workload import TraceJob
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 from .fleet import SimJob, SimRun
 from .workload import idx_of

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from processors.core import CellConfig, TenantConfig, TierConfig
+from framespool.processors.core import CellConfig, TenantConfig, TierConfig
 
 PRIORITY_BASE = 1000.0
 FIFO = "fifo"

@@ -3,7 +3,7 @@
 Each tool is pure logic over records and decoded events (``history``,
 ``replay``, ``audit``, ``verify``, ``ledger``) plus one thin reader
 (``reader``) that fetches the topics and the processors' committed positions.
-The scheduler's own fold (``processors.scheduler.SchedulerFold``: decode,
+The scheduler's own fold (``framespool.processors.scheduler.SchedulerFold``: decode,
 ``Cell.apply`` at position ``cell-<p>@<offset>``, route) is what re-folds the
 log, so a tool can never disagree with the processor about what an input means.
 """

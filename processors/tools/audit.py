@@ -1,6 +1,6 @@
 """``audit JOB``: a job's timeline with reasons, and why a waiting job still waits.
 
-:func:`explain_wait` is a pure query of a re-folded :class:`~processors.core.Cell`:
+:func:`explain_wait` is a pure query of a re-folded :class:`~framespool.processors.core.Cell`:
 it asks the core's own predicates (``node_filter``, ``index.find``,
 ``cap_hit``, ``guarantees_allow``, ``index.earliest_fit``) the questions a
 scheduling pass asks, so the answer is the scheduler's, not a second opinion.
@@ -13,12 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from processors.core import Cell, CellConfig
-from processors.core import lifecycle as lc
-from processors.core.model import DOWN, GPU_OK, Job, Node
-from processors.tools.history import LogContents, Refold, decode_all, event_dict, parse_position
-from processors.tools.timeline import Entry, job_timeline
-from schemas import events as ev
+from framespool.processors.core import Cell, CellConfig
+from framespool.processors.core import lifecycle as lc
+from framespool.processors.core.model import DOWN, GPU_OK, Job, Node
+from framespool.processors.tools.history import LogContents, Refold, decode_all, event_dict, parse_position
+from framespool.processors.tools.timeline import Entry, job_timeline
+from framespool.schemas import events as ev
 
 
 # --------------------------------------------------------------------------

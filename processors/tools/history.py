@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from processors.core import Cell, CellConfig
-from processors.routing import PROCESSING_ERROR, Outgoing
-from processors.scheduler import SchedulerFold
-from producers.log import Record
-from schemas import codec
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.processors.core import Cell, CellConfig
+from framespool.processors.routing import PROCESSING_ERROR, Outgoing
+from framespool.processors.scheduler import SchedulerFold
+from framespool.producers.log import Record
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 
 _POSITION = re.compile(r"^(cell-\d+)@(\d+)/(\d+)$")
 

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from processors.tools.history import parse_position
-from schemas import events as ev
+from framespool.processors.tools.history import parse_position
+from framespool.schemas import events as ev
 
 RUN_REPORTS = (ev.RunStarted, ev.RunCheckpointed, ev.RunCompleted, ev.RunFailed, ev.RunStopped)
 RUN_ENDS = (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobRequeued, ev.JobPreempted)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from processors.tools.history import LogContents
-from producers.log import LogConsumer, LogError, read_all
-from schemas import topics as catalogue
+from framespool.processors.tools.history import LogContents
+from framespool.producers.log import LogConsumer, LogError, read_all
+from framespool.schemas import topics as catalogue
 
 
 def committed_positions(bootstrap: str, group: str, topic: str, partitions: int,
@@ -34,7 +34,7 @@ def read_log(bootstrap: str, topics: Any = catalogue, *, cells: Optional[Iterabl
     """Everything the tools need, in the order of the module docstring.
 
     ``cells``: scheduler partitions to read (all when None). ``group_suffix``
-    names the processors' groups as ``python -m processors --topic-suffix`` does.
+    names the processors' groups as ``python -m framespool.processors --topic-suffix`` does.
     """
     suffix = f".{group_suffix}" if group_suffix else ""
     parts = sorted(cells) if cells is not None else None

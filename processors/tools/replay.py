@@ -27,13 +27,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from processors.core import CellConfig
-from processors.tools.history import (
+from framespool.processors.core import CellConfig
+from framespool.processors.tools.history import (
     LogContents, Refold, Until, decode_all, diff_fields, event_dict, parse_position,
 )
-from producers.log import Record
-from schemas import codec
-from schemas import topics as catalogue
+from framespool.producers.log import Record
+from framespool.schemas import codec
+from framespool.schemas import topics as catalogue
 
 MISSING, DIFFERING, UNEXPECTED = "missing", "differing", "unexpected"
 

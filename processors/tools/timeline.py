@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from processors.tools.history import Decoded, event_dict, fmt_ms, job_of, parse_position
-from schemas import events as ev
+from framespool.processors.tools.history import Decoded, event_dict, fmt_ms, job_of, parse_position
+from framespool.schemas import events as ev
 
 SOURCES = {
     ev.SubmitJob: "user", ev.CancelJob: "user", ev.JobAdmitted: "admission",

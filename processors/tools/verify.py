@@ -26,13 +26,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from processors.core import Cell, CellConfig
-from processors.core.model import STOPPING
-from processors.tools.history import LogContents, Refold, decode_all, parse_position
-from processors.tools.ledger import (
+from framespool.processors.core import Cell, CellConfig
+from framespool.processors.core.model import STOPPING
+from framespool.processors.tools.history import LogContents, Refold, decode_all, parse_position
+from framespool.processors.tools.ledger import (
     RUN_ENDS, Violation, check_cell_history, first_terminal_violations,
 )
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 EXAMPLES_PER_KIND = 20
 

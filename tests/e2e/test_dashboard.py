@@ -25,7 +25,7 @@ import pytest
 
 from framespool.broker import free_port
 from framespool.stack import Stack, StackConfig
-from producers.client import Client
+from framespool.producers.client import Client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

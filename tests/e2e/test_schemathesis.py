@@ -27,15 +27,15 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance, status_code_conformance,
 )
 
-from agents.artifacts import LocalDirStore
+from framespool.agents.artifacts import LocalDirStore
 from framespool.broker import free_port
-from producers import openapi
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, TenantPolicy, record_for
-from projections import cluster
-from projections.jobs import fold
-from projections.store import Batch, InMemoryViewStore
-from projections.testing import RecordingProducer, cell_status, lifecycle
+from framespool.producers import openapi
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.projections import cluster
+from framespool.projections.jobs import fold
+from framespool.projections.store import Batch, InMemoryViewStore
+from framespool.projections.testing import RecordingProducer, cell_status, lifecycle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -20,7 +20,7 @@ import pytest
 
 from framespool.broker import free_port
 from framespool.stack import Stack, StackConfig
-from producers.client import ApiError, Client
+from framespool.producers.client import ApiError, Client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -104,7 +104,7 @@ def test_cancel_queued_and_running_jobs_releases_gpus(stack):
         time.sleep(0.5)
     assert totals.get("busy") == 0, totals
     # this stack's generators only (their output paths are under its data dir)
-    generators = subprocess.run(["pgrep", "-f", f"agents.demo_generator.*{stack.data_dir}"],
+    generators = subprocess.run(["pgrep", "-f", f"framespool.agents.demo_generator.*{stack.data_dir}"],
                                 capture_output=True, text=True).stdout.split()
     assert generators == []
 

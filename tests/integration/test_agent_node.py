@@ -20,17 +20,17 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from agents.agent import NodeAgent
-from agents.artifacts import LocalDirStore, S3Store
-from agents.gpus import SimulatedProbe
-from agents.profiles import load_profiles
-from producers.log import LogConsumer, LogProducer, Record, partition_for_key
-from schemas.codec import decode, encode
-from schemas.events import (
+from framespool.agents.agent import NodeAgent
+from framespool.agents.artifacts import LocalDirStore, S3Store
+from framespool.agents.gpus import SimulatedProbe
+from framespool.agents.profiles import load_profiles
+from framespool.producers.log import LogConsumer, LogProducer, Record, partition_for_key
+from framespool.schemas.codec import decode, encode
+from framespool.schemas.events import (
     CheckpointRun, JobSpec, NodeHeartbeat, NodeRegistered, RunCheckpointed, RunCompleted, RunFailed,
     RunProgress, RunStarted, RunStopped, StartRun, StopRun,
 )
-from schemas.topics import partition_of_cell
+from framespool.schemas.topics import partition_of_cell
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -332,12 +332,12 @@ def test_unknown_model_and_hung_generator_fail_with_their_class(kafka_bootstrap,
 
 AGENT_SCRIPT = """
 import asyncio, sys, types
-from agents.agent import NodeAgent
-from agents.artifacts import LocalDirStore
-from agents.gpus import SimulatedProbe
-from agents.profiles import load_profiles
-from schemas import topics as catalogue
-from schemas.topics import Topic
+from framespool.agents.agent import NodeAgent
+from framespool.agents.artifacts import LocalDirStore
+from framespool.agents.gpus import SimulatedProbe
+from framespool.agents.profiles import load_profiles
+from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topic
 
 bootstrap, suffix, node, root = sys.argv[1:5]
 topics = types.SimpleNamespace(**{
@@ -358,7 +358,7 @@ def generator_pids(marker: str) -> list[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"agents.demo_generator" in cmdline and marker.encode() in cmdline and alive(int(entry)):
+            if b"framespool.agents.demo_generator" in cmdline and marker.encode() in cmdline and alive(int(entry)):
                 pids.append(int(entry))
     return pids
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from agents.artifact_contract import BIG, ArtifactStoreContract
-from agents.artifacts import S3Store, output_key
+from framespool.agents.artifact_contract import BIG, ArtifactStoreContract
+from framespool.agents.artifacts import S3Store, output_key
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from framespool.broker import BrokerError, EmbeddedBroker, free_port
-from producers.log import LogProducer, read_all
-from schemas.topics import ALL_TOPICS, Topic
+from framespool.producers.log import LogProducer, read_all
+from framespool.schemas.topics import ALL_TOPICS, Topic
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """A node crash mid-run: the run resumes from its last checkpoint on another node.
 
 Two agents; a checkpointing job runs on one of them; that agent and its
-generator are SIGKILLed (``agents.faults.crash_node``). The scheduler declares
+generator are SIGKILLed (``framespool.agents.faults.crash_node``). The scheduler declares
 the node DOWN after its heartbeat timeout, requeues the job with the last
 checkpoint, and places run 2 on the other node resuming from it.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from agents import faults
+from framespool.agents import faults
 from framespool.chaos import Timing
 from framespool.chaos_run import LogTail, chaos_stack
-from producers.client import Client
-from schemas import events as ev
+from framespool.producers.client import Client
+from framespool.schemas import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from framespool.chaos_run import LogTail, chaos_stack
-from producers.client import Client
-from schemas import events as ev
+from framespool.producers.client import Client
+from framespool.schemas import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

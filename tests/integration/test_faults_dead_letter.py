@@ -13,10 +13,10 @@ import pytest
 
 from framespool.chaos import dead_letter_check, malformed_records
 from framespool.chaos_run import LogTail, chaos_stack
-from producers.client import Client
-from producers.log import LogProducer
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.producers.client import Client
+from framespool.producers.log import LogProducer
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

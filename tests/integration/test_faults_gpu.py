@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from agents import faults
+from framespool.agents import faults
 from framespool.chaos_run import LogTail, chaos_stack, restart_process
-from producers.client import Client
-from schemas import events as ev
+from framespool.producers.client import Client
+from framespool.schemas import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from agents import faults
+from framespool.agents import faults
 from framespool.chaos import Timing
 from framespool.chaos_run import LogTail, chaos_stack
-from producers.client import Client
-from schemas import events as ev
+from framespool.producers.client import Client
+from framespool.schemas import events as ev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
-from processors.clock import Clock, ticks
-from producers.log import LogProducer, read_all
-from schemas import codec
-from schemas import events as ev
+from framespool.processors.clock import Clock, ticks
+from framespool.producers.log import LogProducer, read_all
+from framespool.schemas import codec
+from framespool.schemas import events as ev
 
 
 def test_a_round_has_one_tick_per_cell_with_a_deterministic_id():

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from processors.core import CellConfig
-from processors.core.admission import AdmissionConfig, RateLimit
-from producers.log import LogConsumer, LogProducer, partition_for_key, read_all
-from schemas import codec
-from schemas import events as ev
+from framespool.processors.core import CellConfig
+from framespool.processors.core.admission import AdmissionConfig, RateLimit
+from framespool.producers.log import LogConsumer, LogProducer, partition_for_key, read_all
+from framespool.schemas import codec
+from framespool.schemas import events as ev
 from tests.integration.test_processors_support import (
     T0, admitted, decoded, in_process, produce, produce_to_cells, register, tick, wait_for,
 )

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from processors.core import CellConfig
-from processors.snapshots import SnapshotStore
-from producers.log import read_all
+from framespool.processors.core import CellConfig
+from framespool.processors.snapshots import SnapshotStore
+from framespool.producers.log import read_all
 from tests.integration.test_processors_support import (
     REPO, InProcess, actual_outputs, cell_workload, expected_outputs, in_process, produce,
     subprocess_processor,
@@ -120,7 +120,7 @@ def test_sigkill_mid_stream_then_restart(kafka_bootstrap, fresh_topics, tmp_path
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "processors", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "framespool.processors", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,7 +1,7 @@
 """Helpers for the processor integration tests (this module holds no tests).
 
 Processors run in-process (a thread each, :class:`InProcess`) or as
-``python -m processors`` subprocesses (:class:`Subprocess`); both are always
+``python -m framespool.processors`` subprocesses (:class:`Subprocess`); both are always
 stopped by their context managers. Short group timeouts (2000 ms session,
 500 ms heartbeats) keep joins at ~1 s on the embedded broker.
 """
@@ -18,17 +18,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from processors.admission import AdmissionFold
-from processors.app import ProcessorRunner
-from processors.core import Cell, CellConfig
-from processors.core.admission import AdmissionConfig
-from processors.routing import encode_outputs
-from processors.scheduler import SchedulerFold
-from processors.snapshots import SnapshotStore, StatefulProcessor
-from producers.log import LogProducer, Record, read_all
-from schemas import codec
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.processors.admission import AdmissionFold
+from framespool.processors.app import ProcessorRunner
+from framespool.processors.core import Cell, CellConfig
+from framespool.processors.core.admission import AdmissionConfig
+from framespool.processors.routing import encode_outputs
+from framespool.processors.scheduler import SchedulerFold
+from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
+from framespool.producers.log import LogProducer, Record, read_all
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION_MS, HEARTBEAT_MS = 2000, 500
@@ -95,14 +95,14 @@ def in_process(*args: Any, **kwargs: Any):
 
 
 class Subprocess:
-    """``python -m processors ROLE ...``; stderr goes to a file for the failure message."""
+    """``python -m framespool.processors ROLE ...``; stderr goes to a file for the failure message."""
 
     def __init__(self, role: str, bootstrap: str, suffix: str, data_dir: Path, *extra: str,
                  log_dir: Path) -> None:
         self.log_path = log_dir / f"{role}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processors", role, "--bootstrap", bootstrap,
+            [sys.executable, "-m", "framespool.processors", role, "--bootstrap", bootstrap,
              "--data-dir", str(data_dir), "--topic-suffix", suffix,
              "--session-timeout-ms", str(SESSION_MS), "--heartbeat-interval-ms",
              str(HEARTBEAT_MS), *extra],

@@ -8,13 +8,13 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, record_for
-from producers.log import LogProducer, read_all
-from projections.service import ProjectionService
-from projections.testing import key_of, lifecycle
-from schemas import codec
-from schemas.events import JobAdmitted, RunProgress, SubmitJob
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, record_for
+from framespool.producers.log import LogProducer, read_all
+from framespool.projections.service import ProjectionService
+from framespool.projections.testing import key_of, lifecycle
+from framespool.schemas import codec
+from framespool.schemas.events import JobAdmitted, RunProgress, SubmitJob
 
 pytestmark = pytest.mark.integration
 KEY = "acme-key.secret"

@@ -6,13 +6,13 @@ from collections import Counter
 
 import pytest
 
-from producers.log import LogProducer, read_all
-from projections.consumer import ProjectionConsumer
-from projections.jobs import COMPLETED, FAILED, fold
-from projections.store import RocksViewStore
-from projections.testing import cell_status, key_of, lifecycle
-from schemas import codec
-from schemas.events import RunProgress
+from framespool.producers.log import LogProducer, read_all
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.jobs import COMPLETED, FAILED, fold
+from framespool.projections.store import RocksViewStore
+from framespool.projections.testing import cell_status, key_of, lifecycle
+from framespool.schemas import codec
+from framespool.schemas.events import RunProgress
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,11 @@ import pytest
 import framespool.cli as cli
 from framespool.broker import free_port
 from framespool.stack import Stack, StackConfig
-from producers.client import Client
-from producers.log import LogProducer, partition_for_key, read_all
-from schemas import codec
-from schemas import events as ev
-from schemas.topics import JOB_EVENTS
+from framespool.producers.client import Client
+from framespool.producers.log import LogProducer, partition_for_key, read_all
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas.topics import JOB_EVENTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from processors.core import Cell, CellConfig
-from schemas import events as ev
+from framespool.processors.core import Cell, CellConfig
+from framespool.schemas import events as ev
 
 TERMINAL = (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobRejected)
 

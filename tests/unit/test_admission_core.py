@@ -6,11 +6,11 @@ from collections import Counter
 
 import pytest
 
-from processors.core.admission import (
+from framespool.processors.core.admission import (
     INVALID_TIER, NO_MATCHING_CELL, RATE_LIMITED, AdmissionConfig, AdmissionState, CellCommand,
     RateLimit, rendezvous,
 )
-from schemas import events as ev
+from framespool.schemas import events as ev
 
 T0 = 1_700_000_000_000
 

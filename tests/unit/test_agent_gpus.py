@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from agents.gpus import GpuProbe, NvmlProbe, SimulatedProbe, detect_probe, gpu_type_from_name, with_warm_models
+from framespool.agents.gpus import GpuProbe, NvmlProbe, SimulatedProbe, detect_probe, gpu_type_from_name, with_warm_models
 
 
 def test_simulated_probe_is_healthy_by_default_and_deterministic():

@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.ledger import Action, ProgressThrottle, RunLedger, RunState, StepRate
-from schemas.events import CheckpointRun, JobSpec, StartRun, StopRun
+from framespool.agents.ledger import Action, ProgressThrottle, RunLedger, RunState, StepRate
+from framespool.schemas.events import CheckpointRun, JobSpec, StartRun, StopRun
 
 NODE, INC = "node-a", 7
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agents.profiles import ModelProfile, ProfileError, demo_profile, load_profiles
+from framespool.agents.profiles import ModelProfile, ProfileError, demo_profile, load_profiles
 
 VALUES = dict(prompt="a cat", out="/o/out.mp4", params_json='{"a": "1"}', checkpoint_dir="/ck",
               time_scale="1.0", gpus="0,1", job_id="j", run="2")
@@ -48,7 +48,7 @@ def test_fields_load_from_dict():
 def test_demo_profile_runs_this_interpreter():
     p = demo_profile()
     argv = p.argv(resume_from="/ck/1", **VALUES)
-    assert argv[:3] == [sys.executable, "-m", "agents.demo_generator"]
+    assert argv[:3] == [sys.executable, "-m", "framespool.agents.demo_generator"]
     assert argv[-2:] == ["--resume-from", "/ck/1"]
     assert p.output_name == "output.gif" and p.content_type == "image/gif"
 

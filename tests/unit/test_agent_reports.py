@@ -1,11 +1,11 @@
 """What an agent reports: dedupable ids, valid events, monotonic incarnations."""
 from __future__ import annotations
 
-from agents import reports
-from agents.agent import next_incarnation
-from agents.gpus import SimulatedProbe
-from schemas.codec import decode, encode
-from schemas.events import RunReport
+from framespool.agents import reports
+from framespool.agents.agent import next_incarnation
+from framespool.agents.gpus import SimulatedProbe
+from framespool.schemas.codec import decode, encode
+from framespool.schemas.events import RunReport
 
 
 def test_lifecycle_reports_have_deterministic_ids():

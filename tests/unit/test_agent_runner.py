@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.demo_generator import EXIT_INJECTED_FAILURE
-from agents.profiles import ModelProfile, demo_profile
-from agents.runner import COMPLETED, FAILED, HUNG, STOPPED, LaunchError, Runner
+from framespool.agents.demo_generator import EXIT_INJECTED_FAILURE
+from framespool.agents.profiles import ModelProfile, demo_profile
+from framespool.agents.runner import COMPLETED, FAILED, HUNG, STOPPED, LaunchError, Runner
 
 
 def alive(pid: int) -> bool:

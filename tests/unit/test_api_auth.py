@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from producers.auth import (ApiKeys, TenantPolicy, key_id_of, new_key, record_for,
+from framespool.producers.auth import (ApiKeys, TenantPolicy, key_id_of, new_key, record_for,
                             record_to_config, token_from_headers)
 
 

@@ -8,16 +8,16 @@ import urllib.request
 import pytest
 from aiohttp import web
 
-from agents.artifacts import LocalDirStore
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, record_for
-from producers.client import ApiError, Client
-from projections.consumer import ProjectionConsumer
-from projections.hub import Hub
-from projections.store import InMemoryViewStore
-from projections.testing import RecordingProducer, lifecycle, records_for
-from schemas import codec
-from schemas.events import JobAdmitted, SubmitJob
+from framespool.agents.artifacts import LocalDirStore
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, record_for
+from framespool.producers.client import ApiError, Client
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.hub import Hub
+from framespool.projections.store import InMemoryViewStore
+from framespool.projections.testing import RecordingProducer, lifecycle, records_for
+from framespool.schemas import codec
+from framespool.schemas.events import JobAdmitted, SubmitJob
 
 KEY = "acme-key.secret"
 

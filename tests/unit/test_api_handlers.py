@@ -10,17 +10,17 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from agents.artifacts import LocalDirStore
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, TenantPolicy, record_for
-from projections.consumer import ProjectionConsumer
-from projections.store import Batch, InMemoryViewStore
-from projections.testing import RecordingProducer, cell_status, lifecycle, records_for
-from projections import cluster
-from projections.jobs import fold
-from schemas import codec
-from schemas.events import CancelJob, JobAdmitted, JobQueued, SubmitJob
-from schemas.topics import COMMANDS
+from framespool.agents.artifacts import LocalDirStore
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.store import Batch, InMemoryViewStore
+from framespool.projections.testing import RecordingProducer, cell_status, lifecycle, records_for
+from framespool.projections import cluster
+from framespool.projections.jobs import fold
+from framespool.schemas import codec
+from framespool.schemas.events import CancelJob, JobAdmitted, JobQueued, SubmitJob
+from framespool.schemas.topics import COMMANDS
 
 ALICE, BOB = "acme-key.alice-secret", "globex-key.bob-secret"
 BODY = {"prompt": "a red fox in the snow", "model": "demo",

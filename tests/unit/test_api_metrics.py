@@ -8,16 +8,16 @@ import re
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, record_for
-from producers.metrics import ProjectionCollector, PublishTap, projection_parts
-from projections import cluster
-from projections.consumer import ProjectionConsumer
-from projections.hub import Hub
-from projections.store import Batch, InMemoryViewStore
-from projections.testing import RecordingProducer, cell_status, lifecycle, records_for
-from projections.webhooks import WebhookConfig, WebhookDispatcher
-from schemas.events import NodeStateChanged
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, record_for
+from framespool.producers.metrics import ProjectionCollector, PublishTap, projection_parts
+from framespool.projections import cluster
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.hub import Hub
+from framespool.projections.store import Batch, InMemoryViewStore
+from framespool.projections.testing import RecordingProducer, cell_status, lifecycle, records_for
+from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
+from framespool.schemas.events import NodeStateChanged
 
 
 def sample(text: str, name: str, **labels: str) -> float:

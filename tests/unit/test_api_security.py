@@ -16,15 +16,15 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from agents.artifacts import LocalDirStore
-from producers.jsonlog import JsonFormatter
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, TenantPolicy, record_for
-from projections.jobs import fold
-from projections.store import Batch, InMemoryViewStore
-from projections.testing import RecordingProducer, lifecycle
-from projections.webhooks import TargetPolicy
-from schemas.topics import COMMANDS
+from framespool.agents.artifacts import LocalDirStore
+from framespool.producers.jsonlog import JsonFormatter
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.projections.jobs import fold
+from framespool.projections.store import Batch, InMemoryViewStore
+from framespool.projections.testing import RecordingProducer, lifecycle
+from framespool.projections.webhooks import TargetPolicy
+from framespool.schemas.topics import COMMANDS
 
 KEY = "acme-key.alice-secret-do-not-log"
 BODY = {"prompt": "a red fox", "model": "demo"}

@@ -6,12 +6,12 @@ import json
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, record_for
-from projections.consumer import ProjectionConsumer
-from projections.hub import Hub
-from projections.store import InMemoryViewStore
-from projections.testing import RecordingProducer, lifecycle, records_for
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, record_for
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.hub import Hub
+from framespool.projections.store import InMemoryViewStore
+from framespool.projections.testing import RecordingProducer, lifecycle, records_for
 
 ALICE, BOB = "acme-key.alice", "globex-key.bob"
 H = {"Authorization": f"Bearer {ALICE}"}

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from producers.auth import TenantPolicy
-from producers.validation import Limits, ValidationError, validate_submit
-from projections.webhooks import TargetPolicy
-from schemas.events import JobSpec, Shape
+from framespool.producers.auth import TenantPolicy
+from framespool.producers.validation import Limits, ValidationError, validate_submit
+from framespool.projections.webhooks import TargetPolicy
+from framespool.schemas.events import JobSpec, Shape
 
 POLICY = TenantPolicy(("enterprise", "free"), "free")
 GOOD = {"prompt": "a red fox in the snow", "model": "demo",

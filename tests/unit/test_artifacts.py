@@ -5,8 +5,8 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import pytest
 
-from agents.artifact_contract import ArtifactStoreContract
-from agents.artifacts import InvalidKey, LocalDirStore, output_key
+from framespool.agents.artifact_contract import ArtifactStoreContract
+from framespool.agents.artifacts import InvalidKey, LocalDirStore, output_key
 
 SECRET = b"test-secret"
 

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from framespool.cli import main
-from processors.bench import bench_placement
+from framespool.processors.bench import bench_placement
 
 
 def test_bench_core_writes_the_json_keys(tmp_path: Path, capsys) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from agents.faults import FaultFileProbe, write_gpu_faults
-from agents.gpus import SimulatedProbe
+from framespool.agents.faults import FaultFileProbe, write_gpu_faults
+from framespool.agents.gpus import SimulatedProbe
 from framespool import chaos
-from schemas import events as ev
-from schemas import topics as catalogue
-from schemas.events import NodeSlice
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
+from framespool.schemas.events import NodeSlice
 
 
 # -- the plan -----------------------------------------------------------------------

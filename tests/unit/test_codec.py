@@ -15,9 +15,9 @@ from fastavro.schema import to_parsing_canonical_form
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import codec
-from schemas import events as ev
-from schemas.codec import DecodeError, decode, encode, event_type_name
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas.codec import DecodeError, decode, encode, event_type_name
 
 AVRO_DIR = Path(codec.__file__).resolve().parent / "avro"
 LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)

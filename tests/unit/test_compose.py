@@ -74,10 +74,10 @@ def test_dockerfile_pins_its_base_copies_every_package_and_drops_root():
     text = DOCKERFILE.read_text()
     base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
     assert PINNED.match(base) and re.search(r":\d+\.\d+\.\d+", base), base
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"]["find"]["include"]
-    for package in {p.split(".")[0] for p in packages}:
-        assert re.search(rf"^COPY {package} \./{package}$", text, re.M), package
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"].values()
+    for folder in set(folders):
+        assert re.search(rf"^COPY {folder} \./{folder}$", text, re.M), folder
     assert re.search(r"^COPY compose \./compose$", text, re.M)
     user = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert user and user[-1] not in ("root", "0")
@@ -89,14 +89,14 @@ def test_dockerfile_pins_its_base_copies_every_package_and_drops_root():
 # Commands: real modules, real flags
 # ----------------------------------------------------------------------------
 def test_every_framespool_command_parses_with_the_real_argument_parsers(services):
-    from processors.__main__ import parse_args as processors_args
+    from framespool.processors.__main__ import parse_args as processors_args
 
     scripts = {"compose/init_stack.py": load_script("init_stack").parse_args}
     seen = set()
     for name, service in ours(services).items():
         cmd = service["command"]
         assert cmd[0] == "python", name
-        if cmd[1:3] == ["-m", "processors"]:
+        if cmd[1:3] == ["-m", "framespool.processors"]:
             args = processors_args(cmd[3:])           # SystemExit on an unknown flag
             assert args.role in ("admission", "scheduler", "clock")
             seen.add(args.role)
@@ -232,7 +232,7 @@ def test_compose_cli_accepts_the_file():
 # The scripts Compose runs
 # ----------------------------------------------------------------------------
 def test_init_writes_settings_the_services_can_read(tmp_path):
-    from producers.auth import ApiKeys
+    from framespool.producers.auth import ApiKeys
 
     init = load_script("init_stack")
     _, auth, plain = init.tenant_config("acme:enterprise,hobby:free")

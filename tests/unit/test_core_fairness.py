@@ -17,7 +17,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.core import CellConfig
+from framespool.processors.core import CellConfig
 from tests.unit.core_harness import Harness
 
 

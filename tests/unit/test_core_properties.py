@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import events as ev
+from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness, state_digest
 
 SHAPES = [(1, 8), (2, 8), (4, 8), (8, 8), (16, 8), (3, 4)]

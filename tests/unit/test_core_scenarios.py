@@ -1,8 +1,8 @@
 """Example-based tests of each scheduling policy of the cell core, one behaviour each."""
 from __future__ import annotations
 
-from processors.core import CellConfig, TenantConfig
-from schemas import events as ev
+from framespool.processors.core import CellConfig, TenantConfig
+from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
 
 
@@ -290,7 +290,7 @@ def test_wait_estimate_grows_with_backlog_ahead():
 
 
 def test_nodes_registered_before_the_first_tick_are_not_expired_by_it():
-    from processors.core import Cell
+    from framespool.processors.core import Cell
 
     cell = Cell(cfg())
     cell.apply(ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n1", incarnation=1,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from agents.demo_generator import (
+from framespool.agents.demo_generator import (
     EXIT_INJECTED_FAILURE, EXIT_TERMINATED, EXIT_USAGE, Generator, parse_args, settings,
 )
 
@@ -22,7 +22,7 @@ ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPAT
 
 
 def gen_cmd(out: Path, *args: str, prompt: str = "a fox in the snow") -> list[str]:
-    return [sys.executable, "-m", "agents.demo_generator", "--prompt", prompt, "--out", str(out), *args]
+    return [sys.executable, "-m", "framespool.agents.demo_generator", "--prompt", prompt, "--out", str(out), *args]
 
 
 def run_gen(out: Path, *args: str, timeout: float = 15) -> tuple[int, list[dict], str]:

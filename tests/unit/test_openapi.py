@@ -9,16 +9,16 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
-from producers import openapi
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, TenantPolicy, record_for
-from producers.validation import FIELDS, Limits, ValidationError, validate_submit
-from projections.jobs import STATES
-from projections.serde import public_job
-from projections.store import InMemoryViewStore
-from projections import cluster
-from projections.jobs import fold
-from projections.testing import RecordingProducer, cell_status, lifecycle
+from framespool.producers import openapi
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.producers.validation import FIELDS, Limits, ValidationError, validate_submit
+from framespool.projections.jobs import STATES
+from framespool.projections.serde import public_job
+from framespool.projections.store import InMemoryViewStore
+from framespool.projections import cluster
+from framespool.projections.jobs import fold
+from framespool.projections.testing import RecordingProducer, cell_status, lifecycle
 
 KEY = "acme-key.alice-secret"
 

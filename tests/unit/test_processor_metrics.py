@@ -6,8 +6,8 @@ import urllib.request
 from types import SimpleNamespace
 
 from framespool.broker import free_port
-from processors.app import Counters
-from processors.metrics import RunnerCollector, serve
+from framespool.processors.app import Counters
+from framespool.processors.metrics import RunnerCollector, serve
 
 
 def test_counters_are_served_as_prometheus_metrics():

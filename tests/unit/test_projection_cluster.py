@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 
-from projections import cluster
-from projections.serde import cell_from_dict, cell_to_dict
-from projections.testing import cell_status
-from schemas.events import BreakerTripped, NodeStateChanged, Tick
+from framespool.projections import cluster
+from framespool.projections.serde import cell_from_dict, cell_to_dict
+from framespool.projections.testing import cell_status
+from framespool.schemas.events import BreakerTripped, NodeStateChanged, Tick
 
 
 def test_latest_status_per_cell_is_the_view_and_totals_add_up():

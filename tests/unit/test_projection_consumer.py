@@ -5,15 +5,15 @@ import asyncio
 
 import pytest
 
-from producers.log import Record
-from projections.consumer import UNEXPECTED_TYPE, ProjectionConsumer
-from projections.hub import Hub
-from projections.jobs import COMPLETED, fold
-from projections.store import InMemoryViewStore, RocksViewStore
-from projections.testing import RecordingProducer, cell_status, lifecycle, records_for
-from schemas import codec
-from schemas.events import Tick
-from schemas.topics import DEAD_LETTER, JOB_EVENTS
+from framespool.producers.log import Record
+from framespool.projections.consumer import UNEXPECTED_TYPE, ProjectionConsumer
+from framespool.projections.hub import Hub
+from framespool.projections.jobs import COMPLETED, fold
+from framespool.projections.store import InMemoryViewStore, RocksViewStore
+from framespool.projections.testing import RecordingProducer, cell_status, lifecycle, records_for
+from framespool.schemas import codec
+from framespool.schemas.events import Tick
+from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS
 
 
 def to_records(events):

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from projections.hub import Hub, SlowSubscriber
-from projections.jobs import fold
-from projections.sse import format_event, parse_last_event_id, parse_stream, stream_job
-from projections.testing import lifecycle
+from framespool.projections.hub import Hub, SlowSubscriber
+from framespool.projections.jobs import fold
+from framespool.projections.sse import format_event, parse_last_event_id, parse_stream, stream_job
+from framespool.projections.testing import lifecycle
 
 
 def test_publish_reaches_every_subscriber_of_the_key_only():

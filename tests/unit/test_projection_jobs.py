@@ -10,12 +10,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from projections import jobs
-from projections.jobs import (ASSIGNED, CANCELLED, COMPLETED, FAILED, QUEUED, REJECTED, RUNNING,
+from framespool.projections import jobs
+from framespool.projections.jobs import (ASSIGNED, CANCELLED, COMPLETED, FAILED, QUEUED, REJECTED, RUNNING,
                               SUBMITTED, TIMELINE_MAX, apply, entries_after, fold, submitted_view)
-from projections.serde import public_job, view_from_dict, view_to_dict
-from projections.testing import lifecycle, spec
-from schemas.events import (JobAssigned, JobCancelled, JobCompleted, JobQueued, JobWaitEstimated,
+from framespool.projections.serde import public_job, view_from_dict, view_to_dict
+from framespool.projections.testing import lifecycle, spec
+from framespool.schemas.events import (JobAssigned, JobCancelled, JobCompleted, JobQueued, JobWaitEstimated,
                             NodeSlice, ReportIgnored, RunProgress, SubmitJob, Tick)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,8 +201,8 @@ def test_spec_fingerprint_ignores_ids_and_time():
 # Purity
 # --------------------------------------------------------------------------
 PURE_MODULES = ("projections/jobs.py", "projections/cluster.py")
-ALLOWED = {"__future__", "dataclasses", "typing", "hashlib", "json", "schemas.events",
-           "projections.jobs", "projections.cluster"}
+ALLOWED = {"__future__", "dataclasses", "typing", "hashlib", "json", "framespool.schemas.events",
+           "framespool.projections.jobs", "framespool.projections.cluster"}
 
 
 def test_pure_folds_import_nothing_that_does_io():
@@ -220,7 +220,7 @@ def test_pure_folds_import_nothing_that_does_io():
 
 
 def test_importing_the_folds_loads_no_io_libraries():
-    code = ("import sys, projections.jobs, projections.cluster;"
+    code = ("import sys, framespool.projections.jobs, framespool.projections.cluster;"
             "bad = {'asyncio','aiohttp','rocksdict','confluent_kafka','socket','random','uuid'}"
             " & set(sys.modules); print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from projections import cluster
-from projections.jobs import COMPLETED, QUEUED, RUNNING, fold, submitted_view
-from projections.store import (DELIVERED, PENDING, Batch, Delivery, InMemoryViewStore,
+from framespool.projections import cluster
+from framespool.projections.jobs import COMPLETED, QUEUED, RUNNING, fold, submitted_view
+from framespool.projections.store import (DELIVERED, PENDING, Batch, Delivery, InMemoryViewStore,
                                RocksViewStore)
-from projections.testing import cell_status, lifecycle, spec
+from framespool.projections.testing import cell_status, lifecycle, spec
 
 
 @pytest.fixture(params=["rocksdict", "memory"])

@@ -9,12 +9,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.api import ApiConfig, make_app
-from producers.auth import ApiKeys, TenantPolicy, record_for
-from producers.ratelimit import RateLimit, RateLimiter, retry_after_header
-from projections.store import InMemoryViewStore
-from projections.testing import RecordingProducer
-from schemas.topics import COMMANDS
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.producers.ratelimit import RateLimit, RateLimiter, retry_after_header
+from framespool.projections.store import InMemoryViewStore
+from framespool.projections.testing import RecordingProducer
+from framespool.schemas.topics import COMMANDS
 
 ALICE, BOB = "acme-key.alice-secret", "globex-key.bob-secret"
 BODY = {"prompt": "a red fox", "model": "demo"}

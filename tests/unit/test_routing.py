@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import pytest
 
-from processors.app import topics_with_suffix
-from processors.core import Cell, CellConfig
-from processors.core.admission import CellCommand
-from processors.routing import (
+from framespool.processors.app import topics_with_suffix
+from framespool.processors.core import Cell, CellConfig
+from framespool.processors.core.admission import CellCommand
+from framespool.processors.routing import (
     NO_VALUE, UNEXPECTED_TYPE, WRONG_PARTITION, RoutingError, cell_destination, decode_input,
     destinations, encode_outputs, route,
 )
-from processors.scheduler import SCHEDULER_INPUTS, SchedulerFold
-from producers.log import Record, partition_for_key
-from schemas import codec
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.processors.scheduler import SCHEDULER_INPUTS, SchedulerFold
+from framespool.producers.log import Record, partition_for_key
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 
 SPEC = ev.JobSpec(job_id="job-1", tenant="acme")
 
@@ -84,7 +84,7 @@ def test_topics_with_a_suffix_keep_partition_counts():
 
 
 def test_every_output_of_a_simulated_workload_has_a_route():
-    from processors.bench import record_tape
+    from framespool.processors.bench import record_tape
 
     tape, _, config = record_tape(8, 8, 4000, seed=3)
     cell = Cell(config, "cell-0")

@@ -1,4 +1,4 @@
-"""The ``.avsc`` files and the dataclasses in ``schemas.events`` are one contract.
+"""The ``.avsc`` files and the dataclasses in ``framespool.schemas.events`` are one contract.
 
 For every class in ``EVENT_TYPES`` and ``NESTED_TYPES`` its ``schemas/avro/<Name>.avsc``
 has the same fields, in the same order, with the mapped types and the same
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import codec
-from schemas.events import EVENT_TYPES, NESTED_TYPES
+from framespool.schemas import codec
+from framespool.schemas.events import EVENT_TYPES, NESTED_TYPES
 
 AVRO_DIR = Path(codec.__file__).resolve().parent / "avro"
 ALL_TYPES = (*EVENT_TYPES, *NESTED_TYPES)

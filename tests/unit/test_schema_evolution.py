@@ -22,8 +22,8 @@ import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 
-from schemas import codec
-from schemas import events as ev
+from framespool.schemas import codec
+from framespool.schemas import events as ev
 
 HISTORY_DIR = Path(codec.__file__).resolve().parent / "avro" / "history"
 HISTORY_FILES = sorted(HISTORY_DIR.glob("*.avsc"))

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from framespool.cli import main
-from processors import sim
-from processors.sim.engine import Simulation
-from processors.sim.fleet import checkpoint_uri, unit, work_done_in
-from processors.sim.kinds import NODE_FAIL
-from processors.sim.metrics import JOB_COLUMNS, RUN_COLUMNS
-from processors.sim.policies import POLICIES
-from processors.core import CellConfig
-from schemas import events as ev
+from framespool.processors import sim
+from framespool.processors.sim.engine import Simulation
+from framespool.processors.sim.fleet import checkpoint_uri, unit, work_done_in
+from framespool.processors.sim.kinds import NODE_FAIL
+from framespool.processors.sim.metrics import JOB_COLUMNS, RUN_COLUMNS
+from framespool.processors.sim.policies import POLICIES
+from framespool.processors.core import CellConfig
+from framespool.schemas import events as ev
 
 TERMINAL = {"COMPLETED", "FAILED", "REJECTED", "CANCELLED"}
 PLACEMENT = re.compile(r"^n\d+:\d+(\+\d+)*(;n\d+:\d+(\+\d+)*)*$")

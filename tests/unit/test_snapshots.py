@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from processors.routing import Outgoing
-from processors.snapshots import SnapshotStore, StatefulProcessor
-from producers.log import Record
+from framespool.processors.routing import Outgoing
+from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
+from framespool.producers.log import Record
 
 TOPIC = "in"
 
@@ -108,7 +108,7 @@ def test_state_and_offsets_of_a_save_go_in_one_write_batch(store: SnapshotStore)
 
 CRASH_WRITER = textwrap.dedent("""
     import sys
-    from processors.snapshots import SnapshotStore
+    from framespool.processors.snapshots import SnapshotStore
     store = SnapshotStore(sys.argv[1], "in")
     payload = "x" * 200_000
     i = 0
@@ -279,7 +279,7 @@ class FakeProducer:
 
     def flush(self, timeout=None):
         if self.fail_flush:
-            from producers.log import LogError
+            from framespool.producers.log import LogError
             raise LogError("broker gone")
         self.journal.append("flush")
 
@@ -300,8 +300,8 @@ class JournalStore(SnapshotStore):
 def run_fake(tmp_path, polls, fail_flush=False, committed=None):
     import threading
 
-    from processors.app import ProcessorRunner
-    from schemas.topics import Topic
+    from framespool.processors.app import ProcessorRunner
+    from framespool.schemas.topics import Topic
 
     journal, stop = Journal(), threading.Event()
     store = JournalStore(tmp_path / "j", journal)
@@ -330,7 +330,7 @@ def test_each_batch_is_produced_then_snapshotted_then_committed(tmp_path):
 
 
 def test_a_failed_delivery_is_fatal_and_never_snapshotted_or_committed(tmp_path):
-    from processors.app import ProcessorFailed
+    from framespool.processors.app import ProcessorFailed
 
     journal, snapshot, error = run_fake(tmp_path, [records(0, 0, [b"a"])], fail_flush=True)
     assert isinstance(error, ProcessorFailed) and "broker gone" in str(error)

@@ -1,8 +1,8 @@
 """audit: a job's timeline, and the cell's answer to "why is it still waiting?"."""
 from __future__ import annotations
 
-from processors.core import CellConfig, TenantConfig
-from processors.tools.audit import audit, explain_wait
+from framespool.processors.core import CellConfig, TenantConfig
+from framespool.processors.tools.audit import audit, explain_wait
 from tests.unit.test_tools_support import CellLog, clean_history
 
 

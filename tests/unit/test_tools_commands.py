@@ -6,10 +6,10 @@ import json
 import pytest
 
 import framespool.cli as cli
-import processors.tools.reader as reader
-from processors.core import CellConfig
-from schemas import events as ev
-from schemas import topics as catalogue
+import framespool.processors.tools.reader as reader
+from framespool.processors.core import CellConfig
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 from tests.unit.test_tools_support import clean_history, record
 
 

@@ -5,13 +5,13 @@ from dataclasses import replace
 
 import pytest
 
-from processors.core import CellConfig
-from processors.tools.history import Until, parse_position, parse_until
-from processors.tools.replay import DIFFERING, MISSING, UNEXPECTED, replay
-from producers.log import Record
-from schemas import codec
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.processors.core import CellConfig
+from framespool.processors.tools.history import Until, parse_position, parse_until
+from framespool.processors.tools.replay import DIFFERING, MISSING, UNEXPECTED, replay
+from framespool.producers.log import Record
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 from tests.unit.test_tools_support import T0, clean_history, record
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from processors.core import CellConfig
-from processors.tools.history import LogContents, Refold
-from producers.log import Record
-from schemas import codec
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.processors.core import CellConfig
+from framespool.processors.tools.history import LogContents, Refold
+from framespool.producers.log import Record
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 
 T0 = 1_800_000_000_000
 

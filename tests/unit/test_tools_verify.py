@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from processors.core import CellConfig
-from processors.tools.ledger import check_cell_history, first_terminal_violations
-from processors.tools.verify import allocation_problems, jain, ownership_problems, verify
-from schemas import events as ev
-from schemas import topics as catalogue
+from framespool.processors.core import CellConfig
+from framespool.processors.tools.ledger import check_cell_history, first_terminal_violations
+from framespool.processors.tools.verify import allocation_problems, jain, ownership_problems, verify
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
 from tests.unit.test_tools_support import T0, CellLog, clean_history, record
 
 

@@ -10,10 +10,10 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from projections.consumer import ProjectionConsumer
-from projections.testing import RecordingProducer, lifecycle, records_for
-from projections.store import DELIVERED, FAILED, Batch, Delivery, InMemoryViewStore
-from projections.webhooks import TargetPolicy, WebhookConfig, WebhookDispatcher, verify
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.testing import RecordingProducer, lifecycle, records_for
+from framespool.projections.store import DELIVERED, FAILED, Batch, Delivery, InMemoryViewStore
+from framespool.projections.webhooks import TargetPolicy, WebhookConfig, WebhookDispatcher, verify
 
 SECRET = b"whsec-acme"
 
@@ -146,7 +146,7 @@ def test_notifications_older_than_max_age_expire_without_a_request():
 
 
 def test_tenant_secrets_come_from_the_auth_config():
-    from producers.auth import ApiKeys
+    from framespool.producers.auth import ApiKeys
     keys = ApiKeys.from_config({"tenants": {"acme": {"webhook_secret": "s1"}, "globex": {}}})
     cfg = WebhookConfig.for_tenants(b"default", keys.tenants)
     assert cfg.secret_for("acme") == b"s1" and cfg.secret_for("globex") == b"default"

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from projections.jobs import apply, fold
-from projections.testing import lifecycle
-from projections.webhooks import (PolicyResolver, TargetPolicy, TargetRefused, address_problem,
+from framespool.projections.jobs import apply, fold
+from framespool.projections.testing import lifecycle
+from framespool.projections.webhooks import (PolicyResolver, TargetPolicy, TargetRefused, address_problem,
                                   backoff_delay, check_address, check_target, check_url, delivery_for, sign,
                                   verify)
 
