@@ -25,6 +25,7 @@ Theory of operation
 6. On shutdown it kills its generators' process groups and exits without
    reporting; after a restart the scheduler reconciles the new incarnation.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,9 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Awaitable, Optional
+from typing import Any
 
 from framespool.agents import reports
 from framespool.agents.artifacts import ArtifactStore
@@ -55,7 +57,7 @@ log = logging.getLogger(__name__)
 RETRY_S = 1.0
 
 
-def next_incarnation(data_dir: Path, requested: Optional[int] = None) -> int:
+def next_incarnation(data_dir: Path, requested: int | None = None) -> int:
     """A number greater than every incarnation this node used before, persisted."""
     path = data_dir / "incarnation"
     try:
@@ -76,11 +78,23 @@ def _safe(name: str) -> str:
 class NodeAgent:
     """One node's agent. ``await start()`` / ``await stop()``, or ``run_until_signalled()``."""
 
-    def __init__(self, node_id: str, cell: str, bootstrap: str, store: ArtifactStore,
-                 probe: GpuProbe, profiles: dict[str, ModelProfile], data_dir: Path | str,
-                 heartbeat_s: float = 1.0, time_scale: float = 1.0,
-                 incarnation: Optional[int] = None, *, rail: str = "rail-0",
-                 topics: Any = catalogue, progress_interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        cell: str,
+        bootstrap: str,
+        store: ArtifactStore,
+        probe: GpuProbe,
+        profiles: dict[str, ModelProfile],
+        data_dir: Path | str,
+        heartbeat_s: float = 1.0,
+        time_scale: float = 1.0,
+        incarnation: int | None = None,
+        *,
+        rail: str = "rail-0",
+        topics: Any = catalogue,
+        progress_interval_s: float = 0.2,
+    ) -> None:
         self.progress_interval_s = progress_interval_s
         self.node_id, self.cell, self.bootstrap = node_id, cell, bootstrap
         self.store, self.probe, self.profiles = store, probe, profiles
@@ -91,16 +105,18 @@ class NodeAgent:
         self.incarnation = 0
         self.cell_partition = partition_of_cell(cell)
         if self.cell_partition >= topics.SCHEDULER.partitions:
-            raise ValueError(f"cell {cell!r} needs partition {self.cell_partition} but "
-                             f"{topics.SCHEDULER.name} has {topics.SCHEDULER.partitions}")
+            raise ValueError(
+                f"cell {cell!r} needs partition {self.cell_partition} but "
+                f"{topics.SCHEDULER.name} has {topics.SCHEDULER.partitions}"
+            )
         self.assignment_partition = partition_for_key(node_id, topics.ASSIGNMENTS.partitions)
         self._key = node_id.encode()
         self._runs: dict[tuple[str, int], RunExecution] = {}
         self._warm: dict[int, str] = {}
         self._tasks: set[asyncio.Task] = set()
         self.closing = False  # RunHost: once set, runs end without reporting
-        self._producer: Optional[LogProducer] = None
-        self._consumer: Optional[LogConsumer] = None
+        self._producer: LogProducer | None = None
+        self._consumer: LogConsumer | None = None
         self.ledger: RunLedger = RunLedger(node_id, 0)
 
     # -- lifecycle ------------------------------------------------------------
@@ -111,16 +127,32 @@ class NodeAgent:
         self._producer = LogProducer(self.bootstrap)
         cpus = float(os.cpu_count() or 0)
         mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-        await self.report(reports.registered(
-            node_id=self.node_id, incarnation=self.incarnation, cell=self.cell,
-            gpus=self.probe.count, gpu_type=self.probe.gpu_type, rail=self.rail,
-            cpus=cpus, mem_gb=mem_gb, ts_ms=now_ms()))
+        await self.report(
+            reports.registered(
+                node_id=self.node_id,
+                incarnation=self.incarnation,
+                cell=self.cell,
+                gpus=self.probe.count,
+                gpu_type=self.probe.gpu_type,
+                rail=self.rail,
+                cpus=cpus,
+                mem_gb=mem_gb,
+                ts_ms=now_ms(),
+            )
+        )
         self._consumer = LogConsumer(self.bootstrap, group_id=agent_group(self.node_id))
-        start = await asyncio.to_thread(self._consumer.resume, self.topics.ASSIGNMENTS.name,
-                                        [self.assignment_partition])
-        log.info("agent %s incarnation %d registered in %s; reading %s[%d] from %s", self.node_id,
-                 self.incarnation, self.cell, self.topics.ASSIGNMENTS.name,
-                 self.assignment_partition, start)
+        start = await asyncio.to_thread(
+            self._consumer.resume, self.topics.ASSIGNMENTS.name, [self.assignment_partition]
+        )
+        log.info(
+            "agent %s incarnation %d registered in %s; reading %s[%d] from %s",
+            self.node_id,
+            self.incarnation,
+            self.cell,
+            self.topics.ASSIGNMENTS.name,
+            self.assignment_partition,
+            start,
+        )
         self.spawn(self._consume_loop(), "consume")
         self.spawn(self._heartbeat_loop(), "heartbeat")
 
@@ -130,8 +162,10 @@ class NodeAgent:
             return
         self.closing = True
         runners = [r.runner for r in self._runs.values() if r.runner is not None]
-        await asyncio.gather(*(r.stop(grace_s=min(r.profile.stop_grace_s, 5.0)) for r in runners),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(r.stop(grace_s=min(r.profile.stop_grace_s, 5.0)) for r in runners),
+            return_exceptions=True,
+        )
         pending = list(self._tasks)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 5.0)
@@ -165,7 +199,9 @@ class NodeAgent:
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("agent %s task %s failed", self.node_id, task.get_name(), exc_info=task.exception())
+            log.error(
+                "agent %s task %s failed", self.node_id, task.get_name(), exc_info=task.exception()
+            )
 
     # -- producing ------------------------------------------------------------
     async def report(self, event: Any) -> None:
@@ -174,22 +210,25 @@ class NodeAgent:
         value = encode(event)
         while True:
             try:
-                await self._producer.send(self.topics.SCHEDULER.name, self.cell, value,
-                                          partition=self.cell_partition)
+                await self._producer.send(
+                    self.topics.SCHEDULER.name, self.cell, value, partition=self.cell_partition
+                )
                 return
             except LogError as e:
                 if self.closing:
                     raise
-                log.warning("agent %s: %s not written (%s); retrying", self.node_id,
-                            type(event).__name__, e)
+                log.warning(
+                    "agent %s: %s not written (%s); retrying", self.node_id, type(event).__name__, e
+                )
                 await asyncio.sleep(RETRY_S)
 
-    def _fire(self, topic: str, key: str, event: Any, partition: Optional[int] = None) -> None:
+    def _fire(self, topic: str, key: str, event: Any, partition: int | None = None) -> None:
         """Samples (heartbeats, progress): queue and move on; a loss is logged, not retried."""
         assert self._producer is not None
         try:
-            self._producer.produce(topic, key, encode(event), partition=partition,
-                                   on_delivery=self._delivery_failed)
+            self._producer.produce(
+                topic, key, encode(event), partition=partition, on_delivery=self._delivery_failed
+            )
         except LogError as e:
             log.warning("agent %s: %s not queued: %s", self.node_id, type(event).__name__, e)
 
@@ -212,8 +251,13 @@ class NodeAgent:
                 try:
                     await self._handle_record(record)
                 except Exception:  # one bad record must not stop the node's instructions
-                    log.exception("agent %s: %s[%d]@%d not handled", self.node_id, record.topic,
-                                  record.partition, record.offset)
+                    log.exception(
+                        "agent %s: %s[%d]@%d not handled",
+                        self.node_id,
+                        record.topic,
+                        record.partition,
+                        record.offset,
+                    )
             if records:
                 try:
                     await asyncio.to_thread(consumer.commit_through, records[-1])
@@ -230,13 +274,22 @@ class NodeAgent:
         except DecodeError as e:
             return await self._dead_letter(record, e.reason, str(e))
         if not isinstance(cmd, (StartRun, StopRun, CheckpointRun)):
-            return await self._dead_letter(record, "unexpected_event_type",
-                                           f"{type(cmd).__name__} does not belong on assignments")
+            return await self._dead_letter(
+                record,
+                "unexpected_event_type",
+                f"{type(cmd).__name__} does not belong on assignments",
+            )
         decision = self.ledger.decide(cmd)
         key = (decision.job_id, decision.run)
         if decision.action is Action.IGNORE:
-            log.info("agent %s ignores %s %s (job %s run %d): %s", self.node_id,
-                     type(cmd).__name__, cmd.event_id, *key, decision.reason)
+            log.info(
+                "agent %s ignores %s %s (job %s run %d): %s",
+                self.node_id,
+                type(cmd).__name__,
+                cmd.event_id,
+                *key,
+                decision.reason,
+            )
         elif decision.action is Action.LAUNCH:
             assert isinstance(cmd, StartRun)
             for old in decision.supersedes:
@@ -247,20 +300,37 @@ class NodeAgent:
         elif decision.action is Action.CHECKPOINT:
             self._checkpoint(key)
         elif decision.action is Action.REPORT_STOPPED:
-            await self.report(reports.stopped(self.node_id, self.incarnation, *key, now_ms(),
-                                               f"run not on node {self.node_id}"))
+            await self.report(
+                reports.stopped(
+                    self.node_id,
+                    self.incarnation,
+                    *key,
+                    now_ms(),
+                    f"run not on node {self.node_id}",
+                )
+            )
 
     async def _dead_letter(self, record: Record, reason: str, detail: str) -> None:
-        log.warning("agent %s: %s[%d]@%d to dead-letter: %s", self.node_id, record.topic,
-                    record.partition, record.offset, detail)
+        log.warning(
+            "agent %s: %s[%d]@%d to dead-letter: %s",
+            self.node_id,
+            record.topic,
+            record.partition,
+            record.offset,
+            detail,
+        )
         assert self._producer is not None
-        headers = {"reason": reason, "detail": detail[:500],
-                   "source": f"{record.topic}[{record.partition}]@{record.offset}",
-                   "consumer": agent_group(self.node_id)}
+        headers = {
+            "reason": reason,
+            "detail": detail[:500],
+            "source": f"{record.topic}[{record.partition}]@{record.offset}",
+            "consumer": agent_group(self.node_id),
+        }
         while True:
             try:
-                await self._producer.send(self.topics.DEAD_LETTER.name, record.key, record.value,
-                                          headers=headers)
+                await self._producer.send(
+                    self.topics.DEAD_LETTER.name, record.key, record.value, headers=headers
+                )
                 return
             except LogError as e:
                 if self.closing:
@@ -272,8 +342,9 @@ class NodeAgent:
     def _launch(self, cmd: StartRun) -> None:
         spec = cmd.spec
         workdir = self.data_dir / "runs" / _safe(spec.job_id) / str(cmd.run)
-        execution = RunExecution(self, cmd, self.profiles.get(spec.model), workdir,
-                                 self.progress_interval_s)
+        execution = RunExecution(
+            self, cmd, self.profiles.get(spec.model), workdir, self.progress_interval_s
+        )
         self._runs[execution.key] = execution
         self.spawn(execution.execute(), f"run-{spec.job_id}-{cmd.run}")
 
@@ -306,16 +377,23 @@ class NodeAgent:
     async def _heartbeat_loop(self) -> None:
         while not self.closing:
             try:
-                self._fire(self.topics.SCHEDULER.name, self.cell, self.heartbeat(), self.cell_partition)
+                self._fire(
+                    self.topics.SCHEDULER.name, self.cell, self.heartbeat(), self.cell_partition
+                )
             except Exception:  # a probe failure must not silence the node (it would look DOWN)
                 log.exception("agent %s: heartbeat not built", self.node_id)
             await asyncio.sleep(self.heartbeat_s)
 
     def heartbeat(self) -> NodeHeartbeat:
         runs = [self._runs[key].report() for key in sorted(self._runs)]
-        return reports.heartbeat(event_id=uuid.uuid4().hex, node_id=self.node_id,
-                                 incarnation=self.incarnation, ts_ms=now_ms(),
-                                 gpus=with_warm_models(self.probe.sample(), self._warm), runs=runs)
+        return reports.heartbeat(
+            event_id=uuid.uuid4().hex,
+            node_id=self.node_id,
+            incarnation=self.incarnation,
+            ts_ms=now_ms(),
+            gpus=with_warm_models(self.probe.sample(), self._warm),
+            runs=runs,
+        )
 
     def _update_busy(self) -> None:
         set_busy = getattr(self.probe, "set_busy", None)

@@ -6,6 +6,7 @@ and provide two fixtures: ``store`` (a fresh, empty store) and ``corrupt``
 back, as disk or network corruption would). Shipped with the package, as
 eventsourcing does, so an out-of-tree adapter can prove itself too.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from framespool.agents.artifacts import (
-    ArtifactNotFound, ArtifactStore, ChecksumMismatch, InvalidKey, checkpoint_key, output_key,
+    ArtifactNotFound,
+    ArtifactStore,
+    ChecksumMismatch,
+    InvalidKey,
+    checkpoint_key,
+    output_key,
 )
 
 BIG = 8 * 1024 * 1024 + 123_457  # above the 8 MiB multipart threshold, not part-aligned
@@ -79,7 +85,9 @@ class ArtifactStoreContract:
         store.get_file(a.uri, tmp_path / "got")
         assert (tmp_path / "got").read_bytes() == b"run one"
 
-    @pytest.mark.parametrize("key", ["", "/abs/key", "a/../b", "a//b", "../escape", "a/./b", "a/.hidden"])
+    @pytest.mark.parametrize(
+        "key", ["", "/abs/key", "a/../b", "a//b", "../escape", "a/./b", "a/.hidden"]
+    )
     def test_keys_that_could_escape_are_refused(self, store, tmp_path, key):
         src = _write(tmp_path / "src", b"x")
         with pytest.raises(InvalidKey):
@@ -102,7 +110,9 @@ class ArtifactStoreContract:
 
     def test_large_file_round_trips_with_checksum(self, store, tmp_path):
         data = os.urandom(BIG)
-        stored = store.put_file(output_key("job-big", 1, "video.bin"), _write(tmp_path / "big", data))
+        stored = store.put_file(
+            output_key("job-big", 1, "video.bin"), _write(tmp_path / "big", data)
+        )
         assert stored.size_bytes == BIG
         assert stored.sha256 == hashlib.sha256(data).hexdigest()
         got = store.get_file(stored.uri, tmp_path / "back")

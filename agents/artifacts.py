@@ -14,6 +14,7 @@ signed URLs are served by the API, which checks them with
 :meth:`LocalDirStore.verify_signature`) and :class:`S3Store` (boto3, multipart
 above a threshold, SHA-256 part checksums, presigned GET URLs).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
 CHUNK = 1 << 20
@@ -121,8 +122,13 @@ class LocalDirStore:
     expiry and an HMAC-SHA256 over ``key`` and expiry.
     """
 
-    def __init__(self, root: Path | str, url_base: str = "http://127.0.0.1:8080",
-                 secret: bytes | str = b"", clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        root: Path | str,
+        url_base: str = "http://127.0.0.1:8080",
+        secret: bytes | str = b"",
+        clock: Any = time.time,
+    ) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.url_base = url_base.rstrip("/")
@@ -139,9 +145,9 @@ class LocalDirStore:
 
     def key_of(self, key_or_uri: str) -> str:
         if key_or_uri.startswith("local://"):
-            return validate_key(key_or_uri[len("local://"):])
+            return validate_key(key_or_uri[len("local://") :])
         if key_or_uri.startswith("file://"):
-            path = Path(key_or_uri[len("file://"):]).resolve()
+            path = Path(key_or_uri[len("file://") :]).resolve()
             if not path.is_relative_to(self.root):
                 raise InvalidKey(f"{key_or_uri} is outside the store root {self.root}")
             return validate_key(path.relative_to(self.root).as_posix())
@@ -185,7 +191,7 @@ class LocalDirStore:
         os.replace(tmp, dest)
         return StoredArtifact(f"local://{key}", digest, size)
 
-    def _recorded_sha256(self, key: str) -> Optional[str]:
+    def _recorded_sha256(self, key: str) -> str | None:
         try:
             return json.loads(self._meta(key).read_text()).get("sha256")
         except (OSError, ValueError):
@@ -205,11 +211,14 @@ class LocalDirStore:
     def signed_url(self, key: str, expires_s: int = 3600) -> str:
         key = self.key_of(key)
         expires = int(self._clock()) + int(expires_s)
-        return (f"{self.url_base}/v1/artifacts/{quote(key, safe='/')}"
-                f"?expires={expires}&sig={self._sign(key, expires)}")
+        return (
+            f"{self.url_base}/v1/artifacts/{quote(key, safe='/')}"
+            f"?expires={expires}&sig={self._sign(key, expires)}"
+        )
 
-    def verify_signature(self, key: str, expires: int | str, sig: str,
-                         now: Optional[float] = None) -> bool:
+    def verify_signature(
+        self, key: str, expires: int | str, sig: str, now: float | None = None
+    ) -> bool:
         """True only for an untampered URL that has not expired at ``now``."""
         try:
             key = validate_key(key)
@@ -222,7 +231,7 @@ class LocalDirStore:
         return hmac.compare_digest(self._sign(key, expires), str(sig))
 
 
-def _verify(key: str, got: str, recorded: Optional[str], tmp: Path) -> None:
+def _verify(key: str, got: str, recorded: str | None, tmp: Path) -> None:
     if recorded is not None and got != recorded:
         tmp.unlink(missing_ok=True)
         raise ChecksumMismatch(f"artifact {key!r}: sha256 {got} read back, {recorded} written")
@@ -235,20 +244,31 @@ class S3Store:
     """S3 (or MinIO, moto) through boto3: multipart above ``multipart_threshold``
     with SHA-256 checksums per part, the whole-object digest in user metadata."""
 
-    def __init__(self, bucket: str, endpoint_url: Optional[str] = None, *,
-                 region_name: Optional[str] = None, client: Any = None,
-                 multipart_threshold: int = MULTIPART_THRESHOLD,
-                 multipart_chunksize: int = MULTIPART_THRESHOLD, max_concurrency: int = 4) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        endpoint_url: str | None = None,
+        *,
+        region_name: str | None = None,
+        client: Any = None,
+        multipart_threshold: int = MULTIPART_THRESHOLD,
+        multipart_chunksize: int = MULTIPART_THRESHOLD,
+        max_concurrency: int = 4,
+    ) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
 
         self.bucket = bucket
         self._client = client or boto3.client(
-            "s3", endpoint_url=endpoint_url,
-            region_name=region_name or os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
-        self._transfer = TransferConfig(multipart_threshold=multipart_threshold,
-                                        multipart_chunksize=multipart_chunksize,
-                                        max_concurrency=max_concurrency)
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region_name or os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize,
+            max_concurrency=max_concurrency,
+        )
 
     @property
     def client(self) -> Any:
@@ -266,7 +286,7 @@ class S3Store:
     def key_of(self, key_or_uri: str) -> str:
         prefix = f"s3://{self.bucket}/"
         if key_or_uri.startswith(prefix):
-            return validate_key(key_or_uri[len(prefix):])
+            return validate_key(key_or_uri[len(prefix) :])
         if "://" in key_or_uri:
             raise InvalidKey(f"{key_or_uri!r} is not an object of bucket {self.bucket!r}")
         return validate_key(key_or_uri)
@@ -276,8 +296,12 @@ class S3Store:
         digest, size = sha256_file(path)
         try:
             self._client.upload_file(
-                str(path), self.bucket, key, Config=self._transfer,
-                ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {SHA256_METADATA: digest}})
+                str(path),
+                self.bucket,
+                key,
+                Config=self._transfer,
+                ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {SHA256_METADATA: digest}},
+            )
         except Exception as e:
             raise ArtifactError(f"upload of {path} to s3://{self.bucket}/{key} failed: {e}") from e
         return StoredArtifact(f"s3://{self.bucket}/{key}", digest, size)
@@ -291,8 +315,13 @@ class S3Store:
         tmp = dest.with_name(dest.name + ".part")
         try:
             head = self._client.head_object(Bucket=self.bucket, Key=key)
-            self._client.download_file(self.bucket, key, str(tmp), Config=self._transfer,
-                                       ExtraArgs={"ChecksumMode": "ENABLED"})
+            self._client.download_file(
+                self.bucket,
+                key,
+                str(tmp),
+                Config=self._transfer,
+                ExtraArgs={"ChecksumMode": "ENABLED"},
+            )
         except ClientError as e:
             tmp.unlink(missing_ok=True)
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
@@ -316,5 +345,7 @@ class S3Store:
 
     def signed_url(self, key: str, expires_s: int = 3600) -> str:
         return self._client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": self.key_of(key)},
-            ExpiresIn=int(expires_s))
+            "get_object",
+            Params={"Bucket": self.bucket, "Key": self.key_of(key)},
+            ExpiresIn=int(expires_s),
+        )

@@ -21,6 +21,7 @@ stdout carries one JSON object per line:
 ``{"status": "rendering", ...}`` now and then while the frames are drawn. Exit codes:
 0 done, 2 bad arguments, 3 ``--fail-at-step``, 141 stdout closed, 143 SIGTERM.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -50,8 +52,17 @@ STATUS_EVERY_S = 0.5
 class Generator:
     """The generator's state and its pure step function (no IO, no sleeping)."""
 
-    def __init__(self, *, prompt: str, width: int, height: int, frames: int,
-                 steps: int, seed: int, fps: int = 12) -> None:
+    def __init__(
+        self,
+        *,
+        prompt: str,
+        width: int,
+        height: int,
+        frames: int,
+        steps: int,
+        seed: int,
+        fps: int = 12,
+    ) -> None:
         self.prompt, self.width, self.height = prompt, width, height
         self.frames, self.steps, self.seed, self.fps = frames, steps, seed, fps
         self.step = 0
@@ -68,23 +79,31 @@ class Generator:
     def state(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
         return {
-            "version": CHECKPOINT_VERSION, "prompt": self.prompt, "seed": self.seed,
-            "width": self.width, "height": self.height, "frames": self.frames,
-            "steps": self.steps, "step": self.step,
-            "rng": [version, list(internal), gauss], "latent": self.latent,
+            "version": CHECKPOINT_VERSION,
+            "prompt": self.prompt,
+            "seed": self.seed,
+            "width": self.width,
+            "height": self.height,
+            "frames": self.frames,
+            "steps": self.steps,
+            "step": self.step,
+            "rng": [version, list(internal), gauss],
+            "latent": self.latent,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         for name in ("prompt", "seed", "width", "height", "frames", "steps"):
             if state[name] != getattr(self, name):
-                raise ValueError(f"checkpoint {name}={state[name]!r} does not match this run's"
-                                 f" {getattr(self, name)!r}; resume with the same prompt and params")
+                raise ValueError(
+                    f"checkpoint {name}={state[name]!r} does not match this run's"
+                    f" {getattr(self, name)!r}; resume with the same prompt and params"
+                )
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.latent = [list(v) for v in state["latent"]]
         self.step = int(state["step"])
 
-    def render(self, path: Path, on_frame: Optional[Callable[[int], None]] = None) -> None:
+    def render(self, path: Path, on_frame: Callable[[int], None] | None = None) -> None:
         from PIL import Image, ImageDraw  # imported late: startup stays fast
 
         images = []
@@ -99,13 +118,21 @@ class Generator:
                 wave = math.sin(2 * math.pi * (x / self.width * bands + t + phase))
                 r, g, b = colorsys.hsv_to_rgb((hue + 0.1 * wave) % 1.0, 0.6, 0.5 + 0.4 * amp)
                 top = int(self.height * (0.5 + 0.35 * wave * amp))
-                draw.rectangle([x, top, x + 3, self.height], fill=(int(r * 255), int(g * 255), int(b * 255)))
+                draw.rectangle(
+                    [x, top, x + 3, self.height], fill=(int(r * 255), int(g * 255), int(b * 255))
+                )
             draw.text((4, 4), self.prompt[:40], fill=(255, 255, 255))
             draw.text((4, self.height - 14), f"{f + 1}/{self.frames}", fill=(255, 255, 255))
             images.append(img.quantize(colors=64, dither=Image.Dither.NONE))
         tmp = path.with_name(path.name + ".tmp")
-        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
-                       duration=max(20, int(1000 / max(self.fps, 1))), loop=0)
+        images[0].save(
+            tmp,
+            format="GIF",
+            save_all=True,
+            append_images=images[1:],
+            duration=max(20, int(1000 / max(self.fps, 1))),
+            loop=0,
+        )
         os.replace(tmp, path)
 
 
@@ -127,13 +154,18 @@ def write_checkpoint(gen: Generator, directory: Path) -> Path:
     return path
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m framespool.agents.demo_generator", description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m framespool.agents.demo_generator", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--params-json", default="{}",
-                   help="JSON object: resolution WxH, duration_s, fps, seed, steps, "
-                        "seconds_per_step, checkpoint_every, fail_at_step, hang_at_step")
+    p.add_argument(
+        "--params-json",
+        default="{}",
+        help="JSON object: resolution WxH, duration_s, fps, seed, steps, "
+        "seconds_per_step, checkpoint_every, fail_at_step, hang_at_step",
+    )
     p.add_argument("--resolution")
     p.add_argument("--duration-s", type=float)
     p.add_argument("--fps", type=int)
@@ -147,8 +179,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--fail-at-step", type=int)
     p.add_argument("--hang-at-step", type=int)
     p.add_argument("--ignore-sigterm", action="store_true", help="chaos: only SIGKILL ends it")
-    p.add_argument("--spawn-child", action="store_true",
-                   help="start a helper process (reported as {\"child_pid\": n}) like real multi-GPU workers")
+    p.add_argument(
+        "--spawn-child",
+        action="store_true",
+        help="start a helper process (reported as {\"child_pid\": n}) like real multi-GPU workers",
+    )
     return p.parse_args(argv)
 
 
@@ -159,8 +194,15 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ValueError(f"--params-json is not valid JSON: {e}") from None
     s: dict[str, Any] = {
-        "resolution": "160x90", "duration_s": 2.0, "fps": 12, "seed": 0, "steps": 20,
-        "seconds_per_step": 0.5, "checkpoint_every": 0, "fail_at_step": -1, "hang_at_step": -1,
+        "resolution": "160x90",
+        "duration_s": 2.0,
+        "fps": 12,
+        "seed": 0,
+        "steps": 20,
+        "seconds_per_step": 0.5,
+        "checkpoint_every": 0,
+        "fail_at_step": -1,
+        "hang_at_step": -1,
     }
     types = {k: type(v) for k, v in s.items()}
     for k, v in params.items():
@@ -173,28 +215,39 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     try:
         w, h = (int(x) for x in str(s["resolution"]).lower().split("x"))
     except ValueError:
-        raise ValueError(f"resolution {s['resolution']!r} is not WIDTHxHEIGHT, e.g. 160x90") from None
+        raise ValueError(
+            f"resolution {s['resolution']!r} is not WIDTHxHEIGHT, e.g. 160x90"
+        ) from None
     if not (8 <= w <= 1920 and 8 <= h <= 1080):
         raise ValueError(f"resolution {w}x{h} is outside 8x8..1920x1080")
     s["width"], s["height"] = w, h
     s["frames"] = max(1, min(600, round(s["duration_s"] * s["fps"])))
     if s["frames"] * w * h > PIXEL_BUDGET:
-        raise ValueError(f"{s['frames']} frames of {w}x{h} exceed the demo's budget of "
-                         f"{PIXEL_BUDGET // 10**6} Mpx: lower duration_s, fps or resolution")
+        raise ValueError(
+            f"{s['frames']} frames of {w}x{h} exceed the demo's budget of "
+            f"{PIXEL_BUDGET // 10**6} Mpx: lower duration_s, fps or resolution"
+        )
     if s["steps"] < 0:
         raise ValueError("steps must be >= 0")
     return s
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         s = settings(args)
     except ValueError as e:
         print(f"demo_generator: {e}", file=sys.stderr)
         return EXIT_USAGE
-    gen = Generator(prompt=args.prompt, width=s["width"], height=s["height"],
-                    frames=s["frames"], steps=s["steps"], seed=s["seed"], fps=s["fps"])
+    gen = Generator(
+        prompt=args.prompt,
+        width=s["width"],
+        height=s["height"],
+        frames=s["frames"],
+        steps=s["steps"],
+        seed=s["seed"],
+        fps=s["fps"],
+    )
     if args.resume_from:
         try:
             gen.restore(json.loads(args.resume_from.read_text()))
@@ -222,8 +275,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     def progress() -> None:
         total = gen.steps
-        emit({"progress": round(gen.step / total, 6) if total else 1.0,
-              "step": gen.step, "total_steps": total})
+        emit(
+            {
+                "progress": round(gen.step / total, 6) if total else 1.0,
+                "step": gen.step,
+                "total_steps": total,
+            }
+        )
 
     if gen.step < gen.steps:
         progress()

@@ -18,6 +18,7 @@ Theory of operation
    digest), ``RunFailed`` (class, reason with stderr tail, exit code) or
    ``RunStopped``. While the agent shuts down nothing is reported.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,14 +27,24 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Awaitable, Optional, Protocol
+from typing import Any, Protocol
 
 from framespool.agents import reports
 from framespool.agents.artifacts import ArtifactStore, checkpoint_key, output_key
 from framespool.agents.ledger import ProgressThrottle, RunLedger, RunState
 from framespool.agents.profiles import ModelProfile
-from framespool.agents.runner import COMPLETED, HUNG, STOPPED, Checkpoint, LaunchError, Outcome, Progress, Runner
+from framespool.agents.runner import (
+    COMPLETED,
+    HUNG,
+    STOPPED,
+    Checkpoint,
+    LaunchError,
+    Outcome,
+    Progress,
+    Runner,
+)
 from framespool.schemas.events import RunProgress, RunReport, StartRun
 
 log = logging.getLogger(__name__)
@@ -57,9 +68,9 @@ class RunHost(Protocol):
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task: ...
 
-    def run_started(self, execution: "RunExecution") -> None: ...
+    def run_started(self, execution: RunExecution) -> None: ...
 
-    def run_ended(self, execution: "RunExecution") -> None: ...
+    def run_ended(self, execution: RunExecution) -> None: ...
 
 
 def now_ms() -> int:
@@ -67,15 +78,21 @@ def now_ms() -> int:
 
 
 class RunExecution:
-    def __init__(self, host: RunHost, cmd: StartRun, profile: Optional[ModelProfile],
-                 workdir: Path, progress_interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        host: RunHost,
+        cmd: StartRun,
+        profile: ModelProfile | None,
+        workdir: Path,
+        progress_interval_s: float = 0.2,
+    ) -> None:
         self.host, self.cmd, self.profile, self.workdir = host, cmd, profile, workdir
         self.job_id, self.run = cmd.spec.job_id, cmd.run
-        self.runner: Optional[Runner] = None
+        self.runner: Runner | None = None
         self._throttle = ProgressThrottle(progress_interval_s)
         self._uploads: list[asyncio.Task] = []
         self._upload_lock = asyncio.Lock()
-        self._checkpointing: Optional[asyncio.Task] = None
+        self._checkpointing: asyncio.Task | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -83,9 +100,12 @@ class RunExecution:
 
     def report(self) -> RunReport:
         r = self.runner
-        return RunReport(job_id=self.job_id, run=self.run,
-                         step_rate=round(r.step_rate, 4) if r else 0.0,
-                         progress=r.last.progress if r else 0.0)
+        return RunReport(
+            job_id=self.job_id,
+            run=self.run,
+            step_rate=round(r.step_rate, 4) if r else 0.0,
+            progress=r.last.progress if r else 0.0,
+        )
 
     # -- commands -------------------------------------------------------------
     async def stop(self) -> None:
@@ -101,19 +121,30 @@ class RunExecution:
         if self.runner is None:
             return
         if self.profile is None or self.profile.checkpoint is None:
-            log.warning("job %s run %d on %s: profile cannot checkpoint; request dropped",
-                        *self.key, self.host.node_id)
+            log.warning(
+                "job %s run %d on %s: profile cannot checkpoint; request dropped",
+                *self.key,
+                self.host.node_id,
+            )
             return
         if self._checkpointing is None or self._checkpointing.done():
-            self._checkpointing = self.host.spawn(self._take_checkpoint(), f"checkpoint-{self.job_id}-{self.run}")
+            self._checkpointing = self.host.spawn(
+                self._take_checkpoint(), f"checkpoint-{self.job_id}-{self.run}"
+            )
 
     async def _take_checkpoint(self) -> None:
         assert self.runner is not None and self.profile is not None and self.profile.checkpoint
         try:
-            await asyncio.wait_for(self.runner.request_checkpoint(), self.profile.checkpoint.timeout_s)
-        except (asyncio.TimeoutError, ProcessLookupError) as e:
-            log.warning("job %s run %d on %s: checkpoint not taken: %s", *self.key, self.host.node_id,
-                        e or "timed out")
+            await asyncio.wait_for(
+                self.runner.request_checkpoint(), self.profile.checkpoint.timeout_s
+            )
+        except (TimeoutError, ProcessLookupError) as e:
+            log.warning(
+                "job %s run %d on %s: checkpoint not taken: %s",
+                *self.key,
+                self.host.node_id,
+                e or "timed out",
+            )
 
     async def _periodic_checkpoints(self, interval_s: float) -> None:
         while self.runner is not None and self.runner.running:
@@ -125,12 +156,20 @@ class RunExecution:
     async def execute(self) -> None:
         host, cmd, spec = self.host, self.cmd, self.cmd.spec
         job_id, n = self.key
-        periodic: Optional[asyncio.Task] = None
+        periodic: asyncio.Task | None = None
         try:
             if self.profile is None:
-                await host.report(reports.failed(
-                    host.node_id, host.incarnation, job_id, n, now_ms(), "launch_error",
-                    f"node {host.node_id} has no profile for model {spec.model!r}"))
+                await host.report(
+                    reports.failed(
+                        host.node_id,
+                        host.incarnation,
+                        job_id,
+                        n,
+                        now_ms(),
+                        "launch_error",
+                        f"node {host.node_id} has no profile for model {spec.model!r}",
+                    )
+                )
                 return
             profile = self.profile
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -139,35 +178,60 @@ class RunExecution:
                 return
             entry = host.ledger.entry(job_id, n)
             if entry is not None and entry.state is RunState.STOPPING:
-                await host.report(reports.stopped(host.node_id, host.incarnation, job_id, n,
-                                                  now_ms(), entry.stop_reason))
+                await host.report(
+                    reports.stopped(
+                        host.node_id, host.incarnation, job_id, n, now_ms(), entry.stop_reason
+                    )
+                )
                 return
             out = self.workdir / "output" / profile.output_name
             gpus = ",".join(str(g) for g in cmd.gpus)
             argv = profile.argv(
-                prompt=spec.prompt, out=str(out), params_json=json.dumps(dict(spec.params), sort_keys=True),
-                checkpoint_dir=str(self.workdir / "checkpoints"), resume_from=resume,
-                time_scale=repr(float(host.time_scale)), gpus=gpus, job_id=job_id, run=str(n))
+                prompt=spec.prompt,
+                out=str(out),
+                params_json=json.dumps(dict(spec.params), sort_keys=True),
+                checkpoint_dir=str(self.workdir / "checkpoints"),
+                resume_from=resume,
+                time_scale=repr(float(host.time_scale)),
+                gpus=gpus,
+                job_id=job_id,
+                run=str(n),
+            )
             runner = Runner(
-                profile, argv, output_path=out, cwd=self.workdir,
-                env={"CUDA_VISIBLE_DEVICES": gpus, "FRAMESPOOL_JOB_ID": job_id, "FRAMESPOOL_RUN": str(n)},
+                profile,
+                argv,
+                output_path=out,
+                cwd=self.workdir,
+                env={
+                    "CUDA_VISIBLE_DEVICES": gpus,
+                    "FRAMESPOOL_JOB_ID": job_id,
+                    "FRAMESPOOL_RUN": str(n),
+                },
                 hang_timeout_s=max(profile.hang_timeout_s / host.time_scale, MIN_HANG_TIMEOUT_S),
-                on_progress=self._on_progress, on_checkpoint=self._on_checkpoint)
+                on_progress=self._on_progress,
+                on_checkpoint=self._on_checkpoint,
+            )
             try:
                 await runner.start()
             except LaunchError as e:
-                await host.report(reports.failed(host.node_id, host.incarnation, job_id, n,
-                                                 now_ms(), "launch_error", str(e)))
+                await host.report(
+                    reports.failed(
+                        host.node_id, host.incarnation, job_id, n, now_ms(), "launch_error", str(e)
+                    )
+                )
                 return
             self.runner = runner  # only a started runner is visible to stop()/checkpoint()
             host.run_started(self)
             if not host.ledger.started(job_id, n):
                 await self.runner.stop()  # a stop arrived while it was starting
             else:
-                await host.report(reports.started(host.node_id, host.incarnation, job_id, n, now_ms()))
+                await host.report(
+                    reports.started(host.node_id, host.incarnation, job_id, n, now_ms())
+                )
                 if spec.checkpoint_interval_s > 0 and profile.can_checkpoint:
                     periodic = asyncio.create_task(
-                        self._periodic_checkpoints(spec.checkpoint_interval_s / host.time_scale))
+                        self._periodic_checkpoints(spec.checkpoint_interval_s / host.time_scale)
+                    )
             outcome = await self.runner.wait()
             await asyncio.gather(*self._uploads, return_exceptions=True)
             if not host.closing:
@@ -181,22 +245,30 @@ class RunExecution:
             host.run_ended(self)
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    async def _fetch_checkpoint(self) -> Optional[str]:
+    async def _fetch_checkpoint(self) -> str | None:
         source = self.cmd.resume_from
         if not source:
             return None
         assert self.profile is not None
         if not self.profile.can_resume:
-            log.warning("job %s run %d: profile %s cannot resume; starting from scratch",
-                        *self.key, self.profile.name)
+            log.warning(
+                "job %s run %d: profile %s cannot resume; starting from scratch",
+                *self.key,
+                self.profile.name,
+            )
             return None
         dest = self.workdir / "resume" / "checkpoint"
         try:
             await asyncio.to_thread(self.host.store.get_file, source, dest)
             return str(dest)
         except Exception as e:  # missing or corrupt: losing progress beats failing the job
-            log.error("job %s run %d on %s: checkpoint %s unusable (%s); starting from scratch",
-                      *self.key, self.host.node_id, source, e)
+            log.error(
+                "job %s run %d on %s: checkpoint %s unusable (%s); starting from scratch",
+                *self.key,
+                self.host.node_id,
+                source,
+                e,
+            )
             return None
 
     async def _report_outcome(self, outcome: Outcome) -> None:
@@ -205,36 +277,82 @@ class RunExecution:
         if outcome.kind == STOPPED:
             entry = host.ledger.entry(job_id, n)
             reason = entry.stop_reason if entry and entry.stop_reason else "stopped"
-            await host.report(reports.stopped(host.node_id, host.incarnation, job_id, n, now_ms(), reason))
+            await host.report(
+                reports.stopped(host.node_id, host.incarnation, job_id, n, now_ms(), reason)
+            )
         elif outcome.kind == COMPLETED:
             assert outcome.output_path is not None
             key = output_key(job_id, n, self.profile.output_name)
             try:
                 stored = await asyncio.to_thread(host.store.put_file, key, outcome.output_path)
             except Exception as e:
-                log.error("job %s run %d on %s: output upload failed: %s", job_id, n, host.node_id, e)
-                await host.report(reports.failed(host.node_id, host.incarnation, job_id, n, now_ms(),
-                                                 "upload_error", f"output upload to {key} failed: {e}"))
+                log.error(
+                    "job %s run %d on %s: output upload failed: %s", job_id, n, host.node_id, e
+                )
+                await host.report(
+                    reports.failed(
+                        host.node_id,
+                        host.incarnation,
+                        job_id,
+                        n,
+                        now_ms(),
+                        "upload_error",
+                        f"output upload to {key} failed: {e}",
+                    )
+                )
                 return
-            await host.report(reports.completed(host.node_id, host.incarnation, job_id, n, now_ms(),
-                                                stored.uri, stored.sha256, stored.size_bytes))
+            await host.report(
+                reports.completed(
+                    host.node_id,
+                    host.incarnation,
+                    job_id,
+                    n,
+                    now_ms(),
+                    stored.uri,
+                    stored.sha256,
+                    stored.size_bytes,
+                )
+            )
         else:
             reason = outcome.reason
             tail = outcome.stderr_tail.strip()
             if "\n" in tail:
                 reason += "\nstderr tail:\n" + tail[-1500:]
             cls = "hung" if outcome.kind == HUNG else outcome.failure_class or "generator_error"
-            log.warning("job %s run %d on %s failed (%s): %s", job_id, n, host.node_id, cls, outcome.reason)
-            await host.report(reports.failed(host.node_id, host.incarnation, job_id, n, now_ms(), cls,
-                                             reason, outcome.exit_code or 0))
+            log.warning(
+                "job %s run %d on %s failed (%s): %s", job_id, n, host.node_id, cls, outcome.reason
+            )
+            await host.report(
+                reports.failed(
+                    host.node_id,
+                    host.incarnation,
+                    job_id,
+                    n,
+                    now_ms(),
+                    cls,
+                    reason,
+                    outcome.exit_code or 0,
+                )
+            )
 
     # -- runner callbacks ---------------------------------------------------------
     def _on_progress(self, p: Progress) -> None:
-        if self.host.closing or not self._throttle.should_send(self.key, p.progress, time.monotonic()):
+        if self.host.closing or not self._throttle.should_send(
+            self.key, p.progress, time.monotonic()
+        ):
             return
-        self.host.publish_progress(reports.progress(
-            event_id=uuid.uuid4().hex, node_id=self.host.node_id, job_id=self.job_id, run=self.run,
-            ts_ms=now_ms(), progress=p.progress, step=p.step, total_steps=p.total_steps))
+        self.host.publish_progress(
+            reports.progress(
+                event_id=uuid.uuid4().hex,
+                node_id=self.host.node_id,
+                job_id=self.job_id,
+                run=self.run,
+                ts_ms=now_ms(),
+                progress=p.progress,
+                step=p.step,
+                total_steps=p.total_steps,
+            )
+        )
 
     def _on_checkpoint(self, cp: Checkpoint) -> None:
         self._uploads.append(asyncio.create_task(self._upload_checkpoint(cp)))
@@ -243,11 +361,25 @@ class RunExecution:
         host, (job_id, n) = self.host, self.key
         async with self._upload_lock:  # in step order: the last RunCheckpointed is the newest
             try:
-                stored = await asyncio.to_thread(host.store.put_file, checkpoint_key(job_id, n, cp.step), cp.path)
+                stored = await asyncio.to_thread(
+                    host.store.put_file, checkpoint_key(job_id, n, cp.step), cp.path
+                )
             except Exception as e:
-                log.error("job %s run %d on %s: checkpoint upload failed: %s", job_id, n, host.node_id, e)
+                log.error(
+                    "job %s run %d on %s: checkpoint upload failed: %s", job_id, n, host.node_id, e
+                )
                 return
             last = self.runner.last if self.runner else Progress(0.0, 0, 0)
             progress = cp.step / last.total_steps if last.total_steps else last.progress
-            await host.report(reports.checkpointed(host.node_id, host.incarnation, job_id, n,
-                                                   now_ms(), stored.uri, cp.step, min(progress, 1.0)))
+            await host.report(
+                reports.checkpointed(
+                    host.node_id,
+                    host.incarnation,
+                    job_id,
+                    n,
+                    now_ms(),
+                    stored.uri,
+                    cp.step,
+                    min(progress, 1.0),
+                )
+            )

@@ -22,6 +22,7 @@ Two channels, neither of which needs the agent to cooperate beyond reading a fil
    :func:`wedge` SIGSTOPs one generator's group (a generator that hangs: alive,
    silent). Processes are found through ``/proc`` (Linux).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,9 +30,10 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from framespool.schemas.events import GpuHealth
 
@@ -44,14 +46,17 @@ GENERATOR_MARK = "framespool.agents.demo_generator"
 # --------------------------------------------------------------------------
 # GPU faults through a file
 # --------------------------------------------------------------------------
-def gpu_faults_doc(throttle: Any = (), ecc: Optional[Mapping[int, tuple[int, int]]] = None) -> dict:
+def gpu_faults_doc(throttle: Any = (), ecc: Mapping[int, tuple[int, int]] | None = None) -> dict:
     """The file's content: throttled GPUs, and ECC ``(corrected, uncorrected)`` per GPU."""
-    return {"throttle": sorted(int(g) for g in throttle),
-            "ecc": {str(g): [int(c), int(u)] for g, (c, u) in sorted((ecc or {}).items())}}
+    return {
+        "throttle": sorted(int(g) for g in throttle),
+        "ecc": {str(g): [int(c), int(u)] for g, (c, u) in sorted((ecc or {}).items())},
+    }
 
 
-def write_gpu_faults(agent_dir: Path | str, throttle: Any = (),
-                     ecc: Optional[Mapping[int, tuple[int, int]]] = None) -> Path:
+def write_gpu_faults(
+    agent_dir: Path | str, throttle: Any = (), ecc: Mapping[int, tuple[int, int]] | None = None
+) -> Path:
     """Atomically replace ``<agent_dir>/faults.json``; the next heartbeat applies it."""
     agent_dir = Path(agent_dir)
     agent_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +75,7 @@ class FaultFileProbe:
         self.path = Path(path)
         self.count = probe.count
         self.gpu_type = probe.gpu_type
-        self._seen: Optional[tuple[int, int]] = None   # (mtime_ns, size) last applied
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) last applied
 
     def set_busy(self, gpus: set[int]) -> None:
         self._probe.set_busy(gpus)
@@ -83,7 +88,7 @@ class FaultFileProbe:
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            if self._seen is not None:      # removed: heal everything
+            if self._seen is not None:  # removed: heal everything
                 self._seen = None
                 self._apply({"throttle": [], "ecc": {}})
             return
@@ -125,13 +130,13 @@ class GeneratorProcess:
     run: int
 
 
-def _ppid(pid: int) -> Optional[int]:
+def _ppid(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return int(fields[1]) if len(fields) > 1 else None
 
 

@@ -26,24 +26,24 @@ Per-run states: ``LAUNCHING`` (checkpoint download, process start),
 consults (progress throttling, step rate) live here too: they take
 ``now`` as an argument and never read a clock.
 """
+
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 from framespool.schemas.events import CheckpointRun, StartRun, StopRun
 
-Instruction = Union[StartRun, StopRun, CheckpointRun]
+Instruction = StartRun | StopRun | CheckpointRun
 RunKey = tuple[str, int]
 
 
 class Action(enum.Enum):
-    SKIP = "skip"                      # not for this node
-    IGNORE = "ignore"                  # fenced or duplicate: do nothing
-    LAUNCH = "launch"                  # start the generator
-    STOP = "stop"                      # stop a run this node has
-    CHECKPOINT = "checkpoint"          # ask a run this node has to checkpoint
+    SKIP = "skip"  # not for this node
+    IGNORE = "ignore"  # fenced or duplicate: do nothing
+    LAUNCH = "launch"  # start the generator
+    STOP = "stop"  # stop a run this node has
+    CHECKPOINT = "checkpoint"  # ask a run this node has to checkpoint
     REPORT_STOPPED = "report_stopped"  # node has no such run: confirm it is gone
 
 
@@ -102,8 +102,11 @@ class RunLedger:
             return Decision(Action.SKIP, f"for node {cmd.node_id}", job_id, cmd.run)
         if cmd.incarnation != self.incarnation:
             older = "stale" if cmd.incarnation < self.incarnation else "unknown"
-            return self._ignore(cmd, f"{older} incarnation {cmd.incarnation}"
-                                     f" (this node is {self.incarnation})", job_id)
+            return self._ignore(
+                cmd,
+                f"{older} incarnation {cmd.incarnation} (this node is {self.incarnation})",
+                job_id,
+            )
         if cmd.event_id in self._seen_events:
             return self._ignore(cmd, "duplicate event_id", job_id)
         self._seen_events.add(cmd.event_id)
@@ -120,14 +123,15 @@ class RunLedger:
             return self._ignore(cmd, f"stale run {cmd.run} (seen run {highest})", key[0])
         self._seen_runs.add(key)
         self._highest_run[key[0]] = cmd.run
-        superseded = tuple(k for k, e in self._runs.items()
-                           if k[0] == key[0] and e.state in ACTIVE_STATES)
+        superseded = tuple(
+            k for k, e in self._runs.items() if k[0] == key[0] and e.state in ACTIVE_STATES
+        )
         for k in superseded:
             self._apply(self._runs[k], Action.STOP, f"superseded by run {cmd.run}")
         self._runs[key] = RunEntry(key[0], cmd.run, tuple(cmd.gpus), cmd.spec.model)
         return Decision(Action.LAUNCH, "new run", key[0], cmd.run, superseded)
 
-    def _stop_or_checkpoint(self, cmd: Union[StopRun, CheckpointRun]) -> Decision:
+    def _stop_or_checkpoint(self, cmd: StopRun | CheckpointRun) -> Decision:
         key = (cmd.job_id, cmd.run)
         entry = self._runs.get(key)
         if entry is None or entry.state is RunState.FINISHED:
@@ -170,13 +174,15 @@ class RunLedger:
         if entry is not None:
             entry.state = RunState.FINISHED
 
-    def entry(self, job_id: str, run: int) -> Optional[RunEntry]:
+    def entry(self, job_id: str, run: int) -> RunEntry | None:
         return self._runs.get((job_id, run))
 
     def active(self) -> list[RunEntry]:
         """Runs whose processes may exist, in a stable order."""
-        return sorted((e for e in self._runs.values() if e.state in ACTIVE_STATES),
-                      key=lambda e: (e.job_id, e.run))
+        return sorted(
+            (e for e in self._runs.values() if e.state in ACTIVE_STATES),
+            key=lambda e: (e.job_id, e.run),
+        )
 
     def forget_finished(self) -> None:
         """Drop finished entries; fencing sets (seen events, runs) are kept."""
@@ -221,7 +227,7 @@ class StepRate:
         if self._samples and step < self._samples[-1][1]:
             self._samples.clear()  # resumed or restarted: old samples mean nothing
         self._samples.append((now, step))
-        del self._samples[:-self.window]
+        del self._samples[: -self.window]
 
     @property
     def rate(self) -> float:

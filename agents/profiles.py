@@ -10,6 +10,7 @@ Placeholders in ``command`` and ``resume_args``: ``{python}``, ``{prompt}``,
 ``{time_scale}``, ``{gpus}`` (comma-separated indices), ``{job_id}``,
 ``{run}``. ``resume_args`` are appended only when the run resumes.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,25 @@ import signal
 import string
 import sys
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
-PLACEHOLDERS = frozenset({
-    "python", "prompt", "out", "params_json", "checkpoint_dir", "resume_from",
-    "time_scale", "gpus", "job_id", "run",
-})
+PLACEHOLDERS = frozenset(
+    {
+        "python",
+        "prompt",
+        "out",
+        "params_json",
+        "checkpoint_dir",
+        "resume_from",
+        "time_scale",
+        "gpus",
+        "job_id",
+        "run",
+    }
+)
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -49,9 +61,9 @@ class CheckpointSupport:
     """How to ask for a checkpoint and how the generator reports the file."""
 
     signal: str = "SIGUSR1"
-    path_key: str = "checkpoint"      # stdout JSON line {"checkpoint": path, "step": n}
+    path_key: str = "checkpoint"  # stdout JSON line {"checkpoint": path, "step": n}
     step_key: str = "step"
-    timeout_s: float = 30.0           # how long a requested checkpoint may take
+    timeout_s: float = 30.0  # how long a requested checkpoint may take
 
     @property
     def signum(self) -> int:
@@ -63,7 +75,7 @@ class ModelProfile:
     name: str
     command: tuple[str, ...]
     progress: ProgressFormat = ProgressFormat()
-    checkpoint: Optional[CheckpointSupport] = None
+    checkpoint: CheckpointSupport | None = None
     resume_args: tuple[str, ...] = ()
     output_name: str = "output.bin"
     content_type: str = "application/octet-stream"
@@ -93,7 +105,7 @@ class ModelProfile:
         return args
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ModelProfile":
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelProfile:
         try:
             name = str(d["name"])
             command = tuple(str(p) for p in d["command"])
@@ -107,9 +119,13 @@ class ModelProfile:
         ckpt = d.get("checkpoint")
         checkpoint = None
         if ckpt:
-            checkpoint = CheckpointSupport(**ckpt) if isinstance(ckpt, Mapping) else CheckpointSupport()
+            checkpoint = (
+                CheckpointSupport(**ckpt) if isinstance(ckpt, Mapping) else CheckpointSupport()
+            )
             if not hasattr(signal, checkpoint.signal):
-                raise ProfileError(f"profile {name!r}: unknown checkpoint signal {checkpoint.signal!r}")
+                raise ProfileError(
+                    f"profile {name!r}: unknown checkpoint signal {checkpoint.signal!r}"
+                )
         return cls(
             name=name,
             command=command,
@@ -129,42 +145,60 @@ def _check_template(name: str, part: str) -> None:
         if field_name is not None and field_name not in PLACEHOLDERS:
             raise ProfileError(
                 f"profile {name!r}: unknown placeholder {{{field_name}}} in {part!r};"
-                f" known: {sorted(PLACEHOLDERS)} (write literal braces as {{{{ and }}}})")
+                f" known: {sorted(PLACEHOLDERS)} (write literal braces as {{{{ and }}}})"
+            )
 
 
 def demo_profile() -> ModelProfile:
     """The bundled demo generator (``python -m framespool.agents.demo_generator``)."""
-    return ModelProfile.from_dict({
-        "name": "demo",
-        "command": [
-            "{python}", "-m", "framespool.agents.demo_generator",
-            "--prompt", "{prompt}", "--out", "{out}", "--params-json", "{params_json}",
-            "--checkpoint-dir", "{checkpoint_dir}", "--time-scale", "{time_scale}",
-        ],
-        "resume_args": ["--resume-from", "{resume_from}"],
-        "checkpoint": {"signal": "SIGUSR1", "path_key": "checkpoint", "timeout_s": 10.0},
-        "output_name": "output.gif",
-        "content_type": "image/gif",
-        "hang_timeout_s": 30.0,
-        "stop_grace_s": 5.0,
-        "env": {"PYTHONPATH": PACKAGE_ROOT, "PYTHONUNBUFFERED": "1"},
-    })
+    return ModelProfile.from_dict(
+        {
+            "name": "demo",
+            "command": [
+                "{python}",
+                "-m",
+                "framespool.agents.demo_generator",
+                "--prompt",
+                "{prompt}",
+                "--out",
+                "{out}",
+                "--params-json",
+                "{params_json}",
+                "--checkpoint-dir",
+                "{checkpoint_dir}",
+                "--time-scale",
+                "{time_scale}",
+            ],
+            "resume_args": ["--resume-from", "{resume_from}"],
+            "checkpoint": {"signal": "SIGUSR1", "path_key": "checkpoint", "timeout_s": 10.0},
+            "output_name": "output.gif",
+            "content_type": "image/gif",
+            "hang_timeout_s": 30.0,
+            "stop_grace_s": 5.0,
+            "env": {"PYTHONPATH": PACKAGE_ROOT, "PYTHONUNBUFFERED": "1"},
+        }
+    )
 
 
 def noop_profile() -> ModelProfile:
     """A zero-work generator (a shell that reports done and writes an empty
     file): what ``framespool bench pipeline`` runs to measure the pipeline
     itself rather than generation."""
-    return ModelProfile.from_dict({
-        "name": "noop",
-        "command": ["/bin/sh", "-c",
-                    "mkdir -p \"${{0%/*}}\" && : > \"$0\" && "
-                    "echo '{{\"progress\": 1.0, \"step\": 1, \"total_steps\": 1}}'",
-                    "{out}"],
-        "output_name": "output.bin",
-        "hang_timeout_s": 30.0,
-        "stop_grace_s": 1.0,
-    })
+    return ModelProfile.from_dict(
+        {
+            "name": "noop",
+            "command": [
+                "/bin/sh",
+                "-c",
+                "mkdir -p \"${{0%/*}}\" && : > \"$0\" && "
+                "echo '{{\"progress\": 1.0, \"step\": 1, \"total_steps\": 1}}'",
+                "{out}",
+            ],
+            "output_name": "output.bin",
+            "hang_timeout_s": 30.0,
+            "stop_grace_s": 1.0,
+        }
+    )
 
 
 def load_profiles(source: Any = None) -> dict[str, ModelProfile]:

@@ -18,6 +18,7 @@ runner
    file exists), stopped (a stop was asked for), hung, or failed
    (``generator_error`` with exit code and stderr tail).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,9 @@ import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from framespool.agents.ledger import StepRate
 from framespool.agents.profiles import ModelProfile
@@ -63,8 +64,8 @@ class Checkpoint:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     kind: str
-    exit_code: Optional[int] = None
-    output_path: Optional[Path] = None
+    exit_code: int | None = None
+    output_path: Path | None = None
     failure_class: str = ""
     reason: str = ""
     stderr_tail: str = ""
@@ -73,12 +74,19 @@ class Outcome:
 class Runner:
     """One generator process (group) for one run."""
 
-    def __init__(self, profile: ModelProfile, argv: list[str], *, output_path: Path,
-                 env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None,
-                 hang_timeout_s: Optional[float] = None,
-                 on_progress: Optional[Callable[[Progress], None]] = None,
-                 on_checkpoint: Optional[Callable[[Checkpoint], None]] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        argv: list[str],
+        *,
+        output_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        hang_timeout_s: float | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+        on_checkpoint: Callable[[Checkpoint], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.profile = profile
         self.argv = argv
         self.output_path = output_path
@@ -88,14 +96,14 @@ class Runner:
         self._on_progress = on_progress
         self._on_checkpoint = on_checkpoint
         self._clock = clock
-        self._proc: Optional[asyncio.subprocess.Process] = None
+        self._proc: asyncio.subprocess.Process | None = None
         self._stderr: deque[bytes] = deque()
         self._stderr_len = 0
         self._rate = StepRate()
         self._last_activity = 0.0
         self._stop_requested = False
         self._hung = False
-        self._done: Optional[asyncio.Task[Outcome]] = None
+        self._done: asyncio.Task[Outcome] | None = None
         self._checkpoint_waiters: list[asyncio.Future[Checkpoint]] = []
         self.last: Progress = Progress(0.0, 0, 0)
         # Set by the generator's first JSON line: only then are its signal
@@ -105,7 +113,7 @@ class Runner:
 
     # -- public --------------------------------------------------------------
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
     @property
@@ -119,11 +127,19 @@ class Runner:
     async def start(self) -> None:
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self._env, cwd=self.cwd,
-                start_new_session=True, limit=LINE_LIMIT)
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+                cwd=self.cwd,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
         except OSError as e:
-            raise LaunchError(f"cannot start {self.argv[0]!r} for profile {self.profile.name!r}: {e}") from e
+            raise LaunchError(
+                f"cannot start {self.argv[0]!r} for profile {self.profile.name!r}: {e}"
+            ) from e
         self._last_activity = self._clock()
         self._done = asyncio.create_task(self._supervise(), name=f"runner-{self._proc.pid}")
 
@@ -151,7 +167,7 @@ class Runner:
         if self.running:
             self._signal_leader(signum)
 
-    async def stop(self, grace_s: Optional[float] = None) -> Outcome:
+    async def stop(self, grace_s: float | None = None) -> Outcome:
         """SIGTERM the group, SIGKILL it after the grace period; returns the outcome."""
         if self._done is None:
             raise RuntimeError("stop() before start()")
@@ -169,8 +185,10 @@ class Runner:
     async def _supervise(self) -> Outcome:
         proc = self._proc
         assert proc is not None and proc.stdout is not None and proc.stderr is not None
-        readers = [asyncio.create_task(self._read_stdout(proc.stdout)),
-                   asyncio.create_task(self._read_stderr(proc.stderr))]
+        readers = [
+            asyncio.create_task(self._read_stdout(proc.stdout)),
+            asyncio.create_task(self._read_stderr(proc.stderr)),
+        ]
         watchdog = asyncio.create_task(self._watchdog())
         try:
             rc = await proc.wait()
@@ -183,7 +201,9 @@ class Runner:
             task.cancel()
         for fut in self._checkpoint_waiters:
             if not fut.done():
-                fut.set_exception(ProcessLookupError(f"generator exited ({rc}) before checkpointing"))
+                fut.set_exception(
+                    ProcessLookupError(f"generator exited ({rc}) before checkpointing")
+                )
         self._checkpoint_waiters.clear()
         return self._classify(rc)
 
@@ -192,12 +212,20 @@ class Runner:
         if self._stop_requested:
             return Outcome(STOPPED, rc, reason="stopped on request", stderr_tail=tail)
         if self._hung:
-            return Outcome(HUNG, rc, failure_class="hung", stderr_tail=tail,
-                           reason=f"no progress for {self.hang_timeout_s:g}s (last step {self.last.step})")
+            return Outcome(
+                HUNG,
+                rc,
+                failure_class="hung",
+                stderr_tail=tail,
+                reason=f"no progress for {self.hang_timeout_s:g}s (last step {self.last.step})",
+            )
         if rc == 0 and self.output_path.is_file():
             return Outcome(COMPLETED, rc, output_path=self.output_path, stderr_tail=tail)
-        reason = (f"exited 0 but wrote no output at {self.output_path}" if rc == 0
-                  else f"exited with {_describe(rc)}: {tail.strip().splitlines()[-1] if tail.strip() else 'no stderr'}")
+        reason = (
+            f"exited 0 but wrote no output at {self.output_path}"
+            if rc == 0
+            else f"exited with {_describe(rc)}: {tail.strip().splitlines()[-1] if tail.strip() else 'no stderr'}"
+        )
         return Outcome(FAILED, rc, failure_class="generator_error", reason=reason, stderr_tail=tail)
 
     async def _read_stdout(self, stream: asyncio.StreamReader) -> None:
@@ -232,8 +260,11 @@ class Runner:
                 self._callback(self._on_checkpoint, cp)
             elif fmt.progress_key in msg:
                 self._last_activity = now
-                p = Progress(float(msg[fmt.progress_key]), int(msg.get(fmt.step_key, 0)),
-                             int(msg.get(fmt.total_key, 0)))
+                p = Progress(
+                    float(msg[fmt.progress_key]),
+                    int(msg.get(fmt.step_key, 0)),
+                    int(msg.get(fmt.total_key, 0)),
+                )
                 self.last = p
                 self._rate.add(now, p.step)
                 self._callback(self._on_progress, p)
@@ -257,8 +288,11 @@ class Runner:
         while True:
             await asyncio.sleep(period)
             if self._clock() - self._last_activity > self.hang_timeout_s:
-                log.warning("generator pid %s silent for %.1fs: killing its group", self.pid,
-                            self.hang_timeout_s)
+                log.warning(
+                    "generator pid %s silent for %.1fs: killing its group",
+                    self.pid,
+                    self.hang_timeout_s,
+                )
                 self._hung = True
                 await self._terminate(min(self.profile.stop_grace_s, 2.0))
                 return
@@ -269,7 +303,7 @@ class Runner:
         self._killpg(signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("generator pid %s ignored SIGTERM for %.1fs: SIGKILL", proc.pid, grace_s)
         self._killpg(signal.SIGKILL)
 
@@ -285,7 +319,7 @@ class Runner:
                 self._proc.send_signal(sig)
 
     @staticmethod
-    def _callback(fn: Optional[Callable], arg: object) -> None:
+    def _callback(fn: Callable | None, arg: object) -> None:
         if fn is None:
             return
         try:

@@ -5,6 +5,7 @@ storage the log lives in the process and is gone when it stops; an ``s3://``
 storage URL (plus the ``AWS_*`` variables in ``env``, see BROKER-NOTES.md) keeps
 it across restarts as long as ``cluster_id`` stays the same.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -55,7 +56,10 @@ def _die_with_parent() -> Callable[[], None] | None:
     Only safe when called from the main thread: PR_SET_PDEATHSIG fires when the
     *thread* that forked exits, which for a worker thread can be any time.
     """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    if (
+        not sys.platform.startswith("linux")
+        or threading.current_thread() is not threading.main_thread()
+    ):
         return None
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork
@@ -133,11 +137,18 @@ class EmbeddedBroker:
                 self.port = free_port(self.host)
             elif not _port_is_free(self.host, self.port):
                 # Tansu would die on the bind, but a probe could reach whoever holds the port.
-                raise BrokerError(f"port {self.host}:{self.port} is already in use; pass another or none")
+                raise BrokerError(
+                    f"port {self.host}:{self.port} is already in use; pass another or none"
+                )
             self._spawn()
             try:
                 self._wait_ready()
-                log.info("embedded broker pid %s on %s (log %s)", self.pid, self.bootstrap_servers, self.log_path)
+                log.info(
+                    "embedded broker pid %s on %s (log %s)",
+                    self.pid,
+                    self.bootstrap_servers,
+                    self.log_path,
+                )
                 return self
             except BrokerError:
                 exited = not self.running

@@ -6,12 +6,13 @@ function ``(args) -> exit status``. Adding a command is adding a module and its
 name to ``COMMANDS``; nothing else here changes. Handlers import what they need
 when they run, so ``framespool --help`` stays fast.
 """
+
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from framespool.commands import CommandError
 
@@ -21,14 +22,15 @@ COMMANDS = ("up", "jobs", "simulate", "bench", "replay", "audit", "verify", "cha
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="framespool",
-        description="An event-sourced scheduler for opaque long-running GPU jobs.")
+        description="An event-sourced scheduler for opaque long-running GPU jobs.",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"framespool.commands.{name}").register(subparsers)
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -39,7 +41,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:      # e.g. `framespool simulate ... | head`
+    except BrokenPipeError:  # e.g. `framespool simulate ... | head`
         sys.stderr.close()
         return 141
 

@@ -13,6 +13,7 @@ scheduler -> job-events), not generation's:
 Job events are read by the bench's own consumer of the job-events topic, so
 the figures include one consumer hop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from framespool.broker import free_port
 from framespool.stack import Stack, StackConfig
@@ -87,8 +88,9 @@ class EventWatcher(threading.Thread):
         self.consumer.close()
 
 
-async def submit_many(url: str, key: str, count: int, rate: float, concurrency: int,
-                      sent: dict[str, float]) -> None:
+async def submit_many(
+    url: str, key: str, count: int, rate: float, concurrency: int, sent: dict[str, float]
+) -> None:
     import aiohttp
 
     headers = {"Authorization": f"Bearer {key}"}
@@ -124,13 +126,17 @@ def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
     ordered = sorted(values)
-    q = statistics.quantiles(ordered, n=100, method="inclusive") if len(ordered) > 1 \
+    q = (
+        statistics.quantiles(ordered, n=100, method="inclusive")
+        if len(ordered) > 1
         else [ordered[0]] * 99
+    )
     return {"p50": round(q[49], 2), "p99": round(q[98], 2), "max": round(ordered[-1], 2)}
 
 
-def wait_for(watch: dict[str, float], ids, timeout_s: float,
-             failed: Optional[dict[str, float]] = None) -> None:
+def wait_for(
+    watch: dict[str, float], ids, timeout_s: float, failed: dict[str, float] | None = None
+) -> None:
     """Until every job is in ``watch`` (or ended in ``failed``), or the timeout."""
     failed = failed if failed is not None else {}
     deadline = time.monotonic() + timeout_s
@@ -138,16 +144,32 @@ def wait_for(watch: dict[str, float], ids, timeout_s: float,
         time.sleep(0.05)
 
 
-def bench_pipeline(jobs: int = 2000, rate: float = 200.0, seconds: float = 10.0,
-                   concurrency: int = 32, nodes: int = 8, gpus_per_node: int = 8,
-                   data_dir: Optional[Path] = None) -> PipelineResult:
+def bench_pipeline(
+    jobs: int = 2000,
+    rate: float = 200.0,
+    seconds: float = 10.0,
+    concurrency: int = 32,
+    nodes: int = 8,
+    gpus_per_node: int = 8,
+    data_dir: Path | None = None,
+) -> PipelineResult:
     workdir = Path(data_dir or tempfile.mkdtemp(prefix="framespool-bench-"))
     config_path = workdir / "bench-config.json"
     workdir.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(json.dumps({"admission": {"rate": {"rate_per_s": 0}},
-                                       "scheduler": {"status_interval_s": 5}}))
-    stack = Stack(StackConfig(data_dir=workdir / "stack", port=free_port(), nodes=nodes,
-                              gpus_per_node=gpus_per_node, processor_config=config_path))
+    config_path.write_text(
+        json.dumps(
+            {"admission": {"rate": {"rate_per_s": 0}}, "scheduler": {"status_interval_s": 5}}
+        )
+    )
+    stack = Stack(
+        StackConfig(
+            data_dir=workdir / "stack",
+            port=free_port(),
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            processor_config=config_path,
+        )
+    )
     with stack:
         key = stack.tenant_keys[0]["api_key"]
         watcher = EventWatcher(stack.broker.bootstrap_servers)
@@ -175,11 +197,18 @@ def bench_pipeline(jobs: int = 2000, rate: float = 200.0, seconds: float = 10.0,
         finally:
             watcher.stop()
     assigned = [1000 * (watcher.assigned[j] - t) for j, t in lat.items() if j in watcher.assigned]
-    completed = [1000 * (watcher.completed[j] - t) for j, t in lat.items()
-                 if j in watcher.completed]
+    completed = [
+        1000 * (watcher.completed[j] - t) for j, t in lat.items() if j in watcher.completed
+    ]
     return PipelineResult(
-        jobs_per_s=round(len(done) / elapsed, 1) if done else 0.0, jobs=jobs,
-        completed=len(done), submit_to_assigned_ms=percentiles(assigned),
-        submit_to_completed_ms=percentiles(completed), offered_rate=rate,
-        achieved_submit_rate=round(n / submit_elapsed, 1), nodes=nodes,
-        gpus=nodes * gpus_per_node, failed=len(watcher.failed))
+        jobs_per_s=round(len(done) / elapsed, 1) if done else 0.0,
+        jobs=jobs,
+        completed=len(done),
+        submit_to_assigned_ms=percentiles(assigned),
+        submit_to_completed_ms=percentiles(completed),
+        offered_rate=rate,
+        achieved_submit_rate=round(n / submit_elapsed, 1),
+        nodes=nodes,
+        gpus=nodes * gpus_per_node,
+        failed=len(watcher.failed),
+    )

@@ -6,6 +6,7 @@
 Both read the shared settings (tenant keys, signing secret, artifact root)
 from ``<stack-dir>/stack-secrets.json``, which ``framespool up`` writes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
     s3 = secrets.get("s3")
     if s3:
         return S3Store(s3["bucket"], endpoint_url=s3.get("endpoint_url"))
-    return LocalDirStore(stack_dir / "artifacts", url_base=api_url,
-                         secret=secrets["signing_secret"])
+    return LocalDirStore(
+        stack_dir / "artifacts", url_base=api_url, secret=secrets["signing_secret"]
+    )
 
 
 async def run_api(args: argparse.Namespace) -> None:
@@ -47,13 +49,21 @@ async def run_api(args: argparse.Namespace) -> None:
     producer = LogProducer(args.bootstrap)
     keys = ApiKeys.from_config(secrets["auth"])
     policy = TargetPolicy(allow_private=args.allow_private_webhooks)
-    webhooks = WebhookConfig.for_tenants(secrets["signing_secret"].encode(), keys.tenants,
-                                         policy=policy)
-    service = ProjectionService.open(stack_dir / "api", args.bootstrap, producer,
-                                     webhooks=webhooks)
-    app = make_app(ApiConfig(auth=keys, store=service.store, hub=service.hub, producer=producer,
-                             artifacts=artifact_store(stack_dir, secrets, api_url),
-                             url_policy=policy, background=service.background))
+    webhooks = WebhookConfig.for_tenants(
+        secrets["signing_secret"].encode(), keys.tenants, policy=policy
+    )
+    service = ProjectionService.open(stack_dir / "api", args.bootstrap, producer, webhooks=webhooks)
+    app = make_app(
+        ApiConfig(
+            auth=keys,
+            store=service.store,
+            hub=service.hub,
+            producer=producer,
+            artifacts=artifact_store(stack_dir, secrets, api_url),
+            url_policy=policy,
+            background=service.background,
+        )
+    )
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -74,16 +84,27 @@ async def run_agent(args: argparse.Namespace) -> None:
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
-    probe = (SimulatedProbe(args.gpus, args.gpu_type, seed=hash(args.node) & 0xFFFF)
-             if args.simulated else detect_probe(args.gpus, args.gpu_type))
+    probe = (
+        SimulatedProbe(args.gpus, args.gpu_type, seed=hash(args.node) & 0xFFFF)
+        if args.simulated
+        else detect_probe(args.gpus, args.gpu_type)
+    )
     if args.simulated:  # tests and chaos drills inject GPU faults through this file
         from framespool.agents.faults import FAULTS_FILE, FaultFileProbe
 
         probe = FaultFileProbe(probe, stack_dir / "agents" / args.node / FAULTS_FILE)
-    agent = NodeAgent(args.node, args.cell, args.bootstrap,
-                      artifact_store(stack_dir, secrets, args.api_url), probe, load_profiles(),
-                      stack_dir / "agents" / args.node, heartbeat_s=args.heartbeat_s,
-                      time_scale=args.time_scale, rail=args.rail)
+    agent = NodeAgent(
+        args.node,
+        args.cell,
+        args.bootstrap,
+        artifact_store(stack_dir, secrets, args.api_url),
+        probe,
+        load_profiles(),
+        stack_dir / "agents" / args.node,
+        heartbeat_s=args.heartbeat_s,
+        time_scale=args.time_scale,
+        rail=args.rail,
+    )
     if args.metrics_port:
         from framespool.processors.metrics import serve
 
@@ -102,9 +123,10 @@ class AgentCollector:
 
         node = self.agent.node_id
         for name, doc, value in (
-                ("framespool_agent_runs", "runs this agent is executing", len(self.agent._runs)),
-                ("framespool_agent_incarnation", "registration number", self.agent.incarnation),
-                ("framespool_agent_gpus", "GPUs on this node", self.agent.probe.count)):
+            ("framespool_agent_runs", "runs this agent is executing", len(self.agent._runs)),
+            ("framespool_agent_incarnation", "registration number", self.agent.incarnation),
+            ("framespool_agent_gpus", "GPUs on this node", self.agent.probe.count),
+        ):
             family = GaugeMetricFamily(name, doc, labels=["node"])
             family.add_metric([node], float(value))
             yield family
@@ -125,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="service", required=True)
     api = sub.add_parser("api")
     api.add_argument("--port", type=int, required=True)
-    api.add_argument("--host", default="127.0.0.1",
-                     help="address to bind (0.0.0.0 only inside a container network)")
+    api.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (0.0.0.0 only inside a container network)",
+    )
     api.add_argument("--allow-private-webhooks", action="store_true")
     agent = sub.add_parser("agent")
     agent.add_argument("--node", required=True)
@@ -138,8 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     agent.add_argument("--time-scale", type=float, default=1.0)
     agent.add_argument("--heartbeat-s", type=float, default=1.0)
     agent.add_argument("--api-url", default="http://127.0.0.1:8080")
-    agent.add_argument("--metrics-port", type=int, default=0,
-                       help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
+    agent.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)",
+    )
     for p in (api, agent):
         p.add_argument("--stack-dir", required=True)
         p.add_argument("--bootstrap", required=True)

@@ -12,6 +12,7 @@ Start order (each step waits until the previous one is ready):
 Stop order is the reverse, SIGTERM first and SIGKILL after a grace period.
 Every process logs to ``<data-dir>/logs/<name>.log``.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,6 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from framespool.broker import EmbeddedBroker
 
@@ -42,7 +42,7 @@ class StackConfig:
     time_scale: float = 1.0
     tenants: tuple[tuple[str, str], ...] = DEFAULT_TENANTS
     allow_private_webhooks: bool = False
-    processor_config: Optional[Path] = None   # [admission]/[scheduler] JSON or TOML
+    processor_config: Path | None = None  # [admission]/[scheduler] JSON or TOML
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -66,8 +66,14 @@ class Process:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.log = open(self.log_path, "ab")
-        self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True, preexec_fn=die_with_parent)
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -88,7 +94,7 @@ class Stack:
         self.config = config
         self.data_dir = Path(config.data_dir).resolve()
         self.log_dir = self.data_dir / "logs"
-        self.broker: Optional[EmbeddedBroker] = None
+        self.broker: EmbeddedBroker | None = None
         self.processes: list[Process] = []
         self.tenant_keys: list[dict[str, str]] = []
 
@@ -116,27 +122,59 @@ class Stack:
         for role in ("admission", "scheduler"):
             # snapshot at most once a second: state is pickled whole, and the
             # commit protocol re-folds (without re-sending) what a crash loses
-            self.spawn(role, processors + [role, *common, "--data-dir", state, *common_cfg,
-                                           "--snapshot-interval", "1.0"])
+            self.spawn(
+                role,
+                processors
+                + [role, *common, "--data-dir", state, *common_cfg, "--snapshot-interval", "1.0"],
+            )
         self.spawn("clock", processors + ["clock", *common, "--data-dir", state])
         services = [sys.executable, "-m", "framespool.services"]
-        api = services + ["api", *common, "--stack-dir", str(self.data_dir),
-                          "--port", str(self.config.port)]
+        api = services + [
+            "api",
+            *common,
+            "--stack-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.config.port),
+        ]
         if self.config.allow_private_webhooks:
             api.append("--allow-private-webhooks")
         self.spawn("api", api)
         self.wait_http(f"{self.api_url}/healthz", ready_timeout_s)
         for i in range(self.config.nodes):
             node = f"node-{i}"
-            self.spawn(f"agent-{node}", services + [
-                "agent", *common, "--stack-dir", str(self.data_dir), "--node", node,
-                "--cell", "cell-0", "--rail", f"rail-{i // self.config.nodes_per_rail}",
-                "--gpus", str(self.config.gpus_per_node), "--simulated",
-                "--time-scale", str(self.config.time_scale), "--api-url", self.api_url])
+            self.spawn(
+                f"agent-{node}",
+                services
+                + [
+                    "agent",
+                    *common,
+                    "--stack-dir",
+                    str(self.data_dir),
+                    "--node",
+                    node,
+                    "--cell",
+                    "cell-0",
+                    "--rail",
+                    f"rail-{i // self.config.nodes_per_rail}",
+                    "--gpus",
+                    str(self.config.gpus_per_node),
+                    "--simulated",
+                    "--time-scale",
+                    str(self.config.time_scale),
+                    "--api-url",
+                    self.api_url,
+                ],
+            )
         self.wait_nodes(ready_timeout_s)
-        info = {"api_url": self.api_url, "bootstrap_servers": bootstrap,
-                "tenants": self.tenant_keys, "data_dir": str(self.data_dir),
-                "logs": str(self.log_dir), "pids": {p.name: p.popen.pid for p in self.processes}}
+        info = {
+            "api_url": self.api_url,
+            "bootstrap_servers": bootstrap,
+            "tenants": self.tenant_keys,
+            "data_dir": str(self.data_dir),
+            "logs": str(self.log_dir),
+            "pids": {p.name: p.popen.pid for p in self.processes},
+        }
         (self.data_dir / "stack.json").write_text(json.dumps(info, indent=2))
         return info
 
@@ -157,13 +195,20 @@ class Stack:
         for name, tier in self.config.tenants:
             token = f"fs_{name}_{secrets.token_urlsafe(18)}"
             keys.append({"key": token, "tenant": name, "user": "dev"})
-            tenants[name] = {"tiers": [tier, "free"] if tier != "free" else ["free"],
-                             "default_tier": tier}
+            tenants[name] = {
+                "tiers": [tier, "free"] if tier != "free" else ["free"],
+                "default_tier": tier,
+            }
             self.tenant_keys.append({"name": name, "tier": tier, "api_key": token})
         secret_file = self.data_dir / "stack-secrets.json"
-        secret_file.write_text(json.dumps({
-            "auth": {"tenants": tenants, "keys": keys},
-            "signing_secret": secrets.token_hex(32)}))
+        secret_file.write_text(
+            json.dumps(
+                {
+                    "auth": {"tenants": tenants, "keys": keys},
+                    "signing_secret": secrets.token_hex(32),
+                }
+            )
+        )
         secret_file.chmod(0o600)
 
     def spawn(self, name: str, argv: list[str]) -> Process:
@@ -175,8 +220,10 @@ class Stack:
     def check_alive(self) -> None:
         for process in self.processes:
             if not process.alive():
-                raise StackError(f"{process.name} exited with status {process.popen.returncode}; "
-                                 f"see {process.log_path}")
+                raise StackError(
+                    f"{process.name} exited with status {process.popen.returncode}; "
+                    f"see {process.log_path}"
+                )
 
     def wait_http(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -197,20 +244,27 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.check_alive()
-            req = urllib.request.Request(f"{self.api_url}/v1/cluster",
-                                         headers={"Authorization": f"Bearer {key}"})
+            req = urllib.request.Request(
+                f"{self.api_url}/v1/cluster", headers={"Authorization": f"Bearer {key}"}
+            )
             try:
                 with urllib.request.urlopen(req, timeout=2) as resp:
                     view = json.loads(resp.read())
-                up = [n for cell in view.get("cells", ()) for n in cell.get("nodes", ())
-                      if n["state"] == "UP"]
+                up = [
+                    n
+                    for cell in view.get("cells", ())
+                    for n in cell.get("nodes", ())
+                    if n["state"] == "UP"
+                ]
                 if len(up) >= self.config.nodes:
                     return
             except OSError:
                 pass
             time.sleep(0.3)
-        raise StackError(f"the {self.config.nodes} agents did not all register within "
-                         f"{timeout_s:.0f}s; see {self.log_dir}")
+        raise StackError(
+            f"the {self.config.nodes} agents did not all register within "
+            f"{timeout_s:.0f}s; see {self.log_dir}"
+        )
 
     # -- stop -------------------------------------------------------------------
     def stop(self) -> None:
@@ -222,7 +276,7 @@ class Stack:
             self.broker = None
         (self.data_dir / "stack.json").unlink(missing_ok=True)
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         try:
             self.start()
         except BaseException:

@@ -5,6 +5,7 @@ left), 2 for a bad configuration or missing topics, 3 when outputs could not
 be delivered or state not saved (restart it: the batch is replayed).
 Logs are JSON lines on stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,17 +15,24 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from framespool.producers.jsonlog import setup_logging
 from framespool.processors.app import (
-    ProcessorFailed, ProcessorRunner, SetupError, topics_with_suffix,
+    ProcessorFailed,
+    ProcessorRunner,
+    SetupError,
+    topics_with_suffix,
 )
 from framespool.processors.config_file import (
-    ConfigError, admission_config, cell_config, describe, read_config_file,
+    ConfigError,
+    admission_config,
+    cell_config,
+    describe,
+    read_config_file,
 )
 from framespool.processors.routing import RoutingError
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
+from framespool.producers.jsonlog import setup_logging
 from framespool.producers.log import LogError, LogProducer
 from framespool.schemas import topics as catalogue
 
@@ -34,28 +42,41 @@ EXIT_CONFIG = 2
 EXIT_FAILED = 3
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m framespool.processors",
         description="Run a framespool stream processor (admission, scheduler) or the clock.",
         epilog="Exit status: 0 after SIGTERM/SIGINT, 2 bad configuration or missing topics, "
-               "3 outputs not delivered or state not saved (restart it).")
+        "3 outputs not delivered or state not saved (restart it).",
+    )
     parser.add_argument("role", choices=("admission", "scheduler", "clock"))
-    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS",
-                                                              "127.0.0.1:9092"))
+    parser.add_argument(
+        "--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    )
     parser.add_argument("--data-dir", type=Path, help="this instance's own directory for state")
     parser.add_argument("--config", type=Path, help="JSON or TOML with [admission]/[scheduler]")
     parser.add_argument("--instance", default="", help="instance name (client id, logs)")
-    parser.add_argument("--topic-suffix", default="",
-                        help="read and write '<catalogue name>.<suffix>' topics (tests)")
+    parser.add_argument(
+        "--topic-suffix",
+        default="",
+        help="read and write '<catalogue name>.<suffix>' topics (tests)",
+    )
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=1000)
     parser.add_argument("--max-batch", type=int, default=500)
-    parser.add_argument("--snapshot-interval", type=float, default=0.0,
-                        help="seconds between snapshots of a partition (0: every batch)")
+    parser.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=0.0,
+        help="seconds between snapshots of a partition (0: every batch)",
+    )
     parser.add_argument("--interval", type=float, default=0.25, help="clock: seconds between Ticks")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("FRAMESPOOL_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -70,29 +91,43 @@ def build_runner(args: argparse.Namespace, topics: Any) -> ProcessorRunner:
         raise ConfigError(f"{args.role} needs --data-dir (one directory per instance)")
     if args.role == "admission":
         fold: Any = AdmissionFold(admission_config(doc), topics)
-        input_topic, group, store_name = topics.COMMANDS, catalogue.ADMISSION_GROUP, \
-            catalogue.ADMISSION_STORE
+        input_topic, group, store_name = (
+            topics.COMMANDS,
+            catalogue.ADMISSION_GROUP,
+            catalogue.ADMISSION_STORE,
+        )
     else:
         fold = SchedulerFold(cell_config(doc), topics)
-        input_topic, group, store_name = topics.SCHEDULER, catalogue.SCHEDULER_GROUP, \
-            catalogue.SCHEDULER_STORE
+        input_topic, group, store_name = (
+            topics.SCHEDULER,
+            catalogue.SCHEDULER_GROUP,
+            catalogue.SCHEDULER_STORE,
+        )
     if args.topic_suffix:
         group = f"{group}.{args.topic_suffix}"
     log.info("%s config: %s", args.role, describe(fold.config))
     try:
         store = SnapshotStore(args.data_dir / store_name, input_topic.name)
     except Exception as exc:  # rocksdb: locked by another process, unwritable...
-        raise ConfigError(f"cannot open the state store in {args.data_dir / store_name}: {exc}") \
-            from None
-    processor = StatefulProcessor(fold, store, input_topic.name,
-                                  snapshot_interval_s=args.snapshot_interval)
-    return ProcessorRunner(processor, args.bootstrap, group, input_topic=input_topic,
-                           instance=args.instance, session_timeout_ms=args.session_timeout_ms,
-                           heartbeat_interval_ms=args.heartbeat_interval_ms,
-                           max_batch=args.max_batch)
+        raise ConfigError(
+            f"cannot open the state store in {args.data_dir / store_name}: {exc}"
+        ) from None
+    processor = StatefulProcessor(
+        fold, store, input_topic.name, snapshot_interval_s=args.snapshot_interval
+    )
+    return ProcessorRunner(
+        processor,
+        args.bootstrap,
+        group,
+        input_topic=input_topic,
+        instance=args.instance,
+        session_timeout_ms=args.session_timeout_ms,
+        heartbeat_interval_ms=args.heartbeat_interval_ms,
+        max_batch=args.max_batch,
+    )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_level, role=args.role, instance=args.instance or "default")
     topics = topics_with_suffix(args.topic_suffix)

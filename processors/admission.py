@@ -7,13 +7,20 @@ is not a ``SubmitJob``/``CancelJob`` is dead-lettered; the rest go through
 ``JobAdmitted`` is produced twice, with one event id: to its cell's partition
 of the scheduler topic and to job-events (``framespool.processors.routing.destinations``).
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core.admission import ADMISSION_INPUTS, AdmissionConfig, AdmissionState
-from framespool.processors.routing import Outgoing, cell_destination, dead_letter, decode_input, encode_outputs
+from framespool.processors.routing import (
+    Outgoing,
+    cell_destination,
+    dead_letter,
+    decode_input,
+    encode_outputs,
+)
 from framespool.producers.log import Record
 from framespool.schemas import topics as catalogue
 
@@ -27,7 +34,7 @@ def position(partition: int, offset: int) -> str:
 class AdmissionFold:
     name = "admission"
 
-    def __init__(self, config: Optional[AdmissionConfig] = None, topics: Any = catalogue) -> None:
+    def __init__(self, config: AdmissionConfig | None = None, topics: Any = catalogue) -> None:
         self.config = config or AdmissionConfig()
         self.topics = topics
         for cell in self.config.cells:  # fail at start-up, not on the first job
@@ -38,9 +45,12 @@ class AdmissionFold:
 
     def adopt(self, state: AdmissionState, partition: int) -> AdmissionState:
         if state.config != self.config:
-            log.warning("admission partition %d: the configuration differs from the snapshot's; "
-                        "the new one applies from the next command", partition,
-                        extra={"partition": partition})
+            log.warning(
+                "admission partition %d: the configuration differs from the snapshot's; "
+                "the new one applies from the next command",
+                partition,
+                extra={"partition": partition},
+            )
             state.config = self.config
         return state
 
@@ -48,8 +58,9 @@ class AdmissionFold:
         event, rejected = decode_input(record, ADMISSION_INPUTS, self.name, self.topics)
         if rejected is not None:
             return [rejected]
-        return encode_outputs(state.apply(event, position(record.partition, record.offset)),
-                              self.topics)
+        return encode_outputs(
+            state.apply(event, position(record.partition, record.offset)), self.topics
+        )
 
     def dead_letter(self, record: Record, reason: str, detail: str) -> Outgoing:
         return dead_letter(record, reason, detail, self.name, self.topics)

@@ -35,6 +35,7 @@ fights the commit order above: ``take_events`` acks a batch in a ``finally``
 on its own timer and at shutdown, and an explicit commit that fails crashes
 the worker. A commit could so overtake the delivery of the outputs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -56,9 +57,19 @@ from framespool.schemas.topics import Topic
 log = logging.getLogger(__name__)
 
 # Outputs worth an INFO line each; the rest are DEBUG.
-_NOTABLE = (ev.JobAdmitted, ev.JobRejected, ev.JobAssigned, ev.JobPreempted, ev.JobRequeued,
-            ev.JobCancelled, ev.JobCompleted, ev.JobFailed, ev.NodeStateChanged,
-            ev.BreakerTripped, ev.StopRun)
+_NOTABLE = (
+    ev.JobAdmitted,
+    ev.JobRejected,
+    ev.JobAssigned,
+    ev.JobPreempted,
+    ev.JobRequeued,
+    ev.JobCancelled,
+    ev.JobCompleted,
+    ev.JobFailed,
+    ev.NodeStateChanged,
+    ev.BreakerTripped,
+    ev.StopRun,
+)
 
 
 class ProcessorFailed(RuntimeError):
@@ -74,8 +85,11 @@ def topics_with_suffix(suffix: str = "") -> Any:
     tests' ``fresh_topics`` does); same attribute names and partition counts."""
     if not suffix:
         return catalogue
-    renamed = {attr: Topic(f"{t.name}.{suffix}", t.partitions, t.key)
-               for attr, t in vars(catalogue).items() if isinstance(t, Topic)}
+    renamed = {
+        attr: Topic(f"{t.name}.{suffix}", t.partitions, t.key)
+        for attr, t in vars(catalogue).items()
+        if isinstance(t, Topic)
+    }
     return SimpleNamespace(**renamed)
 
 
@@ -94,12 +108,22 @@ class Counters:
 class ProcessorRunner:
     """Runs one processor instance in the calling thread until ``stop`` is set."""
 
-    def __init__(self, processor: StatefulProcessor, bootstrap: str, group_id: str, *,
-                 input_topic: Topic, instance: str = "", session_timeout_ms: int = 6000,
-                 heartbeat_interval_ms: int = 1000, max_batch: int = 500,
-                 poll_timeout_s: float = 0.1, flush_timeout_s: float = 60.0,
-                 consumer_factory: Optional[Callable[..., Any]] = None,
-                 producer_factory: Optional[Callable[..., Any]] = None) -> None:
+    def __init__(
+        self,
+        processor: StatefulProcessor,
+        bootstrap: str,
+        group_id: str,
+        *,
+        input_topic: Topic,
+        instance: str = "",
+        session_timeout_ms: int = 6000,
+        heartbeat_interval_ms: int = 1000,
+        max_batch: int = 500,
+        poll_timeout_s: float = 0.1,
+        flush_timeout_s: float = 60.0,
+        consumer_factory: Callable[..., Any] | None = None,
+        producer_factory: Callable[..., Any] | None = None,
+    ) -> None:
         self.processor = processor
         self.bootstrap = bootstrap
         self.group_id = group_id
@@ -110,11 +134,11 @@ class ProcessorRunner:
         self.max_batch = max_batch
         self.poll_timeout_s = poll_timeout_s
         self.flush_timeout_s = flush_timeout_s
-        self._new_consumer = consumer_factory or LogConsumer   # fakes in unit tests
+        self._new_consumer = consumer_factory or LogConsumer  # fakes in unit tests
         self._new_producer = producer_factory or LogProducer
         self.counters = Counters()
-        self.assigned = threading.Event()   # set after the first assignment (tests, readiness)
-        self._consumer: Optional[LogConsumer] = None
+        self.assigned = threading.Event()  # set after the first assignment (tests, readiness)
+        self._consumer: LogConsumer | None = None
 
     # -- rebalance callbacks (run inside poll, in this thread) -------------------
     def _on_assign(self, parts: list[TopicPartition]) -> None:
@@ -141,8 +165,12 @@ class ProcessorRunner:
         """Process until ``stop`` is set; raises :class:`ProcessorFailed` on a fatal error."""
         client_id = f"{self.group_id}-{self.instance}"
         consumer = self._consumer = self._new_consumer(
-            self.bootstrap, self.group_id, session_timeout_ms=self.session_timeout_ms,
-            heartbeat_interval_ms=self.heartbeat_interval_ms, **{"client.id": client_id})
+            self.bootstrap,
+            self.group_id,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            **{"client.id": client_id},
+        )
         producer = self._new_producer(self.bootstrap, **{"client.id": client_id})
         clean = False
         try:
@@ -151,10 +179,13 @@ class ProcessorRunner:
             except LogError as exc:
                 raise SetupError(str(exc)) from None
             if found != self.input_topic.partitions:
-                raise SetupError(f"topic {self.input_topic.name!r} has {found} partitions, the "
-                                 f"catalogue says {self.input_topic.partitions}")
-            consumer.subscribe([self.input_topic.name], on_assign=self._on_assign,
-                               on_revoke=self._on_revoke)
+                raise SetupError(
+                    f"topic {self.input_topic.name!r} has {found} partitions, the "
+                    f"catalogue says {self.input_topic.partitions}"
+                )
+            consumer.subscribe(
+                [self.input_topic.name], on_assign=self._on_assign, on_revoke=self._on_revoke
+            )
             while not stop.is_set():
                 self.turn(consumer, producer)
             self.counters.snapshots += self.processor.snapshot(force=True)
@@ -166,7 +197,7 @@ class ProcessorRunner:
             raise
         finally:
             try:
-                consumer.close()   # leaves the group: the partitions move at once
+                consumer.close()  # leaves the group: the partitions move at once
             finally:
                 try:
                     producer.close(timeout=self.flush_timeout_s if clean else 1.0)
@@ -179,7 +210,7 @@ class ProcessorRunner:
         records = consumer.consume(self.max_batch, self.poll_timeout_s)
         if not records:
             return
-        batch = self.processor.fold(records)                                     # 1
+        batch = self.processor.fold(records)  # 1
         c = self.counters
         c.batches += 1
         c.records += len(records)
@@ -187,41 +218,50 @@ class ProcessorRunner:
         c.skipped += batch.skipped
         c.dead_letters += batch.dead_letters
         try:
-            for out in batch.outgoing:                                           # 2
+            for out in batch.outgoing:  # 2
                 producer.produce(out.topic, out.key, out.value, out.partition, out.headers or None)
             producer.flush(self.flush_timeout_s)
         except LogError as exc:
-            raise ProcessorFailed(f"outputs of {len(records)} input records were not delivered: "
-                                  f"{exc}") from exc
+            raise ProcessorFailed(
+                f"outputs of {len(records)} input records were not delivered: {exc}"
+            ) from exc
         c.produced += len(batch.outgoing)
         for out in batch.outgoing:
             _log_output(out)
         try:
-            c.snapshots += self.processor.snapshot()                             # 3
+            c.snapshots += self.processor.snapshot()  # 3
         except Exception as exc:
-            raise ProcessorFailed(f"cannot write snapshots to {self.processor.store.path}: "
-                                  f"{exc!r}") from exc
+            raise ProcessorFailed(
+                f"cannot write snapshots to {self.processor.store.path}: {exc!r}"
+            ) from exc
         try:
-            consumer.commit(self.processor.commit_positions(batch))              # 4
+            consumer.commit(self.processor.commit_positions(batch))  # 4
         except LogError as exc:
             c.commit_failures += 1
-            log.warning("offset commit failed (the batch will be replayed quietly or re-sent "
-                        "after a restart): %s", exc)
+            log.warning(
+                "offset commit failed (the batch will be replayed quietly or re-sent "
+                "after a restart): %s",
+                exc,
+            )
 
 
 def _log_output(out: Outgoing) -> None:
     event = out.event
     if event is None:
         source = dict(out.headers)
-        log.warning("dead-lettered %s[%s]@%s: %s", source.get("source_topic", b"?").decode(),
-                    source.get("source_partition", b"?").decode(),
-                    source.get("source_offset", b"?").decode(), out.reason,
-                    extra={"reason": out.reason, "detail": source.get("detail", b"").decode()})
+        log.warning(
+            "dead-lettered %s[%s]@%s: %s",
+            source.get("source_topic", b"?").decode(),
+            source.get("source_partition", b"?").decode(),
+            source.get("source_offset", b"?").decode(),
+            out.reason,
+            extra={"reason": out.reason, "detail": source.get("detail", b"").decode()},
+        )
         return
     level = logging.INFO if isinstance(event, _NOTABLE) else logging.DEBUG
     if not log.isEnabledFor(level):
         return
-    inner = getattr(event, "command", event)   # a CellCommand wraps a forwarded CancelJob
+    inner = getattr(event, "command", event)  # a CellCommand wraps a forwarded CancelJob
     fields = {"event_type": type(inner).__name__, "event_id": inner.event_id, "topic": out.topic}
     for name in ("job_id", "run", "node_id", "cell", "reason"):
         value = getattr(inner, name, None)
@@ -231,5 +271,11 @@ def _log_output(out: Outgoing) -> None:
         fields["job_id"] = inner.spec.job_id
     if isinstance(inner, ev.JobAssigned):
         fields["node_id"] = ",".join(s.node_id for s in inner.placement)
-    log.log(level, "%s %s -> %s", fields["event_type"], fields.get("job_id", ""), out.topic,
-            extra=fields)
+    log.log(
+        level,
+        "%s %s -> %s",
+        fields["event_type"],
+        fields.get("job_id", ""),
+        out.topic,
+        extra=fields,
+    )

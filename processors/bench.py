@@ -21,14 +21,16 @@ close to a second inside some unlucky ``apply``, which production never pays.
    empty fleet are timed. Then, for ``rounds`` rounds, a share of the runs
    completes (untimed) and the Tick that refills the GPUs is timed.
 """
+
 from __future__ import annotations
 
 import gc
 import heapq
 import random
+from collections.abc import Iterator
 from contextlib import contextmanager
 from time import perf_counter
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from framespool.processors.core import Cell, CellConfig, TenantConfig
 from framespool.schemas import events as ev
@@ -39,7 +41,7 @@ SIZES = ((1, 0.55), (2, 0.20), (4, 0.15), (8, 0.10))
 TIERS = ("enterprise", "paid", "free", "batch")
 
 
-def _ms(values: list[float], q: float) -> Optional[float]:
+def _ms(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -49,8 +51,9 @@ def _ms(values: list[float], q: float) -> Optional[float]:
 # ---------------------------------------------------------------------------
 # 1. mixed event stream
 # ---------------------------------------------------------------------------
-def record_tape(nodes: int, gpus_per_node: int, events: int, seed: int, load: float = 0.9
-                ) -> tuple[list[Any], list[int], CellConfig]:
+def record_tape(
+    nodes: int, gpus_per_node: int, events: int, seed: int, load: float = 0.9
+) -> tuple[list[Any], list[int], CellConfig]:
     """Inputs (and output counts) of a simulated steady workload, ``events`` long.
     ``load`` sets how contended the cell is (above ~0.95 queues grow)."""
     from framespool.processors.sim.engine import SimOptions, Simulation
@@ -61,14 +64,16 @@ def record_tape(nodes: int, gpus_per_node: int, events: int, seed: int, load: fl
     # enough jobs that submissions never run out before the event budget
     workload = steady(max(1000, events), seed, opts.capacity_gpus, load)
     tape: list[Any] = []
-    sim = Simulation(workload, POLICIES["framespool"], opts, CellConfig(), tape=tape,
-                     max_events=events)
+    sim = Simulation(
+        workload, POLICIES["framespool"], opts, CellConfig(), tape=tape, max_events=events
+    )
     sim.run()
     return tape[:events], sim.tape_counts[:events], sim.config
 
 
-def bench_mixed(tape: list[Any], counts: list[int], config: CellConfig,
-                warmup: int) -> dict[str, Any]:
+def bench_mixed(
+    tape: list[Any], counts: list[int], config: CellConfig, warmup: int
+) -> dict[str, Any]:
     cell = Cell(config, "sim")
     apply = cell.apply
     matches = True
@@ -90,8 +95,9 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _timed_replay(cell: Cell, tape: list[Any], counts: list[int], warmup: int,
-                  matches: bool) -> dict[str, Any]:
+def _timed_replay(
+    cell: Cell, tape: list[Any], counts: list[int], warmup: int, matches: bool
+) -> dict[str, Any]:
     apply = cell.apply
     timed = 0.0
     kinds: dict[str, int] = {}
@@ -124,13 +130,23 @@ def _timed_replay(cell: Cell, tape: list[Any], counts: list[int], warmup: int,
         "timed_s": round(timed, 4),
         "events_per_s": round(n / timed) if timed > 0 else None,
         "event_mix": dict(sorted(kinds.items())),
-        "time_by_type": {name: {"share": round(by_type[name] / timed, 4) if timed else None,
-                                "mean_us": round(by_type[name] / kinds[name] * 1e6, 1)}
-                         for name in sorted(kinds)},
-        "slowest_applies_ms": [{"event": name, "index": i, "ms": round(dt * 1000, 2)}
-                               for dt, name, i in sorted(slowest, reverse=True)],
-        "decision_latency_ms": {"n": len(latencies), "p50": _ms(latencies, 0.5),
-                                "p99": _ms(latencies, 0.99), "max": _ms(latencies, 1.0)},
+        "time_by_type": {
+            name: {
+                "share": round(by_type[name] / timed, 4) if timed else None,
+                "mean_us": round(by_type[name] / kinds[name] * 1e6, 1),
+            }
+            for name in sorted(kinds)
+        },
+        "slowest_applies_ms": [
+            {"event": name, "index": i, "ms": round(dt * 1000, 2)}
+            for dt, name, i in sorted(slowest, reverse=True)
+        ],
+        "decision_latency_ms": {
+            "n": len(latencies),
+            "p50": _ms(latencies, 0.5),
+            "p99": _ms(latencies, 0.99),
+            "max": _ms(latencies, 1.0),
+        },
         "replay_matches": matches,
     }
 
@@ -155,8 +171,9 @@ class _Feeder:
 
     def tick(self, seconds: float) -> ev.Tick:
         self.now_ms += int(seconds * 1000)
-        return ev.Tick(event_id=f"tick:{self.now_ms}", ts_ms=self.now_ms, cell="bench",
-                       now_ms=self.now_ms)
+        return ev.Tick(
+            event_id=f"tick:{self.now_ms}", ts_ms=self.now_ms, cell="bench", now_ms=self.now_ms
+        )
 
 
 def _spec(i: int, rng: random.Random, tenants: int) -> ev.JobSpec:
@@ -168,29 +185,61 @@ def _spec(i: int, rng: random.Random, tenants: int) -> ev.JobSpec:
             gpus = size
             break
     tenant = f"t{i % tenants:02d}"
-    return ev.JobSpec(job_id=f"q{i}", tenant=tenant, tier=TIERS[(i % tenants) % len(TIERS)],
-                      model=f"m{i % 8}", gpus=gpus, gpus_per_node=gpus,
-                      estimate_s=round(rng.lognormvariate(5.2, 0.8), 1))
+    return ev.JobSpec(
+        job_id=f"q{i}",
+        tenant=tenant,
+        tier=TIERS[(i % tenants) % len(TIERS)],
+        model=f"m{i % 8}",
+        gpus=gpus,
+        gpus_per_node=gpus,
+        estimate_s=round(rng.lognormvariate(5.2, 0.8), 1),
+    )
 
 
-def bench_placement(nodes: int, gpus_per_node: int, queued: int, rounds: int,
-                    complete_share: float, seed: int, tenants: int = 16) -> dict[str, Any]:
-    config = CellConfig(tenants=tuple(TenantConfig(f"t{i:02d}") for i in range(tenants)),
-                        status_interval_s=0, estimate_interval_s=0,
-                        heartbeat_timeout_s=1e9, report_lease_s=1e9, start_lease_s=1e9)
+def bench_placement(
+    nodes: int,
+    gpus_per_node: int,
+    queued: int,
+    rounds: int,
+    complete_share: float,
+    seed: int,
+    tenants: int = 16,
+) -> dict[str, Any]:
+    config = CellConfig(
+        tenants=tuple(TenantConfig(f"t{i:02d}") for i in range(tenants)),
+        status_interval_s=0,
+        estimate_interval_s=0,
+        heartbeat_timeout_s=1e9,
+        report_lease_s=1e9,
+        start_lease_s=1e9,
+    )
     cell = Cell(config, "bench")
     feed = _Feeder(cell)
     rng = random.Random(seed)
     node_ids = [f"n{i:05d}" for i in range(nodes)]
     for i, node_id in enumerate(node_ids):
-        feed.apply(ev.NodeRegistered(event_id=f"reg:{node_id}", ts_ms=0, node_id=node_id,
-                                     incarnation=1, cell="bench", gpus=gpus_per_node,
-                                     rail=f"rail-{i // 32}"))
+        feed.apply(
+            ev.NodeRegistered(
+                event_id=f"reg:{node_id}",
+                ts_ms=0,
+                node_id=node_id,
+                incarnation=1,
+                cell="bench",
+                gpus=gpus_per_node,
+                rail=f"rail-{i // 32}",
+            )
+        )
     # blockers: one whole-node job per node, so the queue builds with no GPU free
     blockers = []
-    for i, node_id in enumerate(node_ids):
-        spec = ev.JobSpec(job_id=f"b{i}", tenant="t00", tier="batch", gpus=gpus_per_node,
-                          gpus_per_node=gpus_per_node, estimate_s=1e6)
+    for i in range(len(node_ids)):
+        spec = ev.JobSpec(
+            job_id=f"b{i}",
+            tenant="t00",
+            tier="batch",
+            gpus=gpus_per_node,
+            gpus_per_node=gpus_per_node,
+            estimate_s=1e6,
+        )
         out, _ = feed.apply(ev.JobAdmitted(event_id=f"adm:b{i}", ts_ms=0, spec=spec))
         for o in out:
             if isinstance(o, ev.JobAssigned):
@@ -199,8 +248,12 @@ def bench_placement(nodes: int, gpus_per_node: int, queued: int, rounds: int,
     admissions = [ev.JobAdmitted(event_id=f"adm:{s.job_id}", ts_ms=0, spec=s) for s in specs]
     for event in admissions:
         feed.apply(event)
-    completions = [ev.RunCompleted(event_id=f"done:{j}:{r}", ts_ms=0, job_id=j, run=r,
-                                   node_id=n, incarnation=1) for j, r, n in blockers]
+    completions = [
+        ev.RunCompleted(
+            event_id=f"done:{j}:{r}", ts_ms=0, job_id=j, run=r, node_id=n, incarnation=1
+        )
+        for j, r, n in blockers
+    ]
     for event in completions:
         feed.apply(event)
     queued_before = cell.queued_count
@@ -209,9 +262,10 @@ def bench_placement(nodes: int, gpus_per_node: int, queued: int, rounds: int,
     return {"nodes": nodes, "gpus": nodes * gpus_per_node, "queued": queued_before, **result}
 
 
-def _timed_passes(feed: _Feeder, rng: random.Random, rounds: int,
-                  complete_share: float) -> dict[str, Any]:
-    running: dict[tuple[str, int], str] = {}     # (job, run) -> node, to complete later
+def _timed_passes(
+    feed: _Feeder, rng: random.Random, rounds: int, complete_share: float
+) -> dict[str, Any]:
+    running: dict[tuple[str, int], str] = {}  # (job, run) -> node, to complete later
 
     def note(out: list[Any]) -> int:
         placed = 0
@@ -240,9 +294,18 @@ def _timed_passes(feed: _Feeder, rng: random.Random, rounds: int,
     for _ in range(rounds):
         keys = list(running)
         rng.shuffle(keys)
-        done = keys[:max(1, int(len(keys) * complete_share))]
-        events = [ev.RunCompleted(event_id=f"done:{j}:{r}", ts_ms=feed.now_ms, job_id=j, run=r,
-                                  node_id=running[(j, r)], incarnation=1) for j, r in done]
+        done = keys[: max(1, int(len(keys) * complete_share))]
+        events = [
+            ev.RunCompleted(
+                event_id=f"done:{j}:{r}",
+                ts_ms=feed.now_ms,
+                job_id=j,
+                run=r,
+                node_id=running[(j, r)],
+                incarnation=1,
+            )
+            for j, r in done
+        ]
         for event in events:
             feed.apply(event)
             del running[(event.job_id, event.run)]
@@ -255,20 +318,36 @@ def _timed_passes(feed: _Feeder, rng: random.Random, rounds: int,
     total = fill_placed + after_placed
     return {
         "placements_per_s": round(total / total_s) if total_s > 0 else None,
-        "fill": {"placements": fill_placed, "passes": len(fill_passes), "timed_s": round(fill_s, 4),
-                 "placements_per_s": round(fill_placed / fill_s) if fill_s > 0 else None,
-                 "pass_ms_max": _ms(fill_passes, 1.0)},
+        "fill": {
+            "placements": fill_placed,
+            "passes": len(fill_passes),
+            "timed_s": round(fill_s, 4),
+            "placements_per_s": round(fill_placed / fill_s) if fill_s > 0 else None,
+            "pass_ms_max": _ms(fill_passes, 1.0),
+        },
         "after_completions": {
-            "rounds": rounds, "complete_share": complete_share, "placements": after_placed,
+            "rounds": rounds,
+            "complete_share": complete_share,
+            "placements": after_placed,
             "timed_s": round(after_s, 4),
             "placements_per_s": round(after_placed / after_s) if after_s > 0 else None,
-            "pass_ms_p50": _ms(after_passes, 0.5), "pass_ms_max": _ms(after_passes, 1.0)},
+            "pass_ms_p50": _ms(after_passes, 0.5),
+            "pass_ms_max": _ms(after_passes, 1.0),
+        },
     }
 
 
-def bench_core(nodes: int = 2000, gpus_per_node: int = 8, queued: int = 50_000,
-               events: int = 200_000, warmup: int = 0, rounds: int = 5,
-               complete_share: float = 0.05, seed: int = 1, load: float = 0.9) -> dict[str, Any]:
+def bench_core(
+    nodes: int = 2000,
+    gpus_per_node: int = 8,
+    queued: int = 50_000,
+    events: int = 200_000,
+    warmup: int = 0,
+    rounds: int = 5,
+    complete_share: float = 0.05,
+    seed: int = 1,
+    load: float = 0.9,
+) -> dict[str, Any]:
     """Both benchmarks; the keys the issue asks for are at the top level."""
     warmup = warmup or min(events // 3, nodes * 20)
     wall0 = perf_counter()
@@ -280,15 +359,25 @@ def bench_core(nodes: int = 2000, gpus_per_node: int = 8, queued: int = 50_000,
         "events_per_s": mixed["events_per_s"],
         "placements_per_s": placement["placements_per_s"],
         "decision_latency_ms": mixed["decision_latency_ms"],
-        "targets": {"events_per_s": TARGET_EVENTS_PER_S,
-                    "placements_per_s": TARGET_PLACEMENTS_PER_S},
+        "targets": {
+            "events_per_s": TARGET_EVENTS_PER_S,
+            "placements_per_s": TARGET_PLACEMENTS_PER_S,
+        },
         "meets_targets": {
             "events_per_s": (mixed["events_per_s"] or 0) >= TARGET_EVENTS_PER_S,
-            "placements_per_s": (placement["placements_per_s"] or 0) >= TARGET_PLACEMENTS_PER_S},
+            "placements_per_s": (placement["placements_per_s"] or 0) >= TARGET_PLACEMENTS_PER_S,
+        },
         "mixed": mixed,
         "placement": placement,
-        "setup": {"nodes": nodes, "gpus_per_node": gpus_per_node, "queued": queued,
-                  "events": events, "warmup": warmup, "seed": seed, "load": load},
+        "setup": {
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "queued": queued,
+            "events": events,
+            "warmup": warmup,
+            "seed": seed,
+            "load": load,
+        },
         "wall_s": round(perf_counter() - wall0, 2),
     }
     return result

@@ -8,12 +8,14 @@ ignore a Tick older than their time, and the event ids of equal Ticks agree.
 A round that cannot be delivered is logged and the clock keeps going (its
 Ticks still arrive, late, once the broker answers; a late Tick is harmless).
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from framespool.producers.log import LogError, LogProducer
 from framespool.schemas import codec
@@ -29,14 +31,20 @@ def ticks(now_ms: int, partitions: int) -> list[tuple[int, ev.Tick]]:
     out = []
     for p in range(partitions):
         cell = cell_of_partition(p)
-        out.append((p, ev.Tick(event_id=f"clock:{cell}:{now_ms}", ts_ms=now_ms, cell=cell,
-                               now_ms=now_ms)))
+        out.append(
+            (p, ev.Tick(event_id=f"clock:{cell}:{now_ms}", ts_ms=now_ms, cell=cell, now_ms=now_ms))
+        )
     return out
 
 
 class Clock:
-    def __init__(self, producer: LogProducer, topics: Any = catalogue, interval_s: float = 0.25,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        producer: LogProducer,
+        topics: Any = catalogue,
+        interval_s: float = 0.25,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s={interval_s} must be positive")
         self.producer = producer
@@ -58,8 +66,12 @@ class Clock:
 
     def run(self, stop: threading.Event) -> None:
         """Tick every ``interval_s`` (on a fixed schedule, not drifting) until ``stop``."""
-        log.info("clock: %d cells of %s every %g s", self.topic.partitions, self.topic.name,
-                 self.interval_s)
+        log.info(
+            "clock: %d cells of %s every %g s",
+            self.topic.partitions,
+            self.topic.name,
+            self.interval_s,
+        )
         next_at = time.monotonic()
         while not stop.is_set():
             try:

@@ -26,6 +26,7 @@ type raises :class:`ConfigError` naming the path (``scheduler.tenants[0].weight`
 and what was expected. Admission's ``tiers`` default to the scheduler's tier
 names, so the two agree unless told otherwise.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,7 +36,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig
@@ -55,14 +56,17 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         doc = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"config file {path} is not valid "
-                          f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}") from None
+        raise ConfigError(
+            f"config file {path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}"
+        ) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"config file {path}: the top level must be a table/object")
     unknown = sorted(set(doc) - {"admission", "scheduler"})
     if unknown:
-        raise ConfigError(f"config file {path}: unknown section(s) {unknown}; "
-                          "expected 'admission' and/or 'scheduler'")
+        raise ConfigError(
+            f"config file {path}: unknown section(s) {unknown}; "
+            "expected 'admission' and/or 'scheduler'"
+        )
     return doc
 
 
@@ -92,14 +96,16 @@ def load_admission_config(path: str | Path) -> AdmissionConfig:
 # --------------------------------------------------------------------------
 def _build(cls: type, value: Any, where: str) -> Any:
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: expected a table/object of {cls.__name__} fields, "
-                          f"got {type(value).__name__}")
+        raise ConfigError(
+            f"{where}: expected a table/object of {cls.__name__} fields, got {type(value).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(value) - fields)
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {unknown}; {cls.__name__} has: "
-                          f"{', '.join(sorted(fields))}")
+        raise ConfigError(
+            f"{where}: unknown field(s) {unknown}; {cls.__name__} has: {', '.join(sorted(fields))}"
+        )
     kwargs = {name: _coerce(v, hints[name], f"{where}.{name}") for name, v in value.items()}
     try:
         return cls(**kwargs)
@@ -137,8 +143,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if origin in (Mapping, dict):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a table/object, got {value!r}")
-        return {_coerce(k, args[0], where): _coerce(v, args[1], f"{where}.{k}")
-                for k, v in value.items()}
+        return {
+            _coerce(k, args[0], where): _coerce(v, args[1], f"{where}.{k}")
+            for k, v in value.items()
+        }
     raise ConfigError(f"{where}: unsupported field type {hint!r}")  # a new field type: extend me
 
 
@@ -146,8 +154,11 @@ def _tuple(value: Any, args: tuple[Any, ...], where: str) -> tuple[Any, ...]:
     if len(args) == 2 and args[1] is Ellipsis:
         item = args[0]
         # tuple[tuple[str, X], ...] (e.g. retries, user_weights): a table or a list of pairs
-        pair = typing.get_origin(item) is tuple and len(typing.get_args(item)) == 2 \
+        pair = (
+            typing.get_origin(item) is tuple
+            and len(typing.get_args(item)) == 2
             and typing.get_args(item)[1] is not Ellipsis
+        )
         if pair and isinstance(value, Mapping):
             value = list(value.items())
         if not isinstance(value, (list, tuple)):
@@ -158,12 +169,13 @@ def _tuple(value: Any, args: tuple[Any, ...], where: str) -> tuple[Any, ...]:
     return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
 
 
-def describe(config: Optional[object]) -> str:
+def describe(config: object | None) -> str:
     """A one-line summary for the start-up log."""
     if isinstance(config, AdmissionConfig):
-        return (f"cells={list(config.cells)} rate={config.rate.rate_per_s:g}/s "
-                f"burst={config.rate.burst:g} tenant_rates={sorted(config.tenant_rates)}")
+        return (
+            f"cells={list(config.cells)} rate={config.rate.rate_per_s:g}/s "
+            f"burst={config.rate.burst:g} tenant_rates={sorted(config.tenant_rates)}"
+        )
     if isinstance(config, CellConfig):
-        return (f"tiers={[t.name for t in config.tiers]} "
-                f"tenants={[t.name for t in config.tenants]}")
+        return f"tiers={[t.name for t in config.tiers]} tenants={[t.name for t in config.tenants]}"
     return repr(config)

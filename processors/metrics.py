@@ -2,10 +2,12 @@
 
 ``python -m framespool.processors ... --metrics-port P`` serves them on 127.0.0.1:P/metrics.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import fields
-from typing import Any, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -34,12 +36,14 @@ class RunnerCollector:
         labels = ["role", "instance", "topic"]
         values = [self.role, self.runner.instance, self.runner.input_topic.name]
         for f in fields(counters):
-            family = CounterMetricFamily(f"framespool_processor_{f.name}",
-                                         HELP.get(f.name, f.name), labels=labels)
+            family = CounterMetricFamily(
+                f"framespool_processor_{f.name}", HELP.get(f.name, f.name), labels=labels
+            )
             family.add_metric(values, float(getattr(counters, f.name)))
             yield family
-        assigned = GaugeMetricFamily("framespool_processor_assigned",
-                                     "1 once this instance holds partitions", labels=labels)
+        assigned = GaugeMetricFamily(
+            "framespool_processor_assigned", "1 once this instance holds partitions", labels=labels
+        )
         assigned.add_metric(values, 1.0 if self.runner.assigned.is_set() else 0.0)
         yield assigned
 

@@ -18,10 +18,11 @@ cell number for the scheduler topic), so placement never depends on which
 producer client sends the record. ``topics`` is anything with the catalogue's
 attribute names (``framespool.schemas.topics`` itself, or a test's ``TopicSet``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core import AGENT_COMMANDS
 from framespool.processors.core.admission import CellCommand
@@ -47,7 +48,7 @@ class RoutingError(ValueError):
 class Destination:
     topic: str
     key: str
-    partition: Optional[int]
+    partition: int | None
 
 
 def _keyed(topic: Any, key: str) -> Destination:
@@ -61,8 +62,10 @@ def cell_destination(cell: str, topics: Any = catalogue) -> Destination:
     except ValueError as exc:
         raise RoutingError(str(exc)) from None
     if partition >= topics.SCHEDULER.partitions:
-        raise RoutingError(f"cell {cell!r} needs partition {partition} but {topics.SCHEDULER.name} "
-                           f"has {topics.SCHEDULER.partitions}")
+        raise RoutingError(
+            f"cell {cell!r} needs partition {partition} but {topics.SCHEDULER.name} "
+            f"has {topics.SCHEDULER.partitions}"
+        )
     return Destination(topics.SCHEDULER.name, cell, partition)
 
 
@@ -99,8 +102,10 @@ def destinations(output: Any, topics: Any = catalogue) -> tuple[Destination, ...
     if isinstance(output, CellCommand):
         return (cell_destination(output.cell, topics),)
     if isinstance(output, ev.JobAdmitted):
-        return (cell_destination(output.cell, topics),
-                _keyed(topics.JOB_EVENTS, output.spec.job_id))
+        return (
+            cell_destination(output.cell, topics),
+            _keyed(topics.JOB_EVENTS, output.spec.job_id),
+        )
     return (route(output, topics),)
 
 
@@ -117,12 +122,12 @@ class Outgoing:
     """One record to produce. ``event`` is the output (None for a dead letter)."""
 
     topic: str
-    key: Optional[bytes]
-    partition: Optional[int]
-    value: Optional[bytes]
+    key: bytes | None
+    partition: int | None
+    value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
     event: Any = None
-    reason: str = ""   # why a dead letter was dead-lettered
+    reason: str = ""  # why a dead letter was dead-lettered
 
 
 def encode_outputs(outputs: list[Any], topics: Any = catalogue) -> list[Outgoing]:
@@ -135,8 +140,9 @@ def encode_outputs(outputs: list[Any], topics: Any = catalogue) -> list[Outgoing
     return records
 
 
-def dead_letter(record: Record, reason: str, detail: str, processor: str,
-                topics: Any = catalogue) -> Outgoing:
+def dead_letter(
+    record: Record, reason: str, detail: str, processor: str, topics: Any = catalogue
+) -> Outgoing:
     """``record`` for the dead-letter topic: original key and value, its own headers
     plus why (``reason``, ``detail``), who and where it was dead-lettered."""
     headers = tuple(record.headers) + (
@@ -147,12 +153,12 @@ def dead_letter(record: Record, reason: str, detail: str, processor: str,
         ("source_partition", str(record.partition).encode()),
         ("source_offset", str(record.offset).encode()),
     )
-    return Outgoing(topics.DEAD_LETTER.name, record.key, None, record.value, headers,
-                    reason=reason)
+    return Outgoing(topics.DEAD_LETTER.name, record.key, None, record.value, headers, reason=reason)
 
 
-def decode_input(record: Record, accepted: tuple[type, ...], processor: str,
-                 topics: Any = catalogue) -> tuple[Any, Optional[Outgoing]]:
+def decode_input(
+    record: Record, accepted: tuple[type, ...], processor: str, topics: Any = catalogue
+) -> tuple[Any, Outgoing | None]:
     """``(event, None)`` for a record ``processor`` folds, else ``(None, dead letter)``."""
     if record.value is None:
         return None, dead_letter(record, NO_VALUE, "record has no value", processor, topics)
@@ -161,6 +167,11 @@ def decode_input(record: Record, accepted: tuple[type, ...], processor: str,
     except codec.DecodeError as exc:
         return None, dead_letter(record, exc.reason, str(exc), processor, topics)
     if not isinstance(event, accepted):
-        return None, dead_letter(record, UNEXPECTED_TYPE, f"{type(event).__name__} is not an "
-                                 f"input of the {processor} processor", processor, topics)
+        return None, dead_letter(
+            record,
+            UNEXPECTED_TYPE,
+            f"{type(event).__name__} is not an input of the {processor} processor",
+            processor,
+            topics,
+        )
     return event, None

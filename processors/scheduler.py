@@ -7,14 +7,19 @@ is dead-lettered; the rest go through ``Cell.apply`` with the position
 ``cell-<p>@<offset>``, so output event ids are ``cell-<p>@<offset>/<i>``, and
 the outputs are routed by :func:`framespool.processors.routing.route`.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.routing import (
-    WRONG_PARTITION, Outgoing, dead_letter, decode_input, encode_outputs,
+    WRONG_PARTITION,
+    Outgoing,
+    dead_letter,
+    decode_input,
+    encode_outputs,
 )
 from framespool.producers.log import Record
 from framespool.schemas import events as ev
@@ -25,8 +30,16 @@ log = logging.getLogger(__name__)
 
 # What a cell folds (the keys of the core's dispatch table); anything else is dead-lettered.
 SCHEDULER_INPUTS: tuple[type, ...] = (
-    ev.Tick, ev.JobAdmitted, ev.CancelJob, ev.NodeRegistered, ev.NodeHeartbeat,
-    ev.RunStarted, ev.RunCheckpointed, ev.RunCompleted, ev.RunFailed, ev.RunStopped,
+    ev.Tick,
+    ev.JobAdmitted,
+    ev.CancelJob,
+    ev.NodeRegistered,
+    ev.NodeHeartbeat,
+    ev.RunStarted,
+    ev.RunCheckpointed,
+    ev.RunCompleted,
+    ev.RunFailed,
+    ev.RunStopped,
 )
 
 
@@ -38,7 +51,7 @@ def position(cell: str, offset: int) -> str:
 class SchedulerFold:
     name = "scheduler"
 
-    def __init__(self, config: Optional[CellConfig] = None, topics: Any = catalogue) -> None:
+    def __init__(self, config: CellConfig | None = None, topics: Any = catalogue) -> None:
         self.config = config or CellConfig()
         self.topics = topics
 
@@ -48,8 +61,12 @@ class SchedulerFold:
     def adopt(self, cell: Cell, partition: int) -> Cell:
         """A cell loaded from a snapshot runs under the configured policy from now on."""
         if cell.config != self.config:
-            log.warning("%s: the configuration differs from the snapshot's; the new one applies "
-                        "from the next input", cell.cell_id, extra={"cell": cell.cell_id})
+            log.warning(
+                "%s: the configuration differs from the snapshot's; the new one applies "
+                "from the next input",
+                cell.cell_id,
+                extra={"cell": cell.cell_id},
+            )
             cell.config = self.config
         return cell
 
@@ -59,11 +76,15 @@ class SchedulerFold:
             return [rejected]
         claimed = getattr(event, "cell", "")
         if claimed and claimed != cell.cell_id:
-            return [self.dead_letter(record, WRONG_PARTITION,
-                                     f"{type(event).__name__} for {claimed!r} arrived on "
-                                     f"partition {record.partition}, which is {cell.cell_id!r}")]
-        return encode_outputs(cell.apply(event, position(cell.cell_id, record.offset)),
-                              self.topics)
+            return [
+                self.dead_letter(
+                    record,
+                    WRONG_PARTITION,
+                    f"{type(event).__name__} for {claimed!r} arrived on "
+                    f"partition {record.partition}, which is {cell.cell_id!r}",
+                )
+            ]
+        return encode_outputs(cell.apply(event, position(cell.cell_id, record.offset)), self.topics)
 
     def dead_letter(self, record: Record, reason: str, detail: str) -> Outgoing:
         return dead_letter(record, reason, detail, self.name, self.topics)

@@ -39,6 +39,7 @@ Quiet replay rebuilds exactly what was decided only if the fold code and its
 configuration are unchanged since; after a policy change, a partition replayed
 from an older snapshot (or from 0) rebuilds its history under the new policy.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from rocksdict import Options, Rdict, WriteBatch
 
@@ -75,7 +76,7 @@ class SnapshotStore:
         base = f"{self.namespace}\x00{partition}".encode()
         return b"s/" + base, b"o/" + base
 
-    def load(self, partition: int) -> Optional[tuple[Any, int]]:
+    def load(self, partition: int) -> tuple[Any, int] | None:
         """``(state, offset)`` of the last snapshot of ``partition``, or None.
 
         A snapshot that cannot be unpickled (the code changed under it) is
@@ -89,9 +90,14 @@ class SnapshotStore:
         try:
             state = pickle.loads(raw_state)
         except Exception as exc:  # any unpickling failure means "no usable snapshot"
-            log.warning("snapshot of %s[%d] at offset %s is unreadable (%r); rebuilding it from "
-                        "offset 0", self.namespace, partition, int(raw_offset), exc,
-                        extra={"partition": partition})
+            log.warning(
+                "snapshot of %s[%d] at offset %s is unreadable (%r); rebuilding it from offset 0",
+                self.namespace,
+                partition,
+                int(raw_offset),
+                exc,
+                extra={"partition": partition},
+            )
             return None
         return state, int(raw_offset)
 
@@ -137,9 +143,9 @@ class Fold(Protocol):
 @dataclass
 class _Partition:
     state: Any
-    offset: int            # last input offset folded into ``state``; -1 = none
-    quiet_below: int       # inputs below this were delivered before: fold, don't emit
-    snapshot_offset: int   # offset of the last snapshot written or loaded; -1 = none
+    offset: int  # last input offset folded into ``state``; -1 = none
+    quiet_below: int  # inputs below this were delivered before: fold, don't emit
+    snapshot_offset: int  # offset of the last snapshot written or loaded; -1 = none
     snapshot_at: float
 
 
@@ -148,18 +154,24 @@ class Batch:
     """What :meth:`StatefulProcessor.fold` derived from one poll."""
 
     outgoing: list[Outgoing] = field(default_factory=list)
-    advanced: dict[int, int] = field(default_factory=dict)   # partition -> last offset folded
-    skipped: int = 0      # at or below the partition's offset, or not assigned
-    quiet: int = 0        # outputs not re-sent: their input was committed before
+    advanced: dict[int, int] = field(default_factory=dict)  # partition -> last offset folded
+    skipped: int = 0  # at or below the partition's offset, or not assigned
+    quiet: int = 0  # outputs not re-sent: their input was committed before
     dead_letters: int = 0
 
 
 class StatefulProcessor:
     """Per-partition fold states of one input topic, and steps 1 and 3 of the protocol."""
 
-    def __init__(self, fold: Fold, store: SnapshotStore, topic: str, *,
-                 snapshot_interval_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        fold: Fold,
+        store: SnapshotStore,
+        topic: str,
+        *,
+        snapshot_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.fold_ = fold
         self.store = store
         self.topic = topic
@@ -178,7 +190,7 @@ class StatefulProcessor:
         return self._parts[partition].offset
 
     # -- assignment -----------------------------------------------------------
-    def assign(self, partition: int, committed: Optional[int] = None) -> int:
+    def assign(self, partition: int, committed: int | None = None) -> int:
         """Load ``partition``'s snapshot; return the offset to start reading at.
 
         ``committed`` is the group's committed next offset (None if none):
@@ -191,9 +203,15 @@ class StatefulProcessor:
             state, offset = self.fold_.adopt(loaded[0], partition), loaded[1]
         self._parts[partition] = _Partition(state, offset, committed or 0, offset, self._clock())
         start = offset + 1
-        log.info("%s: partition %d from offset %d (snapshot %s, committed %s)", self.fold_.name,
-                 partition, start, "none" if loaded is None else offset, committed,
-                 extra={"partition": partition, "offset": start})
+        log.info(
+            "%s: partition %d from offset %d (snapshot %s, committed %s)",
+            self.fold_.name,
+            partition,
+            start,
+            "none" if loaded is None else offset,
+            committed,
+            extra={"partition": partition, "offset": start},
+        )
         return start
 
     def revoke(self, partition: int) -> None:
@@ -206,8 +224,11 @@ class StatefulProcessor:
         """Forget every partition without snapshotting it: after a failed batch the
         states may reflect inputs whose outputs were never delivered."""
         if self._parts:
-            log.warning("%s: abandoning partitions %s unsaved; they resume from their last "
-                        "snapshot", self.fold_.name, self.partitions)
+            log.warning(
+                "%s: abandoning partitions %s unsaved; they resume from their last snapshot",
+                self.fold_.name,
+                self.partitions,
+            )
         self._parts.clear()
 
     # -- step 1 ---------------------------------------------------------------
@@ -222,9 +243,14 @@ class StatefulProcessor:
             try:
                 outgoing = self.fold_.step(part.state, record)
             except Exception as exc:  # a bug in the fold: keep going, visibly
-                log.exception("%s: folding %s[%d]@%d failed; dead-lettering it", self.fold_.name,
-                              record.topic, record.partition, record.offset,
-                              extra={"partition": record.partition, "offset": record.offset})
+                log.exception(
+                    "%s: folding %s[%d]@%d failed; dead-lettering it",
+                    self.fold_.name,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    extra={"partition": record.partition, "offset": record.offset},
+                )
                 outgoing = [self.fold_.dead_letter(record, "processing_error", repr(exc))]
             part.offset = record.offset
             batch.advanced[record.partition] = record.offset
@@ -248,9 +274,12 @@ class StatefulProcessor:
 
     def _due(self, partitions: Iterable[int], force: bool) -> list[int]:
         now = self._clock()
-        return [p for p in partitions
-                if self._parts[p].offset > self._parts[p].snapshot_offset
-                and (force or now - self._parts[p].snapshot_at >= self.snapshot_interval_s)]
+        return [
+            p
+            for p in partitions
+            if self._parts[p].offset > self._parts[p].snapshot_offset
+            and (force or now - self._parts[p].snapshot_at >= self.snapshot_interval_s)
+        ]
 
     def _write(self, partitions: list[int]) -> None:
         if not partitions:

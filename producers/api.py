@@ -23,6 +23,7 @@ Submission protocol (``POST /v1/jobs``):
 4. store a provisional SUBMITTED view unless the projection already has one,
    so an immediate GET finds the job; answer 202.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,9 +34,10 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -43,8 +45,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from framespool.producers import openapi as openapi_doc
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
-from framespool.producers.metrics import (AssignmentObserver, Metrics, ProjectionCollector, PublishTap,
-                               ViewCollector, projection_parts)
+from framespool.producers.metrics import (
+    AssignmentObserver,
+    Metrics,
+    ProjectionCollector,
+    PublishTap,
+    ViewCollector,
+    projection_parts,
+)
 from framespool.producers.ratelimit import RateLimit, RateLimiter, retry_after_header
 from framespool.producers.validation import Limits, ValidationError, validate_submit
 from framespool.projections import cluster as cluster_view
@@ -73,8 +81,8 @@ async def resolve_host(host: str) -> list[str]:
 class ApiConfig:
     auth: ApiKeys
     store: ViewStore
-    producer: Any                                  # has ``async send(topic, key, value, ...)``
-    artifacts: Any = None                          # framespool.agents.artifacts.ArtifactStore
+    producer: Any  # has ``async send(topic, key, value, ...)``
+    artifacts: Any = None  # framespool.agents.artifacts.ArtifactStore
     hub: Hub = field(default_factory=Hub)
     commands_topic: str = COMMANDS.name
     limits: Limits = Limits()
@@ -82,19 +90,25 @@ class ApiConfig:
     result_url_ttl_s: int = 3600
     sse_keepalive_s: float = 15.0
     max_body_bytes: int = 64 * 1024
-    background: Sequence[Callable[[], Awaitable[None]]] = ()   # e.g. consumer.run, dispatcher.run
+    background: Sequence[Callable[[], Awaitable[None]]] = ()  # e.g. consumer.run, dispatcher.run
     clock: Callable[[], float] = time.time
-    rate_limit: RateLimit = RateLimit()                # per tenant; generous by default
+    rate_limit: RateLimit = RateLimit()  # per tenant; generous by default
     rate_limit_overrides: dict[str, RateLimit] = field(default_factory=dict)
-    monotonic: Callable[[], float] = time.monotonic    # the rate limiter's clock
+    monotonic: Callable[[], float] = time.monotonic  # the rate limiter's clock
     resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
     resolve_timeout_s: float = 2.0
-    dashboard_dir: Optional[Path] = dashboard.DIRECTORY   # None: no dashboard
+    dashboard_dir: Path | None = dashboard.DIRECTORY  # None: no dashboard
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: Optional[str] = None,
-                 headers: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
         self.headers = headers
@@ -108,8 +122,13 @@ LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OPENAPI = web.AppKey("openapi", dict)
 
 
-def error_body(status: int, code: str, message: str, field: Optional[str] = None,
-               headers: Optional[dict[str, str]] = None) -> web.Response:
+def error_body(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     err: dict[str, Any] = {"code": code, "message": message}
     if field is not None:
         err["field"] = field
@@ -119,8 +138,11 @@ def error_body(status: int, code: str, message: str, field: Optional[str] = None
 @web.middleware
 async def _errors_and_metrics(request: web.Request, handler):
     metrics = request.app[METRICS]
-    route = request.match_info.route.resource.canonical if request.match_info.route.resource \
+    route = (
+        request.match_info.route.resource.canonical
+        if request.match_info.route.resource
         else "unmatched"
+    )
     started = time.perf_counter()
     status = 500
     try:
@@ -138,9 +160,15 @@ async def _errors_and_metrics(request: web.Request, handler):
         if e.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
-            e.status, "http_error")
-        return error_body(e.status, code, e.reason if e.status != 413 else
-                          f"the body exceeds {request.app[CONFIG].max_body_bytes} bytes")
+            e.status, "http_error"
+        )
+        return error_body(
+            e.status,
+            code,
+            e.reason
+            if e.status != 413
+            else f"the body exceeds {request.app[CONFIG].max_body_bytes} bytes",
+        )
     finally:
         metrics.requests.labels(request.method, route, str(status)).inc()
         metrics.latency.labels(route).observe(time.perf_counter() - started)
@@ -151,20 +179,28 @@ def _principal(request: web.Request) -> Principal:
     config = request.app[CONFIG]
     principal = config.auth.authenticate(token_from_headers(request.headers))
     if principal is None:
-        raise ApiError(401, "unauthenticated", "send a valid API key as 'Authorization: Bearer "
-                                               "<key>' or 'X-API-Key: <key>'")
+        raise ApiError(
+            401,
+            "unauthenticated",
+            "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+        )
     wait_s = request.app[LIMITER].take(principal.tenant, config.monotonic())
     if wait_s > 0:
         request.app[METRICS].rate_limited.labels(principal.tenant).inc()
         limit = request.app[LIMITER].limit_for(principal.tenant)
         retry = retry_after_header(wait_s)
-        raise ApiError(429, "rate_limited", f"tenant {principal.tenant!r} is over its rate "
-                       f"limit of {limit.rate_per_s:g} requests/s (burst {limit.burst}); "
-                       f"retry after {retry} s", headers={"Retry-After": retry})
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"tenant {principal.tenant!r} is over its rate "
+            f"limit of {limit.rate_per_s:g} requests/s (burst {limit.burst}); "
+            f"retry after {retry} s",
+            headers={"Retry-After": retry},
+        )
     return principal
 
 
-async def _check_callback_host(config: ApiConfig, url: Optional[str]) -> None:
+async def _check_callback_host(config: ApiConfig, url: str | None) -> None:
     """Refuse a callback whose host name resolves to an address the policy forbids.
 
     IP literals were checked by the validation. A name that does not resolve
@@ -184,13 +220,14 @@ async def _check_callback_host(config: ApiConfig, url: Optional[str]) -> None:
         return
     try:
         addresses = await asyncio.wait_for(config.resolve_host(host), config.resolve_timeout_s)
-    except (OSError, asyncio.TimeoutError, UnicodeError):
+    except (TimeoutError, OSError, UnicodeError):
         return
     for address in addresses:
         problem = check_address(host, address, policy)
         if problem:
-            raise ApiError(422, "invalid_field", f"{problem}; use a public http(s) endpoint",
-                           "callback_url")
+            raise ApiError(
+                422, "invalid_field", f"{problem}; use a public http(s) endpoint", "callback_url"
+            )
 
 
 def _own_job(request: web.Request, principal: Principal) -> JobView:
@@ -201,7 +238,7 @@ def _own_job(request: web.Request, principal: Principal) -> JobView:
     return view
 
 
-def _job_id_for(tenant: str, idempotency_key: Optional[str]) -> str:
+def _job_id_for(tenant: str, idempotency_key: str | None) -> str:
     if idempotency_key is None:
         return f"job_{uuid.uuid4().hex}"
     digest = hashlib.sha256(f"{tenant}\x00{idempotency_key}".encode()).hexdigest()
@@ -209,8 +246,12 @@ def _job_id_for(tenant: str, idempotency_key: Optional[str]) -> str:
 
 
 def _accepted(view: JobView, status: int) -> web.Response:
-    body = {"job_id": view.job_id, "state": view.state, "status_url": f"/v1/jobs/{view.job_id}",
-            "events_url": f"/v1/jobs/{view.job_id}/events"}
+    body = {
+        "job_id": view.job_id,
+        "state": view.state,
+        "status_url": f"/v1/jobs/{view.job_id}",
+        "events_url": f"/v1/jobs/{view.job_id}/events",
+    }
     return web.json_response(body, status=status, headers={"Location": body["status_url"]})
 
 
@@ -228,12 +269,17 @@ async def submit_job(request: web.Request) -> web.Response:
     await _check_callback_host(config, fields.get("callback_url"))
     key = request.headers.get("Idempotency-Key")
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
-        raise ApiError(422, "invalid_header", "Idempotency-Key must be 1-255 printable ASCII "
-                                              "characters without spaces", "Idempotency-Key")
+        raise ApiError(
+            422,
+            "invalid_header",
+            "Idempotency-Key must be 1-255 printable ASCII characters without spaces",
+            "Idempotency-Key",
+        )
     job_id = _job_id_for(principal.tenant, key)
     now_ms = int(config.clock() * 1000)
-    spec = JobSpec(job_id=job_id, tenant=principal.tenant, user=principal.user,
-                   submitted_ms=now_ms, **fields)
+    spec = JobSpec(
+        job_id=job_id, tenant=principal.tenant, user=principal.user, submitted_ms=now_ms, **fields
+    )
     fingerprint = spec_fingerprint(spec)
     locks: dict[str, asyncio.Lock] = request.app[LOCKS]
     lock = locks.setdefault(job_id, asyncio.Lock())
@@ -243,20 +289,29 @@ async def submit_job(request: web.Request) -> web.Response:
             if existing is not None:
                 if existing.request_hash != fingerprint:
                     metrics.submits.labels(spec.tier, "conflict").inc()
-                    raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used "
-                                   "for a different request; use a new key for a new job",
-                                   "Idempotency-Key")
+                    raise ApiError(
+                        409,
+                        "idempotency_key_reused",
+                        "this Idempotency-Key was used "
+                        "for a different request; use a new key for a new job",
+                        "Idempotency-Key",
+                    )
                 metrics.submits.labels(spec.tier, "replayed").inc()
                 return _accepted(existing, 200)
-            command = SubmitJob(event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec,
-                                idempotency_key=key)
+            command = SubmitJob(
+                event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key
+            )
             try:
-                await config.producer.send(config.commands_topic, principal.tenant,
-                                           codec.encode(command))
+                await config.producer.send(
+                    config.commands_topic, principal.tenant, codec.encode(command)
+                )
             except Exception as exc:
                 metrics.submits.labels(spec.tier, "unavailable").inc()
-                raise ApiError(503, "log_unavailable", f"the job could not be recorded ({exc}); "
-                                                       "retry with the same Idempotency-Key") from exc
+                raise ApiError(
+                    503,
+                    "log_unavailable",
+                    f"the job could not be recorded ({exc}); retry with the same Idempotency-Key",
+                ) from exc
             config.store.insert_if_absent(submitted_view(spec, now_ms))
             metrics.submits.labels(spec.tier, "accepted").inc()
             return _accepted(config.store.get(job_id) or submitted_view(spec, now_ms), 202)
@@ -288,12 +343,21 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise ApiError(422, "invalid_field", "limit must be an integer from 1 to 200", "limit")
     cursor = q.get("cursor")
     if cursor is not None and not _CURSOR.match(cursor):
-        raise ApiError(422, "invalid_field", "cursor is not one this API returned; start over "
-                                             "without it", "cursor")
-    page = request.app[CONFIG].store.list_jobs(principal.tenant, state.upper() if state else None,
-                                               limit, cursor)
-    return web.json_response({"jobs": [public_job(v, timeline=False) for v in page.jobs],
-                              "next_cursor": page.next_cursor})
+        raise ApiError(
+            422,
+            "invalid_field",
+            "cursor is not one this API returned; start over without it",
+            "cursor",
+        )
+    page = request.app[CONFIG].store.list_jobs(
+        principal.tenant, state.upper() if state else None, limit, cursor
+    )
+    return web.json_response(
+        {
+            "jobs": [public_job(v, timeline=False) for v in page.jobs],
+            "next_cursor": page.next_cursor,
+        }
+    )
 
 
 async def cancel_job(request: web.Request) -> web.Response:
@@ -302,18 +366,27 @@ async def cancel_job(request: web.Request) -> web.Response:
     principal = _principal(request)
     view = _own_job(request, principal)
     if view.terminal:
-        raise ApiError(409, "job_terminal", f"job {view.job_id} is already {view.state}; "
-                                            "there is nothing to cancel")
-    command = CancelJob(event_id=f"{view.job_id}/cancel/{uuid.uuid4().hex}",
-                        ts_ms=int(config.clock() * 1000), job_id=view.job_id,
-                        tenant=principal.tenant, reason=f"cancelled by {principal.user or 'user'}")
+        raise ApiError(
+            409,
+            "job_terminal",
+            f"job {view.job_id} is already {view.state}; there is nothing to cancel",
+        )
+    command = CancelJob(
+        event_id=f"{view.job_id}/cancel/{uuid.uuid4().hex}",
+        ts_ms=int(config.clock() * 1000),
+        job_id=view.job_id,
+        tenant=principal.tenant,
+        reason=f"cancelled by {principal.user or 'user'}",
+    )
     try:
         await config.producer.send(config.commands_topic, principal.tenant, codec.encode(command))
     except Exception as exc:
-        raise ApiError(503, "log_unavailable", f"the cancel could not be recorded ({exc}); "
-                                               "retry") from exc
-    return web.json_response({"job_id": view.job_id, "state": view.state,
-                              "cancel_requested": True}, status=202)
+        raise ApiError(
+            503, "log_unavailable", f"the cancel could not be recorded ({exc}); retry"
+        ) from exc
+    return web.json_response(
+        {"job_id": view.job_id, "state": view.state, "cancel_requested": True}, status=202
+    )
 
 
 async def job_events(request: web.Request) -> web.StreamResponse:
@@ -321,18 +394,29 @@ async def job_events(request: web.Request) -> web.StreamResponse:
     config, metrics = request.app[CONFIG], request.app[METRICS]
     principal = _principal(request)
     view = _own_job(request, principal)
-    last = parse_last_event_id(request.headers.get("Last-Event-ID")
-                               or request.query.get("last_event_id"))
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+    last = parse_last_event_id(
+        request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+    )
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
     await response.prepare(request)
     metrics.sse_clients.inc()
     try:
-        await stream_job(response.write, config.hub, view.job_id,
-                         lambda: config.store.get(view.job_id), last, config.sse_keepalive_s)
+        await stream_job(
+            response.write,
+            config.hub,
+            view.job_id,
+            lambda: config.store.get(view.job_id),
+            last,
+            config.sse_keepalive_s,
+        )
     except ConnectionResetError:
-        pass   # the client went away; it resumes with Last-Event-ID
+        pass  # the client went away; it resumes with Last-Event-ID
     finally:
         metrics.sse_clients.dec()
     return response
@@ -343,21 +427,33 @@ async def job_result(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     view = _own_job(request, _principal(request))
     if view.state != COMPLETED or not view.artifact_uri:
-        raise ApiError(409, "not_completed", f"job {view.job_id} is {view.state}; its result "
-                                             "exists once it is COMPLETED")
+        raise ApiError(
+            409,
+            "not_completed",
+            f"job {view.job_id} is {view.state}; its result exists once it is COMPLETED",
+        )
     if config.artifacts is None:
         raise ApiError(503, "no_artifact_store", "this API has no artifact store configured")
     ttl = config.result_url_ttl_s
     try:
         url = config.artifacts.signed_url(view.artifact_uri, ttl)
-    except ValueError as exc:   # an artifact URI this store cannot serve
-        raise ApiError(409, "artifact_unavailable", f"the result of job {view.job_id} is not "
-                                                    f"available from this API: {exc}") from exc
+    except ValueError as exc:  # an artifact URI this store cannot serve
+        raise ApiError(
+            409,
+            "artifact_unavailable",
+            f"the result of job {view.job_id} is not available from this API: {exc}",
+        ) from exc
     if request.query.get("redirect") in ("1", "true"):
         raise web.HTTPFound(url)
-    return web.json_response({"job_id": view.job_id, "url": url, "expires_in_s": ttl,
-                              "expires_at_ms": int((config.clock() + ttl) * 1000),
-                              "artifact_uri": view.artifact_uri})
+    return web.json_response(
+        {
+            "job_id": view.job_id,
+            "url": url,
+            "expires_in_s": ttl,
+            "expires_at_ms": int((config.clock() + ttl) * 1000),
+            "artifact_uri": view.artifact_uri,
+        }
+    )
 
 
 async def get_artifact(request: web.Request) -> web.StreamResponse:
@@ -366,10 +462,15 @@ async def get_artifact(request: web.Request) -> web.StreamResponse:
     if artifacts is None or not hasattr(artifacts, "verify_signature"):
         raise ApiError(404, "not_found", "this API does not serve artifacts")
     key = request.match_info["key"]
-    if not artifacts.verify_signature(key, request.query.get("expires", ""),
-                                      request.query.get("sig", "")):
-        raise ApiError(403, "bad_signature", "the URL's signature is invalid or has expired; "
-                                             "get a fresh one from GET /v1/jobs/{id}/result")
+    if not artifacts.verify_signature(
+        key, request.query.get("expires", ""), request.query.get("sig", "")
+    ):
+        raise ApiError(
+            403,
+            "bad_signature",
+            "the URL's signature is invalid or has expired; "
+            "get a fresh one from GET /v1/jobs/{id}/result",
+        )
     path = artifacts.local_path(key)
     if not path.is_file():
         raise ApiError(404, "artifact_not_found", f"no artifact {key!r}")
@@ -381,8 +482,11 @@ async def get_cluster(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     _principal(request)
     view = config.store.load_cluster()
-    return web.json_response(cluster_view.to_dict(view, int(config.clock() * 1000),
-                                                  detail=request.query.get("detail") != "0"))
+    return web.json_response(
+        cluster_view.to_dict(
+            view, int(config.clock() * 1000), detail=request.query.get("detail") != "0"
+        )
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -407,8 +511,10 @@ async def openapi(request: web.Request) -> web.Response:
 async def _background(app: web.Application):
     config = app[CONFIG]
     tap = PublishTap(config.hub, AssignmentObserver(app[METRICS].submit_to_assigned))
-    tasks = [asyncio.create_task(run(), name=getattr(run, "__qualname__", "background"))
-             for run in config.background]
+    tasks = [
+        asyncio.create_task(run(), name=getattr(run, "__qualname__", "background"))
+        for run in config.background
+    ]
     app[TASKS].extend(tasks)
     yield
     for task in tasks:
@@ -419,13 +525,11 @@ async def _background(app: web.Application):
 
 def _register_collectors(metrics: Metrics, config: ApiConfig) -> None:
     metrics.registry.register(ViewCollector(config.store.load_cluster))
-    metrics.registry.register(ProjectionCollector(projection_parts(config.background),
-                                                  config.hub))
+    metrics.registry.register(ProjectionCollector(projection_parts(config.background), config.hub))
 
 
 def make_app(config: ApiConfig) -> web.Application:
-    app = web.Application(middlewares=[_errors_and_metrics],
-                          client_max_size=config.max_body_bytes)
+    app = web.Application(middlewares=[_errors_and_metrics], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[METRICS] = Metrics()
     _register_collectors(app[METRICS], config)

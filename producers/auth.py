@@ -13,15 +13,17 @@ Config (a dict, or a path to JSON)::
      "keys": [{"id": "k1", "tenant": "acme", "user": "alice", "salt": "<hex>", "sha256": "<hex>"},
               {"key": "dev-key-for-bob", "tenant": "acme", "user": "bob"}]}
 """
+
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 DEFAULT_TIERS = ("free",)
 _DUMMY_SALT = b"\x00" * 16
@@ -68,7 +70,7 @@ def hash_key(token: str, salt: bytes) -> bytes:
     return hashlib.sha256(salt + token.encode()).digest()
 
 
-def record_for(token: str, tenant: str, user: str = "", salt: Optional[bytes] = None) -> KeyRecord:
+def record_for(token: str, tenant: str, user: str = "", salt: bytes | None = None) -> KeyRecord:
     """What the server stores for ``token``."""
     salt = salt if salt is not None else secrets.token_bytes(16)
     return KeyRecord(key_id_of(token), tenant, user, salt, hash_key(token, salt))
@@ -81,15 +83,22 @@ def new_key(tenant: str, user: str = "") -> tuple[str, KeyRecord]:
 
 
 def record_to_config(r: KeyRecord) -> dict[str, Any]:
-    return {"id": r.key_id, "tenant": r.tenant, "user": r.user, "salt": r.salt.hex(),
-            "sha256": r.digest.hex(), "disabled": r.disabled}
+    return {
+        "id": r.key_id,
+        "tenant": r.tenant,
+        "user": r.user,
+        "salt": r.salt.hex(),
+        "sha256": r.digest.hex(),
+        "disabled": r.disabled,
+    }
 
 
 class ApiKeys:
     """The key table; ``authenticate(token)`` is the only question it answers."""
 
-    def __init__(self, records: Iterable[KeyRecord],
-                 tenants: Optional[Mapping[str, TenantPolicy]] = None) -> None:
+    def __init__(
+        self, records: Iterable[KeyRecord], tenants: Mapping[str, TenantPolicy] | None = None
+    ) -> None:
         self._records: dict[str, KeyRecord] = {}
         for r in records:
             if r.key_id in self._records:
@@ -98,7 +107,7 @@ class ApiKeys:
         self.tenants: dict[str, TenantPolicy] = dict(tenants or {})
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | str | Path) -> "ApiKeys":
+    def from_config(cls, config: Mapping[str, Any] | str | Path) -> ApiKeys:
         if isinstance(config, (str, Path)):
             config = json.loads(Path(config).read_text())
         tenants = {}
@@ -106,7 +115,9 @@ class ApiKeys:
             tiers = tuple(t.get("tiers") or DEFAULT_TIERS)
             default = t.get("default_tier") or tiers[0]
             if default not in tiers:
-                raise ValueError(f"tenant {name!r}: default_tier {default!r} is not in its tiers {tiers}")
+                raise ValueError(
+                    f"tenant {name!r}: default_tier {default!r} is not in its tiers {tiers}"
+                )
             tenants[name] = TenantPolicy(tiers, default, t.get("webhook_secret", ""))
         records = []
         for i, k in enumerate(config.get("keys") or ()):
@@ -115,15 +126,22 @@ class ApiKeys:
             if "key" in k:
                 records.append(record_for(k["key"], k["tenant"], k.get("user", "")))
             else:
-                records.append(KeyRecord(k["id"], k["tenant"], k.get("user", ""),
-                                         bytes.fromhex(k["salt"]), bytes.fromhex(k["sha256"]),
-                                         bool(k.get("disabled", False))))
+                records.append(
+                    KeyRecord(
+                        k["id"],
+                        k["tenant"],
+                        k.get("user", ""),
+                        bytes.fromhex(k["salt"]),
+                        bytes.fromhex(k["sha256"]),
+                        bool(k.get("disabled", False)),
+                    )
+                )
         return cls(records, tenants)
 
     def policy(self, tenant: str) -> TenantPolicy:
         return self.tenants.get(tenant, TenantPolicy())
 
-    def authenticate(self, token: Optional[str]) -> Optional[Principal]:
+    def authenticate(self, token: str | None) -> Principal | None:
         """The caller for a presented token, or None (unknown, wrong or disabled)."""
         if not token or len(token) > 512:
             return None
@@ -136,7 +154,7 @@ class ApiKeys:
         return Principal(record.tenant, record.user, record.key_id, self.policy(record.tenant))
 
 
-def token_from_headers(headers: Mapping[str, str]) -> Optional[str]:
+def token_from_headers(headers: Mapping[str, str]) -> str | None:
     """``Authorization: Bearer <token>`` or ``X-API-Key: <token>``."""
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":

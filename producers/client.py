@@ -10,6 +10,7 @@ Errors come back as ``ApiError`` carrying the server's code, message and field.
 ``watch`` reconnects after a dropped stream with ``Last-Event-ID``, so no event
 is lost or repeated, and stops after the job's terminal event.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from framespool.projections.sse import parse_stream
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: Optional[str] = None) -> None:
-        super().__init__(f"HTTP {status} {code}: {message}" + (f" (field {field})" if field else ""))
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(
+            f"HTTP {status} {code}: {message}" + (f" (field {field})" if field else "")
+        )
         self.status, self.code, self.message, self.field = status, code, message, field
 
 
@@ -41,8 +45,14 @@ class Client:
         self._opener = urllib.request.build_opener(_NoRedirect)
 
     # -- plumbing ---------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Any = None,
-                 headers: Optional[dict[str, str]] = None, timeout: Optional[float] = None):
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ):
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Authorization": f"Bearer {self.api_key}", "Accept": "application/json"}
         if data is not None:
@@ -54,13 +64,14 @@ class Client:
         except urllib.error.HTTPError as exc:
             raise _api_error(exc) from None
 
-    def _json(self, method: str, path: str, body: Any = None,
-              headers: Optional[dict[str, str]] = None) -> Any:
+    def _json(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> Any:
         with self._request(method, path, body, headers) as resp:
             return json.loads(resp.read() or b"null")
 
     # -- API ----------------------------------------------------------------------
-    def submit(self, *, idempotency_key: Optional[str] = None, **fields: Any) -> dict:
+    def submit(self, *, idempotency_key: str | None = None, **fields: Any) -> dict:
         """POST /v1/jobs; ``fields`` are the body (prompt, model, params, gpus, ...)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return self._json("POST", "/v1/jobs", fields, headers)
@@ -68,12 +79,11 @@ class Client:
     def status(self, job_id: str) -> dict:
         return self._json("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
 
-    def jobs(self, state: Optional[str] = None, limit: int = 50,
-             cursor: Optional[str] = None) -> dict:
+    def jobs(self, state: str | None = None, limit: int = 50, cursor: str | None = None) -> dict:
         query = {k: v for k, v in (("state", state), ("limit", limit), ("cursor", cursor)) if v}
         return self._json("GET", "/v1/jobs?" + urllib.parse.urlencode(query))
 
-    def all_jobs(self, state: Optional[str] = None, page_size: int = 100) -> Iterator[dict]:
+    def all_jobs(self, state: str | None = None, page_size: int = 100) -> Iterator[dict]:
         cursor = None
         while True:
             page = self.jobs(state, page_size, cursor)
@@ -91,8 +101,9 @@ class Client:
     def cluster(self, detail: bool = True) -> dict:
         return self._json("GET", "/v1/cluster" + ("" if detail else "?detail=0"))
 
-    def watch(self, job_id: str, last_event_id: Optional[int] = None,
-              reconnect: int = 5) -> Iterator[dict]:
+    def watch(
+        self, job_id: str, last_event_id: int | None = None, reconnect: int = 5
+    ) -> Iterator[dict]:
         """Yield ``{"id", "event", "data"}`` for each event until the job ends."""
         path = f"/v1/jobs/{urllib.parse.quote(job_id)}/events"
         last = last_event_id
@@ -103,8 +114,9 @@ class Client:
                 headers["Last-Event-ID"] = str(last)
             ended = False
             try:
-                with self._request("GET", path, headers=headers, timeout=max(self.timeout_s, 60)) \
-                        as resp:
+                with self._request(
+                    "GET", path, headers=headers, timeout=max(self.timeout_s, 60)
+                ) as resp:
                     lines = (raw.decode("utf-8") for raw in resp)
                     for event in parse_stream(lines):
                         failures = 0
@@ -115,16 +127,17 @@ class Client:
                             ended = True
                             break
                         yield {"id": last, "event": event["event"], "data": data}
-            except (OSError, ValueError) as exc:   # a dropped connection: resume below
+            except (OSError, ValueError) as exc:  # a dropped connection: resume below
                 if failures >= reconnect:
-                    raise ApiError(0, "stream_lost", f"the event stream of {job_id} failed: "
-                                                     f"{exc}") from exc
+                    raise ApiError(
+                        0, "stream_lost", f"the event stream of {job_id} failed: {exc}"
+                    ) from exc
             if ended:
                 return
             failures += 1
             if failures > reconnect:
                 raise ApiError(0, "stream_lost", f"the event stream of {job_id} kept closing")
-            time.sleep(min(5.0, 0.2 * 2 ** failures))
+            time.sleep(min(5.0, 0.2 * 2**failures))
 
 
 def _api_error(exc: urllib.error.HTTPError) -> ApiError:
@@ -132,5 +145,9 @@ def _api_error(exc: urllib.error.HTTPError) -> ApiError:
         err = json.loads(exc.read() or b"{}").get("error", {})
     except ValueError:
         err = {}
-    return ApiError(exc.code, err.get("code", "http_error"), err.get("message", str(exc.reason)),
-                    err.get("field"))
+    return ApiError(
+        exc.code,
+        err.get("code", "http_error"),
+        err.get("message", str(exc.reason)),
+        err.get("field"),
+    )

@@ -5,16 +5,20 @@ static fields (role, instance, ...) and any ``extra`` fields. Values that look
 like bearer tokens or URL signatures are masked before the line is written, so
 logs never carry API keys or signed URLs.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import re
 import sys
-from typing import Any, Optional
+from typing import Any
 
-_SECRETS = re.compile(r"(Bearer\s+)\S+|([?&](?:sig|signature|X-Amz-Signature|X-Amz-Credential)=)"
-                      r"[^&\s\"']+", re.IGNORECASE)
+_SECRETS = re.compile(
+    r"(Bearer\s+)\S+|([?&](?:sig|signature|X-Amz-Signature|X-Amz-Credential)=)"
+    r"[^&\s\"']+",
+    re.IGNORECASE,
+)
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
@@ -23,14 +27,18 @@ def redact(text: str) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, static: Optional[dict[str, Any]] = None) -> None:
+    def __init__(self, static: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.static = static or {}
 
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-                               "logger": record.name, "msg": redact(record.getMessage()),
-                               **self.static}
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": redact(record.getMessage()),
+            **self.static,
+        }
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_") and key not in doc:
                 doc[key] = redact(value) if isinstance(value, str) else value

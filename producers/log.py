@@ -25,6 +25,7 @@ in one place (``/work/shared/BROKER-NOTES.md``; the embedded broker is Tansu):
    ``FETCH_WAIT_MS`` instead of librdkafka's 500 ms: measured median delivery
    latency 3.7 ms at 10 ms, 27 ms at 100 ms, 200 ms at the default.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -138,7 +139,10 @@ def create_topics(
         exc = future.exception(timeout=timeout)
         if exc is None:
             created.append(name)
-        elif not (isinstance(exc, KafkaException) and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
+        elif not (
+            isinstance(exc, KafkaException)
+            and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+        ):
             reason = exc.args[0].str() if isinstance(exc, KafkaException) else repr(exc)
             raise LogError(f"cannot create topic {name!r}: {reason}") from exc
     _check_partition_counts(admin, wanted, timeout)
@@ -160,7 +164,9 @@ def _check_partition_counts(admin: AdminClient, wanted: Mapping[str, int], timeo
         time.sleep(0.05)
     wrong = {n: (actual[n], wanted[n]) for n in wanted if actual[n] != wanted[n]}
     if wrong:
-        detail = ", ".join(f"{n!r} has {a} partitions, the catalogue says {w}" for n, (a, w) in wrong.items())
+        detail = ", ".join(
+            f"{n!r} has {a} partitions, the catalogue says {w}" for n, (a, w) in wrong.items()
+        )
         raise TopicMismatch(
             f"{detail}; partitions cannot be changed in place: recreate the topic "
             "(or the broker's storage) or fix schemas/topics.py"
@@ -257,7 +263,9 @@ class LogProducer:
         self._fatal: KafkaError | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._poll_loop, name="log-producer-poll", daemon=True)
+        self._thread = threading.Thread(
+            target=self._poll_loop, name="log-producer-poll", daemon=True
+        )
         self._thread.start()
 
     # -- callbacks (run on the poll thread, or on a thread inside flush) ----------
@@ -285,7 +293,9 @@ class LogProducer:
 
     def _raise_if_fatal(self) -> None:
         if self._fatal is not None:
-            raise LogError(f"producer is unusable after a fatal error: {self._fatal.str()}; create a new one")
+            raise LogError(
+                f"producer is unusable after a fatal error: {self._fatal.str()}; create a new one"
+            )
 
     # -- API ----------------------------------------------------------------------
     def produce(
@@ -392,7 +402,9 @@ class LogProducer:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise LogError(f"{failures[0]}{more}") from failures[0]
         if remaining:
-            raise LogError(f"{remaining} records still undelivered after {timeout} s; is the broker reachable?")
+            raise LogError(
+                f"{remaining} records still undelivered after {timeout} s; is the broker reachable?"
+            )
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush, stop the poll thread and drop the connections. Idempotent.
@@ -474,9 +486,17 @@ class LogConsumer:
         **conf: object,
     ) -> None:
         if str(conf.get("group.protocol", "classic")).lower() != "classic":
-            raise ValueError("group.protocol must stay 'classic': the broker never assigns under 'consumer'")
-        if str(conf.get("auto.offset.reset", "earliest")).lower() not in ("earliest", "smallest", "beginning"):
-            raise ValueError("auto.offset.reset must be 'earliest': 'latest' relies on ListOffsets(latest), wrong on Tansu")
+            raise ValueError(
+                "group.protocol must stay 'classic': the broker never assigns under 'consumer'"
+            )
+        if str(conf.get("auto.offset.reset", "earliest")).lower() not in (
+            "earliest",
+            "smallest",
+            "beginning",
+        ):
+            raise ValueError(
+                "auto.offset.reset must be 'earliest': 'latest' relies on ListOffsets(latest), wrong on Tansu"
+            )
         # librdkafka needs a group id even for manual assignment; an anonymous
         # one is never joined and never committed to.
         self._anonymous = group_id is None
@@ -502,7 +522,9 @@ class LogConsumer:
         (log.error if error.fatal() else log.warning)("consumer: %s", error.str())
 
     # -- pattern (a): manual assignment -------------------------------------------
-    def assign(self, topic: str, partitions: Iterable[int], offsets: int | Mapping[int, int] = 0) -> None:
+    def assign(
+        self, topic: str, partitions: Iterable[int], offsets: int | Mapping[int, int] = 0
+    ) -> None:
         """Read ``partitions`` of ``topic`` starting at ``offsets`` (one for all, or per partition).
 
         Replaces any previous assignment.
@@ -511,22 +533,33 @@ class LogConsumer:
         start = offsets if isinstance(offsets, Mapping) else {p: offsets for p in parts}
         self._consumer.assign([TopicPartition(topic, p, start[p]) for p in parts])
 
-    def committed(self, topic: str, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, int | None]:
+    def committed(
+        self, topic: str, partitions: Iterable[int], timeout: float = 10.0
+    ) -> dict[int, int | None]:
         """The group's committed next-offset per partition (None where nothing is committed)."""
-        result = self._consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+        result = self._consumer.committed(
+            [TopicPartition(topic, p) for p in partitions], timeout=timeout
+        )
         out: dict[int, int | None] = {}
         for tp in result:
             if tp.error is not None:
-                raise LogError(f"cannot fetch committed offset of {topic}[{tp.partition}]: {tp.error.str()}")
+                raise LogError(
+                    f"cannot fetch committed offset of {topic}[{tp.partition}]: {tp.error.str()}"
+                )
             out[tp.partition] = None if tp.offset == OFFSET_INVALID or tp.offset < 0 else tp.offset
         return out
 
-    def resume(self, topic: str, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, int]:
+    def resume(
+        self, topic: str, partitions: Iterable[int], timeout: float = 10.0
+    ) -> dict[int, int]:
         """Assign ``partitions`` from the group's committed positions (0 where none); return them."""
         if self._anonymous:
             raise LogError("resume() needs a group_id to read committed positions from")
         parts = list(partitions)
-        start = {p: (off if off is not None else 0) for p, off in self.committed(topic, parts, timeout).items()}
+        start = {
+            p: (off if off is not None else 0)
+            for p, off in self.committed(topic, parts, timeout).items()
+        }
         self.assign(topic, parts, start)
         return start
 
@@ -595,10 +628,14 @@ class LogConsumer:
         try:
             result = self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
-            raise LogError(f"commit of {positions} for group {self.group_id!r} failed: {exc.args[0].str()}") from exc
+            raise LogError(
+                f"commit of {positions} for group {self.group_id!r} failed: {exc.args[0].str()}"
+            ) from exc
         failed = [tp for tp in result or () if tp.error is not None]
         if failed:
-            raise LogError(f"commit failed for group {self.group_id!r}: {[(tp.topic, tp.partition, tp.error.str()) for tp in failed]}")
+            raise LogError(
+                f"commit failed for group {self.group_id!r}: {[(tp.topic, tp.partition, tp.error.str()) for tp in failed]}"
+            )
 
     def commit_through(self, record: Record) -> None:
         """Commit everything up to and including ``record``."""
@@ -609,7 +646,9 @@ class LogConsumer:
 
         Never an uncached ListOffsets: Tansu's ListOffsets(latest) is wrong.
         """
-        _low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        _low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), cached=True
+        )
         return None if high < 0 else high
 
     def partitions_of(self, topic: str, timeout: float = 10.0) -> int:
@@ -620,8 +659,14 @@ class LogConsumer:
         metadata = self._consumer.list_topics(topic, timeout=timeout)
         entry = metadata.topics.get(topic)
         if entry is None or entry.error is not None or not entry.partitions:
-            reason = entry.error.str() if entry is not None and entry.error is not None else "no partitions"
-            raise LogError(f"topic {topic!r} is not readable: {reason}; create it with create_topics()")
+            reason = (
+                entry.error.str()
+                if entry is not None and entry.error is not None
+                else "no partitions"
+            )
+            raise LogError(
+                f"topic {topic!r} is not readable: {reason}; create it with create_topics()"
+            )
         return len(entry.partitions)
 
     def close(self) -> None:
@@ -657,7 +702,11 @@ def read_all(
     """
     conf = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, **conf}
     with LogConsumer(bootstrap_servers, **conf) as consumer:
-        parts = sorted(partitions) if partitions is not None else list(range(consumer.partitions_of(topic)))
+        parts = (
+            sorted(partitions)
+            if partitions is not None
+            else list(range(consumer.partitions_of(topic)))
+        )
         if not parts:
             return []
         consumer.assign(topic, parts, 0)

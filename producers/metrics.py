@@ -17,11 +17,13 @@ Four kinds of figure, each from where it is true:
 
 Metrics of the processors and agents are theirs to expose, not the API's.
 """
+
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -31,9 +33,25 @@ from framespool.projections.jobs import JobView
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-                   1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
-OBSERVED_JOBS_MAX = 100_000   # job ids remembered so a job's assignment is observed once
+LATENCY_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    4 * 3600.0,
+    24 * 3600.0,
+)
+OBSERVED_JOBS_MAX = 100_000  # job ids remembered so a job's assignment is observed once
 
 
 class Metrics:
@@ -41,21 +59,40 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("framespool_api_requests_total", "HTTP requests",
-                                ["method", "route", "status"], registry=self.registry)
-        self.latency = Histogram("framespool_api_request_seconds", "HTTP request latency",
-                                 ["route"], registry=self.registry)
-        self.submits = Counter("framespool_api_submits_total", "Jobs submitted",
-                               ["tier", "outcome"], registry=self.registry)
-        self.sse_clients = Gauge("framespool_api_sse_clients", "Open SSE streams",
-                                 registry=self.registry)
-        self.rate_limited = Counter("framespool_api_rate_limited_total",
-                                    "Requests refused with 429 by the per-tenant rate limit",
-                                    ["tenant"], registry=self.registry)
+        self.requests = Counter(
+            "framespool_api_requests_total",
+            "HTTP requests",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "framespool_api_request_seconds",
+            "HTTP request latency",
+            ["route"],
+            registry=self.registry,
+        )
+        self.submits = Counter(
+            "framespool_api_submits_total",
+            "Jobs submitted",
+            ["tier", "outcome"],
+            registry=self.registry,
+        )
+        self.sse_clients = Gauge(
+            "framespool_api_sse_clients", "Open SSE streams", registry=self.registry
+        )
+        self.rate_limited = Counter(
+            "framespool_api_rate_limited_total",
+            "Requests refused with 429 by the per-tenant rate limit",
+            ["tenant"],
+            registry=self.registry,
+        )
         self.submit_to_assigned = Histogram(
             "framespool_job_submit_to_assigned_seconds",
             "Time from a job's submission to its first assignment (queue wait), by tier",
-            ["tier"], buckets=LATENCY_BUCKETS, registry=self.registry)
+            ["tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
 
 class ViewCollector:
@@ -66,18 +103,27 @@ class ViewCollector:
 
     def collect(self) -> Iterable[Any]:
         view = self._load()
-        gpus = GaugeMetricFamily("framespool_gpus", "GPUs per cell by state "
-                                 "(busy, free, degraded, down)", labels=["cell", "state"])
-        nodes = GaugeMetricFamily("framespool_nodes", "Nodes per cell by state",
-                                  labels=["cell", "state"])
-        queued = GaugeMetricFamily("framespool_queue_jobs", "Queued jobs by tier and tenant",
-                                   labels=["tier", "tenant"])
-        queued_gpus = GaugeMetricFamily("framespool_queue_gpus",
-                                        "GPUs asked for by queued jobs, by tier and tenant",
-                                        labels=["tier", "tenant"])
-        running = GaugeMetricFamily("framespool_running_gpus",
-                                    "GPUs running jobs, by tier and tenant",
-                                    labels=["tier", "tenant"])
+        gpus = GaugeMetricFamily(
+            "framespool_gpus",
+            "GPUs per cell by state (busy, free, degraded, down)",
+            labels=["cell", "state"],
+        )
+        nodes = GaugeMetricFamily(
+            "framespool_nodes", "Nodes per cell by state", labels=["cell", "state"]
+        )
+        queued = GaugeMetricFamily(
+            "framespool_queue_jobs", "Queued jobs by tier and tenant", labels=["tier", "tenant"]
+        )
+        queued_gpus = GaugeMetricFamily(
+            "framespool_queue_gpus",
+            "GPUs asked for by queued jobs, by tier and tenant",
+            labels=["tier", "tenant"],
+        )
+        running = GaugeMetricFamily(
+            "framespool_running_gpus",
+            "GPUs running jobs, by tier and tenant",
+            labels=["tier", "tenant"],
+        )
         depth: dict[tuple[str, str], list[int]] = {}
         for name in sorted(view.cells):
             cell = view.cells[name]
@@ -100,8 +146,10 @@ class ViewCollector:
             queued.add_metric([tier, tenant], jobs)
             queued_gpus.add_metric([tier, tenant], want)
             running.add_metric([tier, tenant], run)
-        updated = GaugeMetricFamily("framespool_cluster_view_updated_seconds",
-                                    "Event time of the newest cluster status folded")
+        updated = GaugeMetricFamily(
+            "framespool_cluster_view_updated_seconds",
+            "Event time of the newest cluster status folded",
+        )
         updated.add_metric([], view.updated_ms / 1000)
         return [gpus, nodes, queued, queued_gpus, running, updated]
 
@@ -123,24 +171,28 @@ class ProjectionCollector:
             counters = getattr(part, "counters", None)
             if counters is not None:
                 for name, help_text in (
-                        ("records", "Records the projection read"),
-                        ("applied", "Events the projection folded"),
-                        ("skipped_replays", "Records at or below the stored offset (replays)"),
-                        ("dead_lettered", "Records the projection sent to dead-letter"),
-                        ("commits", "Store batches the projection committed")):
+                    ("records", "Records the projection read"),
+                    ("applied", "Events the projection folded"),
+                    ("skipped_replays", "Records at or below the stored offset (replays)"),
+                    ("dead_lettered", "Records the projection sent to dead-letter"),
+                    ("commits", "Store batches the projection committed"),
+                ):
                     family = CounterMetricFamily(f"framespool_projection_{name}", help_text)
                     family.add_metric([], getattr(counters, name, 0))
                     out.append(family)
             if hasattr(part, "delivered") and hasattr(part, "failed"):
-                hooks = CounterMetricFamily("framespool_webhook_deliveries",
-                                            "Webhook deliveries by final outcome",
-                                            labels=["outcome"])
+                hooks = CounterMetricFamily(
+                    "framespool_webhook_deliveries",
+                    "Webhook deliveries by final outcome",
+                    labels=["outcome"],
+                )
                 hooks.add_metric(["delivered"], part.delivered)
                 hooks.add_metric(["failed"], part.failed)
                 out.append(hooks)
         if self._hub is not None and hasattr(self._hub, "dropped_total"):
-            dropped = CounterMetricFamily("framespool_sse_dropped_clients",
-                                          "SSE clients dropped for not keeping up")
+            dropped = CounterMetricFamily(
+                "framespool_sse_dropped_clients", "SSE clients dropped for not keeping up"
+            )
             dropped.add_metric([], self._hub.dropped_total)
             out.append(dropped)
         return out
@@ -169,12 +221,13 @@ class AssignmentObserver:
             return
         first = next((e for e in view.timeline if e.type == "JobAssigned"), None)
         if first is None or view.created_ms <= 0:
-            return   # assigned before the bounded timeline's window: not measurable
+            return  # assigned before the bounded timeline's window: not measurable
         self._seen[job_id] = None
         if len(self._seen) > self._max:
             self._seen.popitem(last=False)
         self._histogram.labels(view.tier or "unknown").observe(
-            max(0.0, (first.ts_ms - view.created_ms) / 1000))
+            max(0.0, (first.ts_ms - view.created_ms) / 1000)
+        )
 
 
 class PublishTap:
@@ -188,16 +241,16 @@ class PublishTap:
     def __init__(self, hub: Any, observer: Callable[[str, Any], None]) -> None:
         self._hub = hub
         self._original: Callable[[str, Any], int] = hub.publish
-        self._own = "publish" in vars(hub)     # an earlier tap's wrapper, or the class's method
+        self._own = "publish" in vars(hub)  # an earlier tap's wrapper, or the class's method
 
         def publish(key: str, item: Any) -> int:
             try:
                 observer(key, item)
-            except Exception:   # a metric must never stop a view from reaching its clients
+            except Exception:  # a metric must never stop a view from reaching its clients
                 log.exception("metrics observer failed on %s", key)
             return self._original(key, item)
 
-        self._wrapper: Optional[Callable[[str, Any], int]] = publish
+        self._wrapper: Callable[[str, Any], int] | None = publish
         hub.publish = publish
 
     def remove(self) -> None:

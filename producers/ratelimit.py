@@ -15,11 +15,11 @@ Time arrives as an argument (``now``, seconds on a monotonic clock), so the
 limiter is a pure state machine that tests drive without sleeping. A clock
 that steps backwards refills nothing.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,9 @@ class _Bucket:
 class RateLimiter:
     """Token buckets keyed by tenant; ``take(tenant, now)`` is the only question it answers."""
 
-    def __init__(self, limit: RateLimit = RateLimit(),
-                 overrides: Optional[dict[str, RateLimit]] = None) -> None:
+    def __init__(
+        self, limit: RateLimit = RateLimit(), overrides: dict[str, RateLimit] | None = None
+    ) -> None:
         self.limit = limit
         self.overrides = dict(overrides or {})
         self._buckets: dict[str, _Bucket] = {}
@@ -78,7 +79,7 @@ class RateLimiter:
         self.refused += 1
         return (1.0 - bucket.tokens) / limit.rate_per_s
 
-    def tokens(self, tenant: str) -> Optional[float]:
+    def tokens(self, tenant: str) -> float | None:
         """Tokens left at the last ``take`` (tests, metrics); None for an unseen tenant."""
         bucket = self._buckets.get(tenant)
         return None if bucket is None else bucket.tokens

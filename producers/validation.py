@@ -7,13 +7,14 @@ adds) or raises ``ValidationError``. It normalises what it accepts (numbers in
 ``params`` become strings, ``gpus_per_node`` is capped at ``gpus``) so that the
 same request always yields the same spec and the same idempotency fingerprint.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from framespool.producers.auth import TenantPolicy
 from framespool.projections.webhooks import TargetPolicy, check_target
@@ -27,8 +28,9 @@ _RESOLUTION = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 class ValidationError(Exception):
     """The request is wrong (the client's fault); ``status`` is 400, 403, 413 or 422."""
 
-    def __init__(self, field: Optional[str], message: str, status: int = 422,
-                 code: str = "invalid_field") -> None:
+    def __init__(
+        self, field: str | None, message: str, status: int = 422, code: str = "invalid_field"
+    ) -> None:
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
         self.message = message
@@ -51,16 +53,37 @@ class Limits:
     callback_url_max: int = 2048
     shapes_max: int = 8
     estimate_max_s: float = 86400.0
-    models: Optional[frozenset[str]] = None    # None: any well-formed model name
+    models: frozenset[str] | None = None  # None: any well-formed model name
 
 
-FIELDS = ("prompt", "model", "model_version", "params", "gpus", "gpus_per_node", "tier",
-          "preemptible", "callback_url", "shapes", "estimate_s", "checkpoint_interval_s",
-          "gpu_type", "cpus", "mem_gb")
+FIELDS = (
+    "prompt",
+    "model",
+    "model_version",
+    "params",
+    "gpus",
+    "gpus_per_node",
+    "tier",
+    "preemptible",
+    "callback_url",
+    "shapes",
+    "estimate_s",
+    "checkpoint_interval_s",
+    "gpu_type",
+    "cpus",
+    "mem_gb",
+)
 
 
-def _int(body: dict, name: str, default: Optional[int], lo: int, hi: int, hint: str,
-         field: Optional[str] = None) -> int:
+def _int(
+    body: dict,
+    name: str,
+    default: int | None,
+    lo: int,
+    hi: int,
+    hint: str,
+    field: str | None = None,
+) -> int:
     field = field or name
     value = body.get(name, default)
     if value is None:
@@ -72,8 +95,9 @@ def _int(body: dict, name: str, default: Optional[int], lo: int, hi: int, hint: 
     return value
 
 
-def _number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False,
-            field: Optional[str] = None) -> Optional[float]:
+def _number(
+    body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False, field: str | None = None
+) -> float | None:
     field = field or name
     value = body.get(name)
     if value is None:
@@ -86,26 +110,45 @@ def _number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = Fals
     return float(value)
 
 
-def _name(body: dict, name: str, default: Optional[str], what: str) -> Optional[str]:
+def _name(body: dict, name: str, default: str | None, what: str) -> str | None:
     value = body.get(name, default)
     if value is None:
         return None
     if not isinstance(value, str) or not _NAME.match(value):
-        raise ValidationError(name, f"must be a {what}: 1-64 letters, digits, '.', '_' or '-', "
-                                    f"starting with a letter or digit; got {value!r}")
+        raise ValidationError(
+            name,
+            f"must be a {what}: 1-64 letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit; got {value!r}",
+        )
     return value
 
 
 def _gang(body: dict, prefix: str, limits: Limits) -> tuple[int, int]:
-    gpus = _int(body, "gpus", 1, 1, limits.gpus_max,
-                f"ask for at most {limits.gpus_max} GPUs or split the work", f"{prefix}gpus")
-    per_node = _int(body, "gpus_per_node", min(gpus, limits.gpus_per_node_max), 1,
-                    limits.gpus_per_node_max, f"a node has at most {limits.gpus_per_node_max} GPUs",
-                    f"{prefix}gpus_per_node")
+    gpus = _int(
+        body,
+        "gpus",
+        1,
+        1,
+        limits.gpus_max,
+        f"ask for at most {limits.gpus_max} GPUs or split the work",
+        f"{prefix}gpus",
+    )
+    per_node = _int(
+        body,
+        "gpus_per_node",
+        min(gpus, limits.gpus_per_node_max),
+        1,
+        limits.gpus_per_node_max,
+        f"a node has at most {limits.gpus_per_node_max} GPUs",
+        f"{prefix}gpus_per_node",
+    )
     if gpus > per_node and gpus % per_node:
-        raise ValidationError(f"{prefix}gpus_per_node", f"must divide gpus ({gpus}) when the job "
-                              f"spans nodes; got {per_node}: use a divisor such as "
-                              f"{max(d for d in range(1, per_node + 1) if gpus % d == 0)}")
+        raise ValidationError(
+            f"{prefix}gpus_per_node",
+            f"must divide gpus ({gpus}) when the job "
+            f"spans nodes; got {per_node}: use a divisor such as "
+            f"{max(d for d in range(1, per_node + 1) if gpus % d == 0)}",
+        )
     return gpus, min(per_node, gpus)
 
 
@@ -113,40 +156,63 @@ def _params(value: Any, limits: Limits) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValidationError("params", "must be a JSON object such as "
-                              '{"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7}')
+        raise ValidationError(
+            "params",
+            "must be a JSON object such as "
+            '{"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7}',
+        )
     size = len(json.dumps(value, separators=(",", ":")).encode())
     if size > limits.params_max_bytes:
-        raise ValidationError("params", f"is {size} bytes of JSON; the limit is "
-                              f"{limits.params_max_bytes}: drop or shorten parameters")
+        raise ValidationError(
+            "params",
+            f"is {size} bytes of JSON; the limit is "
+            f"{limits.params_max_bytes}: drop or shorten parameters",
+        )
     out: dict[str, str] = {}
     for key, v in value.items():
         field = f"params.{key}"
         if not _PARAM_KEY.match(key):
-            raise ValidationError(field, "parameter names are 1-64 lower-case letters, digits "
-                                         "or '_', starting with a letter")
+            raise ValidationError(
+                field,
+                "parameter names are 1-64 lower-case letters, digits "
+                "or '_', starting with a letter",
+            )
         if key == "resolution":
             m = _RESOLUTION.match(v) if isinstance(v, str) else None
             lo, hi = limits.resolution_min, limits.resolution_max
             if not m or not all(lo <= int(x) <= hi and int(x) % 2 == 0 for x in m.groups()):
-                raise ValidationError(field, f"must look like '1280x720': WIDTHxHEIGHT, each an "
-                                             f"even number from {lo} to {hi}; got {v!r}")
+                raise ValidationError(
+                    field,
+                    f"must look like '1280x720': WIDTHxHEIGHT, each an "
+                    f"even number from {lo} to {hi}; got {v!r}",
+                )
             out[key] = v
         elif key == "duration_s":
             seconds = _number(value, key, 0.0, limits.duration_max_s, lo_open=True, field=field)
             out[key] = json.dumps(int(seconds) if seconds.is_integer() else seconds)
         elif key == "fps":
-            out[key] = str(_int(value, key, None, limits.fps_min, limits.fps_max,
-                                "use a frame rate such as 24 or 30", field))
+            out[key] = str(
+                _int(
+                    value,
+                    key,
+                    None,
+                    limits.fps_min,
+                    limits.fps_max,
+                    "use a frame rate such as 24 or 30",
+                    field,
+                )
+            )
         elif key == "seed":
-            out[key] = str(_int(value, key, None, 0, 2 ** 63 - 1, "any non-negative integer",
-                                field))
+            out[key] = str(_int(value, key, None, 0, 2**63 - 1, "any non-negative integer", field))
         elif isinstance(v, bool):
             out[key] = "true" if v else "false"
-        elif isinstance(v, (int, float, str)) and not (isinstance(v, float) and not math.isfinite(v)):
+        elif isinstance(v, (int, float, str)) and not (
+            isinstance(v, float) and not math.isfinite(v)
+        ):
             if isinstance(v, str) and len(v) > limits.param_value_max_chars:
-                raise ValidationError(field, f"is {len(v)} characters; the limit is "
-                                             f"{limits.param_value_max_chars}")
+                raise ValidationError(
+                    field, f"is {len(v)} characters; the limit is {limits.param_value_max_chars}"
+                )
             out[key] = v if isinstance(v, str) else json.dumps(v)
         else:
             raise ValidationError(field, "must be a string, number or boolean")
@@ -157,73 +223,105 @@ def _shapes(value: Any, limits: Limits) -> tuple[Shape, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > limits.shapes_max:
-        raise ValidationError("shapes", f"must be a list of at most {limits.shapes_max} objects "
-                                        '{"gpus": 8, "gpus_per_node": 8, "estimate_s": 300}')
+        raise ValidationError(
+            "shapes",
+            f"must be a list of at most {limits.shapes_max} objects "
+            '{"gpus": 8, "gpus_per_node": 8, "estimate_s": 300}',
+        )
     out = []
     for i, shape in enumerate(value):
         prefix = f"shapes[{i}]."
         if not isinstance(shape, dict) or set(shape) - {"gpus", "gpus_per_node", "estimate_s"}:
-            raise ValidationError(f"shapes[{i}]", "must be an object with gpus, gpus_per_node "
-                                                  "and estimate_s only")
+            raise ValidationError(
+                f"shapes[{i}]", "must be an object with gpus, gpus_per_node and estimate_s only"
+            )
         gpus, per_node = _gang(shape, prefix, limits)
-        estimate = _number(shape, "estimate_s", 0.0, limits.estimate_max_s, lo_open=True,
-                           field=f"{prefix}estimate_s")
+        estimate = _number(
+            shape,
+            "estimate_s",
+            0.0,
+            limits.estimate_max_s,
+            lo_open=True,
+            field=f"{prefix}estimate_s",
+        )
         if estimate is None:
-            raise ValidationError(f"{prefix}estimate_s", "is required: the run time in seconds "
-                                                          "this shape needs")
+            raise ValidationError(
+                f"{prefix}estimate_s", "is required: the run time in seconds this shape needs"
+            )
         out.append(Shape(gpus=gpus, gpus_per_node=per_node, estimate_s=estimate))
     return tuple(out)
 
 
-def _callback(value: Any, limits: Limits, url_policy: TargetPolicy) -> Optional[str]:
+def _callback(value: Any, limits: Limits, url_policy: TargetPolicy) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise ValidationError("callback_url", "must be an http(s) URL string")
     if len(value) > limits.callback_url_max:
-        raise ValidationError("callback_url", f"is {len(value)} characters; the limit is "
-                                              f"{limits.callback_url_max}")
-    problem = check_target(value, url_policy)   # host names are checked again at delivery
+        raise ValidationError(
+            "callback_url", f"is {len(value)} characters; the limit is {limits.callback_url_max}"
+        )
+    problem = check_target(value, url_policy)  # host names are checked again at delivery
     if problem:
         raise ValidationError("callback_url", f"{problem}; use a public http(s) endpoint")
     return value
 
 
-def validate_submit(body: Any, policy: TenantPolicy, limits: Limits = Limits(),
-                    url_policy: TargetPolicy = TargetPolicy()) -> dict[str, Any]:
+def validate_submit(
+    body: Any,
+    policy: TenantPolicy,
+    limits: Limits = Limits(),
+    url_policy: TargetPolicy = TargetPolicy(),
+) -> dict[str, Any]:
     """JobSpec keyword arguments for a valid body; ``ValidationError`` otherwise."""
     if not isinstance(body, dict):
         raise ValidationError(None, "the request body must be a JSON object", 422, "invalid_body")
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
-        raise ValidationError(unknown[0], f"is not a known field; known fields: {', '.join(FIELDS)}",
-                              code="unknown_field")
+        raise ValidationError(
+            unknown[0],
+            f"is not a known field; known fields: {', '.join(FIELDS)}",
+            code="unknown_field",
+        )
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValidationError("prompt", "is required: a non-empty text describing the video")
     if len(prompt) > limits.prompt_max_chars:
-        raise ValidationError("prompt", f"is {len(prompt)} characters; the limit is "
-                                        f"{limits.prompt_max_chars}: shorten the prompt")
+        raise ValidationError(
+            "prompt",
+            f"is {len(prompt)} characters; the limit is "
+            f"{limits.prompt_max_chars}: shorten the prompt",
+        )
     if "\x00" in prompt:
         raise ValidationError("prompt", "must not contain NUL characters")
     model = _name(body, "model", None, "model name")
     if model is None:
         raise ValidationError("model", "is required: the name of the generator model, e.g. 'demo'")
     if limits.models is not None and model not in limits.models:
-        raise ValidationError("model", f"{model!r} is not served here; available: "
-                                       f"{', '.join(sorted(limits.models))}")
+        raise ValidationError(
+            "model", f"{model!r} is not served here; available: {', '.join(sorted(limits.models))}"
+        )
     gpus, per_node = _gang(body, "", limits)
     tier = body.get("tier", policy.tier)
     if not isinstance(tier, str) or tier not in policy.tiers:
-        raise ValidationError("tier", f"{tier!r} is not one of your tenant's tiers "
-                                      f"({', '.join(policy.tiers)}); pick one of those",
-                              403, "tier_not_allowed")
+        raise ValidationError(
+            "tier",
+            f"{tier!r} is not one of your tenant's tiers "
+            f"({', '.join(policy.tiers)}); pick one of those",
+            403,
+            "tier_not_allowed",
+        )
     preemptible = body.get("preemptible", False)
     if not isinstance(preemptible, bool):
         raise ValidationError("preemptible", f"must be true or false, got {preemptible!r}")
     spec: dict[str, Any] = {
-        "prompt": prompt, "model": model, "gpus": gpus, "gpus_per_node": per_node, "tier": tier,
-        "preemptible": preemptible, "params": _params(body.get("params"), limits),
+        "prompt": prompt,
+        "model": model,
+        "gpus": gpus,
+        "gpus_per_node": per_node,
+        "tier": tier,
+        "preemptible": preemptible,
+        "params": _params(body.get("params"), limits),
         "callback_url": _callback(body.get("callback_url"), limits, url_policy),
         "shapes": _shapes(body.get("shapes"), limits),
     }
@@ -233,8 +331,12 @@ def validate_submit(body: Any, policy: TenantPolicy, limits: Limits = Limits(),
     gpu_type = _name(body, "gpu_type", None, "GPU type")
     if gpu_type is not None:
         spec["gpu_type"] = gpu_type
-    for name, hi in (("estimate_s", limits.estimate_max_s), ("checkpoint_interval_s", 3600.0),
-                     ("cpus", 1024.0), ("mem_gb", 8192.0)):
+    for name, hi in (
+        ("estimate_s", limits.estimate_max_s),
+        ("checkpoint_interval_s", 3600.0),
+        ("cpus", 1024.0),
+        ("mem_gb", 8192.0),
+    ):
         value = _number(body, name, 0.0, hi, lo_open=name == "estimate_s")
         if value is not None:
             spec[name] = value

@@ -17,12 +17,19 @@ view; the cluster view is the set of cells, and totals are computed from it.
 GPU counting: a GPU of a node that is DOWN counts as down; a free GPU of a node
 that is DEGRADED or DRAINING counts as degraded (it takes no new work).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any
 
-from framespool.schemas.events import BreakerTripped, CellStatus, GpuStatus, NodeStateChanged, NodeStatus
+from framespool.schemas.events import (
+    BreakerTripped,
+    CellStatus,
+    GpuStatus,
+    NodeStateChanged,
+    NodeStatus,
+)
 
 CLUSTER_EVENT_TYPES = frozenset({"CellStatus", "NodeStateChanged", "BreakerTripped"})
 GPU_BUCKETS = ("busy", "free", "degraded", "down")
@@ -35,7 +42,7 @@ class CellView:
     event_id: str
     ts_ms: int
     nodes: tuple[NodeStatus, ...] = ()
-    queues: tuple[Any, ...] = ()          # QueueDepth records
+    queues: tuple[Any, ...] = ()  # QueueDepth records
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +66,19 @@ def is_cluster_event(event: Any) -> bool:
     return type(event).__name__ in CLUSTER_EVENT_TYPES
 
 
-def apply(view: Optional[ClusterView], event: Any) -> ClusterView:
+def apply(view: ClusterView | None, event: Any) -> ClusterView:
     """Fold one event into the cluster view; unrelated events are no-ops."""
     view = view or ClusterView()
     if isinstance(event, CellStatus):
         current = view.cells.get(event.cell)
-        if current is not None and (event.ts_ms, event.event_id) <= (current.ts_ms, current.event_id):
+        if current is not None and (event.ts_ms, event.event_id) <= (
+            current.ts_ms,
+            current.event_id,
+        ):
             return view
-        cell = CellView(event.cell, event.event_id, event.ts_ms, tuple(event.nodes),
-                        tuple(event.queues))
+        cell = CellView(
+            event.cell, event.event_id, event.ts_ms, tuple(event.nodes), tuple(event.queues)
+        )
         return _touch(replace(view, cells={**view.cells, event.cell: cell}), event.ts_ms)
     if isinstance(event, NodeStateChanged):
         return _node_changed(view, event)
@@ -76,8 +87,9 @@ def apply(view: Optional[ClusterView], event: Any) -> ClusterView:
         old = view.breakers.get(key)
         if old is not None and old.ts_ms >= event.ts_ms:
             return view
-        breaker = Breaker(event.model_version, event.scope, event.key, event.until_ms,
-                          event.reason, event.ts_ms)
+        breaker = Breaker(
+            event.model_version, event.scope, event.key, event.until_ms, event.reason, event.ts_ms
+        )
         return _touch(replace(view, breakers={**view.breakers, key: breaker}), event.ts_ms)
     return view
 
@@ -101,9 +113,13 @@ def _node_changed(view: ClusterView, e: NodeStateChanged) -> ClusterView:
             if e.gpu < 0:
                 node = replace(node, state=e.state)
             else:
-                node = replace(node, gpus=tuple(
-                    replace(g, state=e.state) if g.index == e.gpu else g for g in node.gpus))
-            nodes = cell.nodes[:i] + (node,) + cell.nodes[i + 1:]
+                node = replace(
+                    node,
+                    gpus=tuple(
+                        replace(g, state=e.state) if g.index == e.gpu else g for g in node.gpus
+                    ),
+                )
+            nodes = cell.nodes[:i] + (node,) + cell.nodes[i + 1 :]
             cells = {**view.cells, name: replace(cell, nodes=nodes)}
             return _touch(replace(view, cells=cells), e.ts_ms)
     return view
@@ -151,23 +167,51 @@ def queue_depths(view: ClusterView) -> dict[str, dict[str, dict[str, int]]]:
     return {"by_tier": dict(sorted(by_tier.items())), "by_tenant": dict(sorted(by_tenant.items()))}
 
 
-def to_dict(view: ClusterView, now_ms: Optional[int] = None, *, detail: bool = True) -> dict:
+def to_dict(view: ClusterView, now_ms: int | None = None, *, detail: bool = True) -> dict:
     """The ``GET /v1/cluster`` document."""
-    doc: dict[str, Any] = {"updated_ms": view.updated_ms, "totals": totals(view),
-                           "queues": queue_depths(view), "cells": []}
+    doc: dict[str, Any] = {
+        "updated_ms": view.updated_ms,
+        "totals": totals(view),
+        "queues": queue_depths(view),
+        "cells": [],
+    }
     for name in sorted(view.cells):
         cell = view.cells[name]
-        cell_doc: dict[str, Any] = {"cell": name, "ts_ms": cell.ts_ms,
-                                    "totals": totals(ClusterView(cells={name: cell}))}
+        cell_doc: dict[str, Any] = {
+            "cell": name,
+            "ts_ms": cell.ts_ms,
+            "totals": totals(ClusterView(cells={name: cell})),
+        }
         if detail:
-            cell_doc["nodes"] = [{
-                "node_id": n.node_id, "state": n.state, "gpu_type": n.gpu_type, "rail": n.rail,
-                "gpus": [{"index": g.index, "state": g.state, "bucket": gpu_bucket(n, g),
-                          "job_id": g.job_id, "run": g.run} for g in n.gpus],
-            } for n in cell.nodes]
+            cell_doc["nodes"] = [
+                {
+                    "node_id": n.node_id,
+                    "state": n.state,
+                    "gpu_type": n.gpu_type,
+                    "rail": n.rail,
+                    "gpus": [
+                        {
+                            "index": g.index,
+                            "state": g.state,
+                            "bucket": gpu_bucket(n, g),
+                            "job_id": g.job_id,
+                            "run": g.run,
+                        }
+                        for g in n.gpus
+                    ],
+                }
+                for n in cell.nodes
+            ]
         doc["cells"].append(cell_doc)
-    doc["breakers"] = [{
-        "model_version": b.model_version, "scope": b.scope, "key": b.key, "until_ms": b.until_ms,
-        "reason": b.reason, "active": now_ms is None or b.until_ms > now_ms,
-    } for _, b in sorted(view.breakers.items())]
+    doc["breakers"] = [
+        {
+            "model_version": b.model_version,
+            "scope": b.scope,
+            "key": b.key,
+            "until_ms": b.until_ms,
+            "reason": b.reason,
+            "active": now_ms is None or b.until_ms > now_ms,
+        }
+        for _, b in sorted(view.breakers.items())
+    ]
     return doc

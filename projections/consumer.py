@@ -22,12 +22,14 @@ through ``prepare`` (pure apart from store reads) and ``finish``:
 A crash between 4 and 5 re-sends a dead letter (at-least-once, like every
 topic); a crash before 5 re-folds the records, which the store makes a no-op.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 from framespool.producers.log import LogConsumer, Record
 from framespool.projections import cluster as cluster_fold
@@ -46,14 +48,20 @@ NO_VALUE = "no_value"
 
 
 class Sender(Protocol):
-    async def send(self, topic: str, key: Any, value: Optional[bytes], partition: Optional[int] = None,
-                   headers: Any = None) -> Any: ...
+    async def send(
+        self,
+        topic: str,
+        key: Any,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Any = None,
+    ) -> Any: ...
 
 
 @dataclass
 class DeadLetter:
-    key: Optional[bytes]
-    value: Optional[bytes]
+    key: bytes | None
+    value: bytes | None
     headers: list[tuple[str, bytes]]
 
 
@@ -63,12 +71,17 @@ class Step:
 
     batch: Batch = field(default_factory=Batch)
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    cluster: Optional[ClusterView] = None
+    cluster: ClusterView | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self.batch.views or self.batch.cells or self.batch.breakers
-                    or self.batch.offsets or self.dead_letters)
+        return not (
+            self.batch.views
+            or self.batch.cells
+            or self.batch.breakers
+            or self.batch.offsets
+            or self.dead_letters
+        )
 
 
 @dataclass
@@ -83,13 +96,20 @@ class Counters:
 class ProjectionConsumer:
     """Folds the log into the store; ``run()`` until cancelled."""
 
-    def __init__(self, store: ViewStore, *, bootstrap_servers: str = "",
-                 topics: Sequence[str] = (JOB_EVENTS.name, PROGRESS.name),
-                 dead_letter_topic: str = DEAD_LETTER.name,
-                 dead_letter_sender: Optional[Sender] = None,
-                 hub: Optional[Hub] = None, on_deliveries: Optional[Callable[[], None]] = None,
-                 consumer_factory: Optional[Callable[[], LogConsumer]] = None,
-                 max_records: int = 500, poll_timeout_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        store: ViewStore,
+        *,
+        bootstrap_servers: str = "",
+        topics: Sequence[str] = (JOB_EVENTS.name, PROGRESS.name),
+        dead_letter_topic: str = DEAD_LETTER.name,
+        dead_letter_sender: Sender | None = None,
+        hub: Hub | None = None,
+        on_deliveries: Callable[[], None] | None = None,
+        consumer_factory: Callable[[], LogConsumer] | None = None,
+        max_records: int = 500,
+        poll_timeout_s: float = 0.5,
+    ) -> None:
         self.store = store
         self.topics = tuple(topics)
         self.dead_letter_topic = dead_letter_topic
@@ -102,7 +122,7 @@ class ProjectionConsumer:
         self.cluster = store.load_cluster()
         self.counters = Counters()
         self._progress = asyncio.Condition()
-        self._lock = asyncio.Lock()   # one fold-and-commit at a time across topics
+        self._lock = asyncio.Lock()  # one fold-and-commit at a time across topics
 
     # -- the pure-ish part ------------------------------------------------------
     def prepare(self, records: Sequence[Record]) -> Step:
@@ -143,18 +163,31 @@ class ProjectionConsumer:
                 step.cluster = new
                 self.counters.applied += 1
             else:
-                self._dead_letter(step, rec, UNEXPECTED_TYPE,
-                                  f"{type(event).__name__} does not belong on {rec.topic}")
+                self._dead_letter(
+                    step,
+                    rec,
+                    UNEXPECTED_TYPE,
+                    f"{type(event).__name__} does not belong on {rec.topic}",
+                )
         return step
 
     def _dead_letter(self, step: Step, rec: Record, reason: str, detail: str) -> None:
         self.counters.dead_lettered += 1
-        log.warning("dead-lettering %s[%d]@%d: %s (%s)", rec.topic, rec.partition, rec.offset,
-                    reason, detail)
-        headers = [("reason", reason.encode()), ("detail", detail[:500].encode()),
-                   ("source_topic", rec.topic.encode()),
-                   ("source_partition", str(rec.partition).encode()),
-                   ("source_offset", str(rec.offset).encode())]
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s (%s)",
+            rec.topic,
+            rec.partition,
+            rec.offset,
+            reason,
+            detail,
+        )
+        headers = [
+            ("reason", reason.encode()),
+            ("detail", detail[:500].encode()),
+            ("source_topic", rec.topic.encode()),
+            ("source_partition", str(rec.partition).encode()),
+            ("source_offset", str(rec.offset).encode()),
+        ]
         step.dead_letters.append(DeadLetter(rec.key, rec.value, list(rec.headers) + headers))
 
     async def finish(self, step: Step) -> None:
@@ -162,7 +195,9 @@ class ProjectionConsumer:
             return
         for dl in step.dead_letters:
             if self._sender is None:
-                raise RuntimeError("a record must be dead-lettered but no dead-letter sender is set")
+                raise RuntimeError(
+                    "a record must be dead-lettered but no dead-letter sender is set"
+                )
             await self._sender.send(self.dead_letter_topic, dl.key, dl.value, headers=dl.headers)
         self.store.commit(step.batch)
         self.counters.commits += 1
@@ -194,17 +229,21 @@ class ProjectionConsumer:
         yet would otherwise be fenced off. Live, the topics interleave.
         """
         caught_up = [asyncio.Event() for _ in self.topics]
-        await asyncio.gather(*(
-            self._run_topic(topic, caught_up[i], caught_up[i - 1] if i else None)
-            for i, topic in enumerate(self.topics)))
+        await asyncio.gather(
+            *(
+                self._run_topic(topic, caught_up[i], caught_up[i - 1] if i else None)
+                for i, topic in enumerate(self.topics)
+            )
+        )
 
-    async def _run_topic(self, topic: str, caught_up: asyncio.Event,
-                         after: Optional[asyncio.Event]) -> None:
+    async def _run_topic(
+        self, topic: str, caught_up: asyncio.Event, after: asyncio.Event | None
+    ) -> None:
         if after is not None:
             await after.wait()
         loop = asyncio.get_running_loop()
         consumer = self._factory()
-        pending: Optional[asyncio.Future] = None
+        pending: asyncio.Future | None = None
         try:
             partitions = await loop.run_in_executor(None, consumer.partitions_of, topic)
             start = {p: self.store.offset(topic, p) + 1 for p in range(partitions)}
@@ -212,8 +251,9 @@ class ProjectionConsumer:
             log.info("projection reading %s from %s", topic, start)
             failures = 0
             while True:
-                pending = loop.run_in_executor(None, consumer.consume, self._max_records,
-                                               self._poll_timeout_s)
+                pending = loop.run_in_executor(
+                    None, consumer.consume, self._max_records, self._poll_timeout_s
+                )
                 try:
                     records = await asyncio.shield(pending)
                     pending = None
@@ -227,14 +267,15 @@ class ProjectionConsumer:
                 except Exception:
                     pending = None
                     failures += 1
-                    log.exception("projection consumer on %s failed (%d in a row); retrying",
-                                  topic, failures)
+                    log.exception(
+                        "projection consumer on %s failed (%d in a row); retrying", topic, failures
+                    )
                     await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
                     # what was folded but not committed must be read again
                     start = {p: self.store.offset(topic, p) + 1 for p in range(partitions)}
                     consumer.assign(topic, list(start), start)
         finally:
-            if pending is not None:   # let the poll thread finish before closing under it
+            if pending is not None:  # let the poll thread finish before closing under it
                 try:
                     await pending
                 except Exception:

@@ -5,10 +5,11 @@ queue is full is dropped (its queue is cleared and ends with ``DROPPED``), the
 hub and the other clients carry on. A dropped client reconnects with
 ``Last-Event-ID`` and resumes from the job's timeline, so nothing is lost.
 """
+
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
 DEFAULT_QUEUE_SIZE = 64
 
@@ -26,17 +27,17 @@ DROPPED = _Dropped()
 
 
 class Subscription:
-    def __init__(self, hub: "Hub", key: str, maxsize: int) -> None:
+    def __init__(self, hub: Hub, key: str, maxsize: int) -> None:
         self.key = key
         self.queue: asyncio.Queue = asyncio.Queue(maxsize)
         self.dropped = False
         self._hub = hub
 
-    async def get(self, timeout: Optional[float] = None) -> Optional[Any]:
+    async def get(self, timeout: float | None = None) -> Any | None:
         """The next item, or None after ``timeout`` seconds; SlowSubscriber if dropped."""
         try:
             item = await asyncio.wait_for(self.queue.get(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         if item is DROPPED:
             raise SlowSubscriber(self.key)
@@ -45,7 +46,7 @@ class Subscription:
     def close(self) -> None:
         self._hub._remove(self)
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -58,7 +59,7 @@ class Hub:
         self._subs: dict[str, set[Subscription]] = {}
         self.dropped_total = 0
 
-    def subscribe(self, key: str, maxsize: Optional[int] = None) -> Subscription:
+    def subscribe(self, key: str, maxsize: int | None = None) -> Subscription:
         sub = Subscription(self, key, maxsize or self.queue_size)
         self._subs.setdefault(key, set()).add(sub)
         return sub

@@ -27,17 +27,29 @@ clock and is deterministic, so truncate-and-replay rebuilds the same views.
 PREEMPTED and REQUEUED are shown as state QUEUED with ``phase`` naming them and
 ``reason`` saying why; the view's ``state`` is what a user acts on.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import Any
 
 from framespool.schemas.events import (
-    JobAdmitted, JobAssigned, JobCompleted, JobFailed, JobPreempted,
-    JobQueued, JobRejected, JobRequeued, JobSpec, JobWaitEstimated, ReportIgnored,
-    RunProgress, Shape,
+    JobAdmitted,
+    JobAssigned,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobSpec,
+    JobWaitEstimated,
+    ReportIgnored,
+    RunProgress,
+    Shape,
 )
 
 SUBMITTED, QUEUED, ASSIGNED, RUNNING = "SUBMITTED", "QUEUED", "ASSIGNED", "RUNNING"
@@ -46,12 +58,12 @@ STATES = (SUBMITTED, QUEUED, ASSIGNED, RUNNING, COMPLETED, FAILED, CANCELLED, RE
 TERMINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, REJECTED})
 ACTIVE_STATES = frozenset(STATES) - TERMINAL_STATES
 
-SEEN_MAX = 256       # event ids remembered per job for dedupe
-TIMELINE_MAX = 100   # timeline entries kept per job
+SEEN_MAX = 256  # event ids remembered per job for dedupe
+TIMELINE_MAX = 100  # timeline entries kept per job
 COALESCED_TYPES = frozenset({"RunProgress", "JobWaitEstimated"})
 
 # event type -> (states it may arrive in, state it leads to; None = unchanged)
-TRANSITIONS: dict[str, tuple[frozenset[str], Optional[str]]] = {
+TRANSITIONS: dict[str, tuple[frozenset[str], str | None]] = {
     "JobAdmitted": (frozenset({SUBMITTED}), SUBMITTED),
     "JobQueued": (frozenset({SUBMITTED, QUEUED}), QUEUED),
     "JobWaitEstimated": (frozenset({SUBMITTED, QUEUED}), None),
@@ -96,10 +108,10 @@ class JobView:
     gpus_per_node: int = 0
     shapes: tuple[Shape, ...] = ()
     preemptible: bool = False
-    callback_url: Optional[str] = None
+    callback_url: str | None = None
     cell: str = ""
     state: str = SUBMITTED
-    phase: str = ""              # PREEMPTED / REQUEUED while shown as QUEUED
+    phase: str = ""  # PREEMPTED / REQUEUED while shown as QUEUED
     run: int = 0
     nodes: tuple[str, ...] = ()
     assigned_gpus: int = 0
@@ -115,8 +127,8 @@ class JobView:
     updated_ms: int = 0
     started_ms: int = 0
     finished_ms: int = 0
-    request_hash: str = ""       # fingerprint of the submission (idempotency)
-    ignored: int = 0             # stale or illegal events seen for this job
+    request_hash: str = ""  # fingerprint of the submission (idempotency)
+    ignored: int = 0  # stale or illegal events seen for this job
     seq: int = 0
     timeline: tuple[TimelineEntry, ...] = ()
     seen: tuple[str, ...] = ()
@@ -132,10 +144,16 @@ class JobView:
 def spec_fingerprint(spec: JobSpec) -> str:
     """Hash of what the user asked for, to tell a resubmission from a new request."""
     doc = {
-        "tenant": spec.tenant, "user": spec.user, "tier": spec.tier, "model": spec.model,
-        "model_version": spec.model_version, "prompt": spec.prompt,
-        "params": dict(sorted(spec.params.items())), "gpus": spec.gpus,
-        "gpus_per_node": spec.gpus_per_node, "preemptible": spec.preemptible,
+        "tenant": spec.tenant,
+        "user": spec.user,
+        "tier": spec.tier,
+        "model": spec.model,
+        "model_version": spec.model_version,
+        "prompt": spec.prompt,
+        "params": dict(sorted(spec.params.items())),
+        "gpus": spec.gpus,
+        "gpus_per_node": spec.gpus_per_node,
+        "preemptible": spec.preemptible,
         "callback_url": spec.callback_url,
         "shapes": [[s.gpus, s.gpus_per_node, s.estimate_s] for s in spec.shapes],
     }
@@ -148,11 +166,12 @@ def submitted_view(spec: JobSpec, ts_ms: int) -> JobView:
     It has no timeline entries, so a view rebuilt from the log alone (which
     starts at ``JobAdmitted``) carries the same sequence numbers.
     """
-    return _with_spec(JobView(job_id=spec.job_id, created_ms=spec.submitted_ms or ts_ms,
-                              updated_ms=ts_ms), spec)
+    return _with_spec(
+        JobView(job_id=spec.job_id, created_ms=spec.submitted_ms or ts_ms, updated_ms=ts_ms), spec
+    )
 
 
-def job_id_of(event: Any) -> Optional[str]:
+def job_id_of(event: Any) -> str | None:
     """The job an event belongs to, or None for events this fold does not take."""
     name = type(event).__name__
     if name not in JOB_EVENT_TYPES:
@@ -172,7 +191,7 @@ def entries_after(view: JobView, seq: int) -> tuple[TimelineEntry, ...]:
 # --------------------------------------------------------------------------
 # The fold
 # --------------------------------------------------------------------------
-def apply(view: Optional[JobView], event: Any) -> Optional[JobView]:
+def apply(view: JobView | None, event: Any) -> JobView | None:
     """Fold one event into a job's view; returns the view unchanged for no-ops."""
     name = type(event).__name__
     if name not in TRANSITIONS:
@@ -199,19 +218,19 @@ def apply(view: Optional[JobView], event: Any) -> Optional[JobView]:
     return _finish(new_view, event, summary)
 
 
-def fold(events, view: Optional[JobView] = None) -> Optional[JobView]:
+def fold(events, view: JobView | None = None) -> JobView | None:
     """Apply events in order (replay, tests)."""
     for event in events:
         view = apply(view, event)
     return view
 
 
-def _new_view(event: Any) -> Optional[JobView]:
+def _new_view(event: Any) -> JobView | None:
     if isinstance(event, JobAdmitted):
         return JobView(job_id=event.spec.job_id, created_ms=event.spec.submitted_ms or event.ts_ms)
     if isinstance(event, (JobRejected, JobQueued)):
         return JobView(job_id=event.job_id, tenant=event.tenant, created_ms=event.ts_ms)
-    return None   # progress or decisions for a job this projection never saw
+    return None  # progress or decisions for a job this projection never saw
 
 
 def _stale_run(view: JobView, event: Any) -> str:
@@ -245,21 +264,41 @@ def _finish(view: JobView, event: Any, summary: str, *, coalesce: bool = True) -
     name = type(event).__name__
     entry = TimelineEntry(seq, event.event_id, event.ts_ms, name, view.state, summary)
     timeline = view.timeline
-    if coalesce and name in COALESCED_TYPES and timeline and timeline[-1].type == name \
-            and timeline[-1].state == view.state:
+    if (
+        coalesce
+        and name in COALESCED_TYPES
+        and timeline
+        and timeline[-1].type == name
+        and timeline[-1].state == view.state
+    ):
         timeline = timeline[:-1]
     timeline = (timeline + (entry,))[-TIMELINE_MAX:]
-    return replace(view, seq=seq, timeline=timeline, seen=_remember(view, event.event_id),
-                   updated_ms=max(view.updated_ms, event.ts_ms))
+    return replace(
+        view,
+        seq=seq,
+        timeline=timeline,
+        seen=_remember(view, event.event_id),
+        updated_ms=max(view.updated_ms, event.ts_ms),
+    )
 
 
 def _with_spec(view: JobView, spec: JobSpec) -> JobView:
     return replace(
-        view, tenant=spec.tenant, user=spec.user, tier=spec.tier, model=spec.model,
-        model_version=spec.model_version, prompt=spec.prompt, params=dict(spec.params),
-        gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, shapes=tuple(spec.shapes),
-        preemptible=spec.preemptible, callback_url=spec.callback_url,
-        request_hash=view.request_hash or spec_fingerprint(spec))
+        view,
+        tenant=spec.tenant,
+        user=spec.user,
+        tier=spec.tier,
+        model=spec.model,
+        model_version=spec.model_version,
+        prompt=spec.prompt,
+        params=dict(spec.params),
+        gpus=spec.gpus,
+        gpus_per_node=spec.gpus_per_node,
+        shapes=tuple(spec.shapes),
+        preemptible=spec.preemptible,
+        callback_url=spec.callback_url,
+        request_hash=view.request_hash or spec_fingerprint(spec),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -271,9 +310,15 @@ def _admitted(v: JobView, e: JobAdmitted):
 
 
 def _queued(v: JobView, e: JobQueued):
-    v = replace(v, state=QUEUED, tier=e.tier or v.tier, tenant=v.tenant or e.tenant,
-                wait_estimate_s=e.wait_estimate_s, position=e.position,
-                reason=e.reason or v.reason)
+    v = replace(
+        v,
+        state=QUEUED,
+        tier=e.tier or v.tier,
+        tenant=v.tenant or e.tenant,
+        wait_estimate_s=e.wait_estimate_s,
+        position=e.position,
+        reason=e.reason or v.reason,
+    )
     return v, f"queued{_wait_text(e.position, e.wait_estimate_s)}"
 
 
@@ -284,23 +329,41 @@ def _wait(v: JobView, e: JobWaitEstimated):
 
 def _assigned(v: JobView, e: JobAssigned):
     nodes = tuple(s.node_id for s in e.placement)
-    v = replace(v, state=ASSIGNED, phase="", run=e.run, nodes=nodes, assigned_gpus=e.gpus,
-                reason=e.reason, position=0, wait_estimate_s=-1.0, step=0, total_steps=0,
-                progress=v.progress if e.resume_from else 0.0)
+    v = replace(
+        v,
+        state=ASSIGNED,
+        phase="",
+        run=e.run,
+        nodes=nodes,
+        assigned_gpus=e.gpus,
+        reason=e.reason,
+        position=0,
+        wait_estimate_s=-1.0,
+        step=0,
+        total_steps=0,
+        progress=v.progress if e.resume_from else 0.0,
+    )
     resumed = f", resuming from {e.resume_from}" if e.resume_from else ""
     return v, f"run {e.run} assigned {e.gpus} GPU(s) on {', '.join(nodes) or '?'}{resumed}"
 
 
 def _progress(v: JobView, e: RunProgress) -> JobView:
-    return replace(v, state=RUNNING, progress=min(1.0, max(0.0, e.progress)), step=e.step,
-                   total_steps=e.total_steps, progress_message=e.message,
-                   started_ms=v.started_ms or e.ts_ms)
+    return replace(
+        v,
+        state=RUNNING,
+        progress=min(1.0, max(0.0, e.progress)),
+        step=e.step,
+        total_steps=e.total_steps,
+        progress_message=e.message,
+        started_ms=v.started_ms or e.ts_ms,
+    )
 
 
 def _progress_summary(e: RunProgress) -> str:
     steps = f" (step {e.step}/{e.total_steps})" if e.total_steps else ""
-    return f"run {e.run} {min(1.0, max(0.0, e.progress)):.0%}{steps}" + \
-        (f": {e.message}" if e.message else "")
+    return f"run {e.run} {min(1.0, max(0.0, e.progress)):.0%}{steps}" + (
+        f": {e.message}" if e.message else ""
+    )
 
 
 def _preempted(v: JobView, e: JobPreempted):
@@ -317,11 +380,19 @@ def _requeued(v: JobView, e: JobRequeued):
 
 def _terminal(state: str, summary: Callable[[Any], str], reason: Callable[[Any], str]):
     def handler(v: JobView, e: Any):
-        v = replace(v, state=state, phase="", reason=reason(e), finished_ms=e.ts_ms,
-                    artifact_uri=getattr(e, "artifact_uri", "") or v.artifact_uri,
-                    progress=1.0 if state == COMPLETED else v.progress,
-                    position=0, wait_estimate_s=-1.0)
+        v = replace(
+            v,
+            state=state,
+            phase="",
+            reason=reason(e),
+            finished_ms=e.ts_ms,
+            artifact_uri=getattr(e, "artifact_uri", "") or v.artifact_uri,
+            progress=1.0 if state == COMPLETED else v.progress,
+            position=0,
+            wait_estimate_s=-1.0,
+        )
         return v, summary(e)
+
     return handler
 
 
@@ -346,13 +417,18 @@ _HANDLERS: dict[str, Callable[[JobView, Any], tuple[JobView, str]]] = {
     "JobPreempted": _preempted,
     "JobRequeued": _requeued,
     "JobCancelled": _terminal(CANCELLED, lambda e: f"cancelled: {e.reason}", lambda e: e.reason),
-    "JobCompleted": _terminal(COMPLETED, lambda e: f"run {e.run} completed: {e.artifact_uri}",
-                              lambda e: ""),
-    "JobFailed": _terminal(FAILED, lambda e: f"run {e.run} failed ({e.failure_class}): {e.reason}",
-                           lambda e: f"{e.failure_class}: {e.reason}" if e.failure_class
-                           else e.reason),
-    "JobRejected": _terminal(REJECTED, lambda e: f"rejected: {e.reason}"
-                             + (f" ({e.detail})" if e.detail else ""),
-                             lambda e: f"{e.reason}: {e.detail}" if e.detail else e.reason),
+    "JobCompleted": _terminal(
+        COMPLETED, lambda e: f"run {e.run} completed: {e.artifact_uri}", lambda e: ""
+    ),
+    "JobFailed": _terminal(
+        FAILED,
+        lambda e: f"run {e.run} failed ({e.failure_class}): {e.reason}",
+        lambda e: f"{e.failure_class}: {e.reason}" if e.failure_class else e.reason,
+    ),
+    "JobRejected": _terminal(
+        REJECTED,
+        lambda e: f"rejected: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
+        lambda e: f"{e.reason}: {e.detail}" if e.detail else e.reason,
+    ),
     "ReportIgnored": _report_ignored,
 }

@@ -4,6 +4,7 @@
 view read back from the store folds on exactly like the one that was written.
 ``public_job`` is the API's shape: no dedupe bookkeeping, timeline optional.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,8 +19,7 @@ def view_to_dict(v: JobView) -> dict[str, Any]:
     doc["params"] = dict(v.params)
     doc["shapes"] = [[s.gpus, s.gpus_per_node, s.estimate_s] for s in v.shapes]
     doc["nodes"] = list(v.nodes)
-    doc["timeline"] = [[e.seq, e.event_id, e.ts_ms, e.type, e.state, e.summary]
-                       for e in v.timeline]
+    doc["timeline"] = [[e.seq, e.event_id, e.ts_ms, e.type, e.state, e.summary] for e in v.timeline]
     doc["seen"] = list(v.seen)
     return doc
 
@@ -27,8 +27,9 @@ def view_to_dict(v: JobView) -> dict[str, Any]:
 def view_from_dict(doc: dict[str, Any]) -> JobView:
     fields = {k: doc[k] for k in JobView.__slots__ if k in doc}
     fields["params"] = dict(doc.get("params", {}))
-    fields["shapes"] = tuple(Shape(gpus=g, gpus_per_node=n, estimate_s=float(s))
-                             for g, n, s in doc.get("shapes", ()))
+    fields["shapes"] = tuple(
+        Shape(gpus=g, gpus_per_node=n, estimate_s=float(s)) for g, n, s in doc.get("shapes", ())
+    )
     fields["nodes"] = tuple(doc.get("nodes", ()))
     fields["timeline"] = tuple(TimelineEntry(*row) for row in doc.get("timeline", ()))
     fields["seen"] = tuple(doc.get("seen", ()))
@@ -36,27 +37,54 @@ def view_from_dict(doc: dict[str, Any]) -> JobView:
 
 
 def entry_to_dict(job_id: str, e: TimelineEntry) -> dict[str, Any]:
-    return {"job_id": job_id, "seq": e.seq, "event_id": e.event_id, "ts_ms": e.ts_ms,
-            "type": e.type, "state": e.state, "summary": e.summary}
+    return {
+        "job_id": job_id,
+        "seq": e.seq,
+        "event_id": e.event_id,
+        "ts_ms": e.ts_ms,
+        "type": e.type,
+        "state": e.state,
+        "summary": e.summary,
+    }
 
 
 def public_job(v: JobView, *, timeline: bool = True) -> dict[str, Any]:
     """The job as ``GET /v1/jobs/{id}`` shows it."""
     doc: dict[str, Any] = {
-        "job_id": v.job_id, "tenant": v.tenant, "user": v.user, "state": v.state,
-        "phase": v.phase or None, "reason": v.reason or None, "tier": v.tier, "model": v.model,
-        "model_version": v.model_version, "prompt": v.prompt, "params": dict(v.params),
-        "gpus": v.gpus, "gpus_per_node": v.gpus_per_node, "preemptible": v.preemptible,
-        "shapes": [{"gpus": s.gpus, "gpus_per_node": s.gpus_per_node, "estimate_s": s.estimate_s}
-                   for s in v.shapes],
-        "callback_url": v.callback_url, "cell": v.cell or None, "run": v.run,
-        "nodes": list(v.nodes), "assigned_gpus": v.assigned_gpus,
-        "progress": v.progress, "step": v.step, "total_steps": v.total_steps,
+        "job_id": v.job_id,
+        "tenant": v.tenant,
+        "user": v.user,
+        "state": v.state,
+        "phase": v.phase or None,
+        "reason": v.reason or None,
+        "tier": v.tier,
+        "model": v.model,
+        "model_version": v.model_version,
+        "prompt": v.prompt,
+        "params": dict(v.params),
+        "gpus": v.gpus,
+        "gpus_per_node": v.gpus_per_node,
+        "preemptible": v.preemptible,
+        "shapes": [
+            {"gpus": s.gpus, "gpus_per_node": s.gpus_per_node, "estimate_s": s.estimate_s}
+            for s in v.shapes
+        ],
+        "callback_url": v.callback_url,
+        "cell": v.cell or None,
+        "run": v.run,
+        "nodes": list(v.nodes),
+        "assigned_gpus": v.assigned_gpus,
+        "progress": v.progress,
+        "step": v.step,
+        "total_steps": v.total_steps,
         "progress_message": v.progress_message or None,
         "wait_estimate_s": v.wait_estimate_s if v.wait_estimate_s >= 0 else None,
-        "position": v.position or None, "artifact_uri": v.artifact_uri or None,
-        "created_ms": v.created_ms, "updated_ms": v.updated_ms,
-        "started_ms": v.started_ms or None, "finished_ms": v.finished_ms or None,
+        "position": v.position or None,
+        "artifact_uri": v.artifact_uri or None,
+        "created_ms": v.created_ms,
+        "updated_ms": v.updated_ms,
+        "started_ms": v.started_ms or None,
+        "finished_ms": v.finished_ms or None,
         "ignored_events": v.ignored,
     }
     if timeline:
@@ -66,19 +94,38 @@ def public_job(v: JobView, *, timeline: bool = True) -> dict[str, Any]:
 
 def cell_to_dict(c: CellView) -> dict[str, Any]:
     return {
-        "cell": c.cell, "event_id": c.event_id, "ts_ms": c.ts_ms,
-        "nodes": [[n.node_id, n.state, n.gpu_type, n.rail,
-                   [[g.index, g.state, g.job_id, g.run] for g in n.gpus]] for n in c.nodes],
+        "cell": c.cell,
+        "event_id": c.event_id,
+        "ts_ms": c.ts_ms,
+        "nodes": [
+            [
+                n.node_id,
+                n.state,
+                n.gpu_type,
+                n.rail,
+                [[g.index, g.state, g.job_id, g.run] for g in n.gpus],
+            ]
+            for n in c.nodes
+        ],
         "queues": [[q.tier, q.tenant, q.queued, q.queued_gpus, q.running_gpus] for q in c.queues],
     }
 
 
 def cell_from_dict(doc: dict[str, Any]) -> CellView:
-    nodes = tuple(NodeStatus(node_id=n, state=s, gpu_type=t, rail=r, gpus=tuple(
-        GpuStatus(index=i, state=gs, job_id=j, run=run) for i, gs, j, run in gpus))
-        for n, s, t, r, gpus in doc["nodes"])
-    queues = tuple(QueueDepth(tier=t, tenant=tn, queued=q, queued_gpus=qg, running_gpus=rg)
-                   for t, tn, q, qg, rg in doc["queues"])
+    nodes = tuple(
+        NodeStatus(
+            node_id=n,
+            state=s,
+            gpu_type=t,
+            rail=r,
+            gpus=tuple(GpuStatus(index=i, state=gs, job_id=j, run=run) for i, gs, j, run in gpus),
+        )
+        for n, s, t, r, gpus in doc["nodes"]
+    )
+    queues = tuple(
+        QueueDepth(tier=t, tenant=tn, queued=q, queued_gpus=qg, running_gpus=rg)
+        for t, tn, q, qg, rg in doc["queues"]
+    )
     return CellView(doc["cell"], doc["event_id"], doc["ts_ms"], nodes, queues)
 
 

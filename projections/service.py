@@ -8,11 +8,13 @@ The composition root (``framespool``) does::
     ...
     service.close()
 """
+
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any
 
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
@@ -26,13 +28,21 @@ class ProjectionService:
     store: ViewStore
     hub: Hub
     consumer: ProjectionConsumer
-    dispatcher: Optional[WebhookDispatcher]
+    dispatcher: WebhookDispatcher | None
 
     @classmethod
-    def open(cls, data_dir: str | Path, bootstrap_servers: str, producer: Any, *,
-             webhooks: Optional[WebhookConfig] = None, store: Optional[ViewStore] = None,
-             job_events: str = JOB_EVENTS.name, progress: str = PROGRESS.name,
-             dead_letter: str = DEAD_LETTER.name) -> "ProjectionService":
+    def open(
+        cls,
+        data_dir: str | Path,
+        bootstrap_servers: str,
+        producer: Any,
+        *,
+        webhooks: WebhookConfig | None = None,
+        store: ViewStore | None = None,
+        job_events: str = JOB_EVENTS.name,
+        progress: str = PROGRESS.name,
+        dead_letter: str = DEAD_LETTER.name,
+    ) -> ProjectionService:
         """``producer`` (a ``LogProducer``) sends dead letters; ``webhooks=None`` disables them."""
         if store is None:
             path = Path(data_dir) / PROJECTION_STORE
@@ -41,9 +51,14 @@ class ProjectionService:
         hub = Hub()
         dispatcher = WebhookDispatcher(store, webhooks) if webhooks is not None else None
         consumer = ProjectionConsumer(
-            store, bootstrap_servers=bootstrap_servers, topics=(job_events, progress),
-            dead_letter_topic=dead_letter, dead_letter_sender=producer, hub=hub,
-            on_deliveries=dispatcher.notify if dispatcher is not None else None)
+            store,
+            bootstrap_servers=bootstrap_servers,
+            topics=(job_events, progress),
+            dead_letter_topic=dead_letter,
+            dead_letter_sender=producer,
+            hub=hub,
+            on_deliveries=dispatcher.notify if dispatcher is not None else None,
+        )
         return cls(store, hub, consumer, dispatcher)
 
     @property

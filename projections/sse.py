@@ -14,10 +14,12 @@ after ``n`` that the bounded timeline still holds. ``stream_job``:
 4. ends after the job's terminal entry, or when the hub drops the client
    for being slow (it reconnects and resumes from its Last-Event-ID).
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from framespool.projections.hub import Hub, SlowSubscriber
 from framespool.projections.jobs import TERMINAL_STATES, JobView, entries_after
@@ -26,7 +28,7 @@ from framespool.projections.serde import entry_to_dict
 RETRY_MS = 3000
 
 
-def format_event(data: Any, *, event: Optional[str] = None, id: Optional[int | str] = None) -> bytes:
+def format_event(data: Any, *, event: str | None = None, id: int | str | None = None) -> bytes:
     """One SSE frame; ``data`` is JSON-encoded on a single line."""
     lines = []
     if id is not None:
@@ -37,7 +39,7 @@ def format_event(data: Any, *, event: Optional[str] = None, id: Optional[int | s
     return ("\n".join(lines) + "\n\n").encode()
 
 
-def parse_last_event_id(value: Optional[str]) -> int:
+def parse_last_event_id(value: str | None) -> int:
     try:
         return max(0, int((value or "0").strip()))
     except ValueError:
@@ -52,8 +54,11 @@ def parse_stream(lines) -> Any:
         line = raw.rstrip("\r\n")
         if not line:
             if data:
-                yield {"id": event.get("id"), "event": event.get("event", "message"),
-                       "data": "\n".join(data)}
+                yield {
+                    "id": event.get("id"),
+                    "event": event.get("event", "message"),
+                    "data": "\n".join(data),
+                }
             event, data = {}, []
             continue
         if line.startswith(":"):
@@ -70,9 +75,14 @@ def _done(view: JobView, sent: int) -> bool:
     return view.state in TERMINAL_STATES and sent >= view.seq
 
 
-async def stream_job(write: Callable[[bytes], Awaitable[None]], hub: Hub, job_id: str,
-                     load: Callable[[], Optional[JobView]], last_seq: int,
-                     keepalive_s: float = 15.0) -> int:
+async def stream_job(
+    write: Callable[[bytes], Awaitable[None]],
+    hub: Hub,
+    job_id: str,
+    load: Callable[[], JobView | None],
+    last_seq: int,
+    keepalive_s: float = 15.0,
+) -> int:
     """Write the job's events until it ends; returns the last seq sent."""
     sent = last_seq
     with hub.subscribe(job_id) as sub:
@@ -82,8 +92,9 @@ async def stream_job(write: Callable[[bytes], Awaitable[None]], hub: Hub, job_id
             return sent
         while True:
             for entry in entries_after(view, sent):
-                await write(format_event(entry_to_dict(job_id, entry), event=entry.type,
-                                         id=entry.seq))
+                await write(
+                    format_event(entry_to_dict(job_id, entry), event=entry.type, id=entry.seq)
+                )
                 sent = entry.seq
             if _done(view, sent):
                 await write(format_event({"job_id": job_id, "state": view.state}, event="end"))

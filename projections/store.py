@@ -19,22 +19,28 @@ also the listing cursor.
 ``InMemoryViewStore`` is the fake that implements the same ``ViewStore``
 protocol; one test suite runs against both.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Optional, Protocol
+from typing import Protocol
 
 from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.projections.cluster import Breaker, CellView, ClusterView
 from framespool.projections.jobs import JobView
 from framespool.projections.serde import (
-    breaker_from_dict, breaker_to_dict, cell_from_dict, cell_to_dict, view_from_dict,
+    breaker_from_dict,
+    breaker_to_dict,
+    cell_from_dict,
+    cell_to_dict,
+    view_from_dict,
     view_to_dict,
 )
 
-_MAX_MS = 10 ** 13 - 1
+_MAX_MS = 10**13 - 1
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 
 
@@ -53,7 +59,7 @@ class Delivery:
     last_error: str = ""
     created_ms: int = 0
     done_ms: int = 0
-    seq: int = 0          # the job view's seq after the event: per-job delivery order
+    seq: int = 0  # the job view's seq after the event: per-job delivery order
 
 
 @dataclass
@@ -74,18 +80,19 @@ class Batch:
 @dataclass(frozen=True)
 class Page:
     jobs: list[JobView]
-    next_cursor: Optional[str]
+    next_cursor: str | None
 
 
 class ViewStore(Protocol):
-    def get(self, job_id: str) -> Optional[JobView]: ...
+    def get(self, job_id: str) -> JobView | None: ...
     def insert_if_absent(self, view: JobView) -> bool: ...
     def offset(self, topic: str, partition: int) -> int: ...
     def commit(self, batch: Batch) -> None: ...
-    def list_jobs(self, tenant: str, state: Optional[str] = None, limit: int = 50,
-                  cursor: Optional[str] = None) -> Page: ...
+    def list_jobs(
+        self, tenant: str, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page: ...
     def load_cluster(self) -> ClusterView: ...
-    def get_delivery(self, delivery_id: str) -> Optional[Delivery]: ...
+    def get_delivery(self, delivery_id: str) -> Delivery | None: ...
     def put_delivery(self, delivery: Delivery) -> None: ...
     def pending_deliveries(self) -> list[Delivery]: ...
     def close(self) -> None: ...
@@ -112,22 +119,24 @@ class RocksViewStore:
         return b"j/" + job_id.encode()
 
     @staticmethod
-    def _tenant_prefix(tenant: str, state: Optional[str]) -> bytes:
+    def _tenant_prefix(tenant: str, state: str | None) -> bytes:
         if state is None:
             return b"t/" + tenant.encode() + b"\x00"
         return b"s/" + tenant.encode() + b"\x00" + state.encode() + b"\x00"
 
     def _index_keys(self, v: JobView) -> list[bytes]:
         suffix = order_key(v).encode()
-        return [self._tenant_prefix(v.tenant, None) + suffix,
-                self._tenant_prefix(v.tenant, v.state) + suffix]
+        return [
+            self._tenant_prefix(v.tenant, None) + suffix,
+            self._tenant_prefix(v.tenant, v.state) + suffix,
+        ]
 
     @staticmethod
     def _offset_key(topic: str, partition: int) -> bytes:
         return b"o/" + topic.encode() + b"\x00" + str(partition).encode()
 
     # -- reads --------------------------------------------------------------
-    def get(self, job_id: str) -> Optional[JobView]:
+    def get(self, job_id: str) -> JobView | None:
         raw = self._db.get(self._job_key(job_id))
         return None if raw is None else view_from_dict(json.loads(raw))
 
@@ -135,8 +144,9 @@ class RocksViewStore:
         raw = self._db.get(self._offset_key(topic, partition))
         return -1 if raw is None else int(raw)
 
-    def list_jobs(self, tenant: str, state: Optional[str] = None, limit: int = 50,
-                  cursor: Optional[str] = None) -> Page:
+    def list_jobs(
+        self, tenant: str, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page:
         prefix = self._tenant_prefix(tenant, state)
         start = prefix + cursor.encode() if cursor else prefix
         jobs: list[JobView] = []
@@ -145,7 +155,7 @@ class RocksViewStore:
                 break
             if cursor and key == start:
                 continue
-            view = self.get(key[len(prefix):].decode().split("/", 1)[1])
+            view = self.get(key[len(prefix) :].decode().split("/", 1)[1])
             if view is not None:
                 jobs.append(view)
             if len(jobs) > limit:
@@ -155,19 +165,22 @@ class RocksViewStore:
         return Page(jobs, order_key(jobs[-1]) if more and jobs else None)
 
     def load_cluster(self) -> ClusterView:
-        cells = {c.cell: c for c in (cell_from_dict(json.loads(v))
-                                     for _, v in self._scan(b"c/"))}
+        cells = {c.cell: c for c in (cell_from_dict(json.loads(v)) for _, v in self._scan(b"c/"))}
         breakers = {k.decode()[2:]: breaker_from_dict(json.loads(v)) for k, v in self._scan(b"b/")}
-        updated = max([c.ts_ms for c in cells.values()] + [b.ts_ms for b in breakers.values()] + [0])
+        updated = max(
+            [c.ts_ms for c in cells.values()] + [b.ts_ms for b in breakers.values()] + [0]
+        )
         return ClusterView(cells=cells, breakers=breakers, updated_ms=updated)
 
-    def get_delivery(self, delivery_id: str) -> Optional[Delivery]:
+    def get_delivery(self, delivery_id: str) -> Delivery | None:
         raw = self._db.get(b"d/" + delivery_id.encode())
         return None if raw is None else Delivery(**json.loads(raw))
 
     def pending_deliveries(self) -> list[Delivery]:
         out = [self.get_delivery(k[2:].decode()) for k, _ in self._scan(b"p/")]
-        return sorted((d for d in out if d is not None), key=lambda d: (d.created_ms, d.delivery_id))
+        return sorted(
+            (d for d in out if d is not None), key=lambda d: (d.created_ms, d.delivery_id)
+        )
 
     def _scan(self, prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
         for key, value in self._db.items(from_key=prefix):
@@ -232,34 +245,44 @@ class InMemoryViewStore:
         self._breakers: dict[str, Breaker] = {}
         self._deliveries: dict[str, Delivery] = {}
 
-    def get(self, job_id: str) -> Optional[JobView]:
+    def get(self, job_id: str) -> JobView | None:
         return self._views.get(job_id)
 
     def offset(self, topic: str, partition: int) -> int:
         return self._offsets.get((topic, partition), -1)
 
-    def list_jobs(self, tenant: str, state: Optional[str] = None, limit: int = 50,
-                  cursor: Optional[str] = None) -> Page:
-        rows = sorted((order_key(v), v) for v in self._views.values()
-                      if v.tenant == tenant and (state is None or v.state == state))
+    def list_jobs(
+        self, tenant: str, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page:
+        rows = sorted(
+            (order_key(v), v)
+            for v in self._views.values()
+            if v.tenant == tenant and (state is None or v.state == state)
+        )
         if cursor:
             rows = [r for r in rows if r[0] > cursor]
         page = [v for _, v in rows[:limit]]
         return Page(page, order_key(page[-1]) if len(rows) > limit and page else None)
 
     def load_cluster(self) -> ClusterView:
-        updated = max([c.ts_ms for c in self._cells.values()]
-                      + [b.ts_ms for b in self._breakers.values()] + [0])
-        return ClusterView(cells=dict(self._cells), breakers=dict(self._breakers),
-                           updated_ms=updated)
+        updated = max(
+            [c.ts_ms for c in self._cells.values()]
+            + [b.ts_ms for b in self._breakers.values()]
+            + [0]
+        )
+        return ClusterView(
+            cells=dict(self._cells), breakers=dict(self._breakers), updated_ms=updated
+        )
 
-    def get_delivery(self, delivery_id: str) -> Optional[Delivery]:
+    def get_delivery(self, delivery_id: str) -> Delivery | None:
         d = self._deliveries.get(delivery_id)
         return None if d is None else Delivery(**asdict(d))
 
     def pending_deliveries(self) -> list[Delivery]:
-        return sorted((Delivery(**asdict(d)) for d in self._deliveries.values()
-                       if d.status == PENDING), key=lambda d: (d.created_ms, d.delivery_id))
+        return sorted(
+            (Delivery(**asdict(d)) for d in self._deliveries.values() if d.status == PENDING),
+            key=lambda d: (d.created_ms, d.delivery_id),
+        )
 
     def insert_if_absent(self, view: JobView) -> bool:
         if view.job_id in self._views:

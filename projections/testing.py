@@ -4,33 +4,64 @@
 agent would produce for one job; ``RecordingProducer`` is the fake log
 producer (the real one is ``framespool.producers.log.LogProducer``): it keeps what was sent.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from framespool.producers.log import Record, partition_for_key
 from framespool.projections.jobs import job_id_of
 from framespool.schemas import codec
 from framespool.schemas.events import (
-    CellStatus, GpuStatus, JobAdmitted, JobAssigned, JobCancelled, JobCompleted, JobFailed,
-    JobPreempted, JobQueued, JobRejected, JobRequeued, JobSpec, JobWaitEstimated, NodeSlice,
-    NodeStatus, QueueDepth, RunProgress,
+    CellStatus,
+    GpuStatus,
+    JobAdmitted,
+    JobAssigned,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobSpec,
+    JobWaitEstimated,
+    NodeSlice,
+    NodeStatus,
+    QueueDepth,
+    RunProgress,
 )
 from framespool.schemas.topics import JOB_EVENTS, PROGRESS
 
 
 def spec(job_id: str, tenant: str = "acme", **kw: Any) -> JobSpec:
-    defaults: dict[str, Any] = dict(user="alice", tier="free", model="demo", prompt="a red fox",
-                                    params={"resolution": "640x360"}, gpus=1, gpus_per_node=1,
-                                    submitted_ms=1_000)
+    defaults: dict[str, Any] = dict(
+        user="alice",
+        tier="free",
+        model="demo",
+        prompt="a red fox",
+        params={"resolution": "640x360"},
+        gpus=1,
+        gpus_per_node=1,
+        submitted_ms=1_000,
+    )
     defaults.update(kw)
     return JobSpec(job_id=job_id, tenant=tenant, **defaults)
 
 
-def lifecycle(job_id: str, tenant: str = "acme", *, ts0: int = 1_000, runs: int = 1,
-              progress_steps: int = 3, outcome: str = "COMPLETED", stale_progress: bool = True,
-              callback_url: Optional[str] = None, node: str = "node-1") -> list[Any]:
+def lifecycle(
+    job_id: str,
+    tenant: str = "acme",
+    *,
+    ts0: int = 1_000,
+    runs: int = 1,
+    progress_steps: int = 3,
+    outcome: str = "COMPLETED",
+    stale_progress: bool = True,
+    callback_url: str | None = None,
+    node: str = "node-1",
+) -> list[Any]:
     """One job's events in log order; event ids are ``<job_id>:<n>``."""
     out: list[Any] = []
 
@@ -41,59 +72,175 @@ def lifecycle(job_id: str, tenant: str = "acme", *, ts0: int = 1_000, runs: int 
         return ts0 + 10 * len(out)
 
     if outcome == "REJECTED":
-        return [JobRejected(event_id=eid(), ts_ms=ts(), job_id=job_id, tenant=tenant,
-                            reason="quota", detail="max queued jobs (100) reached")]
-    out.append(JobAdmitted(event_id=eid(), ts_ms=ts(), cell="cell-0",
-                           spec=spec(job_id, tenant, callback_url=callback_url, submitted_ms=ts0)))
-    out.append(JobQueued(event_id=eid(), ts_ms=ts(), job_id=job_id, tenant=tenant, tier="free",
-                         wait_estimate_s=30.0, position=2, reason="fair-share order"))
-    out.append(JobWaitEstimated(event_id=eid(), ts_ms=ts(), job_id=job_id, wait_estimate_s=12.0,
-                                position=1))
+        return [
+            JobRejected(
+                event_id=eid(),
+                ts_ms=ts(),
+                job_id=job_id,
+                tenant=tenant,
+                reason="quota",
+                detail="max queued jobs (100) reached",
+            )
+        ]
+    out.append(
+        JobAdmitted(
+            event_id=eid(),
+            ts_ms=ts(),
+            cell="cell-0",
+            spec=spec(job_id, tenant, callback_url=callback_url, submitted_ms=ts0),
+        )
+    )
+    out.append(
+        JobQueued(
+            event_id=eid(),
+            ts_ms=ts(),
+            job_id=job_id,
+            tenant=tenant,
+            tier="free",
+            wait_estimate_s=30.0,
+            position=2,
+            reason="fair-share order",
+        )
+    )
+    out.append(
+        JobWaitEstimated(
+            event_id=eid(), ts_ms=ts(), job_id=job_id, wait_estimate_s=12.0, position=1
+        )
+    )
     for run in range(1, runs + 1):
-        out.append(JobAssigned(event_id=eid(), ts_ms=ts(), job_id=job_id, run=run, gpus=1,
-                               estimate_s=60.0, reason="fair-share order",
-                               placement=(NodeSlice(node_id=node, gpus=(0,)),),
-                               resume_from=f"ckpt-{run - 1}" if run > 1 else None))
+        out.append(
+            JobAssigned(
+                event_id=eid(),
+                ts_ms=ts(),
+                job_id=job_id,
+                run=run,
+                gpus=1,
+                estimate_s=60.0,
+                reason="fair-share order",
+                placement=(NodeSlice(node_id=node, gpus=(0,)),),
+                resume_from=f"ckpt-{run - 1}" if run > 1 else None,
+            )
+        )
         if stale_progress and run > 1:
-            out.append(RunProgress(event_id=eid(), ts_ms=ts(), job_id=job_id, run=run - 1,
-                                   node_id=node, progress=0.9, step=9, total_steps=10))
+            out.append(
+                RunProgress(
+                    event_id=eid(),
+                    ts_ms=ts(),
+                    job_id=job_id,
+                    run=run - 1,
+                    node_id=node,
+                    progress=0.9,
+                    step=9,
+                    total_steps=10,
+                )
+            )
         for step in range(1, progress_steps + 1):
-            out.append(RunProgress(event_id=eid(), ts_ms=ts(), job_id=job_id, run=run,
-                                   node_id=node, progress=step / (progress_steps + 1), step=step,
-                                   total_steps=progress_steps + 1))
+            out.append(
+                RunProgress(
+                    event_id=eid(),
+                    ts_ms=ts(),
+                    job_id=job_id,
+                    run=run,
+                    node_id=node,
+                    progress=step / (progress_steps + 1),
+                    step=step,
+                    total_steps=progress_steps + 1,
+                )
+            )
         if run < runs:
-            out.append(JobPreempted(event_id=eid(), ts_ms=ts(), job_id=job_id, run=run,
-                                    reason="interactive job past its SLA", by_job_id="job-x"))
-            out.append(JobRequeued(event_id=eid(), ts_ms=ts(), job_id=job_id, run=run,
-                                   reason="preempted", resume_from=f"ckpt-{run}", retries_left=3))
+            out.append(
+                JobPreempted(
+                    event_id=eid(),
+                    ts_ms=ts(),
+                    job_id=job_id,
+                    run=run,
+                    reason="interactive job past its SLA",
+                    by_job_id="job-x",
+                )
+            )
+            out.append(
+                JobRequeued(
+                    event_id=eid(),
+                    ts_ms=ts(),
+                    job_id=job_id,
+                    run=run,
+                    reason="preempted",
+                    resume_from=f"ckpt-{run}",
+                    retries_left=3,
+                )
+            )
     if outcome == "COMPLETED":
-        out.append(JobCompleted(event_id=eid(), ts_ms=ts(), job_id=job_id, run=runs,
-                                artifact_uri=f"local://jobs/{job_id}/runs/{runs}/output/video.mp4",
-                                gpu_seconds=42.0))
+        out.append(
+            JobCompleted(
+                event_id=eid(),
+                ts_ms=ts(),
+                job_id=job_id,
+                run=runs,
+                artifact_uri=f"local://jobs/{job_id}/runs/{runs}/output/video.mp4",
+                gpu_seconds=42.0,
+            )
+        )
     elif outcome == "FAILED":
-        out.append(JobFailed(event_id=eid(), ts_ms=ts(), job_id=job_id, run=runs,
-                             reason="generator exited 1", failure_class="crash"))
+        out.append(
+            JobFailed(
+                event_id=eid(),
+                ts_ms=ts(),
+                job_id=job_id,
+                run=runs,
+                reason="generator exited 1",
+                failure_class="crash",
+            )
+        )
     elif outcome == "CANCELLED":
-        out.append(JobCancelled(event_id=eid(), ts_ms=ts(), job_id=job_id, run=runs,
-                                reason="cancelled by alice"))
+        out.append(
+            JobCancelled(
+                event_id=eid(), ts_ms=ts(), job_id=job_id, run=runs, reason="cancelled by alice"
+            )
+        )
     return out
 
 
-def cell_status(cell: str = "cell-0", ts_ms: int = 5_000, *, nodes: int = 2, gpus: int = 8,
-                busy: int = 3, event_id: Optional[str] = None) -> CellStatus:
+def cell_status(
+    cell: str = "cell-0",
+    ts_ms: int = 5_000,
+    *,
+    nodes: int = 2,
+    gpus: int = 8,
+    busy: int = 3,
+    event_id: str | None = None,
+) -> CellStatus:
     """A cell with ``busy`` busy GPUs on its first node and the rest free."""
     node_list = []
     for n in range(nodes):
         states = ["busy" if n == 0 and g < busy else "free" for g in range(gpus)]
-        node_list.append(NodeStatus(node_id=f"{cell}-node-{n}", state="UP", gpu_type="H100",
-                                    rail="rail-0", gpus=tuple(
-                                        GpuStatus(index=g, state=s, job_id="job-1" if s == "busy"
-                                                  else "", run=1 if s == "busy" else 0)
-                                        for g, s in enumerate(states))))
-    queues = (QueueDepth(tier="free", tenant="acme", queued=4, queued_gpus=4, running_gpus=busy),
-              QueueDepth(tier="paid", tenant="globex", queued=1, queued_gpus=8, running_gpus=0))
-    return CellStatus(event_id=event_id or f"{cell}:status:{ts_ms}", ts_ms=ts_ms, cell=cell,
-                      nodes=tuple(node_list), queues=queues)
+        node_list.append(
+            NodeStatus(
+                node_id=f"{cell}-node-{n}",
+                state="UP",
+                gpu_type="H100",
+                rail="rail-0",
+                gpus=tuple(
+                    GpuStatus(
+                        index=g,
+                        state=s,
+                        job_id="job-1" if s == "busy" else "",
+                        run=1 if s == "busy" else 0,
+                    )
+                    for g, s in enumerate(states)
+                ),
+            )
+        )
+    queues = (
+        QueueDepth(tier="free", tenant="acme", queued=4, queued_gpus=4, running_gpus=busy),
+        QueueDepth(tier="paid", tenant="globex", queued=1, queued_gpus=8, running_gpus=0),
+    )
+    return CellStatus(
+        event_id=event_id or f"{cell}:status:{ts_ms}",
+        ts_ms=ts_ms,
+        cell=cell,
+        nodes=tuple(node_list),
+        queues=queues,
+    )
 
 
 def key_of(event: Any) -> str:
@@ -101,8 +248,9 @@ def key_of(event: Any) -> str:
     return job_id_of(event) or event.cell
 
 
-def records_for(events: list[Any], job_events: str = JOB_EVENTS.name,
-                progress: str = PROGRESS.name) -> list[Record]:
+def records_for(
+    events: list[Any], job_events: str = JOB_EVENTS.name, progress: str = PROGRESS.name
+) -> list[Record]:
     """Encoded records where the real writers put them: progress or job-events, keyed by job."""
     next_offset: dict[tuple[str, int], int] = {}
     out = []
@@ -121,9 +269,9 @@ def records_for(events: list[Any], job_events: str = JOB_EVENTS.name,
 class Sent:
     topic: str
     key: Any
-    value: Optional[bytes]
+    value: bytes | None
     headers: Any = None
-    partition: Optional[int] = None
+    partition: int | None = None
 
 
 @dataclass
@@ -131,15 +279,27 @@ class RecordingProducer:
     """Fake ``LogProducer``: records every send; ``fail_with`` makes the next sends fail."""
 
     sent: list[Sent] = field(default_factory=list)
-    fail_with: Optional[Exception] = None
+    fail_with: Exception | None = None
 
-    async def send(self, topic: str, key: Any, value: Optional[bytes],
-                   partition: Optional[int] = None, headers: Any = None) -> Sent:
+    async def send(
+        self,
+        topic: str,
+        key: Any,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Any = None,
+    ) -> Sent:
         self.produce(topic, key, value, partition, headers)
         return self.sent[-1]
 
-    def produce(self, topic: str, key: Any, value: Optional[bytes],
-                partition: Optional[int] = None, headers: Any = None) -> None:
+    def produce(
+        self,
+        topic: str,
+        key: Any,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Any = None,
+    ) -> None:
         if self.fail_with is not None:
             raise self.fail_with
         self.sent.append(Sent(topic, key, value, headers, partition))

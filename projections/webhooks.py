@@ -20,6 +20,7 @@ Theory of operation
    that changes between the check and the connection cannot reach a private,
    loopback, link-local, multicast or reserved address unless allowed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,17 +32,27 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from framespool.projections.jobs import (ASSIGNED, CANCELLED, COMPLETED, FAILED, QUEUED, REJECTED, RUNNING,
-                              JobView)
-from framespool.projections.store import DELIVERED, FAILED as DELIVERY_FAILED, PENDING, Delivery, ViewStore
+from framespool.projections.jobs import (
+    ASSIGNED,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    JobView,
+)
+from framespool.projections.store import DELIVERED, PENDING, Delivery, ViewStore
+from framespool.projections.store import FAILED as DELIVERY_FAILED
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +92,8 @@ def verify(secret: bytes, header: str, body: bytes, now_s: int, tolerance_s: int
 @dataclass(frozen=True)
 class TargetPolicy:
     allow_private: bool = False
-    allow_hosts: frozenset[str] = frozenset()          # exact host names exempt from the IP check
-    allow_networks: tuple[str, ...] = ()               # CIDRs allowed although not public
+    allow_hosts: frozenset[str] = frozenset()  # exact host names exempt from the IP check
+    allow_networks: tuple[str, ...] = ()  # CIDRs allowed although not public
     schemes: frozenset[str] = frozenset({"https", "http"})
 
 
@@ -119,9 +130,14 @@ def address_problem(address: str) -> str:
             inner = address_problem(str(embedded))
             if inner:
                 return inner
-    for attr, name in (("is_loopback", "loopback"), ("is_link_local", "link-local"),
-                       ("is_multicast", "multicast"), ("is_unspecified", "unspecified"),
-                       ("is_reserved", "reserved"), ("is_private", "private")):
+    for attr, name in (
+        ("is_loopback", "loopback"),
+        ("is_link_local", "link-local"),
+        ("is_multicast", "multicast"),
+        ("is_unspecified", "unspecified"),
+        ("is_reserved", "reserved"),
+        ("is_private", "private"),
+    ):
         if getattr(ip, attr):
             return name
     return "" if ip.is_global else "not globally routable"
@@ -149,19 +165,20 @@ def check_target(url: str, policy: TargetPolicy = TargetPolicy()) -> str:
     try:
         ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
-        return ""   # a name: PolicyResolver checks every address it resolves to
+        return ""  # a name: PolicyResolver checks every address it resolves to
     return check_address(host, host, policy)
 
 
 class PolicyResolver(AbstractResolver):
     """aiohttp resolver that refuses every answer the target policy forbids."""
 
-    def __init__(self, policy: TargetPolicy, inner: Optional[AbstractResolver] = None) -> None:
+    def __init__(self, policy: TargetPolicy, inner: AbstractResolver | None = None) -> None:
         self._policy = policy
         self._inner = inner or DefaultResolver()
 
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
         for r in results:
             problem = check_address(host, r["host"], self._policy)
@@ -176,23 +193,36 @@ class PolicyResolver(AbstractResolver):
 # --------------------------------------------------------------------------
 # What to deliver (pure)
 # --------------------------------------------------------------------------
-def delivery_for(before: Optional[JobView], after: Optional[JobView], event: Any) -> Optional[Delivery]:
+def delivery_for(before: JobView | None, after: JobView | None, event: Any) -> Delivery | None:
     """A webhook for this event if it moved a job with a callback into a notified state."""
     if after is None or not after.callback_url or after.state not in NOTIFY_STATES:
         return None
     if before is not None and before.state == after.state:
         return None
     body = {
-        "type": "job.state_changed", "event_id": event.event_id, "event_type": type(event).__name__,
-        "ts_ms": event.ts_ms, "job_id": after.job_id, "tenant": after.tenant, "run": after.run,
-        "state": after.state, "previous_state": before.state if before else None,
-        "reason": after.reason or None, "artifact_uri": after.artifact_uri or None,
+        "type": "job.state_changed",
+        "event_id": event.event_id,
+        "event_type": type(event).__name__,
+        "ts_ms": event.ts_ms,
+        "job_id": after.job_id,
+        "tenant": after.tenant,
+        "run": after.run,
+        "state": after.state,
+        "previous_state": before.state if before else None,
+        "reason": after.reason or None,
+        "artifact_uri": after.artifact_uri or None,
         "status_url": f"/v1/jobs/{after.job_id}",
         "result_url": f"/v1/jobs/{after.job_id}/result" if after.state == COMPLETED else None,
     }
-    return Delivery(delivery_id=event.event_id, job_id=after.job_id, tenant=after.tenant,
-                    url=after.callback_url, created_ms=event.ts_ms, seq=after.seq,
-                    body=json.dumps(body, sort_keys=True, separators=(",", ":")))
+    return Delivery(
+        delivery_id=event.event_id,
+        job_id=after.job_id,
+        tenant=after.tenant,
+        url=after.callback_url,
+        created_ms=event.ts_ms,
+        seq=after.seq,
+        body=json.dumps(body, sort_keys=True, separators=(",", ":")),
+    )
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
@@ -213,13 +243,16 @@ class WebhookConfig:
     max_delay_s: float = 300.0
     timeout_s: float = 10.0
     concurrency: int = 8
-    max_age_s: float = 24 * 3600.0   # older notifications (e.g. after a full replay) expire
+    max_age_s: float = 24 * 3600.0  # older notifications (e.g. after a full replay) expire
 
     @classmethod
-    def for_tenants(cls, secret: bytes, tenants: dict[str, Any], **kw: Any) -> "WebhookConfig":
+    def for_tenants(cls, secret: bytes, tenants: dict[str, Any], **kw: Any) -> WebhookConfig:
         """Per-tenant secrets from ``framespool.producers.auth`` tenant policies (``webhook_secret``)."""
-        secrets = {name: p.webhook_secret.encode() for name, p in tenants.items()
-                   if getattr(p, "webhook_secret", "")}
+        secrets = {
+            name: p.webhook_secret.encode()
+            for name, p in tenants.items()
+            if getattr(p, "webhook_secret", "")
+        }
         return cls(secret=secret, tenant_secrets=secrets, **kw)
 
     def secret_for(self, tenant: str) -> bytes:
@@ -229,15 +262,20 @@ class WebhookConfig:
 class WebhookDispatcher:
     """Delivers the store's pending deliveries until cancelled."""
 
-    def __init__(self, store: ViewStore, config: WebhookConfig, *,
-                 clock: Callable[[], float] = time.time,
-                 rand: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self,
+        store: ViewStore,
+        config: WebhookConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         self._store = store
         self._config = config
         self._clock = clock
         self._rand = rand
         self._wake = asyncio.Event()
-        self._inflight: set[str] = set()      # job ids with a delivery in flight
+        self._inflight: set[str] = set()  # job ids with a delivery in flight
         self.delivered = 0
         self.failed = 0
 
@@ -246,8 +284,9 @@ class WebhookDispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        connector = aiohttp.TCPConnector(resolver=PolicyResolver(self._config.policy),
-                                         limit=self._config.concurrency)
+        connector = aiohttp.TCPConnector(
+            resolver=PolicyResolver(self._config.policy), limit=self._config.concurrency
+        )
         timeout = aiohttp.ClientTimeout(total=self._config.timeout_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             tasks: set[asyncio.Task] = set()
@@ -255,7 +294,7 @@ class WebhookDispatcher:
                 while True:
                     self._wake.clear()
                     now_ms = int(self._clock() * 1000)
-                    next_due: Optional[int] = None
+                    next_due: int | None = None
                     for d in self._due(self._store.pending_deliveries()):
                         if d.next_attempt_ms > now_ms:
                             next_due = min(next_due or d.next_attempt_ms, d.next_attempt_ms)
@@ -267,7 +306,7 @@ class WebhookDispatcher:
                     wait_s = 5.0 if next_due is None else max(0.01, (next_due - now_ms) / 1000)
                     try:
                         await asyncio.wait_for(self._wake.wait(), wait_s)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
             finally:
                 for task in tasks:
@@ -302,48 +341,64 @@ class WebhookDispatcher:
         now = self._clock()
         body = current.body.encode()
         problem = check_target(current.url, self._config.policy)
-        status: Optional[int] = None
+        status: int | None = None
         if not problem and now * 1000 - current.created_ms > self._config.max_age_s * 1000:
             problem = f"expired: the event is older than {self._config.max_age_s:.0f} s"
         if not problem:
             headers = {
                 "Content-Type": "application/json",
                 "Framespool-Event-Id": current.delivery_id,
-                "Framespool-Signature": sign(self._config.secret_for(current.tenant), int(now), body),
+                "Framespool-Signature": sign(
+                    self._config.secret_for(current.tenant), int(now), body
+                ),
                 "User-Agent": "framespool-webhooks/1",
             }
             try:
-                async with session.post(current.url, data=body, headers=headers,
-                                        allow_redirects=False) as resp:
+                async with session.post(
+                    current.url, data=body, headers=headers, allow_redirects=False
+                ) as resp:
                     status = resp.status
                     await resp.read()
                 problem = "" if 200 <= status < 300 else f"receiver answered HTTP {status}"
             except TargetRefused as exc:
                 problem = str(exc)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 status = -1
         return self._record(current, now, status, problem)
 
-    def _record(self, d: Delivery, now: float, status: Optional[int], problem: str) -> Delivery:
+    def _record(self, d: Delivery, now: float, status: int | None, problem: str) -> Delivery:
         attempts = d.attempts + 1
         now_ms = int(now * 1000)
         if not problem:
             out = replace(d, status=DELIVERED, attempts=attempts, done_ms=now_ms, last_error="")
             self.delivered += 1
         else:
-            retryable = status is not None and (status == -1 or status >= 500
-                                                or status in RETRYABLE_STATUS)
+            retryable = status is not None and (
+                status == -1 or status >= 500 or status in RETRYABLE_STATUS
+            )
             if retryable and attempts < self._config.max_attempts:
-                delay = backoff_delay(attempts, self._config.base_delay_s,
-                                      self._config.max_delay_s, self._rand())
-                out = replace(d, attempts=attempts, last_error=problem,
-                              next_attempt_ms=now_ms + int(delay * 1000))
+                delay = backoff_delay(
+                    attempts, self._config.base_delay_s, self._config.max_delay_s, self._rand()
+                )
+                out = replace(
+                    d,
+                    attempts=attempts,
+                    last_error=problem,
+                    next_attempt_ms=now_ms + int(delay * 1000),
+                )
             else:
-                out = replace(d, status=DELIVERY_FAILED, attempts=attempts, done_ms=now_ms,
-                              last_error=problem)
+                out = replace(
+                    d, status=DELIVERY_FAILED, attempts=attempts, done_ms=now_ms, last_error=problem
+                )
                 self.failed += 1
-                log.warning("webhook for job %s event %s to %s failed after %d attempt(s): %s",
-                            d.job_id, d.delivery_id, d.url, attempts, problem)
+                log.warning(
+                    "webhook for job %s event %s to %s failed after %d attempt(s): %s",
+                    d.job_id,
+                    d.delivery_id,
+                    d.url,
+                    attempts,
+                    problem,
+                )
         self._store.put_delivery(out)
         return out

@@ -30,15 +30,17 @@ reader asked for more bytes than were left), ``bad_magic``,
 ``unknown_fingerprint`` or ``malformed_body`` (anything else wrong with the
 body, including trailing bytes).
 """
+
 from __future__ import annotations
 
 import copy
 import json
 import operator
 import re
+from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint as _fastavro_fingerprint
@@ -57,11 +59,10 @@ BAD_MAGIC = "bad_magic"
 UNKNOWN_FINGERPRINT = "unknown_fingerprint"
 MALFORMED_BODY = "malformed_body"
 
-_PRIMITIVES = frozenset(
-    ("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
+_PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
 _HISTORY_FILE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[0-9]+)\.avsc$")
 
-Converter = Optional[Callable[[Any], Any]]  # None means "pass the value through"
+Converter = Callable[[Any], Any] | None  # None means "pass the value through"
 
 
 class DecodeError(Exception):
@@ -87,8 +88,9 @@ def _full_name(name: str, namespace: str) -> str:
     return name if "." in name else f"{namespace}.{name}"
 
 
-def _standalone(node: Any, definitions: dict[str, dict], seen: set[str],
-                namespace: str, where: str) -> Any:
+def _standalone(
+    node: Any, definitions: dict[str, dict], seen: set[str], namespace: str, where: str
+) -> Any:
     """Copy ``node`` with each named type defined at its first use, named after."""
     if isinstance(node, str):
         if node in _PRIMITIVES:
@@ -97,8 +99,10 @@ def _standalone(node: Any, definitions: dict[str, dict], seen: set[str],
         if full in seen:
             return full
         if full not in definitions:
-            raise SchemaError(f"{where}: unknown type {node!r}; define it in its own "
-                              f".avsc (current schemas) or inline (history schemas)")
+            raise SchemaError(
+                f"{where}: unknown type {node!r}; define it in its own "
+                f".avsc (current schemas) or inline (history schemas)"
+            )
         return _standalone(definitions[full], definitions, seen, namespace, where)
     if isinstance(node, list):
         return [_standalone(b, definitions, seen, namespace, where) for b in node]
@@ -115,7 +119,8 @@ def _standalone(node: Any, definitions: dict[str, dict], seen: set[str],
         if kind == "record":
             out["fields"] = [
                 {**f, "type": _standalone(f["type"], definitions, seen, inner_ns, where)}
-                for f in node["fields"]]
+                for f in node["fields"]
+            ]
     elif kind == "array":
         out["items"] = _standalone(node["items"], definitions, seen, namespace, where)
     elif kind == "map":
@@ -160,8 +165,11 @@ _IDENTITY = _Pair(None, None)
 def _record_pair(cls: type, fields: list[dict], field_pairs: list[_Pair]) -> _Pair:
     names = tuple(f["name"] for f in fields)
     # attrgetter of several names returns a tuple; of one name, a bare value
-    getter = (operator.attrgetter(*names) if len(names) > 1
-              else (lambda obj, get=operator.attrgetter(names[0]): (get(obj),)))
+    getter = (
+        operator.attrgetter(*names)
+        if len(names) > 1
+        else (lambda obj, get=operator.attrgetter(names[0]): (get(obj),))
+    )
     enc_nested = tuple((n, p.encode) for n, p in zip(names, field_pairs) if p.encode)
     dec_nested = tuple((n, p.decode) for n, p in zip(names, field_pairs) if p.decode)
 
@@ -224,8 +232,12 @@ class _ConverterBuilder:
             if all(p == _IDENTITY for p in pairs):
                 return _IDENTITY
             if len(branches) == 1 and len(node) == 2:
-                return _Pair(*(None if c is None else (lambda v, c=c: None if v is None else c(v))
-                               for c in pairs[0]))
+                return _Pair(
+                    *(
+                        None if c is None else (lambda v, c=c: None if v is None else c(v))
+                        for c in pairs[0]
+                    )
+                )
             raise SchemaError(f"union {node}: only [\"null\", X] may hold a record or array")
         kind = node["type"]
         if kind == "record":
@@ -254,7 +266,7 @@ class _Reader(NamedTuple):
     name: str
     label: str  # "SubmitJob" or "SubmitJob.v1"
     writer: dict  # parsed
-    reader: Optional[dict]  # parsed current schema when it differs from the writer
+    reader: dict | None  # parsed current schema when it differs from the writer
     build: Callable[[dict], Any]
 
 
@@ -285,16 +297,20 @@ def _build_registry():
         match = _HISTORY_FILE.match(path.name)
         cls = events_by_name.get(match["name"]) if match else None
         if cls is None:
-            raise SchemaError(f"history/{path.name}: expected <EventName>.v<N>.avsc "
-                              f"(history is kept for top-level events only)")
+            raise SchemaError(
+                f"history/{path.name}: expected <EventName>.v<N>.avsc "
+                f"(history is kept for top-level events only)"
+            )
         name, label, current = cls.__name__, path.name[: -len(".avsc")], encoders[cls]
         old = _standalone(_read_avsc(path), {}, set(), NAMESPACE, f"history/{path.name}")
         if old["name"] != f"{NAMESPACE}.{name}":
             raise SchemaError(f"history/{path.name} defines {old['name']}")
         fp = schema_fingerprint(old).to_bytes(8, "little")
         if fp in readers:
-            raise SchemaError(f"history/{path.name} has the fingerprint of "
-                              f"{readers[fp].label}; delete one of them")
+            raise SchemaError(
+                f"history/{path.name} has the fingerprint of "
+                f"{readers[fp].label}; delete one of them"
+            )
         build = readers[current.header[2:]].build
         readers[fp] = _Reader(name, label, parse_schema(old), current.schema, build)
     return standalone, fingerprints, encoders, readers
@@ -316,8 +332,10 @@ def encode(event: Any) -> bytes:
     try:
         schemaless_writer(fo, enc.schema, enc.to_dict(event))
     except Exception as exc:  # fastavro reports bad values with assorted types
-        raise EncodeError(f"cannot encode {type(event).__name__} "
-                          f"event_id={getattr(event, 'event_id', '?')!r}: {exc}") from exc
+        raise EncodeError(
+            f"cannot encode {type(event).__name__} "
+            f"event_id={getattr(event, 'event_id', '?')!r}: {exc}"
+        ) from exc
     return fo.getvalue()
 
 
@@ -334,9 +352,11 @@ def _reader_for(data: bytes) -> _Reader:
     reader = _READERS.get(bytes(data[2:HEADER_LEN]))
     if reader is None:
         fp = int.from_bytes(data[2:HEADER_LEN], "little")
-        raise DecodeError(UNKNOWN_FINGERPRINT,
-                          f"schema fingerprint {fp} is neither a current event schema "
-                          f"nor one in schemas/avro/history")
+        raise DecodeError(
+            UNKNOWN_FINGERPRINT,
+            f"schema fingerprint {fp} is neither a current event schema "
+            f"nor one in schemas/avro/history",
+        )
     return reader
 
 
@@ -345,7 +365,7 @@ class _ShortReadProbe(BytesIO):
 
     ran_out = False
 
-    def read(self, size: Optional[int] = -1) -> bytes:
+    def read(self, size: int | None = -1) -> bytes:
         out = super().read(size)
         if size is not None and 0 <= len(out) < size:
             self.ran_out = True
@@ -376,13 +396,16 @@ def decode(data: bytes) -> Any:
         record = schemaless_reader(fo, reader.writer, reader.reader)
     except Exception as exc:  # fastavro reports bad bodies with assorted types
         if _runs_out_of_bytes(data, reader):
-            raise DecodeError(TRUNCATED, f"{reader.label} body ends early: "
-                              f"{len(data)} bytes are not enough") from exc
-        raise DecodeError(MALFORMED_BODY, f"{reader.label} body is malformed: "
-                          f"{type(exc).__name__}: {exc}") from exc
+            raise DecodeError(
+                TRUNCATED, f"{reader.label} body ends early: {len(data)} bytes are not enough"
+            ) from exc
+        raise DecodeError(
+            MALFORMED_BODY, f"{reader.label} body is malformed: {type(exc).__name__}: {exc}"
+        ) from exc
     if fo.tell() != len(data):
-        raise DecodeError(MALFORMED_BODY, f"{reader.label} body has "
-                          f"{len(data) - fo.tell()} trailing bytes")
+        raise DecodeError(
+            MALFORMED_BODY, f"{reader.label} body has {len(data) - fo.tell()} trailing bytes"
+        )
     return reader.build(record)
 
 

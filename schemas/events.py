@@ -11,10 +11,10 @@ job's attempt number) and ``incarnation`` (the node registration number).
 Collections are tuples so that events stay hashable and immutable; the codec
 converts Avro arrays to tuples on decode.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 # --------------------------------------------------------------------------
@@ -50,7 +50,7 @@ class JobSpec:
     cpus: float = 0.0
     mem_gb: float = 0.0
     gpu_type: str = ""
-    callback_url: Optional[str] = None
+    callback_url: str | None = None
     submitted_ms: int = 0
 
 
@@ -124,7 +124,7 @@ class SubmitJob:
     event_id: str
     ts_ms: int
     spec: JobSpec
-    idempotency_key: Optional[str] = None
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,7 +178,7 @@ class JobAssigned:
     placement: tuple[NodeSlice, ...]
     gpus: int
     estimate_s: float
-    resume_from: Optional[str] = None
+    resume_from: str | None = None
     reason: str = ""
 
 
@@ -199,7 +199,7 @@ class JobRequeued:
     job_id: str
     run: int
     reason: str
-    resume_from: Optional[str] = None
+    resume_from: str | None = None
     retries_left: int = 0
 
 
@@ -306,7 +306,7 @@ class StartRun:
     gpus: tuple[int, ...]
     placement: tuple[NodeSlice, ...]
     estimate_s: float
-    resume_from: Optional[str] = None
+    resume_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -448,13 +448,33 @@ class Tick:
 NESTED_TYPES = (Shape, JobSpec, NodeSlice, GpuHealth, RunReport, GpuStatus, NodeStatus, QueueDepth)
 
 EVENT_TYPES = (
-    SubmitJob, CancelJob,
-    JobAdmitted, JobRejected, JobQueued, JobAssigned, JobPreempted, JobRequeued,
-    JobCancelled, JobCompleted, JobFailed, JobWaitEstimated, ReportIgnored,
-    NodeStateChanged, BreakerTripped, CellStatus,
-    StartRun, StopRun, CheckpointRun,
-    NodeRegistered, NodeHeartbeat, RunStarted, RunProgress, RunCheckpointed,
-    RunCompleted, RunFailed, RunStopped,
+    SubmitJob,
+    CancelJob,
+    JobAdmitted,
+    JobRejected,
+    JobQueued,
+    JobAssigned,
+    JobPreempted,
+    JobRequeued,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobWaitEstimated,
+    ReportIgnored,
+    NodeStateChanged,
+    BreakerTripped,
+    CellStatus,
+    StartRun,
+    StopRun,
+    CheckpointRun,
+    NodeRegistered,
+    NodeHeartbeat,
+    RunStarted,
+    RunProgress,
+    RunCheckpointed,
+    RunCompleted,
+    RunFailed,
+    RunStopped,
     Tick,
 )
 

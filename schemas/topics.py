@@ -3,6 +3,7 @@
 Partition counts are fixed up front because the embedded broker cannot add
 partitions later (BROKER-NOTES.md); topics are created explicitly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

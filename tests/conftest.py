@@ -21,6 +21,7 @@ loopback port, with dummy ``AWS_*`` credentials in the environment.
 
 Everything binds 127.0.0.1 on free ports and is stopped at the end.
 """
+
 from __future__ import annotations
 
 import os

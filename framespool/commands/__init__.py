@@ -1,15 +1,16 @@
 """One module per CLI command; each exposes ``register(subparsers)`` (see ``framespool.cli``)."""
+
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
 class CommandError(Exception):
     """The user asked for something that cannot be done; the message says what to change."""
 
 
-def progress_bar(enabled: bool, width: int = 30) -> Optional[Callable[[float, str], None]]:
+def progress_bar(enabled: bool, width: int = 30) -> Callable[[float, str], None] | None:
     """A one-line progress bar on stderr, or None when stderr is not a terminal."""
     if not enabled or not sys.stderr.isatty():
         return None
@@ -22,7 +23,7 @@ def progress_bar(enabled: bool, width: int = 30) -> Optional[Callable[[float, st
     return show
 
 
-def end_progress(bar: Optional[Callable[[float, str], None]]) -> None:
+def end_progress(bar: Callable[[float, str], None] | None) -> None:
     if bar is not None:
         sys.stderr.write("\n")
         sys.stderr.flush()

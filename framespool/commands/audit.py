@@ -1,4 +1,5 @@
 """``framespool audit JOB``: a job's timeline with reasons; why a waiting job waits."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,11 +12,13 @@ from framespool.commands.replay import cell_config_for, log_arguments, read_log_
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "audit", help="a job's timeline with the reason of every decision",
+        "audit",
+        help="a job's timeline with the reason of every decision",
         description="Print every event about JOB (its commands, the scheduler's decisions, "
-                    "its runs' agent reports and the agents' instructions) in log order, "
-                    "with reasons. For a job that has not ended, re-fold its cell with the "
-                    "core and say what holds it back and what would unblock it.")
+        "its runs' agent reports and the agents' instructions) in log order, "
+        "with reasons. For a job that has not ended, re-fold its cell with the "
+        "core and say what holds it back and what would unblock it.",
+    )
     p.add_argument("job_id", metavar="JOB")
     log_arguments(p)
     p.set_defaults(handler=handle)
@@ -27,7 +30,9 @@ def handle(args: argparse.Namespace) -> int:
     config = cell_config_for(args)
     report = audit(read_log_for(args), args.job_id, config)
     if not report.timeline and report.spec is None:
-        raise CommandError(f"job {args.job_id!r} does not appear in the log; check the id "
-                           "(framespool jobs lists yours)")
+        raise CommandError(
+            f"job {args.job_id!r} does not appear in the log; check the id "
+            "(framespool jobs lists yours)"
+        )
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
     return 0

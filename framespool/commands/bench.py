@@ -1,4 +1,5 @@
 """``framespool bench core``: throughput and latency of the pure scheduling core."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,35 +11,54 @@ from framespool.commands import CommandError
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("bench", help="benchmarks",
-                              description="Benchmarks of framespool's components.")
+    p = subparsers.add_parser(
+        "bench", help="benchmarks", description="Benchmarks of framespool's components."
+    )
     targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
     core = targets.add_parser(
-        "core", help="events/s, placements/s and decision latency of the scheduling core",
+        "core",
+        help="events/s, placements/s and decision latency of the scheduling core",
         description="Time Cell.apply on a recorded mixed event stream and on placement passes "
-                    "over a large queue (inputs are built before timing).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "over a large queue (inputs are built before timing).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     core.add_argument("--nodes", type=int, default=2000)
     core.add_argument("--gpus-per-node", type=int, default=8)
-    core.add_argument("--queued", type=int, default=50_000,
-                      help="jobs queued before the placement passes")
-    core.add_argument("--events", type=int, default=200_000,
-                      help="timed events of the mixed stream")
-    core.add_argument("--warmup", type=int, default=0,
-                      help="untimed events first (0 = min(events/3, 20 per node))")
-    core.add_argument("--rounds", type=int, default=5,
-                      help="completion rounds after the fill, each timed by one pass")
-    core.add_argument("--load", type=float, default=0.9,
-                      help="offered load of the recorded mixed stream (queues build above ~0.95)")
+    core.add_argument(
+        "--queued", type=int, default=50_000, help="jobs queued before the placement passes"
+    )
+    core.add_argument(
+        "--events", type=int, default=200_000, help="timed events of the mixed stream"
+    )
+    core.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="untimed events first (0 = min(events/3, 20 per node))",
+    )
+    core.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="completion rounds after the fill, each timed by one pass",
+    )
+    core.add_argument(
+        "--load",
+        type=float,
+        default=0.9,
+        help="offered load of the recorded mixed stream (queues build above ~0.95)",
+    )
     core.add_argument("--seed", type=int, default=1)
     core.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     core.set_defaults(handler=handle_core)
     pipe = targets.add_parser(
-        "pipeline", help="end-to-end jobs/s and submit->assigned latency on the embedded stack",
+        "pipeline",
+        help="end-to-end jobs/s and submit->assigned latency on the embedded stack",
         description="Start an embedded stack whose agents run the zero-work 'noop' generator; "
-                    "measure sustained submit->COMPLETED jobs/s, then submit->assigned latency "
-                    "at a fixed offered rate.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "measure sustained submit->COMPLETED jobs/s, then submit->assigned latency "
+        "at a fixed offered rate.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     pipe.add_argument("--jobs", type=int, default=2000, help="jobs of the throughput phase")
     pipe.add_argument("--rate", type=float, default=200.0, help="offered submissions/s")
     pipe.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
@@ -52,30 +72,47 @@ def register(subparsers: Any) -> None:
 def handle_core(args: argparse.Namespace) -> int:
     from framespool.processors.bench import bench_core
 
-    for flag, value in {"--nodes": args.nodes, "--gpus-per-node": args.gpus_per_node,
-                        "--queued": args.queued, "--events": args.events,
-                        "--load": args.load}.items():
+    for flag, value in {
+        "--nodes": args.nodes,
+        "--gpus-per-node": args.gpus_per_node,
+        "--queued": args.queued,
+        "--events": args.events,
+        "--load": args.load,
+    }.items():
         if value <= 0:
             raise CommandError(f"{flag}={value} must be positive")
-    result = bench_core(nodes=args.nodes, gpus_per_node=args.gpus_per_node, queued=args.queued,
-                        events=args.events, warmup=args.warmup, rounds=args.rounds,
-                        seed=args.seed, load=args.load)
+    result = bench_core(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        queued=args.queued,
+        events=args.events,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        seed=args.seed,
+        load=args.load,
+    )
     mixed, placement = result["mixed"], result["placement"]
     latency = result["decision_latency_ms"]
     ok = result["meets_targets"]
     print(f"core on {args.nodes:,} nodes x {args.gpus_per_node} GPUs")
-    print(f"  events/s      {result['events_per_s']:>10,}  (target {result['targets']['events_per_s']:,}:"
-          f" {'met' if ok['events_per_s'] else 'MISSED'}) over {mixed['events']:,} mixed events"
-          f" {mixed['event_mix']}")
-    print(f"  placements/s  {result['placements_per_s']:>10,}  (target "
-          f"{result['targets']['placements_per_s']:,}: {'met' if ok['placements_per_s'] else 'MISSED'})"
-          f"; fill {placement['fill']['placements']:,} in {placement['fill']['passes']} passes "
-          f"({placement['fill']['placements_per_s']:,}/s), after completions "
-          f"{placement['after_completions']['placements']:,} "
-          f"({placement['after_completions']['placements_per_s'] or 0:,}/s), "
-          f"{placement['queued']:,} queued at start")
-    print(f"  decision latency p50 {latency['p50']} ms, p99 {latency['p99']} ms, max "
-          f"{latency['max']} ms over {latency['n']:,} deciding applies")
+    print(
+        f"  events/s      {result['events_per_s']:>10,}  (target {result['targets']['events_per_s']:,}:"
+        f" {'met' if ok['events_per_s'] else 'MISSED'}) over {mixed['events']:,} mixed events"
+        f" {mixed['event_mix']}"
+    )
+    print(
+        f"  placements/s  {result['placements_per_s']:>10,}  (target "
+        f"{result['targets']['placements_per_s']:,}: {'met' if ok['placements_per_s'] else 'MISSED'})"
+        f"; fill {placement['fill']['placements']:,} in {placement['fill']['passes']} passes "
+        f"({placement['fill']['placements_per_s']:,}/s), after completions "
+        f"{placement['after_completions']['placements']:,} "
+        f"({placement['after_completions']['placements_per_s'] or 0:,}/s), "
+        f"{placement['queued']:,} queued at start"
+    )
+    print(
+        f"  decision latency p50 {latency['p50']} ms, p99 {latency['p99']} ms, max "
+        f"{latency['max']} ms over {latency['n']:,} deciding applies"
+    )
     print(f"  replay matches recording: {mixed['replay_matches']}; wall {result['wall_s']} s")
     return write_json(args.json, result)
 
@@ -83,21 +120,37 @@ def handle_core(args: argparse.Namespace) -> int:
 def handle_pipeline(args: argparse.Namespace) -> int:
     from framespool.pipeline_bench import bench_pipeline
 
-    for flag, value in {"--jobs": args.jobs, "--rate": args.rate, "--seconds": args.seconds,
-                        "--concurrency": args.concurrency, "--nodes": args.nodes}.items():
+    for flag, value in {
+        "--jobs": args.jobs,
+        "--rate": args.rate,
+        "--seconds": args.seconds,
+        "--concurrency": args.concurrency,
+        "--nodes": args.nodes,
+    }.items():
         if value <= 0:
             raise CommandError(f"{flag}={value} must be positive")
-    result = bench_pipeline(jobs=args.jobs, rate=args.rate, seconds=args.seconds,
-                            concurrency=args.concurrency, nodes=args.nodes,
-                            gpus_per_node=args.gpus_per_node).as_dict()
+    result = bench_pipeline(
+        jobs=args.jobs,
+        rate=args.rate,
+        seconds=args.seconds,
+        concurrency=args.concurrency,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+    ).as_dict()
     lat, done = result["submit_to_assigned_ms"], result["submit_to_completed_ms"]
-    print(f"pipeline on the embedded stack, {result['nodes']} nodes x {args.gpus_per_node} GPUs, "
-          f"noop generator")
-    print(f"  jobs/s        {result['jobs_per_s']:>8}  ({result['completed']}/{result['jobs']} "
-          f"completed, {result['failed']} failed; target 500)")
-    print(f"  submit->assigned  p50 {lat['p50']} ms  p99 {lat['p99']} ms  max {lat['max']} ms "
-          f"at {result['offered_rate']:g}/s offered ({result['achieved_submit_rate']}/s "
-          f"achieved; target p99 <= 50 ms)")
+    print(
+        f"pipeline on the embedded stack, {result['nodes']} nodes x {args.gpus_per_node} GPUs, "
+        f"noop generator"
+    )
+    print(
+        f"  jobs/s        {result['jobs_per_s']:>8}  ({result['completed']}/{result['jobs']} "
+        f"completed, {result['failed']} failed; target 500)"
+    )
+    print(
+        f"  submit->assigned  p50 {lat['p50']} ms  p99 {lat['p99']} ms  max {lat['max']} ms "
+        f"at {result['offered_rate']:g}/s offered ({result['achieved_submit_rate']}/s "
+        f"achieved; target p99 <= 50 ms)"
+    )
     print(f"  submit->completed p50 {done['p50']} ms  p99 {done['p99']} ms")
     return write_json(args.json, result)
 

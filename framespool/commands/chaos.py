@@ -1,4 +1,5 @@
 """``framespool chaos``: run a seeded workload on the embedded stack while injecting faults."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,20 +13,23 @@ from framespool.commands import CommandError
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "chaos", help="a seeded workload under injected faults, then an accounting of the log",
+        "chaos",
+        help="a seeded workload under injected faults, then an accounting of the log",
         description="Start the embedded stack, submit a seeded mix of jobs (1-16 GPUs, some "
-                    "checkpointing, some preemptible, a few that crash or hang every time) and "
-                    "inject faults from the same seed: agents killed and paused, the scheduler "
-                    "killed, duplicated and reordered agent reports, malformed records, ECC "
-                    "errors, throttling and wedged generators. When every job is terminal it "
-                    "prints what the log says: lost jobs, duplicate terminal events, leaked and "
-                    "double-booked GPUs, and GPU-time wasted per fault. Exit status 1 if any "
-                    "of those is non-zero (or a malformed record never reached dead-letter).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "checkpointing, some preemptible, a few that crash or hang every time) and "
+        "inject faults from the same seed: agents killed and paused, the scheduler "
+        "killed, duplicated and reordered agent reports, malformed records, ECC "
+        "errors, throttling and wedged generators. When every job is terminal it "
+        "prints what the log says: lost jobs, duplicate terminal events, leaked and "
+        "double-booked GPUs, and GPU-time wasted per fault. Exit status 1 if any "
+        "of those is non-zero (or a malformed record never reached dead-letter).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--jobs", type=int, default=100)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--time-scale", type=float, default=10.0,
-                   help="speed factor of the demo generator")
+    p.add_argument(
+        "--time-scale", type=float, default=10.0, help="speed factor of the demo generator"
+    )
     p.add_argument("--nodes", type=int, default=6)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--timeout", type=float, help="seconds (default: from the plan's length)")
@@ -36,22 +40,34 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from framespool.chaos import failures, format_report
-    from framespool.chaos_run import ChaosConfig, ChaosRun
+    from framespool.chaos.drill import ChaosConfig, ChaosRun
+    from framespool.chaos.plan import failures, format_report
     from framespool.stack import StackError
 
     if args.jobs < 1:
         raise CommandError(f"--jobs={args.jobs} must be at least 1")
     if args.nodes < 3 or args.gpus_per_node != 8:
-        raise CommandError("chaos needs --nodes >= 3 and --gpus-per-node 8 (16-GPU gangs span "
-                           "two whole nodes while up to two nodes are out of service)")
+        raise CommandError(
+            "chaos needs --nodes >= 3 and --gpus-per-node 8 (16-GPU gangs span "
+            "two whole nodes while up to two nodes are out of service)"
+        )
     if args.time_scale <= 0:
         raise CommandError(f"--time-scale={args.time_scale} must be positive")
-    say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr,
-                                                                     flush=True))
-    config = ChaosConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale,
-                         nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                         data_dir=args.data_dir, timeout_s=args.timeout, say=say)
+    say = (
+        (lambda line: None)
+        if args.quiet
+        else (lambda line: print(line, file=sys.stderr, flush=True))
+    )
+    config = ChaosConfig(
+        jobs=args.jobs,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        data_dir=args.data_dir,
+        timeout_s=args.timeout,
+        say=say,
+    )
     try:
         report = ChaosRun(config).run()
     except StackError as exc:

@@ -4,6 +4,7 @@ They talk to the API of a running stack: ``--url``/``--api-key``, or the
 stack.json that ``framespool up`` wrote (``--data-dir``, first tenant unless
 ``--tenant``). Every command has ``--json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--idempotency-key")
     connection(p)
     p.set_defaults(handler=submit)
-    for name, helptext in (("status", "show a job"), ("watch", "follow a job's progress"),
-                           ("cancel", "cancel a queued or running job"),
-                           ("result", "print a signed URL of a completed job's video")):
+    for name, helptext in (
+        ("status", "show a job"),
+        ("watch", "follow a job's progress"),
+        ("cancel", "cancel a queued or running job"),
+        ("result", "print a signed URL of a completed job's video"),
+    ):
         q = subparsers.add_parser(name, help=helptext)
         q.add_argument("job_id")
         connection(q)
@@ -64,8 +68,9 @@ def client_for(args: argparse.Namespace):
         try:
             info = json.loads(path.read_text())
         except FileNotFoundError:
-            raise CommandError(f"no {path}: start the stack with 'framespool up' or pass "
-                               "--url and --api-key") from None
+            raise CommandError(
+                f"no {path}: start the stack with 'framespool up' or pass --url and --api-key"
+            ) from None
         tenants = info["tenants"]
         if args.tenant:
             tenants = [t for t in tenants if t["name"] == args.tenant]
@@ -95,12 +100,23 @@ def show(args: argparse.Namespace, data: Any, line: str) -> int:
 
 def submit(args: argparse.Namespace) -> int:
     client = client_for(args)
-    body: dict[str, Any] = {"prompt": args.prompt, "model": args.model, "gpus": args.gpus,
-                            "params": {"duration_s": args.duration_s, "fps": args.fps,
-                                       "resolution": args.resolution, "seed": args.seed},
-                            "preemptible": args.preemptible}
-    for field, value in (("tier", args.tier), ("gpus_per_node", args.gpus_per_node),
-                         ("callback_url", args.callback_url)):
+    body: dict[str, Any] = {
+        "prompt": args.prompt,
+        "model": args.model,
+        "gpus": args.gpus,
+        "params": {
+            "duration_s": args.duration_s,
+            "fps": args.fps,
+            "resolution": args.resolution,
+            "seed": args.seed,
+        },
+        "preemptible": args.preemptible,
+    }
+    for field, value in (
+        ("tier", args.tier),
+        ("gpus_per_node", args.gpus_per_node),
+        ("callback_url", args.callback_url),
+    ):
         if value is not None:
             body[field] = value
     job = call(args, client.submit, idempotency_key=args.idempotency_key, **body)
@@ -109,8 +125,10 @@ def submit(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     job = call(args, client_for(args).status, args.job_id)
-    line = (f"{job['job_id']}  {job['state']}  run {job.get('run', 0)}  "
-            f"progress {100 * (job.get('progress') or 0):.0f}%  {job.get('reason') or ''}")
+    line = (
+        f"{job['job_id']}  {job['state']}  run {job.get('run', 0)}  "
+        f"progress {100 * (job.get('progress') or 0):.0f}%  {job.get('reason') or ''}"
+    )
     return show(args, job, line)
 
 
@@ -153,8 +171,10 @@ def jobs(args: argparse.Namespace) -> int:
         print(json.dumps(page, indent=2))
         return 0
     for job in items:
-        print(f"{job['job_id']}  {job['state']:<10} {job.get('tier', ''):<11} "
-              f"{(job.get('prompt') or '')[:40]}")
+        print(
+            f"{job['job_id']}  {job['state']:<10} {job.get('tier', ''):<11} "
+            f"{(job.get('prompt') or '')[:40]}"
+        )
     if not items:
         print("no jobs", file=sys.stderr)
     return 0

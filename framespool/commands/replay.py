@@ -3,13 +3,14 @@
 Also the log-reading options ``audit`` and ``verify`` share (:func:`log_arguments`,
 :func:`read_log_for`, :func:`cell_config_for`).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from framespool.commands import CommandError
 
@@ -17,18 +18,33 @@ from framespool.commands import CommandError
 def log_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the log is, which scheduler policy folded it, and ``--json``."""
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--bootstrap", metavar="HOST:PORT",
-                       help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS, else "
-                            "the stack.json of --data-dir)")
-    where.add_argument("--data-dir", type=Path, metavar="DIR",
-                       help="a 'framespool up' data dir: read its stack.json "
-                            "(default: .framespool)")
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="the processors' JSON/TOML config (its [scheduler] section); "
-                             "must be the one the scheduler ran with")
+    where.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS, else "
+        "the stack.json of --data-dir)",
+    )
+    where.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="a 'framespool up' data dir: read its stack.json (default: .framespool)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the processors' JSON/TOML config (its [scheduler] section); "
+        "must be the one the scheduler ran with",
+    )
     parser.add_argument("--topic-suffix", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                        help="seconds to read each topic to its end")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds to read each topic to its end",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -42,8 +58,9 @@ def bootstrap_for(args: argparse.Namespace) -> str:
     try:
         return json.loads(path.read_text())["bootstrap_servers"]
     except FileNotFoundError:
-        raise CommandError(f"no {path}: start the stack with 'framespool up', or pass "
-                           "--bootstrap HOST:PORT") from None
+        raise CommandError(
+            f"no {path}: start the stack with 'framespool up', or pass --bootstrap HOST:PORT"
+        ) from None
     except (ValueError, KeyError) as exc:
         raise CommandError(f"{path} has no bootstrap_servers ({exc}); pass --bootstrap") from None
 
@@ -60,33 +77,45 @@ def cell_config_for(args: argparse.Namespace) -> Any:
         raise CommandError(str(exc)) from None
 
 
-def read_log_for(args: argparse.Namespace, cells: Optional[list[int]] = None,
-                 commands: bool = True) -> Any:
+def read_log_for(
+    args: argparse.Namespace, cells: list[int] | None = None, commands: bool = True
+) -> Any:
     from framespool.processors.app import topics_with_suffix
     from framespool.processors.tools.reader import read_log
     from framespool.producers.log import LogError
 
     bootstrap = bootstrap_for(args)
     try:
-        return read_log(bootstrap, topics_with_suffix(args.topic_suffix), cells=cells,
-                        commands=commands, group_suffix=args.topic_suffix,
-                        timeout_s=args.timeout)
+        return read_log(
+            bootstrap,
+            topics_with_suffix(args.topic_suffix),
+            cells=cells,
+            commands=commands,
+            group_suffix=args.topic_suffix,
+            timeout_s=args.timeout,
+        )
     except (LogError, TimeoutError) as exc:
-        raise CommandError(f"cannot read the log at {bootstrap}: {exc}; is the broker "
-                           "running?") from None
+        raise CommandError(
+            f"cannot read the log at {bootstrap}: {exc}; is the broker running?"
+        ) from None
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "replay", help="re-fold the scheduler log with the core and compare with its outputs",
+        "replay",
+        help="re-fold the scheduler log with the core and compare with its outputs",
         description="Re-fold the scheduler topic from offset 0 with the scheduler core and "
-                    "compare every output with what was emitted on job-events and "
-                    "assignments (same event id -> same bytes). Reports the first "
-                    "divergence exactly. Exit status 1 on divergence, 2 on a usage error.")
+        "compare every output with what was emitted on job-events and "
+        "assignments (same event id -> same bytes). Reports the first "
+        "divergence exactly. Exit status 1 on divergence, 2 on a usage error.",
+    )
     p.add_argument("--cell", metavar="CELL", help="replay only this cell (e.g. cell-0)")
-    p.add_argument("--until", metavar="OFFSET|TIME",
-                   help="stop after input OFFSET (inclusive), or before the first Tick past "
-                        "TIME (epoch ms or ISO-8601, e.g. 2026-05-01T12:00:00Z)")
+    p.add_argument(
+        "--until",
+        metavar="OFFSET|TIME",
+        help="stop after input OFFSET (inclusive), or before the first Tick past "
+        "TIME (epoch ms or ISO-8601, e.g. 2026-05-01T12:00:00Z)",
+    )
     log_arguments(p)
     p.set_defaults(handler=handle)
 
@@ -103,8 +132,10 @@ def handle(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CommandError(f"--cell: {exc}") from None
         if cells[0] >= SCHEDULER.partitions:
-            raise CommandError(f"--cell {args.cell}: the scheduler topic has cells cell-0 to "
-                               f"cell-{SCHEDULER.partitions - 1}")
+            raise CommandError(
+                f"--cell {args.cell}: the scheduler topic has cells cell-0 to "
+                f"cell-{SCHEDULER.partitions - 1}"
+            )
     try:
         until = parse_until(args.until) if args.until else None
     except ValueError as exc:

@@ -1,4 +1,5 @@
 """``framespool simulate``: drive the real scheduling core with a virtual clock."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,53 +12,97 @@ from framespool.commands import CommandError, end_progress, progress_bar
 
 def register(subparsers: Any) -> None:
     from framespool.processors.sim.workload import SYNTHETIC
+
     synthetic_names = tuple(SYNTHETIC)
     p = subparsers.add_parser(
-        "simulate", help="simulate a workload on a virtual fleet with the real scheduler core",
+        "simulate",
+        help="simulate a workload on a virtual fleet with the real scheduler core",
         description="Run the scheduler core on a simulated fleet (virtual clock, simulated "
-                    "agents) and report utilization, waits, fairness and invariant checks. "
-                    "Exit status 1 when an invariant was violated.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "agents) and report utilization, waits, fairness and invariant checks. "
+        "Exit status 1 when an invariant was violated.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     src = p.add_argument_group("workload (one of)")
     one = src.add_mutually_exclusive_group(required=True)
-    one.add_argument("--trace", metavar="FILE.csv",
-                     help="CSV with header submit_s,tenant,tier,gpus,duration_s (optional: "
-                          "gpus_per_node, estimate_s, preemptible, checkpoint_s, weight, model, "
-                          "model_version, fail_prob)")
-    one.add_argument("--synthetic", metavar="NAME", choices=synthetic_names,
-                     help="built-in workload: " + ", ".join(synthetic_names))
+    one.add_argument(
+        "--trace",
+        metavar="FILE.csv",
+        help="CSV with header submit_s,tenant,tier,gpus,duration_s (optional: "
+        "gpus_per_node, estimate_s, preemptible, checkpoint_s, weight, model, "
+        "model_version, fail_prob)",
+    )
+    one.add_argument(
+        "--synthetic",
+        metavar="NAME",
+        choices=synthetic_names,
+        help="built-in workload: " + ", ".join(synthetic_names),
+    )
     src.add_argument("--jobs", type=int, default=10_000, help="jobs in a synthetic workload")
-    src.add_argument("--load", type=float, default=0.9,
-                     help="offered load of a synthetic workload, as a fraction of the GPUs")
+    src.add_argument(
+        "--load",
+        type=float,
+        default=0.9,
+        help="offered load of a synthetic workload, as a fraction of the GPUs",
+    )
     src.add_argument("--seed", type=int, default=1)
     fleet = p.add_argument_group("fleet")
     fleet.add_argument("--nodes", type=int, default=250)
     fleet.add_argument("--gpus-per-node", type=int, default=8)
     fleet.add_argument("--nodes-per-rail", type=int, default=32)
     fleet.add_argument("--gpu-type", default="H100")
-    fleet.add_argument("--node-failures", type=float, default=None, metavar="RATE",
-                       help="node failures per node-hour (default: 0, or the workload's own "
-                            "rate for 'failures')")
-    fleet.add_argument("--repair-s", type=float, default=900.0,
-                       help="seconds until a failed node re-registers")
-    fleet.add_argument("--cold-start-s", type=float, default=20.0,
-                       help="model load time on a GPU whose warm model differs")
+    fleet.add_argument(
+        "--node-failures",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="node failures per node-hour (default: 0, or the workload's own rate for 'failures')",
+    )
+    fleet.add_argument(
+        "--repair-s", type=float, default=900.0, help="seconds until a failed node re-registers"
+    )
+    fleet.add_argument(
+        "--cold-start-s",
+        type=float,
+        default=20.0,
+        help="model load time on a GPU whose warm model differs",
+    )
     sched = p.add_argument_group("scheduler")
-    sched.add_argument("--policy", default="framespool",
-                       help="comma-separated: framespool, fifo, backfill (several = comparison)")
-    sched.add_argument("--tiers", metavar="FILE.json",
-                       help="JSON list of tiers: name, weight, rank, sla_wait_s, may_preempt, "
-                            "max_predicted_wait_s, reserved_gpus")
+    sched.add_argument(
+        "--policy",
+        default="framespool",
+        help="comma-separated: framespool, fifo, backfill (several = comparison)",
+    )
+    sched.add_argument(
+        "--tiers",
+        metavar="FILE.json",
+        help="JSON list of tiers: name, weight, rank, sla_wait_s, may_preempt, "
+        "max_predicted_wait_s, reserved_gpus",
+    )
     sched.add_argument("--tick-s", type=float, default=1.0, help="virtual seconds between Ticks")
-    sched.add_argument("--heartbeat-s", type=float, default=30.0,
-                       help="heartbeat period; leases are 3.5x (node) and 2.5x (run report)")
-    sched.add_argument("--estimates", action="store_true",
-                       help="let the cell publish CellStatus and wait estimates (slower)")
+    sched.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=30.0,
+        help="heartbeat period; leases are 3.5x (node) and 2.5x (run report)",
+    )
+    sched.add_argument(
+        "--estimates",
+        action="store_true",
+        help="let the cell publish CellStatus and wait estimates (slower)",
+    )
     run = p.add_argument_group("run")
-    run.add_argument("--max-sim-s", type=float, default=0.0,
-                     help="hard stop after this much virtual time (0 = run until drained)")
-    run.add_argument("--stall-s", type=float, default=86_400.0,
-                     help="stop when no run existed and nothing started for this long")
+    run.add_argument(
+        "--max-sim-s",
+        type=float,
+        default=0.0,
+        help="hard stop after this much virtual time (0 = run until drained)",
+    )
+    run.add_argument(
+        "--stall-s",
+        type=float,
+        default=86_400.0,
+        help="stop when no run existed and nothing started for this long",
+    )
     run.add_argument("--out", default="sim-out", metavar="DIR", help="output directory")
     run.add_argument("--no-plot", action="store_true", help="skip report.png")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -65,40 +110,61 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    positive = {"--nodes": args.nodes, "--gpus-per-node": args.gpus_per_node,
-                "--nodes-per-rail": args.nodes_per_rail, "--tick-s": args.tick_s,
-                "--heartbeat-s": args.heartbeat_s, "--jobs": args.jobs, "--load": args.load,
-                "--repair-s": args.repair_s}
+    positive = {
+        "--nodes": args.nodes,
+        "--gpus-per-node": args.gpus_per_node,
+        "--nodes-per-rail": args.nodes_per_rail,
+        "--tick-s": args.tick_s,
+        "--heartbeat-s": args.heartbeat_s,
+        "--jobs": args.jobs,
+        "--load": args.load,
+        "--repair-s": args.repair_s,
+    }
     for flag, value in positive.items():
         if value <= 0:
             raise CommandError(f"{flag}={value} must be positive")
-    for flag, value in {"--cold-start-s": args.cold_start_s, "--max-sim-s": args.max_sim_s,
-                        "--node-failures": args.node_failures or 0.0}.items():
+    for flag, value in {
+        "--cold-start-s": args.cold_start_s,
+        "--max-sim-s": args.max_sim_s,
+        "--node-failures": args.node_failures or 0.0,
+    }.items():
         if value < 0:
             raise CommandError(f"{flag}={value} must not be negative")
     if args.tick_s > args.heartbeat_s:
-        raise CommandError(f"--tick-s={args.tick_s} must not exceed --heartbeat-s="
-                           f"{args.heartbeat_s}: leases are checked on Ticks")
+        raise CommandError(
+            f"--tick-s={args.tick_s} must not exceed --heartbeat-s="
+            f"{args.heartbeat_s}: leases are checked on Ticks"
+        )
 
 
 def handle(args: argparse.Namespace) -> int:
-    from framespool.processors.core import CellConfig
     from framespool.processors import sim
+    from framespool.processors.core import CellConfig
 
     _check(args)
     try:
         policies = sim.parse_policies(args.policy)
         base = CellConfig(tiers=sim.load_tiers(args.tiers)) if args.tiers else CellConfig()
         opts = sim.SimOptions(
-            nodes=args.nodes, gpus_per_node=args.gpus_per_node, nodes_per_rail=args.nodes_per_rail,
-            gpu_type=args.gpu_type, tick_s=args.tick_s, heartbeat_s=args.heartbeat_s,
-            cold_start_s=args.cold_start_s, repair_s=args.repair_s, estimates=args.estimates,
-            seed=args.seed, max_sim_s=args.max_sim_s, stall_s=args.stall_s)
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            nodes_per_rail=args.nodes_per_rail,
+            gpu_type=args.gpu_type,
+            tick_s=args.tick_s,
+            heartbeat_s=args.heartbeat_s,
+            cold_start_s=args.cold_start_s,
+            repair_s=args.repair_s,
+            estimates=args.estimates,
+            seed=args.seed,
+            max_sim_s=args.max_sim_s,
+            stall_s=args.stall_s,
+        )
         if args.trace:
             workload = sim.read_trace(args.trace)
         else:
-            workload = sim.synthetic(args.synthetic, args.jobs, args.seed, opts.capacity_gpus,
-                                     args.load)
+            workload = sim.synthetic(
+                args.synthetic, args.jobs, args.seed, opts.capacity_gpus, args.load
+            )
     except (ValueError, sim.TraceError) as exc:
         raise CommandError(str(exc)) from None
     opts = sim.with_workload_defaults(opts, workload, args.node_failures)
@@ -106,8 +172,9 @@ def handle(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     bar = progress_bar(not args.quiet)
     try:
-        summaries = sim.simulate(workload, policies, opts, base, out, make_plot=not args.no_plot,
-                                 progress=bar)
+        summaries = sim.simulate(
+            workload, policies, opts, base, out, make_plot=not args.no_plot, progress=bar
+        )
     finally:
         end_progress(bar)
     for summary in summaries:
@@ -115,11 +182,15 @@ def handle(args: argparse.Namespace) -> int:
     if len(summaries) > 1:
         print()
         print(sim.comparison_table(summaries))
-        print(f"\nwrote {out}/<policy>/ for {', '.join(s['policy'] for s in summaries)} "
-              f"and {out}/comparison.txt")
+        print(
+            f"\nwrote {out}/<policy>/ for {', '.join(s['policy'] for s in summaries)} "
+            f"and {out}/comparison.txt"
+        )
     else:
-        print(f"wrote {out}/summary.json, jobs.csv, runs.csv"
-              + ("" if args.no_plot else ", report.png"))
+        print(
+            f"wrote {out}/summary.json, jobs.csv, runs.csv"
+            + ("" if args.no_plot else ", report.png")
+        )
     violations = sum(s["invariant_violations"] for s in summaries)
     if violations:
         for summary in summaries:
@@ -130,14 +201,16 @@ def handle(args: argparse.Namespace) -> int:
 
 def _headline(s: dict[str, Any]) -> str:
     wait = s["wait_s"]
-    fmt = (lambda v: "-" if v is None else f"{v:,.0f}")
+    fmt = lambda v: "-" if v is None else f"{v:,.0f}"
     jain = s["jain_fairness"]
-    return (f"{s['policy']}: {s['jobs_submitted']:,} jobs ({s['jobs_completed']:,} completed, "
-            f"{s['jobs_failed']:,} failed, {s['jobs_rejected']:,} rejected, "
-            f"{s['jobs_unfinished']:,} unfinished) in {s['makespan_s'] / 3600:.2f} h virtual; "
-            f"utilization {s['gpu_utilization']:.3f} "
-            f"(under backlog {json.dumps(s['utilization_under_backlog'])}); "
-            f"wait p50/p99/max {fmt(wait['p50'])}/{fmt(wait['p99'])}/{fmt(wait['max'])} s; "
-            f"jain {'-' if jain is None else f'{jain:.3f}'}; "
-            f"violations {s['invariant_violations']}; {s['events']:,} events in "
-            f"{s['wall_s']:.1f} s wall ({s['stop_reason']})")
+    return (
+        f"{s['policy']}: {s['jobs_submitted']:,} jobs ({s['jobs_completed']:,} completed, "
+        f"{s['jobs_failed']:,} failed, {s['jobs_rejected']:,} rejected, "
+        f"{s['jobs_unfinished']:,} unfinished) in {s['makespan_s'] / 3600:.2f} h virtual; "
+        f"utilization {s['gpu_utilization']:.3f} "
+        f"(under backlog {json.dumps(s['utilization_under_backlog'])}); "
+        f"wait p50/p99/max {fmt(wait['p50'])}/{fmt(wait['p99'])}/{fmt(wait['max'])} s; "
+        f"jain {'-' if jain is None else f'{jain:.3f}'}; "
+        f"violations {s['invariant_violations']}; {s['events']:,} events in "
+        f"{s['wall_s']:.1f} s wall ({s['stop_reason']})"
+    )

@@ -1,4 +1,5 @@
 """``framespool up``: run the embedded stack until Ctrl-C or SIGTERM."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,24 +15,36 @@ from framespool.commands import CommandError
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "up", help="run the whole system on this machine (broker, processors, API, agents)",
+        "up",
+        help="run the whole system on this machine (broker, processors, API, agents)",
         description="Start the embedded stack: a Tansu broker (log in memory), the admission "
-                    "and scheduler processors, the clock, the API with its projections, and "
-                    "agents with simulated GPUs running the demo generator. Writes "
-                    "<data-dir>/stack.json when ready; Ctrl-C stops everything.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "and scheduler processors, the clock, the API with its projections, and "
+        "agents with simulated GPUs running the demo generator. Writes "
+        "<data-dir>/stack.json when ready; Ctrl-C stops everything.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--data-dir", default=".framespool", type=Path)
     p.add_argument("--port", type=int, default=8080, help="API port on 127.0.0.1")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--nodes-per-rail", type=int, default=2)
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="speed factor of the demo generator (10 = ten times faster)")
-    p.add_argument("--config", type=Path,
-                   help="JSON or TOML with [admission] (rate limits, cells) and [scheduler] "
-                        "(tiers, tenants, leases) sections")
-    p.add_argument("--allow-private-webhooks", action="store_true",
-                   help="let callbacks target loopback/private addresses (development only)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="speed factor of the demo generator (10 = ten times faster)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="JSON or TOML with [admission] (rate limits, cells) and [scheduler] "
+        "(tiers, tenants, leases) sections",
+    )
+    p.add_argument(
+        "--allow-private-webhooks",
+        action="store_true",
+        help="let callbacks target loopback/private addresses (development only)",
+    )
     p.add_argument("--json", action="store_true", help="print stack.json instead of a summary")
     p.set_defaults(handler=handle)
 
@@ -41,11 +54,18 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise CommandError("--nodes and --gpus-per-node must be at least 1")
-    stack = Stack(StackConfig(data_dir=args.data_dir, port=args.port, nodes=args.nodes,
-                              gpus_per_node=args.gpus_per_node,
-                              nodes_per_rail=args.nodes_per_rail, time_scale=args.time_scale,
-                              processor_config=args.config,
-                              allow_private_webhooks=args.allow_private_webhooks))
+    stack = Stack(
+        StackConfig(
+            data_dir=args.data_dir,
+            port=args.port,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            nodes_per_rail=args.nodes_per_rail,
+            time_scale=args.time_scale,
+            processor_config=args.config,
+            allow_private_webhooks=args.allow_private_webhooks,
+        )
+    )
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     try:
@@ -61,10 +81,12 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(f"framespool is up: API {info['api_url']}  broker {info['bootstrap_servers']}")
         for tenant in info["tenants"]:
-            print(f"  tenant {tenant['name']:<8} tier {tenant['tier']:<11} "
-                  f"key {tenant['api_key']}")
-        print(f"  try: framespool submit --prompt 'a red fox in the snow'   "
-              f"(logs in {info['logs']}; Ctrl-C to stop)", flush=True)
+            print(f"  tenant {tenant['name']:<8} tier {tenant['tier']:<11} key {tenant['api_key']}")
+        print(
+            f"  try: framespool submit --prompt 'a red fox in the snow'   "
+            f"(logs in {info['logs']}; Ctrl-C to stop)",
+            flush=True,
+        )
     try:
         while not stopping:
             stack.check_alive()

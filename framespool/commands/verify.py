@@ -1,4 +1,5 @@
 """``framespool verify``: log-wide invariants and a fairness summary."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,14 +11,16 @@ from framespool.commands.replay import cell_config_for, log_arguments, read_log_
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "verify", help="check log-wide invariants (one terminal event per job, no GPU "
-                       "double-booked, allocations released, fencing) and report fairness",
+        "verify",
+        help="check log-wide invariants (one terminal event per job, no GPU "
+        "double-booked, allocations released, fencing) and report fairness",
         description="Read the whole log and check: exactly one terminal event per job; no "
-                    "GPU in two runs at once (re-folding every cell with the core, and "
-                    "walking the emitted placements); every allocation released or "
-                    "legitimately held; no state change from a stale run or incarnation; "
-                    "every submitted job accounted for. Prints GPU-seconds per tenant and "
-                    "Jain's index. Exit status 1 on any violation, 2 on a usage error.")
+        "GPU in two runs at once (re-folding every cell with the core, and "
+        "walking the emitted placements); every allocation released or "
+        "legitimately held; no state change from a stale run or incarnation; "
+        "every submitted job accounted for. Prints GPU-seconds per tenant and "
+        "Jain's index. Exit status 1 on any violation, 2 on a usage error.",
+    )
     log_arguments(p)
     p.set_defaults(handler=handle)
 

@@ -1,4 +1,5 @@
 """The pure scheduling core: ``Cell.apply(event) -> [events]``; no IO, no clock."""
+
 from .cell import AGENT_COMMANDS, Cell
 from .config import DEFAULT_TIERS, CellConfig, TenantConfig, TierConfig
 

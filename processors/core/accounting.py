@@ -10,6 +10,7 @@
   node) and (model version, GPU type); past a threshold within a window the
   pair is excluded from placement for a cooldown.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,13 +26,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Accounting:
-    def shapes_of(self: "Cell", job: Job) -> list[tuple[int, int, float]]:
+    def shapes_of(self: Cell, job: Job) -> list[tuple[int, int, float]]:
         spec = job.spec
         shapes = [(spec.gpus, spec.gpus_per_node, spec.estimate_s)]
         shapes.extend((s.gpus, s.gpus_per_node, s.estimate_s) for s in spec.shapes)
         return shapes
 
-    def cost_of(self: "Cell", job: Job, gpus: int, estimate_s: float) -> float:
+    def cost_of(self: Cell, job: Job, gpus: int, estimate_s: float) -> float:
         spec = job.spec
         factor = 1.0
         if (spec.cpus or spec.mem_gb) and self.capacity_gpus:
@@ -43,18 +44,18 @@ class Accounting:
         return gpus * estimate_s * factor
 
     @property
-    def capacity_gpus(self: "Cell") -> int:
+    def capacity_gpus(self: Cell) -> int:
         return sum(n.total for n in self.index.nodes.values() if n.state != "DOWN")
 
     @property
-    def capacity_cpus(self: "Cell") -> float:
+    def capacity_cpus(self: Cell) -> float:
         return sum(n.cpus for n in self.index.nodes.values() if n.state != "DOWN")
 
     @property
-    def capacity_mem(self: "Cell") -> float:
+    def capacity_mem(self: Cell) -> float:
         return sum(n.mem_gb for n in self.index.nodes.values() if n.state != "DOWN")
 
-    def leaf_of(self: "Cell", job: Job | Run) -> Flow:
+    def leaf_of(self: Cell, job: Job | Run) -> Flow:
         """The fair-share flow a job (or one of its runs) is charged to (cached:
         this is on every admission, placement and release)."""
         key = (job.tier, job.tenant, job.user)
@@ -65,10 +66,11 @@ class Accounting:
         tenant = self.config.tenant(job.tenant)
         user_weight = dict(tenant.user_weights).get(job.user, 1.0)
         leaf = self.leaves[key] = self.fair.leaf(
-            key, (tier.weight if tier else 1.0, tenant.weight, user_weight))
+            key, (tier.weight if tier else 1.0, tenant.weight, user_weight)
+        )
         return leaf
 
-    def predicted_wait_s(self: "Cell", job: Job, own_ahead: float) -> float:
+    def predicted_wait_s(self: Cell, job: Job, own_ahead: float) -> float:
         """``own_ahead``: GPU-seconds queued in the job's own flow up to and
         including the job itself."""
         leaf = self.leaf_of(job)
@@ -81,16 +83,20 @@ class Accounting:
         if self.index.free_total >= job.shape[0] and ahead <= job.cost:
             return 0.0
         remaining = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
-        return (ahead - job.cost + remaining) / capacity if ahead > job.cost else remaining / capacity
+        return (
+            (ahead - job.cost + remaining) / capacity if ahead > job.cost else remaining / capacity
+        )
 
     # -- failure containment ----------------------------------------------------
-    def note_failure(self: "Cell", run: Run, node_id: str, failure_class: str) -> None:
+    def note_failure(self: Cell, run: Run, node_id: str, failure_class: str) -> None:
         if failure_class != "generator_error":
             return
         node = self.index.nodes[node_id]
         window = self.now_ms - int(self.config.breaker_window_s * 1000)
-        for scope, key, limit in (("node", node_id, self.config.breaker_node_failures),
-                                  ("gpu_type", node.gpu_type, self.config.breaker_type_failures)):
+        for scope, key, limit in (
+            ("node", node_id, self.config.breaker_node_failures),
+            ("gpu_type", node.gpu_type, self.config.breaker_type_failures),
+        ):
             log_key = (run.model_version, scope, key)
             times = [t for t in self.failure_log.get(log_key, []) if t > window]
             times.append(self.now_ms)
@@ -99,29 +105,41 @@ class Accounting:
                 until = self.now_ms + int(self.config.breaker_cooldown_s * 1000)
                 self.breakers[log_key] = until
                 self.failure_log[log_key] = []
-                self.emit(ev.BreakerTripped, model_version=run.model_version, scope=scope,
-                          key=key, until_ms=until,
-                          reason=f"{len(times)} generator failures of {run.model_version} on "
-                                 f"{scope} {key} within {self.config.breaker_window_s:.0f}s")
+                self.emit(
+                    ev.BreakerTripped,
+                    model_version=run.model_version,
+                    scope=scope,
+                    key=key,
+                    until_ms=until,
+                    reason=f"{len(times)} generator failures of {run.model_version} on "
+                    f"{scope} {key} within {self.config.breaker_window_s:.0f}s",
+                )
 
     # -- periodic outputs ---------------------------------------------------------
-    def publish_periodic(self: "Cell") -> None:
+    def publish_periodic(self: Cell) -> None:
         status_every = int(self.config.status_interval_s * 1000)
         if status_every and self.now_ms - self.last_status_ms >= status_every:
             self.last_status_ms = self.now_ms
             self.refresh_medians()
-            self.emit(ev.CellStatus, cell=self.cell_id, nodes=self.node_statuses(),
-                      queues=self.queue_depths())
+            self.emit(
+                ev.CellStatus,
+                cell=self.cell_id,
+                nodes=self.node_statuses(),
+                queues=self.queue_depths(),
+            )
         estimate_every = int(self.config.estimate_interval_s * 1000)
         if estimate_every and self.now_ms - self.last_estimate_ms >= estimate_every:
             self.last_estimate_ms = self.now_ms
             self.publish_estimates()
 
-    def refresh_medians(self: "Cell") -> None:
-        self.model_median = {model: statistics.median(rates.values())
-                             for model, rates in self.model_rates.items() if len(rates) >= 3}
+    def refresh_medians(self: Cell) -> None:
+        self.model_median = {
+            model: statistics.median(rates.values())
+            for model, rates in self.model_rates.items()
+            if len(rates) >= 3
+        }
 
-    def node_statuses(self: "Cell") -> tuple[ev.NodeStatus, ...]:
+    def node_statuses(self: Cell) -> tuple[ev.NodeStatus, ...]:
         out = []
         for node in self.index.nodes.values():
             gpus = []
@@ -132,13 +150,26 @@ class Accounting:
                     state = "busy" if state == "ok" else state
                 elif state == "ok":
                     state = "free"
-                gpus.append(ev.GpuStatus(index=i, state=state, job_id=owner[0] if owner else "",
-                                         run=owner[1] if owner else 0))
-            out.append(ev.NodeStatus(node_id=node.node_id, state=node.state,
-                                     gpu_type=node.gpu_type, rail=node.rail, gpus=tuple(gpus)))
+                gpus.append(
+                    ev.GpuStatus(
+                        index=i,
+                        state=state,
+                        job_id=owner[0] if owner else "",
+                        run=owner[1] if owner else 0,
+                    )
+                )
+            out.append(
+                ev.NodeStatus(
+                    node_id=node.node_id,
+                    state=node.state,
+                    gpu_type=node.gpu_type,
+                    rail=node.rail,
+                    gpus=tuple(gpus),
+                )
+            )
         return tuple(out)
 
-    def queue_depths(self: "Cell") -> tuple[ev.QueueDepth, ...]:
+    def queue_depths(self: Cell) -> tuple[ev.QueueDepth, ...]:
         depth: dict[tuple[str, str], list[int]] = {}
         for job in self.jobs.values():
             row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
@@ -148,11 +179,12 @@ class Accounting:
         for run in self.runs.values():
             row = depth.setdefault((run.tier, run.tenant), [0, 0, 0])
             row[2] += sum(len(g) for g in run.held.values())
-        return tuple(ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg,
-                                   running_gpus=rg)
-                     for (tier, tenant), (q, qg, rg) in sorted(depth.items()))
+        return tuple(
+            ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
+            for (tier, tenant), (q, qg, rg) in sorted(depth.items())
+        )
 
-    def publish_estimates(self: "Cell") -> None:
+    def publish_estimates(self: Cell) -> None:
         """Refresh wait estimates of the jobs nearest the front of each flow,
         publishing only those that moved by more than 20% (and 5 s)."""
         budget = self.config.estimate_publish_limit
@@ -168,10 +200,15 @@ class Accounting:
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait
                     budget -= 1
-                    self.emit(ev.JobWaitEstimated, job_id=job_id, wait_estimate_s=round(wait, 3),
-                              position=0, reason=job.reason or "fair-share queue")
+                    self.emit(
+                        ev.JobWaitEstimated,
+                        job_id=job_id,
+                        wait_estimate_s=round(wait, 3),
+                        position=0,
+                        reason=job.reason or "fair-share queue",
+                    )
 
-    def active_leaves(self: "Cell") -> list[Flow]:
+    def active_leaves(self: Cell) -> list[Flow]:
         leaves = []
         stack = [self.fair.root]
         while stack:

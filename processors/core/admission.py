@@ -32,12 +32,13 @@ that holds the job (wrapped in :class:`CellCommand`); a cancel of an unknown,
 rejected or foreign job becomes a ``ReportIgnored``. Output event ids are
 ``f"{position}/{i}"``, as in the cell core.
 """
+
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from framespool.schemas import events as ev
 
@@ -80,8 +81,9 @@ class AdmissionConfig:
             raise ValueError(f"cells {list(self.cells)} lists a cell twice")
         unknown = sorted(set(self.cell_gpu_types) - set(self.cells))
         if unknown:
-            raise ValueError(f"cell_gpu_types names cells {unknown} that are not in cells "
-                             f"{list(self.cells)}")
+            raise ValueError(
+                f"cell_gpu_types names cells {unknown} that are not in cells {list(self.cells)}"
+            )
         if not self.tiers:
             raise ValueError("tiers must name at least one tier")
 
@@ -92,8 +94,11 @@ class AdmissionConfig:
         """The cells that can run ``gpu_type`` ("" = any GPU type), in config order."""
         if not gpu_type:
             return self.cells
-        return tuple(c for c in self.cells
-                     if not self.cell_gpu_types.get(c) or gpu_type in self.cell_gpu_types[c])
+        return tuple(
+            c
+            for c in self.cells
+            if not self.cell_gpu_types.get(c) or gpu_type in self.cell_gpu_types[c]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +125,10 @@ class Bucket:
 
 def rendezvous(job_id: str, cells: tuple[str, ...]) -> str:
     """The cell with the highest hash of (cell, job id): stable for a job id."""
+
     def weight(cell: str) -> bytes:
         return hashlib.blake2b(f"{cell}\x00{job_id}".encode(), digest_size=8).digest()
+
     return max(cells, key=weight)
 
 
@@ -130,8 +137,9 @@ def take_token(bucket: Bucket, limit: RateLimit, now_ms: int) -> int:
     if limit.rate_per_s <= 0:
         return 0
     if now_ms > bucket.last_ms:
-        bucket.tokens = min(limit.burst,
-                            bucket.tokens + (now_ms - bucket.last_ms) * limit.rate_per_s / 1000.0)
+        bucket.tokens = min(
+            limit.burst, bucket.tokens + (now_ms - bucket.last_ms) * limit.rate_per_s / 1000.0
+        )
         bucket.last_ms = now_ms
     if bucket.tokens >= 1.0:
         bucket.tokens -= 1.0
@@ -143,10 +151,10 @@ def take_token(bucket: Bucket, limit: RateLimit, now_ms: int) -> int:
 class AdmissionState:
     """The admission state of one commands partition; picklable for snapshots."""
 
-    def __init__(self, config: Optional[AdmissionConfig] = None) -> None:
+    def __init__(self, config: AdmissionConfig | None = None) -> None:
         self.config = config or AdmissionConfig()
         self.jobs: dict[str, Decision] = {}
-        self.keys: dict[tuple[str, str], str] = {}   # (tenant, idempotency key) -> job id
+        self.keys: dict[tuple[str, str], str] = {}  # (tenant, idempotency key) -> job id
         self.buckets: dict[str, Bucket] = {}
         self.counters: dict[str, int] = {}
         self._out: list[Any] = []
@@ -154,15 +162,18 @@ class AdmissionState:
         self._ts = 0
 
     # ------------------------------------------------------------------
-    def apply(self, command: Any, position: Optional[str] = None) -> list[Any]:
+    def apply(self, command: Any, position: str | None = None) -> list[Any]:
         """Fold one command; return the events to publish, in order."""
         self._out = []
         self._pos = position if position is not None else getattr(command, "event_id", "?")
         self._ts = getattr(command, "ts_ms", 0)
-        handler: Optional[Callable[[AdmissionState, Any], None]] = _HANDLERS.get(type(command))
+        handler: Callable[[AdmissionState, Any], None] | None = _HANDLERS.get(type(command))
         if handler is None:
-            self._ignore(getattr(command, "event_id", "?"),
-                         f"unknown command type {type(command).__name__} for admission", command)
+            self._ignore(
+                getattr(command, "event_id", "?"),
+                f"unknown command type {type(command).__name__} for admission",
+                command,
+            )
         else:
             handler(self, command)
         return self._out
@@ -174,8 +185,12 @@ class AdmissionState:
 
     def _ignore(self, subject: str, reason: str, source: Any) -> None:
         self._count("ignored")
-        self._emit(ev.ReportIgnored, subject=subject, reason=reason,
-                   source_event_id=getattr(source, "event_id", ""))
+        self._emit(
+            ev.ReportIgnored,
+            subject=subject,
+            reason=reason,
+            source_event_id=getattr(source, "event_id", ""),
+        )
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -184,20 +199,30 @@ class AdmissionState:
     def on_submit(self, command: ev.SubmitJob) -> None:
         spec = command.spec
         if not spec.job_id or not spec.tenant:
-            self._ignore(spec.job_id or command.event_id,
-                         "malformed submission: spec.job_id and spec.tenant are required", command)
+            self._ignore(
+                spec.job_id or command.event_id,
+                "malformed submission: spec.job_id and spec.tenant are required",
+                command,
+            )
             return
         key = (spec.tenant, command.idempotency_key) if command.idempotency_key else None
         earlier = self.keys.get(key) if key is not None else None
         if earlier is not None and earlier != spec.job_id:
-            self._ignore(spec.job_id, f"duplicate submission: idempotency key "
-                         f"{command.idempotency_key!r} was already used for job {earlier}", command)
+            self._ignore(
+                spec.job_id,
+                f"duplicate submission: idempotency key "
+                f"{command.idempotency_key!r} was already used for job {earlier}",
+                command,
+            )
             return
         decided = self.jobs.get(spec.job_id)
         if decided is not None:
             outcome = f"admitted to {decided.cell}" if decided.cell else "rejected"
-            self._ignore(spec.job_id, f"duplicate submission: job {spec.job_id} was already "
-                         f"{outcome}", command)
+            self._ignore(
+                spec.job_id,
+                f"duplicate submission: job {spec.job_id} was already {outcome}",
+                command,
+            )
             return
         if key is not None:
             self.keys[key] = spec.job_id
@@ -205,15 +230,20 @@ class AdmissionState:
         if problem is not None:
             self.jobs[spec.job_id] = Decision(spec.tenant, "")
             self._count(f"rejected_{problem[0]}")
-            self._emit(ev.JobRejected, job_id=spec.job_id, tenant=spec.tenant, reason=problem[0],
-                       detail=problem[1])
+            self._emit(
+                ev.JobRejected,
+                job_id=spec.job_id,
+                tenant=spec.tenant,
+                reason=problem[0],
+                detail=problem[1],
+            )
             return
         cell = rendezvous(spec.job_id, self.config.cells_for(spec.gpu_type))
         self.jobs[spec.job_id] = Decision(spec.tenant, cell)
         self._count("admitted")
         self._emit(ev.JobAdmitted, spec=spec, cell=cell)
 
-    def _problem(self, spec: ev.JobSpec) -> Optional[tuple[str, str]]:
+    def _problem(self, spec: ev.JobSpec) -> tuple[str, str] | None:
         limit = self.config.limit_for(spec.tenant)
         bucket = self.buckets.get(spec.tenant)
         if bucket is None:
@@ -223,14 +253,18 @@ class AdmissionState:
             return RATE_LIMITED, (
                 f"tenant {spec.tenant!r} is over its submission rate limit of "
                 f"{limit.rate_per_s:g}/s (burst {limit.burst:g}); retry in {wait_ms} ms "
-                f"(at ts_ms {self._ts + wait_ms}) with a new Idempotency-Key")
+                f"(at ts_ms {self._ts + wait_ms}) with a new Idempotency-Key"
+            )
         if spec.tier not in self.config.tiers:
-            return INVALID_TIER, (f"tier {spec.tier!r} is unknown; use one of: "
-                                  f"{', '.join(self.config.tiers)}")
+            return INVALID_TIER, (
+                f"tier {spec.tier!r} is unknown; use one of: {', '.join(self.config.tiers)}"
+            )
         if not self.config.cells_for(spec.gpu_type):
             offered = sorted({t for types in self.config.cell_gpu_types.values() for t in types})
-            return NO_MATCHING_CELL, (f"no cell offers gpu_type {spec.gpu_type!r}; use one of: "
-                                      f"{', '.join(offered)}, or leave gpu_type empty")
+            return NO_MATCHING_CELL, (
+                f"no cell offers gpu_type {spec.gpu_type!r}; use one of: "
+                f"{', '.join(offered)}, or leave gpu_type empty"
+            )
         return None
 
     # -- CancelJob ---------------------------------------------------------
@@ -244,9 +278,13 @@ class AdmissionState:
             self._ignore(command.job_id, "cancel refused: job was rejected at admission", command)
         else:
             self._count("cancels_forwarded")
-            forwarded = ev.CancelJob(event_id=f"{self._pos}/{len(self._out)}", ts_ms=self._ts,
-                                     job_id=command.job_id, tenant=command.tenant,
-                                     reason=command.reason)
+            forwarded = ev.CancelJob(
+                event_id=f"{self._pos}/{len(self._out)}",
+                ts_ms=self._ts,
+                job_id=command.job_id,
+                tenant=command.tenant,
+                reason=command.reason,
+            )
             self._out.append(CellCommand(decided.cell, forwarded))
 
 

@@ -17,10 +17,12 @@ The handlers live in three mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases)
 and ``scheduling`` (fair order, placement, reservation, backfill, preemption).
 """
+
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from framespool.schemas import events as ev
 
@@ -51,20 +53,20 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         self.config = config or CellConfig()
         self.cell_id = cell_id
         self.now_ms = 0
-        self.jobs: dict[str, Job] = {}               # live (non-terminal) jobs
-        self.finished: dict[str, str] = {}           # job id -> terminal state
+        self.jobs: dict[str, Job] = {}  # live (non-terminal) jobs
+        self.finished: dict[str, str] = {}  # job id -> terminal state
         self.runs: dict[RunKey, Run] = {}
         self.index = NodeIndex()
         self.fair = FairTree(self.config.idle_credit_gpu_s)
-        self.leaves: dict[tuple[str, str, str], Any] = {}   # (tier, org, user) -> leaf flow
+        self.leaves: dict[tuple[str, str, str], Any] = {}  # (tier, org, user) -> leaf flow
         self.org_use: dict[str, TenantUse] = {}
         self.user_use: dict[tuple[str, str], TenantUse] = {}
         self.tier_use: dict[str, int] = {}
         self.queued_count = 0
         self.running_gpus = 0
-        self.running_end_gpu_s = 0.0   # sum of gpus * (assigned_s + estimate_s) of runs
+        self.running_end_gpu_s = 0.0  # sum of gpus * (assigned_s + estimate_s) of runs
         # leases and timers
-        self.node_seen: dict[str, None] = {}          # oldest heartbeat first
+        self.node_seen: dict[str, None] = {}  # oldest heartbeat first
         self.assigned_unstarted: dict[RunKey, None] = {}
         self.exiting: dict[RunKey, None] = {}
         self.stopping: dict[RunKey, None] = {}
@@ -75,7 +77,7 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         self.reservation_shadow_ms = 0
         self.claims: dict[str, tuple[tuple[str, ...], int]] = {}  # job -> (nodes, expiry)
         self.preempt_times: list[int] = []
-        self.breakers: dict[tuple[str, str, str], int] = {}       # (model, scope, key) -> until
+        self.breakers: dict[tuple[str, str, str], int] = {}  # (model, scope, key) -> until
         self.failure_log: dict[tuple[str, str, str], list[int]] = {}
         self.model_rates: dict[str, dict[RunKey, float]] = {}
         self.model_median: dict[str, float] = {}
@@ -87,16 +89,18 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         self._pos = ""
 
     # ------------------------------------------------------------------
-    def apply(self, event: Any, position: Optional[str] = None) -> list[Any]:
+    def apply(self, event: Any, position: str | None = None) -> list[Any]:
         """Fold one input event; return the events to publish, in order."""
         self._out = []
         self._pos = position if position is not None else event.event_id
-        handler: Optional[Callable[[Any], None]] = self._HANDLERS.get(type(event))
+        handler: Callable[[Any], None] | None = self._HANDLERS.get(type(event))
         if handler is None:
             self._count("unknown_event")
-            self.ignore(getattr(event, "event_id", "?"),
-                        f"unknown event type {type(event).__name__} for the scheduler",
-                        event)
+            self.ignore(
+                getattr(event, "event_id", "?"),
+                f"unknown event type {type(event).__name__} for the scheduler",
+                event,
+            )
         else:
             handler(self, event)
         return self._out
@@ -110,8 +114,12 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
     def ignore(self, subject: str, reason: str, source: Any) -> None:
         """Record a report the fold refused; it changes nothing else."""
         self._count("ignored")
-        self.emit(ev.ReportIgnored, subject=subject, reason=reason,
-                  source_event_id=getattr(source, "event_id", ""))
+        self.emit(
+            ev.ReportIgnored,
+            subject=subject,
+            reason=reason,
+            source_event_id=getattr(source, "event_id", ""),
+        )
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -141,8 +149,9 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
             run.limit_ms = first_ms + span
         self.limits = [(r.limit_ms, r.job_id, r.run) for r in self.runs.values()]
         heapq.heapify(self.limits)
-        self.running_end_gpu_s = sum(r.gpus * (first_ms / 1000 + r.estimate_s)
-                                     for r in self.runs.values())
+        self.running_end_gpu_s = sum(
+            r.gpus * (first_ms / 1000 + r.estimate_s) for r in self.runs.values()
+        )
 
     # -- shared helpers ---------------------------------------------------
     def use_of(self, job_or_run: Job | Run) -> tuple[TenantUse, TenantUse]:
@@ -158,7 +167,7 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
     def push_limit(self, run: Run) -> None:
         heapq.heappush(self.limits, (run.limit_ms, run.job_id, run.run))
 
-    def node(self, node_id: str) -> Optional[Node]:
+    def node(self, node_id: str) -> Node | None:
         return self.index.nodes.get(node_id)
 
     _HANDLERS: dict[type, Callable[[Any, Any], None]] = {}

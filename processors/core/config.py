@@ -3,10 +3,10 @@
 Everything the fold needs to decide is here or in the events; nothing is read
 from the environment. Defaults are the product's defaults.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +35,12 @@ class TenantConfig:
 
     name: str
     weight: float = 1.0
-    max_gpus: int = 0          # GPUs in use at once (0 = unlimited)
-    max_queued: int = 0        # queued jobs (0 = unlimited)
-    max_running: int = 0       # concurrent runs (0 = unlimited)
+    max_gpus: int = 0  # GPUs in use at once (0 = unlimited)
+    max_queued: int = 0  # queued jobs (0 = unlimited)
+    max_running: int = 0  # concurrent runs (0 = unlimited)
     user_max_gpus: int = 0
     user_max_running: int = 0
-    reserved_gpus: int = 0     # guaranteed minimum, lent to others while idle
+    reserved_gpus: int = 0  # guaranteed minimum, lent to others while idle
     user_weights: tuple[tuple[str, float], ...] = ()
 
 
@@ -72,11 +72,11 @@ class CellConfig:
     default_retries: int = 2
 
     # Leases (seconds of cell time, which only Ticks advance)
-    heartbeat_timeout_s: float = 10.0   # silent node -> DOWN
-    start_lease_s: float = 30.0         # assigned but never reported -> requeue
-    report_lease_s: float = 15.0        # running but missing from heartbeats -> requeue
-    stop_lease_s: float = 60.0          # StopRun unconfirmed -> node DOWN
-    checkpoint_grace_s: float = 60.0    # CheckpointRun unanswered -> stop anyway
+    heartbeat_timeout_s: float = 10.0  # silent node -> DOWN
+    start_lease_s: float = 30.0  # assigned but never reported -> requeue
+    report_lease_s: float = 15.0  # running but missing from heartbeats -> requeue
+    stop_lease_s: float = 60.0  # StopRun unconfirmed -> node DOWN
+    checkpoint_grace_s: float = 60.0  # CheckpointRun unanswered -> stop anyway
 
     # Run time limit: estimate * factor + grace; past it the run is stopped
     # (failure class "timeout"). Reservations treat it as the latest end.
@@ -84,8 +84,8 @@ class CellConfig:
     overrun_grace_s: float = 300.0
 
     # Fair share
-    idle_credit_gpu_s: float = 0.0      # credit a returning entity may keep
-    backfill_depth: int = 256           # candidates tested per pass after a block
+    idle_credit_gpu_s: float = 0.0  # credit a returning entity may keep
+    backfill_depth: int = 256  # candidates tested per pass after a block
 
     # Preemption churn limits
     preemptions_per_minute: int = 20
@@ -111,7 +111,7 @@ class CellConfig:
     estimate_interval_s: float = 30.0
     estimate_publish_limit: int = 2000
 
-    def tier(self, name: str) -> Optional[TierConfig]:
+    def tier(self, name: str) -> TierConfig | None:
         for tier in self.tiers:
             if tier.name == name:
                 return tier
@@ -128,4 +128,3 @@ class CellConfig:
             if name == failure_class:
                 return budget
         return self.default_retries
-

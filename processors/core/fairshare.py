@@ -29,27 +29,39 @@ Within a scheduling pass, a job that could not be placed is charged to a
 pass-local offset so the walk moves on fairly to other flows (backfill
 candidates) without changing real usage.
 """
+
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 
 class Flow:
-    __slots__ = ("name", "weight", "usage", "parent", "children", "active",
-                 "queue", "requeued", "queued", "backlog", "inflight")
+    __slots__ = (
+        "name",
+        "weight",
+        "usage",
+        "parent",
+        "children",
+        "active",
+        "queue",
+        "requeued",
+        "queued",
+        "backlog",
+        "inflight",
+    )
 
-    def __init__(self, name: str, weight: float, parent: Optional["Flow"]) -> None:
+    def __init__(self, name: str, weight: float, parent: Flow | None) -> None:
         self.name = name
         self.weight = weight if weight > 0 else 1.0
         self.usage = 0.0
         self.parent = parent
         self.children: dict[str, Flow] = {}
-        self.active: dict[str, Flow] = {}      # backlogged children, name order kept
-        self.queue: dict[str, None] = {}       # leaf only: job ids in arrival order
-        self.requeued: dict[str, None] = {}    # leaf only: served before queue
-        self.queued = 0                        # jobs queued in this subtree
-        self.backlog = 0.0                     # their GPU-seconds (estimated)
-        self.inflight = 0.0                    # charged for runs not yet settled
+        self.active: dict[str, Flow] = {}  # backlogged children, name order kept
+        self.queue: dict[str, None] = {}  # leaf only: job ids in arrival order
+        self.requeued: dict[str, None] = {}  # leaf only: served before queue
+        self.queued = 0  # jobs queued in this subtree
+        self.backlog = 0.0  # their GPU-seconds (estimated)
+        self.inflight = 0.0  # charged for runs not yet settled
 
     def vt(self) -> float:
         return self.usage / self.weight
@@ -57,8 +69,8 @@ class Flow:
     def settled_vt(self) -> float:
         return (self.usage - self.inflight) / self.weight
 
-    def chain(self) -> Iterator["Flow"]:
-        flow: Optional[Flow] = self
+    def chain(self) -> Iterator[Flow]:
+        flow: Flow | None = self
         while flow is not None and flow.parent is not None:
             yield flow
             flow = flow.parent
@@ -129,7 +141,7 @@ class FairTree:
             flow.inflight -= charged
 
     # -- fair order ----------------------------------------------------------
-    def pick(self, offsets: dict[int, float], exhausted: set[int]) -> Optional[Flow]:
+    def pick(self, offsets: dict[int, float], exhausted: set[int]) -> Flow | None:
         """The leaf to serve next, or None when every backlogged leaf is
         exhausted for this pass. ``offsets``/``exhausted`` are keyed by id(flow)."""
         flow = self.root

@@ -6,6 +6,7 @@ clock well below its maximum) or after too many corrected ECC errors, and
 ``ok`` again only after several healthy samples in a row (hysteresis, so a
 flapping GPU does not take and drop work).
 """
+
 from __future__ import annotations
 
 from framespool.schemas.events import GpuHealth
@@ -19,19 +20,25 @@ def classify(sample: GpuHealth, config: CellConfig) -> tuple[str, str]:
     if sample.ecc_uncorrected > 0:
         return GPU_FAILED, f"uncorrectable ECC errors: {sample.ecc_uncorrected}"
     if sample.ecc_corrected > config.ecc_corrected_limit:
-        return GPU_DEGRADED, (f"corrected ECC errors {sample.ecc_corrected} "
-                              f"> {config.ecc_corrected_limit}")
+        return GPU_DEGRADED, (
+            f"corrected ECC errors {sample.ecc_corrected} > {config.ecc_corrected_limit}"
+        )
     if sample.temperature_c >= config.throttle_temp_c:
-        return GPU_DEGRADED, f"thermal: {sample.temperature_c:.0f}C >= {config.throttle_temp_c:.0f}C"
-    if sample.max_sm_clock_mhz > 0 and \
-            sample.sm_clock_mhz < config.throttle_clock_ratio * sample.max_sm_clock_mhz:
-        return GPU_DEGRADED, (f"clock throttled: {sample.sm_clock_mhz}/"
-                              f"{sample.max_sm_clock_mhz} MHz")
+        return (
+            GPU_DEGRADED,
+            f"thermal: {sample.temperature_c:.0f}C >= {config.throttle_temp_c:.0f}C",
+        )
+    if (
+        sample.max_sm_clock_mhz > 0
+        and sample.sm_clock_mhz < config.throttle_clock_ratio * sample.max_sm_clock_mhz
+    ):
+        return GPU_DEGRADED, (
+            f"clock throttled: {sample.sm_clock_mhz}/{sample.max_sm_clock_mhz} MHz"
+        )
     return GPU_OK, "healthy"
 
 
-def next_gpu_state(current: str, sample_state: str, healthy_streak: int,
-                   config: CellConfig) -> str:
+def next_gpu_state(current: str, sample_state: str, healthy_streak: int, config: CellConfig) -> str:
     """Apply hysteresis: failure is sticky, degradation clears only after
     ``healthy_samples_to_recover`` healthy samples."""
     if current == GPU_FAILED:

@@ -4,9 +4,10 @@ Every agent report is fenced before it may change anything: the run must be
 the job's current attempt, held on the reporting node, under the node's
 current incarnation; otherwise it is recorded as ignored and changes nothing.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from framespool.schemas import events as ev
 
@@ -21,7 +22,7 @@ MAX_GPUS_PER_JOB = 64
 
 class JobHandlers:
     # -- admission ----------------------------------------------------------
-    def on_job_admitted(self: "Cell", event: ev.JobAdmitted) -> None:
+    def on_job_admitted(self: Cell, event: ev.JobAdmitted) -> None:
         spec = event.spec
         if spec.job_id in self.jobs or spec.job_id in self.finished:
             self.ignore(spec.job_id, "duplicate submission: job already known", event)
@@ -35,47 +36,62 @@ class JobHandlers:
         ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog + job.cost)
         tier = self.config.tier(spec.tier)
         if tier.max_predicted_wait_s and ahead > tier.max_predicted_wait_s:
-            self.reject(spec, "predicted_wait",
-                        f"predicted wait {ahead:.0f}s exceeds the {tier.name} tier limit of "
-                        f"{tier.max_predicted_wait_s:.0f}s; retry later or use a higher tier")
+            self.reject(
+                spec,
+                "predicted_wait",
+                f"predicted wait {ahead:.0f}s exceeds the {tier.name} tier limit of "
+                f"{tier.max_predicted_wait_s:.0f}s; retry later or use a higher tier",
+            )
             return
         self.jobs[spec.job_id] = job
         self.enqueue(job, requeued=False)
         job.wait_estimate_s = ahead
-        self.emit(ev.JobQueued, job_id=spec.job_id, tenant=spec.tenant, tier=spec.tier,
-                  wait_estimate_s=round(ahead, 3), position=self.leaf_of(job).queued,
-                  reason="admitted: fair-share queue")
+        self.emit(
+            ev.JobQueued,
+            job_id=spec.job_id,
+            tenant=spec.tenant,
+            tier=spec.tier,
+            wait_estimate_s=round(ahead, 3),
+            position=self.leaf_of(job).queued,
+            reason="admitted: fair-share queue",
+        )
         if self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job)):
             self.schedule(full=False)
 
-    def admission_problem(self: "Cell", spec: ev.JobSpec) -> Optional[tuple[str, str]]:
+    def admission_problem(self: Cell, spec: ev.JobSpec) -> tuple[str, str] | None:
         tier = self.config.tier(spec.tier)
         if tier is None:
             names = ", ".join(t.name for t in self.config.tiers)
             return "invalid_tier", f"tier {spec.tier!r} is unknown; use one of: {names}"
-        for gpus, per_node, estimate in [(s.gpus, s.gpus_per_node, s.estimate_s)
-                                         for s in spec.shapes] + [(spec.gpus, spec.gpus_per_node,
-                                                                   spec.estimate_s)]:
+        for gpus, per_node, estimate in [
+            (s.gpus, s.gpus_per_node, s.estimate_s) for s in spec.shapes
+        ] + [(spec.gpus, spec.gpus_per_node, spec.estimate_s)]:
             if not 1 <= gpus <= MAX_GPUS_PER_JOB:
                 return "invalid_shape", f"gpus={gpus} must be between 1 and {MAX_GPUS_PER_JOB}"
             if per_node < 1 or (gpus > per_node and gpus % per_node):
-                return "invalid_shape", (f"gpus_per_node={per_node} must divide gpus={gpus}; "
-                                         "use a divisor such as 8")
+                return "invalid_shape", (
+                    f"gpus_per_node={per_node} must divide gpus={gpus}; use a divisor such as 8"
+                )
             if estimate <= 0:
                 return "invalid_shape", f"estimate_s={estimate} must be positive"
-            if self.index.nodes and not self.shape_exists(min(per_node, gpus), -(-gpus // per_node),
-                                                          spec.gpu_type):
-                return "infeasible", (f"no set of {-(-gpus // per_node)} node(s) with "
-                                      f"{min(per_node, gpus)} {spec.gpu_type or 'any'} GPUs "
-                                      f"exists in {self.cell_id}; ask for fewer GPUs per node")
+            if self.index.nodes and not self.shape_exists(
+                min(per_node, gpus), -(-gpus // per_node), spec.gpu_type
+            ):
+                return "infeasible", (
+                    f"no set of {-(-gpus // per_node)} node(s) with "
+                    f"{min(per_node, gpus)} {spec.gpu_type or 'any'} GPUs "
+                    f"exists in {self.cell_id}; ask for fewer GPUs per node"
+                )
         tenant = self.config.tenant(spec.tenant)
         org, _ = self.use_of(Job(spec, spec.tier, self.now_ms))
         if tenant.max_queued and org.queued >= tenant.max_queued:
-            return "queue_cap", (f"tenant {spec.tenant} already has {org.queued} queued jobs "
-                                 f"(limit {tenant.max_queued}); wait for some to start")
+            return "queue_cap", (
+                f"tenant {spec.tenant} already has {org.queued} queued jobs "
+                f"(limit {tenant.max_queued}); wait for some to start"
+            )
         return None
 
-    def shape_exists(self: "Cell", per_node: int, nodes_needed: int, gpu_type: str) -> bool:
+    def shape_exists(self: Cell, per_node: int, nodes_needed: int, gpu_type: str) -> bool:
         count = 0
         for node in self.index.nodes.values():
             if node.total >= per_node and (not gpu_type or node.gpu_type == gpu_type):
@@ -84,17 +100,21 @@ class JobHandlers:
                     return True
         return False
 
-    def reject(self: "Cell", spec: ev.JobSpec, reason: str, detail: str) -> None:
+    def reject(self: Cell, spec: ev.JobSpec, reason: str, detail: str) -> None:
         self.finished[spec.job_id] = lc.REJECTED
-        self.emit(ev.JobRejected, job_id=spec.job_id, tenant=spec.tenant, reason=reason,
-                  detail=detail)
+        self.emit(
+            ev.JobRejected, job_id=spec.job_id, tenant=spec.tenant, reason=reason, detail=detail
+        )
 
     # -- cancellation -------------------------------------------------------
-    def on_cancel(self: "Cell", event: ev.CancelJob) -> None:
+    def on_cancel(self: Cell, event: ev.CancelJob) -> None:
         job = self.jobs.get(event.job_id)
         if job is None:
-            why = ("job already " + self.finished[event.job_id]) if event.job_id in self.finished \
+            why = (
+                ("job already " + self.finished[event.job_id])
+                if event.job_id in self.finished
                 else "unknown job"
+            )
             self.ignore(event.job_id, f"cancel refused: {why}", event)
             return
         if job.tenant != event.tenant:
@@ -109,7 +129,7 @@ class JobHandlers:
             self.end_run(run, confirmed=(), reason="job cancelled")
 
     # -- run reports --------------------------------------------------------
-    def fenced_run(self: "Cell", event: Any, allow_terminal: bool = False) -> Optional[Run]:
+    def fenced_run(self: Cell, event: Any, allow_terminal: bool = False) -> Run | None:
         """The run this report is about, if the report is current; else None
         (the report is recorded as ignored)."""
         subject = f"{event.job_id}#{event.run}"
@@ -119,11 +139,16 @@ class JobHandlers:
             return None
         node = self.node(event.node_id)
         if node is None or event.node_id not in run.held:
-            self.ignore(subject, f"stale report: node {event.node_id} does not hold this run", event)
+            self.ignore(
+                subject, f"stale report: node {event.node_id} does not hold this run", event
+            )
             return None
         if event.incarnation != node.incarnation:
-            self.ignore(subject, f"stale report: incarnation {event.incarnation}, "
-                                 f"node is at {node.incarnation}", event)
+            self.ignore(
+                subject,
+                f"stale report: incarnation {event.incarnation}, node is at {node.incarnation}",
+                event,
+            )
             return None
         if run.phase == STOPPING:
             # The run is over for the scheduler (even if the job has not been
@@ -138,12 +163,13 @@ class JobHandlers:
         if job is None or job.run != event.run:
             if not allow_terminal:
                 current = job.run if job else self.finished.get(event.job_id, "?")
-                self.ignore(subject, f"stale report: run {event.run} is not current ({current})",
-                            event)
+                self.ignore(
+                    subject, f"stale report: run {event.run} is not current ({current})", event
+                )
                 return None
         return run
 
-    def on_run_started(self: "Cell", event: ev.RunStarted) -> None:
+    def on_run_started(self: Cell, event: ev.RunStarted) -> None:
         run = self.fenced_run(event)
         if run is None:
             return
@@ -155,19 +181,19 @@ class JobHandlers:
             run.last_report_ms = self.now_ms
             self.assigned_unstarted.pop(run.key, None)
 
-    def on_run_checkpointed(self: "Cell", event: ev.RunCheckpointed) -> None:
+    def on_run_checkpointed(self: Cell, event: ev.RunCheckpointed) -> None:
         run = self.fenced_run(event)
         if run is None:
             return
         job = self.jobs[run.job_id]
-        if event.progress >= job.checkpoint_progress:   # a re-delivered older one never wins
+        if event.progress >= job.checkpoint_progress:  # a re-delivered older one never wins
             job.checkpoint = event.checkpoint_uri
             job.checkpoint_progress = event.progress
         run.last_report_ms = self.now_ms
         if run.phase == EXITING:
             self.finish_exit(run)
 
-    def on_run_completed(self: "Cell", event: ev.RunCompleted) -> None:
+    def on_run_completed(self: Cell, event: ev.RunCompleted) -> None:
         run = self.fenced_run(event)
         if run is None:
             return
@@ -178,13 +204,18 @@ class JobHandlers:
             self.ignore(job.job_id, refused.reason, event)
             return
         self.finish(job, lc.COMPLETED, "complete")
-        self.emit(ev.JobCompleted, job_id=job.job_id, run=run.run, artifact_uri=event.artifact_uri,
-                  gpu_seconds=round(run.gpus * max(0, self.now_ms - run.started_ms) / 1000, 3))
+        self.emit(
+            ev.JobCompleted,
+            job_id=job.job_id,
+            run=run.run,
+            artifact_uri=event.artifact_uri,
+            gpu_seconds=round(run.gpus * max(0, self.now_ms - run.started_ms) / 1000, 3),
+        )
         # Only this node's processes are known gone; the gang's other nodes
         # confirm with their own exit reports (or are stopped).
         self.end_run(run, confirmed=(event.node_id,), reason="completed")
 
-    def on_run_failed(self: "Cell", event: ev.RunFailed) -> None:
+    def on_run_failed(self: Cell, event: ev.RunFailed) -> None:
         run = self.fenced_run(event)
         if run is None:
             return
@@ -193,7 +224,7 @@ class JobHandlers:
         self.end_run(run, confirmed=(event.node_id,), reason=f"failed: {event.failure_class}")
         self.retry_or_fail(job, event.failure_class, event.reason or event.failure_class)
 
-    def on_run_stopped(self: "Cell", event: ev.RunStopped) -> None:
+    def on_run_stopped(self: Cell, event: ev.RunStopped) -> None:
         run = self.fenced_run(event, allow_terminal=True)
         if run is None:
             return
@@ -203,33 +234,47 @@ class JobHandlers:
             # The agent stopped a run nobody asked it to stop (it shut down):
             # the run is lost; resume it elsewhere from its last checkpoint.
             self.end_run(run, confirmed=(), reason="stopped by agent")
-            self.retry_or_fail(job, "node_lost", f"run stopped by node {event.node_id}: "
-                                                 f"{event.reason or 'no reason given'}")
+            self.retry_or_fail(
+                job,
+                "node_lost",
+                f"run stopped by node {event.node_id}: {event.reason or 'no reason given'}",
+            )
 
     # -- shared job transitions --------------------------------------------
-    def retry_or_fail(self: "Cell", job: Job, failure_class: str, reason: str) -> None:
+    def retry_or_fail(self: Cell, job: Job, failure_class: str, reason: str) -> None:
         used = job.failures.get(failure_class, 0) + 1
         job.failures[failure_class] = used
         budget = self.config.retry_budget(failure_class)
         if used > budget:
             self.finish(job, lc.FAILED, "fail")
-            self.emit(ev.JobFailed, job_id=job.job_id, run=job.run, failure_class=failure_class,
-                      reason=f"{reason} (failed {used} times with {failure_class}; "
-                             f"retry budget {budget})")
+            self.emit(
+                ev.JobFailed,
+                job_id=job.job_id,
+                run=job.run,
+                failure_class=failure_class,
+                reason=f"{reason} (failed {used} times with {failure_class}; "
+                f"retry budget {budget})",
+            )
             return
         self.requeue(job, f"retry after {failure_class}: {reason}", budget - used)
 
-    def requeue(self: "Cell", job: Job, reason: str, retries_left: int = -1) -> None:
+    def requeue(self: Cell, job: Job, reason: str, retries_left: int = -1) -> None:
         job.state = lc.next_state(job.job_id, job.state, "requeue")
         job.queued_ms = self.now_ms
         job.reason = reason
         self.enqueue(job, requeued=True)
         if retries_left < 0:
             retries_left = self.config.default_retries
-        self.emit(ev.JobRequeued, job_id=job.job_id, run=job.run, reason=reason,
-                  resume_from=job.checkpoint, retries_left=retries_left)
+        self.emit(
+            ev.JobRequeued,
+            job_id=job.job_id,
+            run=job.run,
+            reason=reason,
+            resume_from=job.checkpoint,
+            retries_left=retries_left,
+        )
 
-    def finish(self: "Cell", job: Job, state: str, action: str) -> None:
+    def finish(self: Cell, job: Job, state: str, action: str) -> None:
         job.state = lc.next_state(job.job_id, job.state, action)
         del self.jobs[job.job_id]
         self.finished[job.job_id] = state
@@ -237,7 +282,7 @@ class JobHandlers:
             self.clear_reservation()
         self.claims.pop(job.job_id, None)
 
-    def enqueue(self: "Cell", job: Job, requeued: bool) -> None:
+    def enqueue(self: Cell, job: Job, requeued: bool) -> None:
         job.state = lc.QUEUED
         self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
         self.queued_count += 1
@@ -245,14 +290,14 @@ class JobHandlers:
         org.queued += 1
         user.queued += 1
 
-    def dequeue(self: "Cell", job: Job) -> None:
+    def dequeue(self: Cell, job: Job) -> None:
         if self.fair.remove(self.leaf_of(job), job.job_id, job.cost):
             self.queued_count -= 1
             org, user = self.use_of(job)
             org.queued -= 1
             user.queued -= 1
 
-    def on_node_lost_run(self: "Cell", run: Run, reason: str) -> None:
+    def on_node_lost_run(self: Cell, run: Run, reason: str) -> None:
         """A run's node went away: requeue its job from the last checkpoint."""
         job = self.jobs.get(run.job_id)
         self.end_run(run, confirmed=(), reason=reason)

@@ -9,6 +9,7 @@ keeping its last checkpoint. The fold asks ``next_state`` before every change;
 an action the table does not list is refused with a recorded reason and
 changes nothing.
 """
+
 from __future__ import annotations
 
 QUEUED = "QUEUED"
@@ -27,14 +28,14 @@ ACTIVE = (ASSIGNED, RUNNING, CHECKPOINTING)
 TRANSITIONS: dict[tuple[str, str], str] = {
     (QUEUED, "assign"): ASSIGNED,
     (QUEUED, "cancel"): CANCELLED,
-    (QUEUED, "fail"): FAILED,          # e.g. no longer placeable anywhere
+    (QUEUED, "fail"): FAILED,  # e.g. no longer placeable anywhere
     (ASSIGNED, "start"): RUNNING,
     (ASSIGNED, "complete"): COMPLETED,  # reports may arrive reordered
     (ASSIGNED, "fail"): FAILED,
     (ASSIGNED, "requeue"): QUEUED,
     (ASSIGNED, "cancel"): CANCELLED,
     (ASSIGNED, "checkpointed"): ASSIGNED,
-    (RUNNING, "start"): RUNNING,        # duplicate RunStarted is harmless
+    (RUNNING, "start"): RUNNING,  # duplicate RunStarted is harmless
     (RUNNING, "checkpoint"): CHECKPOINTING,
     (RUNNING, "checkpointed"): RUNNING,
     (RUNNING, "complete"): COMPLETED,

@@ -3,16 +3,15 @@
 A Job is kept apart from its Runs: each placement is a new Run with the next
 ``run`` number, the job's fencing epoch. Only the fold mutates these.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from framespool.schemas.events import JobSpec, NodeSlice
 
 # Node states
 UP = "UP"
-DEGRADED = "DEGRADED"     # no new work; running work stays unless checkpointable
-DRAINING = "DRAINING"     # no new work; running work is checkpointed and moved
+DEGRADED = "DEGRADED"  # no new work; running work stays unless checkpointable
+DRAINING = "DRAINING"  # no new work; running work is checkpointed and moved
 DOWN = "DOWN"
 
 # GPU states
@@ -23,17 +22,31 @@ GPU_FAILED = "failed"
 # Run phases
 ASSIGNED = "assigned"
 RUNNING = "running"
-EXITING = "exiting"       # asked to checkpoint before leaving (preempt / move)
-STOPPING = "stopping"     # StopRun sent; GPUs held until the node confirms
+EXITING = "exiting"  # asked to checkpoint before leaving (preempt / move)
+STOPPING = "stopping"  # StopRun sent; GPUs held until the node confirms
 
 RunKey = tuple[str, int]
 
 
 class Job:
     __slots__ = (
-        "spec", "state", "run", "tier", "tenant", "user", "checkpoint",
-        "failures", "preemptions", "queued_ms", "submitted_ms", "first_start_ms",
-        "reason", "shape", "cost", "wait_estimate_s", "checkpoint_progress",
+        "spec",
+        "state",
+        "run",
+        "tier",
+        "tenant",
+        "user",
+        "checkpoint",
+        "failures",
+        "preemptions",
+        "queued_ms",
+        "submitted_ms",
+        "first_start_ms",
+        "reason",
+        "shape",
+        "cost",
+        "wait_estimate_s",
+        "checkpoint_progress",
     )
 
     def __init__(self, spec: JobSpec, tier: str, now_ms: int) -> None:
@@ -43,7 +56,7 @@ class Job:
         self.tier = tier
         self.tenant = spec.tenant
         self.user = spec.user or spec.tenant
-        self.checkpoint: Optional[str] = None
+        self.checkpoint: str | None = None
         self.checkpoint_progress = 0.0
         self.failures: dict[str, int] = {}
         self.preemptions = 0
@@ -62,15 +75,44 @@ class Job:
 
 class Run:
     __slots__ = (
-        "job_id", "run", "placement", "gpus", "held", "phase", "assigned_ms",
-        "started_ms", "last_report_ms", "estimate_s", "limit_ms", "charged",
-        "exit_intent", "exit_by", "exit_deadline_ms", "stop_sent_ms",
-        "step_rate", "slow_strikes", "model_version", "tenant", "tier", "user",
-        "preemptible", "checkpointable", "cpus", "mem_gb",
+        "job_id",
+        "run",
+        "placement",
+        "gpus",
+        "held",
+        "phase",
+        "assigned_ms",
+        "started_ms",
+        "last_report_ms",
+        "estimate_s",
+        "limit_ms",
+        "charged",
+        "exit_intent",
+        "exit_by",
+        "exit_deadline_ms",
+        "stop_sent_ms",
+        "step_rate",
+        "slow_strikes",
+        "model_version",
+        "tenant",
+        "tier",
+        "user",
+        "preemptible",
+        "checkpointable",
+        "cpus",
+        "mem_gb",
     )
 
-    def __init__(self, job: Job, run: int, placement: tuple[NodeSlice, ...],
-                 estimate_s: float, now_ms: int, limit_ms: int, charged: float) -> None:
+    def __init__(
+        self,
+        job: Job,
+        run: int,
+        placement: tuple[NodeSlice, ...],
+        estimate_s: float,
+        now_ms: int,
+        limit_ms: int,
+        charged: float,
+    ) -> None:
         self.job_id = job.job_id
         self.run = run
         self.placement = placement
@@ -83,7 +125,7 @@ class Run:
         self.estimate_s = estimate_s
         self.limit_ms = limit_ms
         self.charged = charged
-        self.exit_intent = ""         # "preempt" | "move" | ""
+        self.exit_intent = ""  # "preempt" | "move" | ""
         self.exit_by = ""
         self.exit_deadline_ms = 0
         self.stop_sent_ms = 0
@@ -116,38 +158,63 @@ class Run:
 
 class Node:
     __slots__ = (
-        "node_id", "incarnation", "gpu_type", "rail", "total", "gpu_state",
-        "owner", "warm", "state", "last_seen_ms", "cpus", "mem_gb", "cpus_used",
-        "mem_used", "healthy_streak", "state_reason", "last_heartbeat_ts",
+        "node_id",
+        "incarnation",
+        "gpu_type",
+        "rail",
+        "total",
+        "gpu_state",
+        "owner",
+        "warm",
+        "state",
+        "last_seen_ms",
+        "cpus",
+        "mem_gb",
+        "cpus_used",
+        "mem_used",
+        "healthy_streak",
+        "state_reason",
+        "last_heartbeat_ts",
     )
 
-    def __init__(self, node_id: str, incarnation: int, gpus: int, gpu_type: str,
-                 rail: str, cpus: float, mem_gb: float, now_ms: int) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        incarnation: int,
+        gpus: int,
+        gpu_type: str,
+        rail: str,
+        cpus: float,
+        mem_gb: float,
+        now_ms: int,
+    ) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
         self.gpu_type = gpu_type
         self.rail = rail
         self.total = gpus
         self.gpu_state = [GPU_OK] * gpus
-        self.owner: list[Optional[RunKey]] = [None] * gpus
+        self.owner: list[RunKey | None] = [None] * gpus
         self.warm: list[str] = [""] * gpus
         self.healthy_streak = [0] * gpus
         self.state = UP
         self.state_reason = ""
         self.last_seen_ms = now_ms
-        self.last_heartbeat_ts = -1     # the reporter's ts_ms of the last heartbeat taken
+        self.last_heartbeat_ts = -1  # the reporter's ts_ms of the last heartbeat taken
         self.cpus = cpus
         self.mem_gb = mem_gb
         self.cpus_used = 0.0
         self.mem_used = 0.0
 
     def free_gpus(self) -> list[int]:
-        return [i for i in range(self.total)
-                if self.owner[i] is None and self.gpu_state[i] == GPU_OK]
+        return [
+            i for i in range(self.total) if self.owner[i] is None and self.gpu_state[i] == GPU_OK
+        ]
 
     def free_count(self) -> int:
-        return sum(1 for i in range(self.total)
-                   if self.owner[i] is None and self.gpu_state[i] == GPU_OK)
+        return sum(
+            1 for i in range(self.total) if self.owner[i] is None and self.gpu_state[i] == GPU_OK
+        )
 
     @property
     def schedulable(self) -> bool:

@@ -16,6 +16,7 @@ Theory of operation
    unconfirmed stop takes the node DOWN, and a run past its hard time limit is
    stopped with failure class ``timeout``.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -25,8 +26,20 @@ from framespool.schemas import events as ev
 
 from . import lifecycle as lc
 from .health import classify, is_straggler, next_gpu_state
-from .model import (ASSIGNED, DEGRADED, DOWN, DRAINING, EXITING, GPU_FAILED, GPU_OK, RUNNING,
-                    STOPPING, UP, Node, Run)
+from .model import (
+    ASSIGNED,
+    DEGRADED,
+    DOWN,
+    DRAINING,
+    EXITING,
+    GPU_FAILED,
+    GPU_OK,
+    RUNNING,
+    STOPPING,
+    UP,
+    Node,
+    Run,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -36,40 +49,58 @@ STOP_RESEND_MS = 5_000
 
 class NodeHandlers:
     # -- registration -------------------------------------------------------
-    def on_node_registered(self: "Cell", event: ev.NodeRegistered) -> None:
+    def on_node_registered(self: Cell, event: ev.NodeRegistered) -> None:
         old = self.node(event.node_id)
         if old is not None and event.incarnation <= old.incarnation:
-            self.ignore(event.node_id, f"stale registration: incarnation {event.incarnation} "
-                                       f"<= {old.incarnation}", event)
+            self.ignore(
+                event.node_id,
+                f"stale registration: incarnation {event.incarnation} <= {old.incarnation}",
+                event,
+            )
             return
         if old is not None:
             old.state = DOWN
             for run in self.runs_on(old):
                 self.release_slice(run, old.node_id)
-                self.on_node_lost_run(run, f"node {old.node_id} re-registered "
-                                           f"(incarnation {event.incarnation}); run lost")
-        node = Node(event.node_id, event.incarnation, event.gpus, event.gpu_type, event.rail,
-                    event.cpus, event.mem_gb, self.now_ms)
+                self.on_node_lost_run(
+                    run,
+                    f"node {old.node_id} re-registered (incarnation {event.incarnation}); run lost",
+                )
+        node = Node(
+            event.node_id,
+            event.incarnation,
+            event.gpus,
+            event.gpu_type,
+            event.rail,
+            event.cpus,
+            event.mem_gb,
+            self.now_ms,
+        )
         self._forget_bucket(event.node_id)
         self.index.add(node)
         self.touch(node)
-        self.emit(ev.NodeStateChanged, node_id=node.node_id, incarnation=node.incarnation,
-                  state=UP, reason=f"registered: {node.total} x {node.gpu_type} in {node.rail}")
+        self.emit(
+            ev.NodeStateChanged,
+            node_id=node.node_id,
+            incarnation=node.incarnation,
+            state=UP,
+            reason=f"registered: {node.total} x {node.gpu_type} in {node.rail}",
+        )
         if self.queued_count:
             self.schedule(full=False)
 
-    def _forget_bucket(self: "Cell", node_id: str) -> None:
+    def _forget_bucket(self: Cell, node_id: str) -> None:
         old = self.index.bucket_of.pop(node_id, None)
         if old is not None:
             del self.index.buckets[old][node_id]
             self.index.free_total -= old
 
-    def touch(self: "Cell", node: Node) -> None:
+    def touch(self: Cell, node: Node) -> None:
         node.last_seen_ms = self.now_ms
         self.node_seen.pop(node.node_id, None)
         self.node_seen[node.node_id] = None
 
-    def runs_on(self: "Cell", node: Node) -> list[Run]:
+    def runs_on(self: Cell, node: Node) -> list[Run]:
         keys: dict = {}
         for owner in node.owner:
             if owner is not None:
@@ -77,30 +108,43 @@ class NodeHandlers:
         return [self.runs[k] for k in keys if k in self.runs]
 
     # -- heartbeats ---------------------------------------------------------
-    def on_heartbeat(self: "Cell", event: ev.NodeHeartbeat) -> None:
+    def on_heartbeat(self: Cell, event: ev.NodeHeartbeat) -> None:
         node = self.node(event.node_id)
         if node is None:
             self.ignore(event.node_id, "heartbeat from an unregistered node: register first", event)
             return
         if event.incarnation != node.incarnation or node.state == DOWN:
-            why = (f"stale incarnation {event.incarnation} (node is at {node.incarnation})"
-                   if event.incarnation != node.incarnation else "node is DOWN: re-register")
+            why = (
+                f"stale incarnation {event.incarnation} (node is at {node.incarnation})"
+                if event.incarnation != node.incarnation
+                else "node is DOWN: re-register"
+            )
             for report in event.runs:
-                self.emit(ev.StopRun, node_id=node.node_id, incarnation=event.incarnation,
-                          job_id=report.job_id, run=report.run, reason=f"zombie: {why}")
+                self.emit(
+                    ev.StopRun,
+                    node_id=node.node_id,
+                    incarnation=event.incarnation,
+                    job_id=report.job_id,
+                    run=report.run,
+                    reason=f"zombie: {why}",
+                )
             self.ignore(event.node_id, f"heartbeat ignored: {why}", event)
             return
         if event.ts_ms <= node.last_heartbeat_ts:
             # A re-delivered or reordered heartbeat is no sign of life now.
-            self.ignore(event.node_id, "heartbeat ignored: not newer than the last one "
-                                       f"({event.ts_ms} <= {node.last_heartbeat_ts})", event)
+            self.ignore(
+                event.node_id,
+                "heartbeat ignored: not newer than the last one "
+                f"({event.ts_ms} <= {node.last_heartbeat_ts})",
+                event,
+            )
             return
         node.last_heartbeat_ts = event.ts_ms
         self.touch(node)
         self.apply_health(node, event.gpus)
         self.reconcile(node, event)
 
-    def apply_health(self: "Cell", node: Node, samples: tuple[ev.GpuHealth, ...]) -> None:
+    def apply_health(self: Cell, node: Node, samples: tuple[ev.GpuHealth, ...]) -> None:
         changed = False
         to_move: dict = {}
         for sample in samples:
@@ -116,8 +160,14 @@ class NodeHandlers:
                 continue
             node.gpu_state[i] = new
             changed = True
-            self.emit(ev.NodeStateChanged, node_id=node.node_id, incarnation=node.incarnation,
-                      state=new, gpu=i, reason=why)
+            self.emit(
+                ev.NodeStateChanged,
+                node_id=node.node_id,
+                incarnation=node.incarnation,
+                state=new,
+                gpu=i,
+                reason=why,
+            )
             if new != GPU_OK and node.owner[i] is not None:
                 to_move[node.owner[i]] = why
             if new == GPU_FAILED and node.state == UP:
@@ -129,16 +179,21 @@ class NodeHandlers:
             if run is not None:
                 self.move_run(run, f"checkpoint-and-move: GPU unhealthy on {node.node_id} ({why})")
 
-    def reconcile(self: "Cell", node: Node, event: ev.NodeHeartbeat) -> None:
+    def reconcile(self: Cell, node: Node, event: ev.NodeHeartbeat) -> None:
         listed: dict = {}
         for report in event.runs:
             key = (report.job_id, report.run)
             listed[key] = None
             run = self.runs.get(key)
             if run is None or node.node_id not in run.held:
-                self.emit(ev.StopRun, node_id=node.node_id, incarnation=node.incarnation,
-                          job_id=report.job_id, run=report.run,
-                          reason="reconcile: running but not assigned here")
+                self.emit(
+                    ev.StopRun,
+                    node_id=node.node_id,
+                    incarnation=node.incarnation,
+                    job_id=report.job_id,
+                    run=report.run,
+                    reason="reconcile: running but not assigned here",
+                )
                 continue
             run.last_report_ms = self.now_ms
             if run.phase == ASSIGNED:
@@ -150,8 +205,14 @@ class NodeHandlers:
                 self.assigned_unstarted.pop(key, None)
             elif run.phase == STOPPING and self.now_ms - run.stop_sent_ms >= STOP_RESEND_MS:
                 run.stop_sent_ms = self.now_ms
-                self.emit(ev.StopRun, node_id=node.node_id, incarnation=node.incarnation,
-                          job_id=run.job_id, run=run.run, reason="reconcile: stop not yet obeyed")
+                self.emit(
+                    ev.StopRun,
+                    node_id=node.node_id,
+                    incarnation=node.incarnation,
+                    job_id=run.job_id,
+                    run=run.run,
+                    reason="reconcile: stop not yet obeyed",
+                )
             if report.step_rate > 0:
                 self.note_step_rate(node, run, report.step_rate)
         for run in self.runs_on(node):
@@ -160,12 +221,13 @@ class NodeHandlers:
             if run.phase == STOPPING:
                 self.release_slice(run, node.node_id)
             elif run.phase == ASSIGNED:
-                continue   # the start lease (on Tick) covers assignments in flight
+                continue  # the start lease (on Tick) covers assignments in flight
             elif self.now_ms - run.last_report_ms > self.config.report_lease_s * 1000:
-                self.on_lease_lost(run, f"run not reported by {node.node_id} for "
-                                        f"{self.config.report_lease_s:.0f}s")
+                self.on_lease_lost(
+                    run, f"run not reported by {node.node_id} for {self.config.report_lease_s:.0f}s"
+                )
 
-    def note_step_rate(self: "Cell", node: Node, run: Run, rate: float) -> None:
+    def note_step_rate(self: Cell, node: Node, run: Run, rate: float) -> None:
         run.step_rate = rate
         rates = self.model_rates.setdefault(run.model_version, {})
         rates[run.key] = rate
@@ -173,20 +235,28 @@ class NodeHandlers:
         if is_straggler(rate, median, self.config):
             run.slow_strikes += 1
             if run.slow_strikes == self.config.straggler_strikes and node.state == UP:
-                self.set_node_state(node, DEGRADED, f"straggler: {run.job_id} at {rate:.2f} "
-                                                    f"steps/s vs median {median:.2f}")
+                self.set_node_state(
+                    node,
+                    DEGRADED,
+                    f"straggler: {run.job_id} at {rate:.2f} steps/s vs median {median:.2f}",
+                )
                 self.move_run(run, f"checkpoint-and-move: straggler on {node.node_id}")
         else:
             run.slow_strikes = 0
 
-    def set_node_state(self: "Cell", node: Node, state: str, reason: str) -> None:
+    def set_node_state(self: Cell, node: Node, state: str, reason: str) -> None:
         if node.state == state:
             return
         node.state = state
         node.state_reason = reason
         self.index.refresh(node)
-        self.emit(ev.NodeStateChanged, node_id=node.node_id, incarnation=node.incarnation,
-                  state=state, reason=reason)
+        self.emit(
+            ev.NodeStateChanged,
+            node_id=node.node_id,
+            incarnation=node.incarnation,
+            state=state,
+            reason=reason,
+        )
         if state == DRAINING:
             for run in self.runs_on(node):
                 self.move_run(run, f"checkpoint-and-move: node {node.node_id} draining ({reason})")
@@ -197,7 +267,7 @@ class NodeHandlers:
                 self.on_node_lost_run(run, f"node {node.node_id} down: {reason}")
 
     # -- lease expiry (on Tick) --------------------------------------------
-    def expire_nodes(self: "Cell") -> None:
+    def expire_nodes(self: Cell) -> None:
         deadline = self.now_ms - int(self.config.heartbeat_timeout_s * 1000)
         expired = []
         for node_id in self.node_seen:
@@ -206,10 +276,11 @@ class NodeHandlers:
             expired.append(node_id)
         for node_id in expired:
             node = self.index.nodes[node_id]
-            self.set_node_state(node, DOWN, f"no heartbeat for "
-                                            f"{(self.now_ms - node.last_seen_ms) / 1000:.1f}s")
+            self.set_node_state(
+                node, DOWN, f"no heartbeat for {(self.now_ms - node.last_seen_ms) / 1000:.1f}s"
+            )
 
-    def expire_runs(self: "Cell") -> None:
+    def expire_runs(self: Cell) -> None:
         now = self.now_ms
         start_deadline = now - int(self.config.start_lease_s * 1000)
         late = []
@@ -222,41 +293,55 @@ class NodeHandlers:
             self.assigned_unstarted.pop(key, None)
             run = self.runs.get(key)
             if run is not None and run.phase == ASSIGNED:
-                self.on_lease_lost(run, f"run never started within {self.config.start_lease_s:.0f}s")
+                self.on_lease_lost(
+                    run, f"run never started within {self.config.start_lease_s:.0f}s"
+                )
         for key in [k for k in self.exiting if self.runs[k].exit_deadline_ms <= now]:
             self.finish_exit(self.runs[key])
         stop_deadline = now - int(self.config.stop_lease_s * 1000)
         for key in [k for k in self.stopping if self.runs[k].stop_sent_ms <= stop_deadline]:
             run = self.runs.get(key)
-            if run is None:   # released meanwhile (its node went DOWN for another run)
+            if run is None:  # released meanwhile (its node went DOWN for another run)
                 continue
             for node_id in tuple(run.held):
                 node = self.index.nodes[node_id]
                 if node.state != DOWN:
-                    self.set_node_state(node, DOWN, f"stop of {run.job_id}#{run.run} unconfirmed "
-                                                    f"for {self.config.stop_lease_s:.0f}s")
+                    self.set_node_state(
+                        node,
+                        DOWN,
+                        f"stop of {run.job_id}#{run.run} unconfirmed "
+                        f"for {self.config.stop_lease_s:.0f}s",
+                    )
                 else:
                     self.release_slice(run, node_id)
         while self.limits and self.limits[0][0] <= now:
             _, job_id, number = heapq.heappop(self.limits)
             run = self.runs.get((job_id, number))
             job = self.jobs.get(job_id)
-            if run is None or job is None or job.run != number or run.phase not in (ASSIGNED,
-                                                                                    RUNNING):
+            if (
+                run is None
+                or job is None
+                or job.run != number
+                or run.phase not in (ASSIGNED, RUNNING)
+            ):
                 continue
             self.end_run(run, confirmed=(), reason="time limit")
-            self.retry_or_fail(job, "timeout", f"ran past its limit of "
-                                               f"{(run.limit_ms - run.started_ms) / 1000:.0f}s "
-                                               f"(estimate {run.estimate_s:.0f}s)")
+            self.retry_or_fail(
+                job,
+                "timeout",
+                f"ran past its limit of "
+                f"{(run.limit_ms - run.started_ms) / 1000:.0f}s "
+                f"(estimate {run.estimate_s:.0f}s)",
+            )
 
-    def on_lease_lost(self: "Cell", run: Run, reason: str) -> None:
+    def on_lease_lost(self: Cell, run: Run, reason: str) -> None:
         job = self.jobs.get(run.job_id)
         self.end_run(run, confirmed=(), reason=reason)
         if job is not None and job.run == run.run and job.state in lc.ACTIVE:
             self.retry_or_fail(job, "lease_expired", reason)
 
     # -- moving work off bad hardware --------------------------------------
-    def move_run(self: "Cell", run: Run, reason: str) -> None:
+    def move_run(self: Cell, run: Run, reason: str) -> None:
         """Checkpoint-and-move when the run can checkpoint; otherwise a run on a
         failed GPU restarts elsewhere and one on a merely degraded GPU finishes."""
         if run.phase not in (ASSIGNED, RUNNING):
@@ -267,13 +352,20 @@ class NodeHandlers:
         if run.checkpointable and run.phase == RUNNING:
             self.request_exit(run, "move", "", reason)
             return
-        if any(self.index.nodes[n].gpu_state[i] == GPU_FAILED or self.index.nodes[n].state in
-               (DRAINING, DOWN) for n, gpus in run.held.items() for i in gpus):
+        if any(
+            self.index.nodes[n].gpu_state[i] == GPU_FAILED
+            or self.index.nodes[n].state in (DRAINING, DOWN)
+            for n, gpus in run.held.items()
+            for i in gpus
+        ):
             self.end_run(run, confirmed=(), reason=reason)
-            self.requeue(job, reason + " (not checkpointable: restarts from scratch)",
-                         self.config.retry_budget("node_lost") - job.failures.get("node_lost", 0))
+            self.requeue(
+                job,
+                reason + " (not checkpointable: restarts from scratch)",
+                self.config.retry_budget("node_lost") - job.failures.get("node_lost", 0),
+            )
 
-    def request_exit(self: "Cell", run: Run, intent: str, by_job: str, reason: str) -> None:
+    def request_exit(self: Cell, run: Run, intent: str, by_job: str, reason: str) -> None:
         job = self.jobs[run.job_id]
         run.phase = EXITING
         run.exit_intent = intent
@@ -284,10 +376,16 @@ class NodeHandlers:
         job.reason = reason
         for node_id in run.held:
             node = self.index.nodes[node_id]
-            self.emit(ev.CheckpointRun, node_id=node_id, incarnation=node.incarnation,
-                      job_id=run.job_id, run=run.run, reason=reason)
+            self.emit(
+                ev.CheckpointRun,
+                node_id=node_id,
+                incarnation=node.incarnation,
+                job_id=run.job_id,
+                run=run.run,
+                reason=reason,
+            )
 
-    def finish_exit(self: "Cell", run: Run) -> None:
+    def finish_exit(self: Cell, run: Run) -> None:
         """The exiting run checkpointed (or its grace ran out): stop it and requeue
         its job to resume from the latest checkpoint."""
         self.exiting.pop(run.key, None)
@@ -298,7 +396,13 @@ class NodeHandlers:
             return
         if run.exit_intent == "preempt":
             job.preemptions += 1
-            self.emit(ev.JobPreempted, job_id=job.job_id, run=run.run, reason=reason,
-                      by_job_id=run.exit_by)
-        self.requeue(job, reason, self.config.retry_budget("node_lost")
-                     - job.failures.get("node_lost", 0))
+            self.emit(
+                ev.JobPreempted,
+                job_id=job.job_id,
+                run=run.run,
+                reason=reason,
+                by_job_id=run.exit_by,
+            )
+        self.requeue(
+            job, reason, self.config.retry_budget("node_lost") - job.failures.get("node_lost", 0)
+        )

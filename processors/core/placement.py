@@ -14,10 +14,11 @@ A placement is all-or-nothing: ``find`` only reads; the caller commits the
 whole placement in one step. Every scan is in a deterministic order (bucket,
 then insertion order of nodes).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from framespool.schemas.events import NodeSlice
 
@@ -37,7 +38,7 @@ class Placement:
 class NodeIndex:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
-        self.buckets: dict[int, dict[str, None]] = {}   # free count -> nodes
+        self.buckets: dict[int, dict[str, None]] = {}  # free count -> nodes
         self.bucket_of: dict[str, int] = {}
         self.warm_nodes: dict[str, dict[str, None]] = {}  # model -> nodes
         self.free_total = 0
@@ -81,17 +82,17 @@ class NodeIndex:
         return 0
 
     # -- search --------------------------------------------------------------
-    def find(self, gpus: int, per_node: int, model: str, ok: NodeFilter) -> Optional[Placement]:
+    def find(self, gpus: int, per_node: int, model: str, ok: NodeFilter) -> Placement | None:
         if gpus > self.free_total:
             return None
         if gpus <= per_node:
             return self._single(gpus, model, ok)
         return self._gang(-(-gpus // per_node), per_node, gpus, model, ok)
 
-    def _single(self, k: int, model: str, ok: NodeFilter) -> Optional[Placement]:
+    def _single(self, k: int, model: str, ok: NodeFilter) -> Placement | None:
         warm = self.warm_nodes.get(model)
         if warm:
-            best: Optional[Node] = None
+            best: Node | None = None
             scanned = 0
             for node_id in warm:
                 scanned += 1
@@ -99,13 +100,16 @@ class NodeIndex:
                     break
                 free = self.bucket_of.get(node_id, 0)
                 if free < k:
-                    continue            # busy warm nodes cost one lookup each
+                    continue  # busy warm nodes cost one lookup each
                 node = self.nodes[node_id]
-                if ok(node) and self._warm_free(node, model) > 0 and (
-                        best is None or free < self.bucket_of[best.node_id]):
+                if (
+                    ok(node)
+                    and self._warm_free(node, model) > 0
+                    and (best is None or free < self.bucket_of[best.node_id])
+                ):
                     best = node
                     if free == k:
-                        break           # a perfect fit cannot be beaten
+                        break  # a perfect fit cannot be beaten
             if best is not None:
                 return Placement((self._slice(best, k, model),), "bin-pack: warm model")
         for free in range(k, self.max_gpus + 1):
@@ -115,11 +119,13 @@ class NodeIndex:
             for node_id in bucket:
                 node = self.nodes[node_id]
                 if ok(node):
-                    why = "bin-pack: whole node" if free == node.total == k else "bin-pack: best fit"
+                    why = (
+                        "bin-pack: whole node" if free == node.total == k else "bin-pack: best fit"
+                    )
                     return Placement((self._slice(node, k, model),), why)
         return None
 
-    def _gang(self, n: int, g: int, total: int, model: str, ok: NodeFilter) -> Optional[Placement]:
+    def _gang(self, n: int, g: int, total: int, model: str, ok: NodeFilter) -> Placement | None:
         by_rail: dict[str, list[Node]] = {}
         fitting: list[Node] = []
         for free in range(g, self.max_gpus + 1):
@@ -131,14 +137,20 @@ class NodeIndex:
                 members = by_rail.setdefault(node.rail, [])
                 members.append(node)
                 if len(members) == n:
-                    return Placement(self._gang_slices(members, g, total, model),
-                                     f"gang: {n} nodes in rail {node.rail}")
+                    return Placement(
+                        self._gang_slices(members, g, total, model),
+                        f"gang: {n} nodes in rail {node.rail}",
+                    )
         if len(fitting) >= n:
-            return Placement(self._gang_slices(fitting[:n], g, total, model),
-                             f"gang: {n} nodes spanning rails (no rail had {n} fitting nodes)")
+            return Placement(
+                self._gang_slices(fitting[:n], g, total, model),
+                f"gang: {n} nodes spanning rails (no rail had {n} fitting nodes)",
+            )
         return None
 
-    def _gang_slices(self, nodes: list[Node], g: int, total: int, model: str) -> tuple[NodeSlice, ...]:
+    def _gang_slices(
+        self, nodes: list[Node], g: int, total: int, model: str
+    ) -> tuple[NodeSlice, ...]:
         slices = []
         left = total
         for node in nodes:
@@ -158,8 +170,9 @@ class NodeIndex:
         return NodeSlice(node_id=node.node_id, gpus=tuple(sorted(free[:k])))
 
     # -- what-if: when would a shape fit? -------------------------------------
-    def earliest_fit(self, per_node: int, nodes_needed: int, releases: list[tuple[int, str, int]],
-                     ok: NodeFilter) -> Optional[tuple[int, tuple[str, ...]]]:
+    def earliest_fit(
+        self, per_node: int, nodes_needed: int, releases: list[tuple[int, str, int]], ok: NodeFilter
+    ) -> tuple[int, tuple[str, ...]] | None:
         """Walk future releases ``(time_ms, node_id, gpus)`` in time order and
         return when ``nodes_needed`` nodes will each have ``per_node`` free GPUs,
         with those nodes. None if never (e.g. not enough healthy nodes)."""

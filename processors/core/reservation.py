@@ -15,9 +15,10 @@ Theory of operation
   asked to checkpoint; the preemptor holds a claim on their nodes so nobody
   else takes the freed GPUs. At most ``preemptions_per_minute`` victims a minute.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class Reservations:
     # -- EASY reservation -------------------------------------------------------
-    def reserve(self: "Cell", job: Job) -> None:
+    def reserve(self: Cell, job: Job) -> None:
         releases = []
         for run in self.runs.values():
             end = run.projected_end_ms(self.now_ms)
@@ -40,13 +41,13 @@ class Reservations:
         # allowed around those nodes, so moving it would let backfill delay it.
         sticky: tuple[str, ...] = ()
         if self.reservation_job == job.job_id and all(
-                self.index.nodes[n].schedulable for n in self.reservation_nodes):
+            self.index.nodes[n].schedulable for n in self.reservation_nodes
+        ):
             sticky = self.reservation_nodes
-        best: Optional[tuple[int, tuple[str, ...], float]] = None
+        best: tuple[int, tuple[str, ...], float] | None = None
         for gpus, per_node, estimate in self.shapes_of(job):
             base = self.node_filter(job, estimate, holder=True, claim_only=False)
-            ok = (lambda node, base=base: node.node_id in sticky and base(node)) if sticky \
-                else base
+            ok = (lambda node, base=base: node.node_id in sticky and base(node)) if sticky else base
             if sticky and job.shape != (gpus, per_node, estimate):
                 continue
             fit = self.index.earliest_fit(min(per_node, gpus), -(-gpus // per_node), releases, ok)
@@ -63,24 +64,31 @@ class Reservations:
                 return self.reserve(job)
             job.reason = "waiting: no healthy nodes can ever fit this shape right now"
             return
-        changed = (self.reservation_job != job.job_id or self.reservation_nodes != best[1])
+        changed = self.reservation_job != job.job_id or self.reservation_nodes != best[1]
         self.reservation_job = job.job_id
         self.reservation_shadow_ms = best[0]
         self.reservation_nodes = best[1]
         if changed:
             wait = (best[0] - self.now_ms) / 1000
-            job.reason = (f"reservation: holds {len(best[1])} node(s) from "
-                          f"t+{wait:.0f}s; others backfill around it")
-            self.emit(ev.JobWaitEstimated, job_id=job.job_id, wait_estimate_s=round(wait, 3),
-                      position=0, reason=job.reason)
+            job.reason = (
+                f"reservation: holds {len(best[1])} node(s) from "
+                f"t+{wait:.0f}s; others backfill around it"
+            )
+            self.emit(
+                ev.JobWaitEstimated,
+                job_id=job.job_id,
+                wait_estimate_s=round(wait, 3),
+                position=0,
+                reason=job.reason,
+            )
 
-    def clear_reservation(self: "Cell") -> None:
+    def clear_reservation(self: Cell) -> None:
         self.reservation_job = ""
         self.reservation_nodes = ()
         self.reservation_shadow_ms = 0
 
     # -- claims ---------------------------------------------------------------
-    def claimed_nodes(self: "Cell", except_job: str) -> dict[str, None]:
+    def claimed_nodes(self: Cell, except_job: str) -> dict[str, None]:
         if not self.claims:
             return {}
         nodes: dict[str, None] = {}
@@ -90,12 +98,12 @@ class Reservations:
                     nodes[node_id] = None
         return nodes
 
-    def expire_claims(self: "Cell") -> None:
+    def expire_claims(self: Cell) -> None:
         for job_id in [j for j, (_, until) in self.claims.items() if until <= self.now_ms]:
             del self.claims[job_id]
 
     # -- preemption -------------------------------------------------------------
-    def maybe_preempt(self: "Cell", job: Job) -> None:
+    def maybe_preempt(self: Cell, job: Job) -> None:
         if job.job_id in self.claims:
             return
         tier = self.config.tier(job.tier)
@@ -103,11 +111,13 @@ class Reservations:
         why = ""
         waited_s = (self.now_ms - job.queued_ms) / 1000
         if tier.may_preempt and waited_s >= tier.sla_wait_s:
-            why = f"{job.tier} job waited {waited_s:.0f}s past its SLA target {tier.sla_wait_s:.0f}s"
-            victim_ok = lambda run: self.config.tier(run.tier).rank > tier.rank  # noqa: E731
+            why = (
+                f"{job.tier} job waited {waited_s:.0f}s past its SLA target {tier.sla_wait_s:.0f}s"
+            )
+            victim_ok = lambda run: self.config.tier(run.tier).rank > tier.rank
         elif self.under_guarantee(job):
             why = f"reclaiming reserved capacity of {job.tenant}/{job.tier}"
-            victim_ok = lambda run: self.is_borrower(run, job)  # noqa: E731
+            victim_ok = lambda run: self.is_borrower(run, job)
         if victim_ok is None:
             return
         window = self.now_ms - 60_000
@@ -121,15 +131,18 @@ class Reservations:
         if plan is None or len(plan[1]) > room:
             return
         nodes, victims = plan
-        self.claims[job.job_id] = (nodes, self.now_ms + int(
-            (self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000))
+        self.claims[job.job_id] = (
+            nodes,
+            self.now_ms + int((self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000),
+        )
         for run in victims:
             self.preempt_times.append(self.now_ms)
             self.request_exit(run, "preempt", job.job_id, f"preempted by {job.job_id}: {why}")
         job.reason = f"preempting {len(victims)} run(s): {why}"
 
-    def plan_victims(self: "Cell", per_node: int, nodes_needed: int,
-                     victim_ok) -> Optional[tuple[tuple[str, ...], list[Run]]]:
+    def plan_victims(
+        self: Cell, per_node: int, nodes_needed: int, victim_ok
+    ) -> tuple[tuple[str, ...], list[Run]] | None:
         min_run_ms = int(self.config.min_run_before_preempt_s * 1000)
         options: list[tuple[int, str, list[Run]]] = []
         for node in self.index.nodes.values():
@@ -139,8 +152,11 @@ class Reservations:
             if free >= per_node:
                 options.append((0, node.node_id, []))
                 continue
-            candidates = [run for run in self.runs_on(node)
-                          if self.eligible_victim(run, node, min_run_ms) and victim_ok(run)]
+            candidates = [
+                run
+                for run in self.runs_on(node)
+                if self.eligible_victim(run, node, min_run_ms) and victim_ok(run)
+            ]
             candidates.sort(key=lambda r: (-self.config.tier(r.tier).rank, -r.started_ms))
             chosen: list[Run] = []
             for run in candidates:
@@ -162,31 +178,40 @@ class Reservations:
                 victims[run.key] = run
         return tuple(node_id for _, node_id, _ in picked), list(victims.values())
 
-    def eligible_victim(self: "Cell", run: Run, node: Node, min_run_ms: int) -> bool:
+    def eligible_victim(self: Cell, run: Run, node: Node, min_run_ms: int) -> bool:
         job = self.jobs.get(run.job_id)
-        return (run.phase == RUNNING and run.preemptible and run.checkpointable
-                and self.now_ms - run.started_ms >= min_run_ms and job is not None
-                and job.run == run.run
-                and job.preemptions < self.config.max_preemptions_per_job)
+        return (
+            run.phase == RUNNING
+            and run.preemptible
+            and run.checkpointable
+            and self.now_ms - run.started_ms >= min_run_ms
+            and job is not None
+            and job.run == run.run
+            and job.preemptions < self.config.max_preemptions_per_job
+        )
 
-    def under_guarantee(self: "Cell", job: Job) -> bool:
+    def under_guarantee(self: Cell, job: Job) -> bool:
         tenant = self.config.tenant(job.tenant)
         org, _ = self.use_of(job)
         if tenant.reserved_gpus and org.gpus + job.shape[0] <= tenant.reserved_gpus:
             return True
         tier = self.config.tier(job.tier)
-        return bool(tier.reserved_gpus and
-                    self.tier_use.get(job.tier, 0) + job.shape[0] <= tier.reserved_gpus)
+        return bool(
+            tier.reserved_gpus
+            and self.tier_use.get(job.tier, 0) + job.shape[0] <= tier.reserved_gpus
+        )
 
-    def is_borrower(self: "Cell", run: Run, claimant: Job) -> bool:
+    def is_borrower(self: Cell, run: Run, claimant: Job) -> bool:
         """A run that uses GPUs beyond its own organisation's and tier's guarantee."""
         if run.tenant == claimant.tenant and run.tier == claimant.tier:
             return False
         org, _ = self.use_of(run)
-        return (org.gpus > self.config.tenant(run.tenant).reserved_gpus and
-                self.tier_use.get(run.tier, 0) > self.config.tier(run.tier).reserved_gpus)
+        return (
+            org.gpus > self.config.tenant(run.tenant).reserved_gpus
+            and self.tier_use.get(run.tier, 0) > self.config.tier(run.tier).reserved_gpus
+        )
 
-    def guarantees_allow(self: "Cell", job: Job, gpus: int) -> bool:
+    def guarantees_allow(self: Cell, job: Job, gpus: int) -> bool:
         """Non-preemptible work may not borrow other entities' idle guarantees:
         it could never be reclaimed."""
         unused = 0

@@ -19,9 +19,11 @@ when GPUs are free):
 A run that outlives its estimate delays the reservation (the shadow time moves
 to its hard limit); it is never killed before that limit.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
 
@@ -38,7 +40,7 @@ QUICK_PASS_TESTS = 32
 
 class Scheduling:
     # -- the pass -------------------------------------------------------------
-    def schedule(self: "Cell", full: bool) -> None:
+    def schedule(self: Cell, full: bool) -> None:
         if not self.queued_count:
             return
         if full:
@@ -91,7 +93,7 @@ class Scheduling:
                 if after_block >= budget:
                     break
 
-    def preemption_scan(self: "Cell") -> None:
+    def preemption_scan(self: Cell) -> None:
         """With the cell full no placement is tried, so look at the heads of the
         flows that may preempt (tiers past SLA, organisations under their
         guarantee) directly."""
@@ -118,22 +120,25 @@ class Scheduling:
                     return iter(ids)
         return iter(ids)
 
-    def cap_hit(self: "Cell", job: Job) -> str:
+    def cap_hit(self: Cell, job: Job) -> str:
         tenant = self.config.tenant(job.tenant)
         org, user = self.use_of(job)
         gpus = job.shape[0]
-        if (tenant.max_gpus and org.gpus + gpus > tenant.max_gpus) or \
-                (tenant.max_running and org.running >= tenant.max_running):
+        if (tenant.max_gpus and org.gpus + gpus > tenant.max_gpus) or (
+            tenant.max_running and org.running >= tenant.max_running
+        ):
             return "org"
-        if (tenant.user_max_gpus and user.gpus + gpus > tenant.user_max_gpus) or \
-                (tenant.user_max_running and user.running >= tenant.user_max_running):
+        if (tenant.user_max_gpus and user.gpus + gpus > tenant.user_max_gpus) or (
+            tenant.user_max_running and user.running >= tenant.user_max_running
+        ):
             return "user"
         return ""
 
     # -- placing one job --------------------------------------------------------
-    def try_start(self: "Cell", job: Job, why: str, holder: bool = False,
-                  claim_only: bool = False) -> bool:
-        best: Optional[tuple[Placement, tuple[int, int, float]]] = None
+    def try_start(
+        self: Cell, job: Job, why: str, holder: bool = False, claim_only: bool = False
+    ) -> bool:
+        best: tuple[Placement, tuple[int, int, float]] | None = None
         for shape in self.shapes_of(job):
             gpus, per_node, estimate = shape
             if best is not None and estimate >= best[1][2]:
@@ -149,8 +154,9 @@ class Scheduling:
         self.commit(job, best[0], best[1], why)
         return True
 
-    def node_filter(self: "Cell", job: Job, estimate_s: float, holder: bool,
-                    claim_only: bool) -> Callable[[Node], bool]:
+    def node_filter(
+        self: Cell, job: Job, estimate_s: float, holder: bool, claim_only: bool
+    ) -> Callable[[Node], bool]:
         spec = job.spec
         model_version = f"{spec.model}@{spec.model_version}"
         now = self.now_ms
@@ -158,8 +164,11 @@ class Scheduling:
         claimed = self.claimed_nodes(job.job_id)
         own_claim = self.claims.get(job.job_id, ((), 0))[0]
         reserved: tuple[str, ...] = ()
-        if not holder and self.reservation_job and \
-                now + estimate_s * 1000 > self.reservation_shadow_ms:
+        if (
+            not holder
+            and self.reservation_job
+            and now + estimate_s * 1000 > self.reservation_shadow_ms
+        ):
             reserved = self.reservation_nodes
         per_node_cpu = spec.cpus / max(1, -(-spec.gpus // spec.gpus_per_node))
         per_node_mem = spec.mem_gb / max(1, -(-spec.gpus // spec.gpus_per_node))
@@ -172,8 +181,10 @@ class Scheduling:
                 return False
             if spec.gpu_type and node.gpu_type != spec.gpu_type:
                 return False
-            if breakers and (breakers.get((model_version, "node", node_id), 0) > now or
-                             breakers.get((model_version, "gpu_type", node.gpu_type), 0) > now):
+            if breakers and (
+                breakers.get((model_version, "node", node_id), 0) > now
+                or breakers.get((model_version, "gpu_type", node.gpu_type), 0) > now
+            ):
                 return False
             if node.cpus and node.cpus - node.cpus_used < per_node_cpu:
                 return False
@@ -183,8 +194,9 @@ class Scheduling:
 
         return ok
 
-    def commit(self: "Cell", job: Job, placement: Placement, shape: tuple[int, int, float],
-               why: str) -> None:
+    def commit(
+        self: Cell, job: Job, placement: Placement, shape: tuple[int, int, float], why: str
+    ) -> None:
         gpus, per_node, estimate = shape
         self.dequeue(job)
         job.run += 1
@@ -193,8 +205,9 @@ class Scheduling:
         if job.first_start_ms < 0:
             job.first_start_ms = self.now_ms
         charged = self.cost_of(job, gpus, estimate)
-        limit_ms = self.now_ms + int((estimate * self.config.overrun_factor
-                                      + self.config.overrun_grace_s) * 1000)
+        limit_ms = self.now_ms + int(
+            (estimate * self.config.overrun_factor + self.config.overrun_grace_s) * 1000
+        )
         run = Run(job, job.run, placement.slices, estimate, self.now_ms, limit_ms, charged)
         self.runs[run.key] = run
         nodes_needed = len(placement.slices)
@@ -223,16 +236,32 @@ class Scheduling:
         reason = f"{why}; {placement.reason}"
         if len(self.shapes_of(job)) > 1:
             reason += f"; elastic shape {gpus} GPUs x {estimate:.0f}s finishes earliest"
-        self.emit(ev.JobAssigned, job_id=job.job_id, run=run.run, placement=placement.slices,
-                  gpus=gpus, estimate_s=estimate, resume_from=job.checkpoint, reason=reason)
+        self.emit(
+            ev.JobAssigned,
+            job_id=job.job_id,
+            run=run.run,
+            placement=placement.slices,
+            gpus=gpus,
+            estimate_s=estimate,
+            resume_from=job.checkpoint,
+            reason=reason,
+        )
         for piece in placement.slices:
             node = self.index.nodes[piece.node_id]
-            self.emit(ev.StartRun, node_id=piece.node_id, incarnation=node.incarnation,
-                      run=run.run, spec=job.spec, gpus=piece.gpus, placement=placement.slices,
-                      estimate_s=estimate, resume_from=job.checkpoint)
+            self.emit(
+                ev.StartRun,
+                node_id=piece.node_id,
+                incarnation=node.incarnation,
+                run=run.run,
+                spec=job.spec,
+                gpus=piece.gpus,
+                placement=placement.slices,
+                estimate_s=estimate,
+                resume_from=job.checkpoint,
+            )
 
     # -- ending runs ------------------------------------------------------------
-    def end_run(self: "Cell", run: Run, confirmed: tuple[str, ...], reason: str) -> None:
+    def end_run(self: Cell, run: Run, confirmed: tuple[str, ...], reason: str) -> None:
         """The run is over for the scheduler: release the GPUs of nodes whose
         processes are known gone, and tell the others to stop (their GPUs stay
         held until they confirm)."""
@@ -248,10 +277,16 @@ class Scheduling:
             if node_id in confirmed or node.state == "DOWN":
                 self.release_slice(run, node_id)
             else:
-                self.emit(ev.StopRun, node_id=node_id, incarnation=node.incarnation,
-                          job_id=run.job_id, run=run.run, reason=reason)
+                self.emit(
+                    ev.StopRun,
+                    node_id=node_id,
+                    incarnation=node.incarnation,
+                    job_id=run.job_id,
+                    run=run.run,
+                    reason=reason,
+                )
 
-    def settle(self: "Cell", run: Run) -> None:
+    def settle(self: Cell, run: Run) -> None:
         """Correct the fair-share charge to the GPU-time really used, once."""
         used = run.gpus * max(0, self.now_ms - run.started_ms) / 1000
         self.fair.charge_end(self.leaf_of(run), run.charged, used)
@@ -261,7 +296,7 @@ class Scheduling:
         self.running_end_gpu_s -= run.gpus * (run.assigned_ms / 1000 + run.estimate_s)
         self.running_gpus -= run.gpus
 
-    def release_slice(self: "Cell", run: Run, node_id: str) -> None:
+    def release_slice(self: Cell, run: Run, node_id: str) -> None:
         gpus = run.held.pop(node_id, None)
         if gpus is None:
             return

@@ -5,12 +5,14 @@ workload and writes, per policy, ``summary.json``, ``jobs.csv``, ``runs.csv``
 and ``report.png`` (and a comparison table when there are several). The core
 never imports this package.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from framespool.processors.core import CellConfig, TierConfig
 
@@ -20,9 +22,20 @@ from .report import comparison_table, plot, write_comparison, write_summary
 from .trace import TraceError, read_trace
 from .workload import SYNTHETIC, Workload, synthetic
 
-__all__ = ["POLICIES", "SYNTHETIC", "SimOptions", "Simulation", "TraceError", "Workload",
-           "comparison_table", "load_tiers", "parse_policies", "read_trace", "simulate",
-           "synthetic"]
+__all__ = [
+    "POLICIES",
+    "SYNTHETIC",
+    "SimOptions",
+    "Simulation",
+    "TraceError",
+    "Workload",
+    "comparison_table",
+    "load_tiers",
+    "parse_policies",
+    "read_trace",
+    "simulate",
+    "synthetic",
+]
 
 
 def load_tiers(path: str | Path) -> tuple[TierConfig, ...]:
@@ -43,8 +56,10 @@ def load_tiers(path: str | Path) -> tuple[TierConfig, ...]:
             raise ValueError(f"{path}: tier #{i} is not an object")
         unknown = sorted(set(item) - allowed)
         if unknown:
-            raise ValueError(f"{path}: tier #{i} has unknown field(s) {', '.join(unknown)}; "
-                             f"allowed: {', '.join(sorted(allowed))}")
+            raise ValueError(
+                f"{path}: tier #{i} has unknown field(s) {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(allowed))}"
+            )
         missing = [k for k in ("name", "weight", "rank", "sla_wait_s") if k not in item]
         if missing:
             raise ValueError(f"{path}: tier #{i} lacks {', '.join(missing)}")
@@ -55,10 +70,15 @@ def load_tiers(path: str | Path) -> tuple[TierConfig, ...]:
     return tuple(tiers)
 
 
-def simulate(workload: Workload, policies: list[Policy], opts: SimOptions,
-             base_config: Optional[CellConfig] = None, out_dir: Optional[Path] = None,
-             make_plot: bool = True,
-             progress: Optional[Callable[[float, str], None]] = None) -> list[dict[str, Any]]:
+def simulate(
+    workload: Workload,
+    policies: list[Policy],
+    opts: SimOptions,
+    base_config: CellConfig | None = None,
+    out_dir: Path | None = None,
+    make_plot: bool = True,
+    progress: Callable[[float, str], None] | None = None,
+) -> list[dict[str, Any]]:
     """Run every policy on the same workload; return their summaries in order."""
     base = base_config or CellConfig()
     summaries = []
@@ -80,8 +100,9 @@ def simulate(workload: Workload, policies: list[Policy], opts: SimOptions,
     return summaries
 
 
-def with_workload_defaults(opts: SimOptions, workload: Workload,
-                           node_failures: Optional[float]) -> SimOptions:
+def with_workload_defaults(
+    opts: SimOptions, workload: Workload, node_failures: float | None
+) -> SimOptions:
     """The workload's default node-failure rate applies unless the user gave one."""
     rate = node_failures if node_failures is not None else (workload.node_failures_per_hour or 0.0)
     return replace(opts, node_failures_per_hour=rate)

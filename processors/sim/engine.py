@@ -25,16 +25,18 @@ commands to the simulated node agents, job events to the metrics. The
 simulator decides nothing the scheduler decides; its own rules are the
 physics: run times, cold starts, failures.
 """
+
 from __future__ import annotations
 
 import heapq
 import itertools
 import random
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.schemas import events as ev
@@ -42,8 +44,18 @@ from framespool.schemas import events as ev
 from .agents import Agents
 from .fleet import SimJob, SimNode, SimRun
 from .jobevents import JobEvents
-from .kinds import (CELL, CHECKPOINT, DELIVER, HEARTBEAT, NODE_FAIL, NODE_REPAIR, RUN_END, SAMPLE,
-                    SUBMIT, TICK)
+from .kinds import (
+    CELL,
+    CHECKPOINT,
+    DELIVER,
+    HEARTBEAT,
+    NODE_FAIL,
+    NODE_REPAIR,
+    RUN_END,
+    SAMPLE,
+    SUBMIT,
+    TICK,
+)
 from .metrics import Recorder
 from .policies import Policy
 from .workload import TraceJob, Workload
@@ -62,8 +74,8 @@ class SimOptions:
     repair_s: float = 900.0
     estimates: bool = False
     seed: int = 1
-    max_sim_s: float = 0.0          # 0 = until drained (or stalled)
-    stall_s: float = 86_400.0       # stop when nothing ran and nothing started this long
+    max_sim_s: float = 0.0  # 0 = until drained (or stalled)
+    stall_s: float = 86_400.0  # stop when nothing ran and nothing started this long
 
     @property
     def capacity_gpus(self) -> int:
@@ -72,8 +84,9 @@ class SimOptions:
 
 def cell_config(base: CellConfig, opts: SimOptions) -> CellConfig:
     """Leases scaled to the heartbeat period; read-model outputs off unless asked."""
-    config = replace(base, heartbeat_timeout_s=3.5 * opts.heartbeat_s,
-                     report_lease_s=2.5 * opts.heartbeat_s)
+    config = replace(
+        base, heartbeat_timeout_s=3.5 * opts.heartbeat_s, report_lease_s=2.5 * opts.heartbeat_s
+    )
     if not opts.estimates:
         config = replace(config, status_interval_s=0.0, estimate_interval_s=0.0)
     return config
@@ -83,18 +96,27 @@ class CoreCrash(Exception):
     """The core raised while folding an input: a core bug. The run stops and is reported."""
 
     def __init__(self, event: Any, now_ms: int, error: Exception) -> None:
-        super().__init__(f"core raised {type(error).__name__}: {error} on "
-                         f"{type(event).__name__} {getattr(event, 'event_id', '?')} "
-                         f"at t={now_ms / 1000:.3f}s")
+        super().__init__(
+            f"core raised {type(error).__name__}: {error} on "
+            f"{type(event).__name__} {getattr(event, 'event_id', '?')} "
+            f"at t={now_ms / 1000:.3f}s"
+        )
         self.event = event
         self.error = error
 
 
 class Simulation(Agents, JobEvents):
-    def __init__(self, workload: Workload, policy: Policy, opts: SimOptions,
-                 base_config: CellConfig, out_dir: Optional[Path] = None,
-                 progress: Optional[Callable[[float, str], None]] = None,
-                 tape: Optional[list] = None, max_events: int = 0) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        opts: SimOptions,
+        base_config: CellConfig,
+        out_dir: Path | None = None,
+        progress: Callable[[float, str], None] | None = None,
+        tape: list | None = None,
+        max_events: int = 0,
+    ) -> None:
         self.workload = workload
         self.policy = policy
         self.opts = opts
@@ -102,7 +124,7 @@ class Simulation(Agents, JobEvents):
         self.cell = Cell(self.config, CELL)
         self.recorder = Recorder(out_dir, opts.capacity_gpus, workload.tenants)
         self.progress = progress
-        self.tape = tape                  # when a list: every input event, for benchmarks
+        self.tape = tape  # when a list: every input event, for benchmarks
         self.tape_counts: list[int] = []  # and how many outputs each produced
         self.max_events = max_events
         self.heap: list[tuple[int, int, int, Any]] = []
@@ -113,13 +135,13 @@ class Simulation(Agents, JobEvents):
         self.core_s = 0.0
         self.jobs: dict[str, SimJob] = {}
         self.runs: dict[tuple[str, int], SimRun] = {}
-        self.pending: deque[SimJob] = deque()   # the FIFO gate's line
+        self.pending: deque[SimJob] = deque()  # the FIFO gate's line
         self.core_queued = 0
         self.stream: Iterator[TraceJob] = iter(())
         self.submissions_done = False
-        self.next_job: Optional[TraceJob] = None   # read from the stream, not yet submitted
+        self.next_job: TraceJob | None = None  # read from the stream, not yet submitted
         self.stop_reason = ""
-        self.crash: Optional[CoreCrash] = None
+        self.crash: CoreCrash | None = None
         self.last_progress_ms = 0
         self.tick_ms = max(1, int(opts.tick_s * 1000))
         self.heartbeat_ms = max(1, int(opts.heartbeat_s * 1000))
@@ -127,17 +149,26 @@ class Simulation(Agents, JobEvents):
         self.health_cache: dict = {}
         self.failure_rng = random.Random(opts.seed * 7919 + 17)
         self.failure_rate_per_ms = opts.node_failures_per_hour / 3_600_000
-        self.nodes = [SimNode(f"n{i:05d}", i, f"rail-{i // max(1, opts.nodes_per_rail)}",
-                              opts.gpus_per_node) for i in range(opts.nodes)]
+        self.nodes = [
+            SimNode(f"n{i:05d}", i, f"rail-{i // max(1, opts.nodes_per_rail)}", opts.gpus_per_node)
+            for i in range(opts.nodes)
+        ]
         self.node_by_id = {n.node_id: n for n in self.nodes}
         self.on_output: dict[type, Callable[[Any], None]] = {
-            ev.JobQueued: self._queued, ev.JobRejected: self._rejected,
-            ev.JobAssigned: self._assigned, ev.StartRun: self._start_run,
-            ev.StopRun: self._stop_run, ev.CheckpointRun: self._checkpoint_run,
-            ev.JobPreempted: self._preempted, ev.JobRequeued: self._requeued,
-            ev.JobCompleted: self._completed, ev.JobFailed: self._failed,
-            ev.JobCancelled: self._cancelled, ev.ReportIgnored: self._ignored,
-            ev.NodeStateChanged: self._node_state, ev.BreakerTripped: self._breaker,
+            ev.JobQueued: self._queued,
+            ev.JobRejected: self._rejected,
+            ev.JobAssigned: self._assigned,
+            ev.StartRun: self._start_run,
+            ev.StopRun: self._stop_run,
+            ev.CheckpointRun: self._checkpoint_run,
+            ev.JobPreempted: self._preempted,
+            ev.JobRequeued: self._requeued,
+            ev.JobCompleted: self._completed,
+            ev.JobFailed: self._failed,
+            ev.JobCancelled: self._cancelled,
+            ev.ReportIgnored: self._ignored,
+            ev.NodeStateChanged: self._node_state,
+            ev.BreakerTripped: self._breaker,
         }
 
     # -- plumbing ------------------------------------------------------------------
@@ -186,9 +217,18 @@ class Simulation(Agents, JobEvents):
     def _loop(self, wall0: float) -> None:
         opts = self.opts
         for node in self.nodes:
-            self.feed(ev.NodeRegistered(event_id=f"reg:{node.node_id}:1", ts_ms=0,
-                                        node_id=node.node_id, incarnation=1, cell=CELL,
-                                        gpus=node.gpus, gpu_type=opts.gpu_type, rail=node.rail))
+            self.feed(
+                ev.NodeRegistered(
+                    event_id=f"reg:{node.node_id}:1",
+                    ts_ms=0,
+                    node_id=node.node_id,
+                    incarnation=1,
+                    cell=CELL,
+                    gpus=node.gpus,
+                    gpu_type=opts.gpu_type,
+                    rail=node.rail,
+                )
+            )
             self.push((node.index * self.heartbeat_ms) // max(1, len(self.nodes)), HEARTBEAT, node)
             if self.failure_rate_per_ms > 0:
                 self.push(self._next_failure(0), NODE_FAIL, node)
@@ -216,9 +256,11 @@ class Simulation(Agents, JobEvents):
             elif kind == TICK:
                 self.feed(ev.Tick(event_id=f"tick:{t}", ts_ms=t, cell=CELL, now_ms=t))
                 self.push(t + self.tick_ms, TICK)
-                if (not self.runs and self.jobs and t - self.last_progress_ms > stall_ms):
-                    self.stop_reason = (f"stalled: nothing ran or started for {opts.stall_s:.0f}s "
-                                        f"of virtual time with {len(self.jobs)} jobs left")
+                if not self.runs and self.jobs and t - self.last_progress_ms > stall_ms:
+                    self.stop_reason = (
+                        f"stalled: nothing ran or started for {opts.stall_s:.0f}s "
+                        f"of virtual time with {len(self.jobs)} jobs left"
+                    )
             elif kind == RUN_END:
                 self._run_end(payload)
             elif kind == CHECKPOINT:
@@ -248,9 +290,12 @@ class Simulation(Agents, JobEvents):
         done = self.recorder.states
         ended = sum(done.values())
         elapsed = perf_counter() - wall0
-        self.progress(ended / total, f"{self.policy.name}: {ended:,}/{total:,} jobs ended, "
-                                     f"t={self.now / 3_600_000:.1f}h virtual, "
-                                     f"{self.events / max(elapsed, 1e-9):,.0f} events/s")
+        self.progress(
+            ended / total,
+            f"{self.policy.name}: {ended:,}/{total:,} jobs ended, "
+            f"t={self.now / 3_600_000:.1f}h virtual, "
+            f"{self.events / max(elapsed, 1e-9):,.0f} events/s",
+        )
 
     # -- submissions -------------------------------------------------------------------
     def _next_submission(self) -> None:
@@ -286,15 +331,22 @@ class Simulation(Agents, JobEvents):
         trace = job.trace
         tenant, tier = self.policy.route(trace.tenant, trace.tier)
         job.admitted = True
-        spec = ev.JobSpec(job_id=job.job_id, tenant=tenant, tier=tier, model=trace.model,
-                          model_version=trace.model_version, gpus=trace.gpus,
-                          gpus_per_node=trace.gpus_per_node, estimate_s=trace.estimate_s,
-                          preemptible=trace.preemptible,
-                          checkpoint_interval_s=trace.checkpoint_s,
-                          submitted_ms=trace.submit_ms)
-        self.feed(ev.JobAdmitted(event_id=f"adm:{job.job_id}", ts_ms=self.now, spec=spec,
-                                 cell=CELL))
-
+        spec = ev.JobSpec(
+            job_id=job.job_id,
+            tenant=tenant,
+            tier=tier,
+            model=trace.model,
+            model_version=trace.model_version,
+            gpus=trace.gpus,
+            gpus_per_node=trace.gpus_per_node,
+            estimate_s=trace.estimate_s,
+            preemptible=trace.preemptible,
+            checkpoint_interval_s=trace.checkpoint_s,
+            submitted_ms=trace.submit_ms,
+        )
+        self.feed(
+            ev.JobAdmitted(event_id=f"adm:{job.job_id}", ts_ms=self.now, spec=spec, cell=CELL)
+        )
 
     # -- the end -------------------------------------------------------------------------
     def _finish(self, wall_s: float) -> dict[str, Any]:
@@ -308,10 +360,12 @@ class Simulation(Agents, JobEvents):
             if job.open_run is not None:
                 run, start, placement = job.open_run
                 rec.run_closed(job.job_id, run, start, placement, end, "unfinished")
-            rec.violation("not_terminal", f"{job.job_id} has no terminal state at the end "
-                                          f"({self.stop_reason})")
+            rec.violation(
+                "not_terminal",
+                f"{job.job_id} has no terminal state at the end ({self.stop_reason})",
+            )
             rec.finished(job, "UNFINISHED" if job.admitted else "NOT_ADMITTED", end)
-        unsubmitted = ([self.next_job] if self.next_job is not None else [])
+        unsubmitted = [self.next_job] if self.next_job is not None else []
         for trace in itertools.chain(unsubmitted, self.stream):
             job = SimJob(trace)
             rec.violation("not_terminal", f"{job.job_id} was never submitted ({self.stop_reason})")
@@ -327,47 +381,62 @@ class Simulation(Agents, JobEvents):
             "policy_description": self.policy.description,
             "workload": self.workload.name,
             "workload_description": self.workload.description,
-            "cluster": {"nodes": self.opts.nodes, "gpus_per_node": self.opts.gpus_per_node,
-                        "gpus": self.opts.capacity_gpus, "nodes_per_rail": self.opts.nodes_per_rail},
+            "cluster": {
+                "nodes": self.opts.nodes,
+                "gpus_per_node": self.opts.gpus_per_node,
+                "gpus": self.opts.capacity_gpus,
+                "nodes_per_rail": self.opts.nodes_per_rail,
+            },
             "jobs_submitted": rec.submitted,
             "jobs_in_workload": self.workload.total,
             "jobs_completed": states.get("COMPLETED", 0),
             "jobs_failed": states.get("FAILED", 0),
             "jobs_rejected": states.get("REJECTED", 0),
             "jobs_cancelled": states.get("CANCELLED", 0),
-            "jobs_unfinished": sum(v for k, v in states.items()
-                                   if k in ("UNFINISHED", "NOT_ADMITTED", "NOT_SUBMITTED")),
+            "jobs_unfinished": sum(
+                v for k, v in states.items() if k in ("UNFINISHED", "NOT_ADMITTED", "NOT_SUBMITTED")
+            ),
             "stop_reason": self.stop_reason,
         }
         summary.update(rec.summary())
-        summary.update({
-            "runs": int(counters.get("runs", 0)),
-            "requeues": int(counters.get("requeues", 0)),
-            "preemptions": int(counters.get("preemptions", 0)),
-            "checkpoints": int(counters.get("checkpoints", 0)),
-            "node_failures": int(counters.get("node_failures", 0)),
-            "breakers_tripped": int(counters.get("breakers_tripped", 0)),
-            "cold_starts": cold,
-            "cold_starts_avoided": warm,
-            "warm_start_ratio": round(warm / (warm + cold), 4) if warm + cold else None,
-            "cold_start_gpu_s": round(counters.get("cold_start_gpu_s", 0.0), 1),
-            "run_outcomes": {k.split(":", 1)[1]: int(v) for k, v in sorted(counters.items())
-                             if k.startswith("outcome:")},
-            "rejections": {k.split(":", 1)[1]: int(v) for k, v in sorted(counters.items())
-                           if k.startswith("rejected:")},
-            "ignored_reports": int(counters.get("ignored_reports", 0)),
-            "invariant_violations": rec.violations,
-            "violations_by_kind": dict(sorted(rec.violations_by_kind.items())),
-            "violation_examples": rec.examples,
-            "events": self.events,
-            "core_outputs": self.outputs,
-            "virtual_s": round(self.now / 1000, 3),
-            "wall_s": round(wall_s, 3),
-            "core_s": round(self.core_s, 3),
-            "events_per_s": round(self.events / wall_s) if wall_s > 0 else None,
-            "notes": list(self.workload.notes),
-        })
+        summary.update(
+            {
+                "runs": int(counters.get("runs", 0)),
+                "requeues": int(counters.get("requeues", 0)),
+                "preemptions": int(counters.get("preemptions", 0)),
+                "checkpoints": int(counters.get("checkpoints", 0)),
+                "node_failures": int(counters.get("node_failures", 0)),
+                "breakers_tripped": int(counters.get("breakers_tripped", 0)),
+                "cold_starts": cold,
+                "cold_starts_avoided": warm,
+                "warm_start_ratio": round(warm / (warm + cold), 4) if warm + cold else None,
+                "cold_start_gpu_s": round(counters.get("cold_start_gpu_s", 0.0), 1),
+                "run_outcomes": {
+                    k.split(":", 1)[1]: int(v)
+                    for k, v in sorted(counters.items())
+                    if k.startswith("outcome:")
+                },
+                "rejections": {
+                    k.split(":", 1)[1]: int(v)
+                    for k, v in sorted(counters.items())
+                    if k.startswith("rejected:")
+                },
+                "ignored_reports": int(counters.get("ignored_reports", 0)),
+                "invariant_violations": rec.violations,
+                "violations_by_kind": dict(sorted(rec.violations_by_kind.items())),
+                "violation_examples": rec.examples,
+                "events": self.events,
+                "core_outputs": self.outputs,
+                "virtual_s": round(self.now / 1000, 3),
+                "wall_s": round(wall_s, 3),
+                "core_s": round(self.core_s, 3),
+                "events_per_s": round(self.events / wall_s) if wall_s > 0 else None,
+                "notes": list(self.workload.notes),
+            }
+        )
         if self.policy.gate:
-            summary["notes"].append("fifo is emulated by an admission gate in the simulator "
-                                    "(the core has no strict-order switch)")
+            summary["notes"].append(
+                "fifo is emulated by an admission gate in the simulator "
+                "(the core has no strict-order switch)"
+            )
         return summary

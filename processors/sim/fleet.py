@@ -5,9 +5,8 @@ These records hold the *truth* the scheduler only learns through events: how
 long a job really takes, which GPUs a process really occupies, which model's
 weights are really warm on a GPU, and whether a node is really alive.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from framespool.schemas import events as ev
 
@@ -34,7 +33,7 @@ def checkpoint_uri(job_id: str, run: int, done_s: float) -> str:
     return f"sim://{job_id}/{run}/{done_s:.3f}"
 
 
-def work_done_in(uri: Optional[str]) -> float:
+def work_done_in(uri: str | None) -> float:
     if not uri or not uri.startswith("sim://"):
         return 0.0
     try:
@@ -46,27 +45,53 @@ def work_done_in(uri: Optional[str]) -> float:
 class SimJob:
     """A job between submission and its terminal event."""
 
-    __slots__ = ("trace", "job_id", "queued", "waiting", "runs", "first_start_ms", "open_run",
-                 "flow", "completed_run", "admitted")
+    __slots__ = (
+        "trace",
+        "job_id",
+        "queued",
+        "waiting",
+        "runs",
+        "first_start_ms",
+        "open_run",
+        "flow",
+        "completed_run",
+        "admitted",
+    )
 
     def __init__(self, trace: TraceJob) -> None:
         self.trace = trace
         self.job_id = trace.job_id
-        self.queued = False           # the cell holds it in a queue (per its events)
-        self.waiting = False          # queued in the cell or in the shell's FIFO gate
+        self.queued = False  # the cell holds it in a queue (per its events)
+        self.waiting = False  # queued in the cell or in the shell's FIFO gate
         self.runs = 0
         self.first_start_ms = -1
-        self.open_run: Optional[tuple[int, int, str]] = None   # (run, start_ms, placement)
-        self.flow = None              # metrics.FlowStats of (tier, tenant)
-        self.completed_run = 0        # run whose RunCompleted the agent sent
+        self.open_run: tuple[int, int, str] | None = None  # (run, start_ms, placement)
+        self.flow = None  # metrics.FlowStats of (tier, tenant)
+        self.completed_run = 0  # run whose RunCompleted the agent sent
         self.admitted = False
 
 
 class SimRun:
     """One attempt's processes across its gang: they start, stop and die together."""
 
-    __slots__ = ("job", "run", "key", "slices", "leader", "incarnations", "pending", "broken",
-                 "alive", "t0_ms", "work_start_ms", "end_ms", "done0", "fails", "gpus", "cold")
+    __slots__ = (
+        "job",
+        "run",
+        "key",
+        "slices",
+        "leader",
+        "incarnations",
+        "pending",
+        "broken",
+        "alive",
+        "t0_ms",
+        "work_start_ms",
+        "end_ms",
+        "done0",
+        "fails",
+        "gpus",
+        "cold",
+    )
 
     def __init__(self, job: SimJob, run: int, placement: tuple[ev.NodeSlice, ...]) -> None:
         self.job = job
@@ -75,13 +100,13 @@ class SimRun:
         self.slices = tuple((s.node_id, s.gpus) for s in placement)
         self.leader = placement[0].node_id
         self.incarnations: dict[str, int] = {}
-        self.pending = len(placement)      # StartRuns not yet received
-        self.broken = False                # a node of the gang could not start it
-        self.alive = False                 # its processes hold GPUs now
+        self.pending = len(placement)  # StartRuns not yet received
+        self.broken = False  # a node of the gang could not start it
+        self.alive = False  # its processes hold GPUs now
         self.t0_ms = 0
-        self.work_start_ms = 0             # after the cold start
+        self.work_start_ms = 0  # after the cold start
         self.end_ms = 0
-        self.done0 = 0.0                   # work already done when it started (resume)
+        self.done0 = 0.0  # work already done when it started (resume)
         self.fails = False
         self.gpus = sum(len(s.gpus) for s in placement)
         self.cold = False
@@ -94,8 +119,19 @@ class SimRun:
 
 
 class SimNode:
-    __slots__ = ("node_id", "index", "rail", "gpus", "incarnation", "alive", "owner", "warm",
-                 "runs", "health", "down_since_ms")
+    __slots__ = (
+        "node_id",
+        "index",
+        "rail",
+        "gpus",
+        "incarnation",
+        "alive",
+        "owner",
+        "warm",
+        "runs",
+        "health",
+        "down_since_ms",
+    )
 
     def __init__(self, node_id: str, index: int, rail: str, gpus: int) -> None:
         self.node_id = node_id
@@ -104,10 +140,10 @@ class SimNode:
         self.gpus = gpus
         self.incarnation = 1
         self.alive = True
-        self.owner: list[Optional[SimRun]] = [None] * gpus
+        self.owner: list[SimRun | None] = [None] * gpus
         self.warm: list[str] = [""] * gpus
         self.runs: dict[tuple[str, int], SimRun] = {}
-        self.health: Optional[tuple[ev.GpuHealth, ...]] = None   # rebuilt when warm changes
+        self.health: tuple[ev.GpuHealth, ...] | None = None  # rebuilt when warm changes
         self.down_since_ms = -1
 
     def health_samples(self, cache: dict) -> tuple[ev.GpuHealth, ...]:
@@ -118,7 +154,8 @@ class SimNode:
                 sample = cache.get((i, model))
                 if sample is None:
                     sample = cache[(i, model)] = ev.GpuHealth(
-                        index=i, warm_models=(model,) if model else ())
+                        index=i, warm_models=(model,) if model else ()
+                    )
                 samples.append(sample)
             self.health = tuple(samples)
         return self.health

@@ -11,9 +11,10 @@ happened on the simulated GPUs:
 
 Each broken rule is a counted invariant violation with an example.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
 
@@ -31,7 +32,7 @@ def placement_text(placement: tuple[ev.NodeSlice, ...]) -> str:
 
 def requeue_outcome(reason: str) -> str:
     if reason.startswith("retry after "):
-        return "requeued:" + reason[len("retry after "):].split(":", 1)[0]
+        return "requeued:" + reason[len("retry after ") :].split(":", 1)[0]
     if reason.startswith("checkpoint-and-move"):
         return "moved"
     if reason.startswith("preempted"):
@@ -40,15 +41,16 @@ def requeue_outcome(reason: str) -> str:
 
 
 class JobEvents:
-    def _job(self: "Simulation", job_id: str, event: object) -> Optional[SimJob]:
+    def _job(self: Simulation, job_id: str, event: object) -> SimJob | None:
         job = self.jobs.get(job_id)
         if job is None:
-            self.recorder.violation("event_for_ended_job",
-                                    f"{type(event).__name__} for {job_id}, which already ended "
-                                    "or was never submitted")
+            self.recorder.violation(
+                "event_for_ended_job",
+                f"{type(event).__name__} for {job_id}, which already ended or was never submitted",
+            )
         return job
 
-    def _enqueue(self: "Simulation", job: SimJob) -> None:
+    def _enqueue(self: Simulation, job: SimJob) -> None:
         if job.queued:
             self.recorder.violation("queued_twice", f"{job.job_id} queued while already queued")
             return
@@ -56,13 +58,13 @@ class JobEvents:
         self.core_queued += 1
         self._wait(job)
 
-    def _wait(self: "Simulation", job: SimJob) -> None:
+    def _wait(self: Simulation, job: SimJob) -> None:
         """The job waits for GPUs (in the cell's queue or the FIFO gate): backlog."""
         if not job.waiting:
             job.waiting = True
             self.recorder.queue_change(job, +1, self.now)
 
-    def _dequeue(self: "Simulation", job: SimJob) -> None:
+    def _dequeue(self: Simulation, job: SimJob) -> None:
         if job.queued:
             job.queued = False
             self.core_queued -= 1
@@ -70,7 +72,7 @@ class JobEvents:
             job.waiting = False
             self.recorder.queue_change(job, -1, self.now)
 
-    def _close_run(self: "Simulation", job: SimJob, run: int, outcome: str) -> None:
+    def _close_run(self: Simulation, job: SimJob, run: int, outcome: str) -> None:
         current = job.open_run
         if current is None or current[0] != run:
             return
@@ -78,22 +80,23 @@ class JobEvents:
         self.recorder.run_closed(job.job_id, run, current[1], current[2], self.now, outcome)
 
     # -- handlers, one per output type ----------------------------------------------
-    def _queued(self: "Simulation", o: ev.JobQueued) -> None:
+    def _queued(self: Simulation, o: ev.JobQueued) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
             self._enqueue(job)
 
-    def _rejected(self: "Simulation", o: ev.JobRejected) -> None:
+    def _rejected(self: Simulation, o: ev.JobRejected) -> None:
         self.recorder.count("rejected:" + o.reason)
         self._terminal(o.job_id, "REJECTED")
 
-    def _assigned(self: "Simulation", o: ev.JobAssigned) -> None:
+    def _assigned(self: Simulation, o: ev.JobAssigned) -> None:
         job = self._job(o.job_id, o)
         if job is None:
             return
         if not job.queued:
-            self.recorder.violation("assigned_while_not_queued",
-                                    f"{o.job_id}#{o.run} assigned while not queued")
+            self.recorder.violation(
+                "assigned_while_not_queued", f"{o.job_id}#{o.run} assigned while not queued"
+            )
         self._dequeue(job)
         self._check_gang(job, o)
         now = self.now
@@ -105,7 +108,7 @@ class JobEvents:
         self.runs[(o.job_id, o.run)] = SimRun(job, o.run, o.placement)
         self.last_progress_ms = now
 
-    def _check_gang(self: "Simulation", job: SimJob, o: ev.JobAssigned) -> None:
+    def _check_gang(self: Simulation, job: SimJob, o: ev.JobAssigned) -> None:
         trace = job.trace
         total = sum(len(s.gpus) for s in o.placement)
         nodes = [s.node_id for s in o.placement]
@@ -114,59 +117,62 @@ class JobEvents:
             problem = f"holds {total} GPUs, asked for {trace.gpus} (event says {o.gpus})"
         elif len(set(nodes)) != len(nodes):
             problem = f"names a node twice: {nodes}"
-        elif any(len(s.gpus) > trace.gpus_per_node or len(set(s.gpus)) != len(s.gpus)
-                 for s in o.placement):
+        elif any(
+            len(s.gpus) > trace.gpus_per_node or len(set(s.gpus)) != len(s.gpus)
+            for s in o.placement
+        ):
             problem = f"over {trace.gpus_per_node} GPUs per node or a GPU twice"
         if problem:
             self.recorder.violation("bad_gang", f"{o.job_id}#{o.run} {problem}")
 
-    def _preempted(self: "Simulation", o: ev.JobPreempted) -> None:
+    def _preempted(self: Simulation, o: ev.JobPreempted) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
             self.recorder.count("preemptions")
             self._close_run(job, o.run, "preempted")
 
-    def _requeued(self: "Simulation", o: ev.JobRequeued) -> None:
+    def _requeued(self: Simulation, o: ev.JobRequeued) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
             self.recorder.count("requeues")
             self._close_run(job, o.run, requeue_outcome(o.reason))
             self._enqueue(job)
 
-    def _completed(self: "Simulation", o: ev.JobCompleted) -> None:
+    def _completed(self: Simulation, o: ev.JobCompleted) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
             if job.completed_run != o.run:
-                self.recorder.violation("completed_without_work",
-                                        f"{o.job_id}#{o.run} completed, but its processes never "
-                                        "finished that run")
+                self.recorder.violation(
+                    "completed_without_work",
+                    f"{o.job_id}#{o.run} completed, but its processes never finished that run",
+                )
             self._close_run(job, o.run, "completed")
         self._terminal(o.job_id, "COMPLETED")
 
-    def _failed(self: "Simulation", o: ev.JobFailed) -> None:
+    def _failed(self: Simulation, o: ev.JobFailed) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
             self._close_run(job, o.run, f"failed:{o.failure_class}")
             self.recorder.count("failed:" + o.failure_class)
         self._terminal(o.job_id, "FAILED")
 
-    def _cancelled(self: "Simulation", o: ev.JobCancelled) -> None:
+    def _cancelled(self: Simulation, o: ev.JobCancelled) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
             self._close_run(job, o.run, "cancelled")
         self._terminal(o.job_id, "CANCELLED")
 
-    def _ignored(self: "Simulation", o: ev.ReportIgnored) -> None:
+    def _ignored(self: Simulation, o: ev.ReportIgnored) -> None:
         self.recorder.count("ignored_reports")
 
-    def _node_state(self: "Simulation", o: ev.NodeStateChanged) -> None:
+    def _node_state(self: Simulation, o: ev.NodeStateChanged) -> None:
         if o.gpu < 0:
             self.recorder.count(f"node_state:{o.state}")
 
-    def _breaker(self: "Simulation", o: ev.BreakerTripped) -> None:
+    def _breaker(self: Simulation, o: ev.BreakerTripped) -> None:
         self.recorder.count("breakers_tripped")
 
-    def _terminal(self: "Simulation", job_id: str, state: str) -> None:
+    def _terminal(self: Simulation, job_id: str, state: str) -> None:
         try:
             idx = idx_of(job_id)
         except ValueError:
@@ -176,8 +182,9 @@ class JobEvents:
         job = self.jobs.pop(job_id, None)
         if job is None:
             if first:
-                self.recorder.violation("terminal_for_unknown_job",
-                                        f"{job_id} ended ({state}) before it was submitted")
+                self.recorder.violation(
+                    "terminal_for_unknown_job", f"{job_id} ended ({state}) before it was submitted"
+                )
             return
         self._dequeue(job)
         self.recorder.finished(job, state, self.now)

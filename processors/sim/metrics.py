@@ -20,29 +20,52 @@ weights), and ``jain_fairness`` is Jain's index over the tenants' fair ratios.
 Metrics always use the job's original tenant and tier, whatever the policy
 presented to the cell.
 """
+
 from __future__ import annotations
 
 import csv
 import math
 from array import array
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any
 
 from .fleet import SimJob
 
 MAX_SAMPLES = 4000
 MAX_VIOLATION_EXAMPLES = 20
 
-JOB_COLUMNS = ("job_id", "tenant", "tier", "gpus", "submit_s", "first_start_s", "end_s", "state",
-               "runs")
+JOB_COLUMNS = (
+    "job_id",
+    "tenant",
+    "tier",
+    "gpus",
+    "submit_s",
+    "first_start_s",
+    "end_s",
+    "state",
+    "runs",
+)
 RUN_COLUMNS = ("job_id", "run", "placement", "start_s", "end_s", "outcome")
 
 
 class FlowStats:
-    __slots__ = ("tier", "tenant", "weight", "gpus", "queued", "last_ms", "gpu_ms",
-                 "backlog_gpu_ms", "entitled_ms", "peer_gpu_ms", "c0", "d0", "tier_stats")
+    __slots__ = (
+        "tier",
+        "tenant",
+        "weight",
+        "gpus",
+        "queued",
+        "last_ms",
+        "gpu_ms",
+        "backlog_gpu_ms",
+        "entitled_ms",
+        "peer_gpu_ms",
+        "c0",
+        "d0",
+        "tier_stats",
+    )
 
-    def __init__(self, tier: "TierStats", tenant: str, weight: float) -> None:
+    def __init__(self, tier: TierStats, tenant: str, weight: float) -> None:
         self.tier = tier.name
         self.tier_stats = tier
         self.tenant = tenant
@@ -50,10 +73,10 @@ class FlowStats:
         self.gpus = 0
         self.queued = 0
         self.last_ms = 0
-        self.gpu_ms = 0.0            # GPU-ms held, whole run
-        self.backlog_gpu_ms = 0.0    # GPU-ms held while backlogged
-        self.entitled_ms = 0.0       # GPU-ms it was entitled to while backlogged
-        self.peer_gpu_ms = 0.0       # GPU-ms its tier's backlogged flows held meanwhile
+        self.gpu_ms = 0.0  # GPU-ms held, whole run
+        self.backlog_gpu_ms = 0.0  # GPU-ms held while backlogged
+        self.entitled_ms = 0.0  # GPU-ms it was entitled to while backlogged
+        self.peer_gpu_ms = 0.0  # GPU-ms its tier's backlogged flows held meanwhile
         self.c0 = 0.0
         self.d0 = 0.0
 
@@ -63,10 +86,10 @@ class TierStats:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.ub = 0          # GPUs held by backlogged flows
-        self.wb = 0.0        # their weights
-        self.c = 0.0         # integral of ub / wb dt
-        self.d = 0.0         # integral of ub dt
+        self.ub = 0  # GPUs held by backlogged flows
+        self.wb = 0.0  # their weights
+        self.c = 0.0  # integral of ub / wb dt
+        self.d = 0.0  # integral of ub dt
         self.last_ms = 0
         self.queued = 0
         self.waits = array("d")
@@ -81,8 +104,9 @@ class TierStats:
 
 
 class Recorder:
-    def __init__(self, out_dir: Optional[Path], capacity_gpus: int,
-                 tenant_weights: dict[str, float]) -> None:
+    def __init__(
+        self, out_dir: Path | None, capacity_gpus: int, tenant_weights: dict[str, float]
+    ) -> None:
         self.capacity = capacity_gpus
         self.available = capacity_gpus
         self.weights = tenant_weights
@@ -100,7 +124,7 @@ class Recorder:
         self.waits = array("d")
         self.states: dict[str, int] = {}
         self.submitted = 0
-        self.terminal = bytearray()          # per job index: terminal events seen
+        self.terminal = bytearray()  # per job index: terminal events seen
         self.violations = 0
         self.violations_by_kind: dict[str, int] = {}
         self.examples: list[str] = []
@@ -159,7 +183,8 @@ class Recorder:
                 tier = self.tiers[trace.tier] = TierStats(trace.tier)
                 tier.last_ms = self.last_ms
             flow = self.flows[(trace.tier, trace.tenant)] = FlowStats(
-                tier, trace.tenant, self.weights.get(trace.tenant, 1.0))
+                tier, trace.tenant, self.weights.get(trace.tenant, 1.0)
+            )
             flow.last_ms = self.last_ms
         job.flow = flow
         return flow
@@ -194,12 +219,12 @@ class Recorder:
         tier.queued += delta
         was = flow.queued
         flow.queued += delta
-        if was == 0 and flow.queued > 0:          # becomes backlogged
+        if was == 0 and flow.queued > 0:  # becomes backlogged
             flow.c0 = tier.c
             flow.d0 = tier.d
             tier.ub += flow.gpus
             tier.wb += flow.weight
-        elif was > 0 and flow.queued == 0:        # stops being backlogged
+        elif was > 0 and flow.queued == 0:  # stops being backlogged
             flow.entitled_ms += flow.weight * (tier.c - flow.c0)
             flow.peer_gpu_ms += tier.d - flow.d0
             tier.ub -= flow.gpus
@@ -233,7 +258,9 @@ class Recorder:
         seen = self.terminal[job_idx]
         self.terminal[job_idx] = min(255, seen + 1)
         if seen:
-            self.violation("second_terminal_event", f"{job_id} got a terminal event {seen + 1} times")
+            self.violation(
+                "second_terminal_event", f"{job_id} got a terminal event {seen + 1} times"
+            )
             return False
         return True
 
@@ -244,13 +271,23 @@ class Recorder:
             self.goodput_gpu_ms += job.trace.gpus * job.trace.duration_s * 1000
         if self.jobs_csv is not None:
             trace = job.trace
-            self.jobs_csv.writerow((
-                job.job_id, trace.tenant, trace.tier, trace.gpus, _s(trace.submit_ms),
-                _s(job.first_start_ms) if job.first_start_ms >= 0 else "", _s(now), state,
-                job.runs))
+            self.jobs_csv.writerow(
+                (
+                    job.job_id,
+                    trace.tenant,
+                    trace.tier,
+                    trace.gpus,
+                    _s(trace.submit_ms),
+                    _s(job.first_start_ms) if job.first_start_ms >= 0 else "",
+                    _s(now),
+                    state,
+                    job.runs,
+                )
+            )
 
-    def run_closed(self, job_id: str, run: int, start_ms: int, placement: str, end_ms: int,
-                   outcome: str) -> None:
+    def run_closed(
+        self, job_id: str, run: int, start_ms: int, placement: str, end_ms: int, outcome: str
+    ) -> None:
         self.count("runs")
         self.count("outcome:" + outcome)
         if self.runs_csv is not None:
@@ -325,19 +362,26 @@ class Recorder:
                 "fair_ratio": round(ratio, 4) if ratio is not None else None,
                 "backlog_gpu_s": round(backlog_ms / 1000, 1),
             }
-        jain = (sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios))
-                if ratios and any(ratios) else None)
+        jain = (
+            sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios))
+            if ratios and any(ratios)
+            else None
+        )
         return {
             "makespan_s": round(makespan_ms / 1000, 3),
             "gpu_utilization": round(self.busy_ms / capacity_ms, 4) if capacity_ms else 0.0,
             "gpu_utilization_of_available": round(self.busy_ms / self.available_ms, 4)
-            if self.available_ms else 0.0,
+            if self.available_ms
+            else 0.0,
             "utilization_under_backlog": round(
-                self.busy_backlog_ms / (self.capacity * self.backlog_ms), 4)
-            if self.backlog_ms else None,
+                self.busy_backlog_ms / (self.capacity * self.backlog_ms), 4
+            )
+            if self.backlog_ms
+            else None,
             "backlog_s": round(self.backlog_ms / 1000, 3),
             "goodput_utilization": round(self.goodput_gpu_ms / capacity_ms, 4)
-            if capacity_ms else 0.0,
+            if capacity_ms
+            else 0.0,
             "wait_s": quantiles(self.waits),
             "wait_s_by_tier": {name: quantiles(t.waits) for name, t in sorted(self.tiers.items())},
             "jain_fairness": round(jain, 4) if jain is not None else None,
@@ -349,7 +393,7 @@ def _s(ms: int) -> str:
     return f"{ms / 1000:.3f}"
 
 
-def quantiles(values: array) -> dict[str, Optional[float]]:
+def quantiles(values: array) -> dict[str, float | None]:
     if not values:
         return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}
     ordered = sorted(values)
@@ -359,5 +403,11 @@ def quantiles(values: array) -> dict[str, Optional[float]]:
         # nearest-rank on the sorted values (no interpolation surprises)
         return round(ordered[min(n - 1, max(0, math.ceil(p * n) - 1))], 3)
 
-    return {"n": n, "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(ordered[-1], 3),
-            "mean": round(sum(ordered) / n, 3)}
+    return {
+        "n": n,
+        "p50": q(0.5),
+        "p90": q(0.9),
+        "p99": q(0.99),
+        "max": round(ordered[-1], 3),
+        "mean": round(sum(ordered) / n, 3),
+    }

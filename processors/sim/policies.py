@@ -18,10 +18,11 @@ under the job's original tenant and tier, so policies compare like for like.
   emulates it with an admission gate: the next job is admitted only when the
   cell holds no queued job. See ``Policy.gate``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from framespool.processors.core import CellConfig, TenantConfig, TierConfig
 
@@ -34,14 +35,15 @@ class Policy:
     name: str
     description: str
     configure: Callable[[CellConfig, dict[str, float]], CellConfig]
-    route: Callable[[str, str], tuple[str, str]]   # (tenant, tier) -> as the cell sees it
-    gate: bool = False   # admit one job at a time, only when the cell holds none queued
+    route: Callable[[str, str], tuple[str, str]]  # (tenant, tier) -> as the cell sees it
+    gate: bool = False  # admit one job at a time, only when the cell holds none queued
 
 
 def _framespool(base: CellConfig, tenants: dict[str, float]) -> CellConfig:
     known = {t.name for t in base.tenants}
-    extra = tuple(TenantConfig(name, weight=weight) for name, weight in tenants.items()
-                  if name not in known)
+    extra = tuple(
+        TenantConfig(name, weight=weight) for name, weight in tenants.items() if name not in known
+    )
     return replace(base, tenants=base.tenants + extra)
 
 
@@ -57,14 +59,25 @@ def _fifo(base: CellConfig, tenants: dict[str, float]) -> CellConfig:
 
 
 POLICIES: dict[str, Policy] = {
-    "framespool": Policy("framespool", "the core as configured: hierarchical fair share in "
-                                       "GPU-time, EASY backfill, preemption",
-                         _framespool, lambda tenant, tier: (tenant, tier)),
-    "backfill": Policy("backfill", "Slurm-like: tier priority, FCFS within a tier, EASY backfill, "
-                                   "no fair share",
-                       _backfill, lambda tenant, tier: (f"{tier}:all", tier)),
-    "fifo": Policy("fifo", "strict FIFO in submit order, no backfill (admission gate in the shell)",
-                   _fifo, lambda tenant, tier: (FIFO, FIFO), gate=True),
+    "framespool": Policy(
+        "framespool",
+        "the core as configured: hierarchical fair share in GPU-time, EASY backfill, preemption",
+        _framespool,
+        lambda tenant, tier: (tenant, tier),
+    ),
+    "backfill": Policy(
+        "backfill",
+        "Slurm-like: tier priority, FCFS within a tier, EASY backfill, no fair share",
+        _backfill,
+        lambda tenant, tier: (f"{tier}:all", tier),
+    ),
+    "fifo": Policy(
+        "fifo",
+        "strict FIFO in submit order, no backfill (admission gate in the shell)",
+        _fifo,
+        lambda tenant, tier: (FIFO, FIFO),
+        gate=True,
+    ),
 }
 
 

@@ -1,9 +1,10 @@
 """Writing a simulation's results: summary.json, report.png and the policy comparison."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .metrics import Recorder
 
@@ -59,32 +60,40 @@ def comparison_table(summaries: list[dict[str, Any]]) -> str:
             row.append("-" if value is None else fmt.format(value))
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+    lines = [
+        "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))
+    ]
     for row in rows:
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))))
+        lines.append(
+            "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        )
     return "\n".join(lines)
 
 
 def write_comparison(summaries: list[dict[str, Any]], out_dir: Path) -> str:
     table = comparison_table(summaries)
     (out_dir / "comparison.txt").write_text(table + "\n")
-    (out_dir / "comparison.json").write_text(json.dumps(comparison_rows(summaries), indent=2) + "\n")
+    (out_dir / "comparison.json").write_text(
+        json.dumps(comparison_rows(summaries), indent=2) + "\n"
+    )
     return table
 
 
-def plot(recorder: Recorder, summary: dict[str, Any], path: Path) -> Optional[Path]:
+def plot(recorder: Recorder, summary: dict[str, Any], path: Path) -> Path | None:
     """Four panels: utilization, queue depth per tier, per-tenant share, wait CDF per tier."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     hours = [t / 3600 for t in recorder.samples_t]
     capacity = max(1, recorder.capacity)
     fig, axes = plt.subplots(2, 2, figsize=(14, 9))
-    title = (f"{summary['workload']} / {summary['policy']}: {summary['jobs_submitted']:,} jobs on "
-             f"{summary['cluster']['gpus']:,} GPUs; util {summary['gpu_utilization']:.2f}, "
-             f"jain {summary['jain_fairness'] if summary['jain_fairness'] is not None else '-'}")
+    title = (
+        f"{summary['workload']} / {summary['policy']}: {summary['jobs_submitted']:,} jobs on "
+        f"{summary['cluster']['gpus']:,} GPUs; util {summary['gpu_utilization']:.2f}, "
+        f"jain {summary['jain_fairness'] if summary['jain_fairness'] is not None else '-'}"
+    )
     fig.suptitle(title)
 
     ax = axes[0][0]
@@ -96,7 +105,7 @@ def plot(recorder: Recorder, summary: dict[str, Any], path: Path) -> Optional[Pa
 
     ax = axes[0][1]
     for tier, series in sorted(recorder.samples_queued.items()):
-        ax.plot(hours[:len(series)], series, lw=1, label=tier)
+        ax.plot(hours[: len(series)], series, lw=1, label=tier)
     ax.set_title("queued jobs per tier")
     ax.set_xlabel("virtual time (h)")
     if recorder.samples_queued:
@@ -119,8 +128,9 @@ def plot(recorder: Recorder, summary: dict[str, Any], path: Path) -> Optional[Pa
         stacks.append(other)
         labels.append(f"{len(rest)} others")
     if stacks and hours:
-        ax.stackplot(hours, *stacks, labels=labels,
-                     colors=[plt.cm.tab20(i % 20) for i in range(len(stacks))])
+        ax.stackplot(
+            hours, *stacks, labels=labels, colors=[plt.cm.tab20(i % 20) for i in range(len(stacks))]
+        )
         ax.legend(fontsize=7, loc="upper right", ncol=2)
     ax.set_ylim(0, 1.05)
     ax.set_title("GPU share per tenant (of all GPUs)")

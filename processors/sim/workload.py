@@ -6,26 +6,51 @@ Streams are generated lazily: a million-job workload never sits in memory.
 Workloads come from a trace file (``trace.py``) or from the synthetic
 generators below, sized to the fleet by an offered load.
 """
+
 from __future__ import annotations
 
 import bisect
 import math
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
 
 
 class TraceJob:
     """One job of the workload, as the simulator knows it (true duration included)."""
 
-    __slots__ = ("idx", "submit_ms", "tenant", "tier", "gpus", "gpus_per_node", "duration_s",
-                 "estimate_s", "preemptible", "checkpoint_s", "model", "model_version",
-                 "fail_prob")
+    __slots__ = (
+        "idx",
+        "submit_ms",
+        "tenant",
+        "tier",
+        "gpus",
+        "gpus_per_node",
+        "duration_s",
+        "estimate_s",
+        "preemptible",
+        "checkpoint_s",
+        "model",
+        "model_version",
+        "fail_prob",
+    )
 
-    def __init__(self, idx: int, submit_ms: int, tenant: str, tier: str, gpus: int,
-                 gpus_per_node: int, duration_s: float, estimate_s: float,
-                 preemptible: bool = False, checkpoint_s: float = 0.0, model: str = "demo",
-                 model_version: str = "1", fail_prob: float = 0.0) -> None:
+    def __init__(
+        self,
+        idx: int,
+        submit_ms: int,
+        tenant: str,
+        tier: str,
+        gpus: int,
+        gpus_per_node: int,
+        duration_s: float,
+        estimate_s: float,
+        preemptible: bool = False,
+        checkpoint_s: float = 0.0,
+        model: str = "demo",
+        model_version: str = "1",
+        fail_prob: float = 0.0,
+    ) -> None:
         self.idx = idx
         self.submit_ms = submit_ms
         self.tenant = tenant
@@ -59,9 +84,9 @@ class Workload:
 
     name: str
     total: int
-    tenants: dict[str, float]                 # tenant -> weight
+    tenants: dict[str, float]  # tenant -> weight
     jobs: Callable[[], Iterator[TraceJob]]
-    node_failures_per_hour: Optional[float] = None   # the workload's default, if any
+    node_failures_per_hour: float | None = None  # the workload's default, if any
     description: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -80,7 +105,7 @@ class TenantMix:
     name: str
     tier: str
     weight: float = 1.0
-    activity: float = 1.0        # relative submission rate
+    activity: float = 1.0  # relative submission rate
     checkpoint_share: float = 0.0  # fraction of its jobs that checkpoint (and are preemptible)
 
 
@@ -105,15 +130,21 @@ def _pick(rng: random.Random, table: tuple[tuple[int, float], ...]) -> int:
 class _JobMaker:
     """Draws job shapes and durations; one instance per stream (own RNG)."""
 
-    def __init__(self, seed: int, median_s: float = 180.0, sigma: float = 0.8,
-                 max_s: float = 7200.0, estimate_sigma: float = 0.25) -> None:
+    def __init__(
+        self,
+        seed: int,
+        median_s: float = 180.0,
+        sigma: float = 0.8,
+        max_s: float = 7200.0,
+        estimate_sigma: float = 0.25,
+    ) -> None:
         self.rng = random.Random(seed)
         self.mu = math.log(median_s)
         self.sigma = sigma
         self.max_s = max_s
         self.estimate_sigma = estimate_sigma
 
-    def duration(self, mu: Optional[float] = None, max_s: Optional[float] = None) -> float:
+    def duration(self, mu: float | None = None, max_s: float | None = None) -> float:
         d = self.rng.lognormvariate(self.mu if mu is None else mu, self.sigma)
         return round(min(max(d, 10.0), self.max_s if max_s is None else max_s), 1)
 
@@ -122,18 +153,37 @@ class _JobMaker:
             return duration
         return round(max(5.0, duration * self.rng.lognormvariate(0.0, self.estimate_sigma)), 1)
 
-    def make(self, idx: int, t_s: float, tenant: TenantMix, gpus: int, duration: float,
-             fail_prob: float = 0.0, model_version: str = "1") -> TraceJob:
+    def make(
+        self,
+        idx: int,
+        t_s: float,
+        tenant: TenantMix,
+        gpus: int,
+        duration: float,
+        fail_prob: float = 0.0,
+        model_version: str = "1",
+    ) -> TraceJob:
         rng = self.rng
         checkpoint = tenant.checkpoint_share and rng.random() < tenant.checkpoint_share
         # 70% of a tenant's jobs use its favourite model: warm GPUs can be reused
-        model = MODELS[_stable_model(tenant.name) if rng.random() < 0.7
-                       else rng.randrange(len(MODELS))]
-        return TraceJob(idx=idx, submit_ms=int(t_s * 1000), tenant=tenant.name, tier=tenant.tier,
-                        gpus=gpus, gpus_per_node=min(gpus, 8), duration_s=duration,
-                        estimate_s=self.estimate(duration), preemptible=bool(checkpoint),
-                        checkpoint_s=120.0 if checkpoint else 0.0, model=model,
-                        model_version=model_version, fail_prob=fail_prob)
+        model = MODELS[
+            _stable_model(tenant.name) if rng.random() < 0.7 else rng.randrange(len(MODELS))
+        ]
+        return TraceJob(
+            idx=idx,
+            submit_ms=int(t_s * 1000),
+            tenant=tenant.name,
+            tier=tenant.tier,
+            gpus=gpus,
+            gpus_per_node=min(gpus, 8),
+            duration_s=duration,
+            estimate_s=self.estimate(duration),
+            preemptible=bool(checkpoint),
+            checkpoint_s=120.0 if checkpoint else 0.0,
+            model=model,
+            model_version=model_version,
+            fail_prob=fail_prob,
+        )
 
 
 def _mean_gpu_s(sizes: tuple[tuple[int, float], ...], median_s: float, sigma: float) -> float:
@@ -141,8 +191,7 @@ def _mean_gpu_s(sizes: tuple[tuple[int, float], ...], median_s: float, sigma: fl
     return mean_gpus * median_s * math.exp(sigma * sigma / 2)
 
 
-def _poisson(rng: random.Random, rate_of: Callable[[float], float], peak: float
-             ) -> Iterator[float]:
+def _poisson(rng: random.Random, rate_of: Callable[[float], float], peak: float) -> Iterator[float]:
     """Arrival times of a (possibly time-varying) Poisson process, by thinning."""
     t = 0.0
     while True:
@@ -156,17 +205,29 @@ def _stable_model(tenant: str) -> int:
     return sum(tenant.encode()) % len(MODELS)
 
 
-def _mixed(name: str, jobs: int, seed: int, capacity_gpus: int, load: float,
-           tenants: tuple[TenantMix, ...], sizes=SMALL_SIZES, median_s: float = 180.0,
-           sigma: float = 0.8, rate_shape: Optional[Callable[[float, float], float]] = None,
-           gang_share: float = 0.0, fail_prob: float = 0.0, bad_share: float = 0.0,
-           description: str = "", node_failures: Optional[float] = None) -> Workload:
+def _mixed(
+    name: str,
+    jobs: int,
+    seed: int,
+    capacity_gpus: int,
+    load: float,
+    tenants: tuple[TenantMix, ...],
+    sizes=SMALL_SIZES,
+    median_s: float = 180.0,
+    sigma: float = 0.8,
+    rate_shape: Callable[[float, float], float] | None = None,
+    gang_share: float = 0.0,
+    fail_prob: float = 0.0,
+    bad_share: float = 0.0,
+    description: str = "",
+    node_failures: float | None = None,
+) -> Workload:
     """Tenants submitting a size/duration mix at a Poisson rate sized to ``load``."""
     mean = _mean_gpu_s(sizes, median_s, sigma)
     if gang_share:
         gang_mean = _mean_gpu_s(GANG_SIZES, median_s * 2, sigma)
         mean = (1 - gang_share) * mean + gang_share * gang_mean
-    rate = load * capacity_gpus / mean          # jobs per second on average
+    rate = load * capacity_gpus / mean  # jobs per second on average
     span_s = jobs / rate
     activity = [t.activity for t in tenants]
     total_activity = sum(activity)
@@ -197,19 +258,30 @@ def _mixed(name: str, jobs: int, seed: int, capacity_gpus: int, load: float,
             version = "1"
             job_fail = fail_prob
             if bad_share and maker.rng.random() < bad_share:
-                version, job_fail = "2-rc", 0.8   # a bad release: most of its runs crash
+                version, job_fail = "2-rc", 0.8  # a bad release: most of its runs crash
             yield maker.make(idx, t, tenant, gpus, duration, job_fail, version)
 
-    return Workload(name=name, total=jobs,
-                    tenants={t.name: t.weight for t in tenants}, jobs=jobs_iter,
-                    node_failures_per_hour=node_failures,
-                    description=description or name)
+    return Workload(
+        name=name,
+        total=jobs,
+        tenants={t.name: t.weight for t in tenants},
+        jobs=jobs_iter,
+        node_failures_per_hour=node_failures,
+        description=description or name,
+    )
 
 
 def steady(jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Workload:
-    return _mixed("steady", jobs, seed, capacity_gpus, load, STEADY_TENANTS,
-                  description=f"16 tenants over 5 tiers, Poisson arrivals at {load:.0%} load, "
-                              "1-8 GPU jobs, log-normal durations (median 180 s)")
+    return _mixed(
+        "steady",
+        jobs,
+        seed,
+        capacity_gpus,
+        load,
+        STEADY_TENANTS,
+        description=f"16 tenants over 5 tiers, Poisson arrivals at {load:.0%} load, "
+        "1-8 GPU jobs, log-normal durations (median 180 s)",
+    )
 
 
 def diurnal(jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Workload:
@@ -220,25 +292,52 @@ def diurnal(jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Work
         if t < 0:
             return 1.6
         return 1.0 + 0.6 * math.sin(2 * math.pi * t / period)
-    return _mixed("diurnal", jobs, seed, capacity_gpus, load, STEADY_TENANTS, rate_shape=shape,
-                  description=f"steady's mix with a sinusoidal day (x0.4 to x1.6 of {load:.0%} load)")
+
+    return _mixed(
+        "diurnal",
+        jobs,
+        seed,
+        capacity_gpus,
+        load,
+        STEADY_TENANTS,
+        rate_shape=shape,
+        description=f"steady's mix with a sinusoidal day (x0.4 to x1.6 of {load:.0%} load)",
+    )
 
 
 def gangs(jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Workload:
-    return _mixed("gangs", jobs, seed, capacity_gpus, load, STEADY_TENANTS, sizes=((1, 0.7), (2, 0.3)),
-                  gang_share=0.25,
-                  description="25% of jobs are 8-64 GPU gangs (8 per node, median 360 s) among "
-                              "1-2 GPU jobs")
+    return _mixed(
+        "gangs",
+        jobs,
+        seed,
+        capacity_gpus,
+        load,
+        STEADY_TENANTS,
+        sizes=((1, 0.7), (2, 0.3)),
+        gang_share=0.25,
+        description="25% of jobs are 8-64 GPU gangs (8 per node, median 360 s) among 1-2 GPU jobs",
+    )
 
 
 def failures(jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Workload:
-    tenants = tuple(TenantMix(t.name, t.tier, t.weight, t.activity, max(t.checkpoint_share, 0.5))
-                    for t in STEADY_TENANTS)
-    return _mixed("failures", jobs, seed, capacity_gpus, load, tenants, fail_prob=0.03,
-                  bad_share=0.02, node_failures=0.01,
-                  description="steady with 3% of runs failing (generator_error), 2% of jobs on a "
-                              "bad model release (80% of its runs fail), node failures "
-                              "0.01/node-hour unless --node-failures says otherwise")
+    tenants = tuple(
+        TenantMix(t.name, t.tier, t.weight, t.activity, max(t.checkpoint_share, 0.5))
+        for t in STEADY_TENANTS
+    )
+    return _mixed(
+        "failures",
+        jobs,
+        seed,
+        capacity_gpus,
+        load,
+        tenants,
+        fail_prob=0.03,
+        bad_share=0.02,
+        node_failures=0.01,
+        description="steady with 3% of runs failing (generator_error), 2% of jobs on a "
+        "bad model release (80% of its runs fail), node failures "
+        "0.01/node-hour unless --node-failures says otherwise",
+    )
 
 
 def flood(jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Workload:
@@ -267,10 +366,15 @@ def flood(jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Worklo
             tenant = tenants[0] if u < 100 else tenants[1 + min(int(u - 100), len(small) - 1)]
             yield maker.make(idx, t, tenant, _pick(maker.rng, FLOOD_SIZES), maker.duration())
 
-    return Workload(name="flood", total=jobs, tenants={n: 1.0 for n in names}, jobs=jobs_iter,
-                    description="tenant 'flood' submits 100x the jobs of a, b and c (equal "
-                                "weights, one tier, 1-2 GPU jobs); each small tenant asks for 3x "
-                                "its share")
+    return Workload(
+        name="flood",
+        total=jobs,
+        tenants={n: 1.0 for n in names},
+        jobs=jobs_iter,
+        description="tenant 'flood' submits 100x the jobs of a, b and c (equal "
+        "weights, one tier, 1-2 GPU jobs); each small tenant asks for 3x "
+        "its share",
+    )
 
 
 SYNTHETIC: dict[str, Callable[..., Workload]] = {
@@ -282,12 +386,12 @@ SYNTHETIC: dict[str, Callable[..., Workload]] = {
 }
 
 
-def synthetic(name: str, jobs: int, seed: int, capacity_gpus: int,
-              load: float = 0.9) -> Workload:
+def synthetic(name: str, jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Workload:
     maker = SYNTHETIC.get(name)
     if maker is None:
-        raise ValueError(f"unknown synthetic workload {name!r}; choose one of "
-                         f"{', '.join(SYNTHETIC)}")
+        raise ValueError(
+            f"unknown synthetic workload {name!r}; choose one of {', '.join(SYNTHETIC)}"
+        )
     if jobs < 1:
         raise ValueError(f"--jobs={jobs} must be at least 1")
     return maker(jobs, seed, capacity_gpus, load)

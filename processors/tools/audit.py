@@ -7,16 +7,23 @@ scheduling pass asks, so the answer is the scheduler's, not a second opinion.
 It only reads the cell (the predicates it calls read, and ``leaf_of`` finds
 the job's existing flow).
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core import lifecycle as lc
 from framespool.processors.core.model import DOWN, GPU_OK, Job, Node
-from framespool.processors.tools.history import LogContents, Refold, decode_all, event_dict, parse_position
+from framespool.processors.tools.history import (
+    LogContents,
+    Refold,
+    decode_all,
+    event_dict,
+    parse_position,
+)
 from framespool.processors.tools.timeline import Entry, job_timeline
 from framespool.schemas import events as ev
 
@@ -29,13 +36,17 @@ def explain_wait(cell: Cell, job_id: str) -> dict[str, Any]:
     job = cell.jobs.get(job_id)
     if job is None:
         state = cell.finished.get(job_id, "UNKNOWN")
-        return {"job_id": job_id, "state": state, "waiting": False, "blockers": [],
-                "unblock": []}
+        return {"job_id": job_id, "state": state, "waiting": False, "blockers": [], "unblock": []}
     out: dict[str, Any] = {
-        "job_id": job_id, "state": job.state, "waiting": job.state == lc.QUEUED,
-        "cell": cell.cell_id, "now_ms": cell.now_ms,
+        "job_id": job_id,
+        "state": job.state,
+        "waiting": job.state == lc.QUEUED,
+        "cell": cell.cell_id,
+        "now_ms": cell.now_ms,
         "queued_for_s": round((cell.now_ms - job.queued_ms) / 1000, 3),
-        "cell_reason": job.reason, "wait_estimate_s": round(job.wait_estimate_s, 3)}
+        "cell_reason": job.reason,
+        "wait_estimate_s": round(job.wait_estimate_s, 3),
+    }
     if job.state != lc.QUEUED:
         out["run"] = run_status(cell, job)
         return out
@@ -43,21 +54,28 @@ def explain_wait(cell: Cell, job_id: str) -> dict[str, Any]:
     out["quota"] = quota(cell, job)
     out["shapes"] = [shape_view(cell, job, s) for s in cell.shapes_of(job)]
     out["capacity"] = capacity(cell)
-    out["reservation"] = {"holder": cell.reservation_job or None,
-                          "nodes": list(cell.reservation_nodes),
-                          "shadow_in_s": _in_s(cell, cell.reservation_shadow_ms)
-                          if cell.reservation_job else None}
-    out["claims"] = {j: {"nodes": list(nodes), "expires_in_s": _in_s(cell, until)}
-                     for j, (nodes, until) in cell.claims.items()}
+    out["reservation"] = {
+        "holder": cell.reservation_job or None,
+        "nodes": list(cell.reservation_nodes),
+        "shadow_in_s": _in_s(cell, cell.reservation_shadow_ms) if cell.reservation_job else None,
+    }
+    out["claims"] = {
+        j: {"nodes": list(nodes), "expires_in_s": _in_s(cell, until)}
+        for j, (nodes, until) in cell.claims.items()
+    }
     model = f"{job.spec.model}@{job.spec.model_version}"
-    out["breakers"] = [{"scope": scope, "key": key, "for_s": _in_s(cell, until)}
-                       for (m, scope, key), until in cell.breakers.items()
-                       if m == model and until > cell.now_ms]
+    out["breakers"] = [
+        {"scope": scope, "key": key, "for_s": _in_s(cell, until)}
+        for (m, scope, key), until in cell.breakers.items()
+        if m == model and until > cell.now_ms
+    ]
     tier = cell.config.tier(job.tier)
-    out["preemption"] = {"tier_may_preempt": bool(tier and tier.may_preempt),
-                         "sla_wait_s": tier.sla_wait_s if tier else None,
-                         "under_guarantee": cell.under_guarantee(job),
-                         "claim": job_id in cell.claims}
+    out["preemption"] = {
+        "tier_may_preempt": bool(tier and tier.may_preempt),
+        "sla_wait_s": tier.sla_wait_s if tier else None,
+        "under_guarantee": cell.under_guarantee(job),
+        "claim": job_id in cell.claims,
+    }
     out["blockers"], out["unblock"] = _verdict(cell, job, out)
     return out
 
@@ -70,11 +88,16 @@ def run_status(cell: Cell, job: Job) -> dict[str, Any]:
     run = cell.runs.get((job.job_id, job.run))
     if run is None:
         return {"run": job.run, "phase": None}
-    return {"run": run.run, "phase": run.phase, "held": {n: list(g) for n, g in run.held.items()},
-            "started_s_ago": round((cell.now_ms - run.started_ms) / 1000, 3),
-            "projected_end_in_s": _in_s(cell, run.projected_end_ms(cell.now_ms)),
-            "limit_in_s": _in_s(cell, run.limit_ms), "last_report_s_ago":
-            round((cell.now_ms - run.last_report_ms) / 1000, 3), "exit": run.exit_intent or None}
+    return {
+        "run": run.run,
+        "phase": run.phase,
+        "held": {n: list(g) for n, g in run.held.items()},
+        "started_s_ago": round((cell.now_ms - run.started_ms) / 1000, 3),
+        "projected_end_in_s": _in_s(cell, run.projected_end_ms(cell.now_ms)),
+        "limit_in_s": _in_s(cell, run.limit_ms),
+        "last_report_s_ago": round((cell.now_ms - run.last_report_ms) / 1000, 3),
+        "exit": run.exit_intent or None,
+    }
 
 
 def fair_position(cell: Cell, job: Job) -> dict[str, Any]:
@@ -83,34 +106,57 @@ def fair_position(cell: Cell, job: Job) -> dict[str, Any]:
     leaf = cell.leaf_of(job)
     queue = list(leaf.requeued) + list(leaf.queue)
     pos = queue.index(job.job_id) if job.job_id in queue else -1
-    own_ahead = sum(cell.jobs[j].cost for j in queue[:pos + 1]) if pos >= 0 else job.cost
+    own_ahead = sum(cell.jobs[j].cost for j in queue[: pos + 1]) if pos >= 0 else job.cost
     levels = []
     for flow, level in zip(leaf.chain(), ("user", "organisation", "tier")):
         siblings = list(flow.parent.active.values())
         ranked = sorted(range(len(siblings)), key=lambda i: (siblings[i].vt(), i))
         rank = ranked.index(siblings.index(flow)) + 1 if flow in siblings else None
-        ahead = [siblings[i].name for i in ranked[:(rank or 1) - 1]]
-        levels.append({"level": level, "name": flow.name, "weight": flow.weight,
-                       "usage_gpu_s": round(flow.usage, 3), "virtual_time": round(flow.vt(), 3),
-                       "rank": rank, "backlogged": len(siblings), "served_before": ahead[:5]})
-    return {"position_in_queue": pos + 1, "queue_length": len(queue),
-            "requeued": job.job_id in leaf.requeued,
-            "gpu_seconds_ahead": round(cell.fair.work_ahead(leaf, own_ahead) - job.cost, 3),
-            "predicted_wait_s": round(cell.predicted_wait_s(job, own_ahead), 3),
-            "levels": levels}
+        ahead = [siblings[i].name for i in ranked[: (rank or 1) - 1]]
+        levels.append(
+            {
+                "level": level,
+                "name": flow.name,
+                "weight": flow.weight,
+                "usage_gpu_s": round(flow.usage, 3),
+                "virtual_time": round(flow.vt(), 3),
+                "rank": rank,
+                "backlogged": len(siblings),
+                "served_before": ahead[:5],
+            }
+        )
+    return {
+        "position_in_queue": pos + 1,
+        "queue_length": len(queue),
+        "requeued": job.job_id in leaf.requeued,
+        "gpu_seconds_ahead": round(cell.fair.work_ahead(leaf, own_ahead) - job.cost, 3),
+        "predicted_wait_s": round(cell.predicted_wait_s(job, own_ahead), 3),
+        "levels": levels,
+    }
 
 
 def quota(cell: Cell, job: Job) -> dict[str, Any]:
     tenant = cell.config.tenant(job.tenant)
     org = cell.org_use.get(job.tenant)
     user = cell.user_use.get((job.tenant, job.user))
-    return {"verdict": cell.cap_hit(job) or None, "gpus_asked": job.shape[0],
-            "org": {"name": job.tenant, "gpus": org.gpus if org else 0,
-                    "max_gpus": tenant.max_gpus, "running": org.running if org else 0,
-                    "max_running": tenant.max_running},
-            "user": {"name": job.user, "gpus": user.gpus if user else 0,
-                     "max_gpus": tenant.user_max_gpus, "running": user.running if user else 0,
-                     "max_running": tenant.user_max_running}}
+    return {
+        "verdict": cell.cap_hit(job) or None,
+        "gpus_asked": job.shape[0],
+        "org": {
+            "name": job.tenant,
+            "gpus": org.gpus if org else 0,
+            "max_gpus": tenant.max_gpus,
+            "running": org.running if org else 0,
+            "max_running": tenant.max_running,
+        },
+        "user": {
+            "name": job.user,
+            "gpus": user.gpus if user else 0,
+            "max_gpus": tenant.user_max_gpus,
+            "running": user.running if user else 0,
+            "max_running": tenant.user_max_running,
+        },
+    }
 
 
 def _why_not(cell: Cell, job: Job, node: Node, estimate_s: float, holder: bool) -> str:
@@ -119,14 +165,20 @@ def _why_not(cell: Cell, job: Job, node: Node, estimate_s: float, holder: bool) 
     spec = job.spec
     if node.node_id in cell.claimed_nodes(job.job_id):
         return "claimed by a preemptor"
-    if not holder and cell.reservation_job and node.node_id in cell.reservation_nodes and \
-            cell.now_ms + estimate_s * 1000 > cell.reservation_shadow_ms:
+    if (
+        not holder
+        and cell.reservation_job
+        and node.node_id in cell.reservation_nodes
+        and cell.now_ms + estimate_s * 1000 > cell.reservation_shadow_ms
+    ):
         return "reserved for the reservation holder"
     if spec.gpu_type and node.gpu_type != spec.gpu_type:
         return f"GPU type {node.gpu_type}, job needs {spec.gpu_type}"
     model = f"{spec.model}@{spec.model_version}"
-    if cell.breakers.get((model, "node", node.node_id), 0) > cell.now_ms or \
-            cell.breakers.get((model, "gpu_type", node.gpu_type), 0) > cell.now_ms:
+    if (
+        cell.breakers.get((model, "node", node.node_id), 0) > cell.now_ms
+        or cell.breakers.get((model, "gpu_type", node.gpu_type), 0) > cell.now_ms
+    ):
         return f"breaker open for {model}"
     return "CPU or memory"
 
@@ -143,24 +195,41 @@ def shape_view(cell: Cell, job: Job, shape: tuple[int, int, float]) -> dict[str,
     fitting = [cell.index.nodes[n] for n, free in cell.index.bucket_of.items() if free >= per]
     excluded = Counter(_why_not(cell, job, n, estimate, holder) for n in fitting if not ok_now(n))
     by_rail = Counter(n.rail for n in fitting if ok_now(n))
-    releases = sorted((run.projected_end_ms(cell.now_ms), node_id, len(g))
-                      for run in cell.runs.values() for node_id, g in run.held.items())
+    releases = sorted(
+        (run.projected_end_ms(cell.now_ms), node_id, len(g))
+        for run in cell.runs.values()
+        for node_id, g in run.held.items()
+    )
     fit = cell.index.earliest_fit(per, nodes_needed, releases, ok_unreserved)
-    exists = sum(1 for n in cell.index.nodes.values() if n.state != DOWN and n.total >= per
-                 and (not job.spec.gpu_type or n.gpu_type == job.spec.gpu_type))
-    return {"gpus": gpus, "gpus_per_node": per_node, "nodes_needed": nodes_needed,
-            "estimate_s": estimate, "fits_now": now is not None and not refused,
-            "placement": now.reason if now else None,
-            "fits_ignoring_reservation": cell.index.find(gpus, per_node, job.spec.model,
-                                                         ok_unreserved) is not None,
-            "blocked_by_guarantees": refused and now is not None,
-            "nodes_with_room": len(fitting), "eligible_nodes": sum(by_rail.values()),
-            "eligible_by_rail": dict(sorted(by_rail.items())), "excluded": dict(excluded),
-            "nodes_that_could_ever_fit": exists,
-            "earliest_start_in_s": _in_s(cell, max(fit[0], cell.now_ms)) if fit else None,
-            "backfill_before_reservation": bool(cell.reservation_job and not holder and
-                                                cell.now_ms + estimate * 1000
-                                                <= cell.reservation_shadow_ms)}
+    exists = sum(
+        1
+        for n in cell.index.nodes.values()
+        if n.state != DOWN
+        and n.total >= per
+        and (not job.spec.gpu_type or n.gpu_type == job.spec.gpu_type)
+    )
+    return {
+        "gpus": gpus,
+        "gpus_per_node": per_node,
+        "nodes_needed": nodes_needed,
+        "estimate_s": estimate,
+        "fits_now": now is not None and not refused,
+        "placement": now.reason if now else None,
+        "fits_ignoring_reservation": cell.index.find(gpus, per_node, job.spec.model, ok_unreserved)
+        is not None,
+        "blocked_by_guarantees": refused and now is not None,
+        "nodes_with_room": len(fitting),
+        "eligible_nodes": sum(by_rail.values()),
+        "eligible_by_rail": dict(sorted(by_rail.items())),
+        "excluded": dict(excluded),
+        "nodes_that_could_ever_fit": exists,
+        "earliest_start_in_s": _in_s(cell, max(fit[0], cell.now_ms)) if fit else None,
+        "backfill_before_reservation": bool(
+            cell.reservation_job
+            and not holder
+            and cell.now_ms + estimate * 1000 <= cell.reservation_shadow_ms
+        ),
+    }
 
 
 def capacity(cell: Cell) -> dict[str, Any]:
@@ -170,8 +239,9 @@ def capacity(cell: Cell) -> dict[str, Any]:
     for node in cell.index.nodes.values():
         nodes[node.state] += 1
         if node.state != "UP":
-            unhealthy.append({"node": node.node_id, "state": node.state,
-                              "reason": node.state_reason})
+            unhealthy.append(
+                {"node": node.node_id, "state": node.state, "reason": node.state_reason}
+            )
         for i in range(node.total):
             if node.state == DOWN:
                 gpus["down"] += 1
@@ -181,8 +251,12 @@ def capacity(cell: Cell) -> dict[str, Any]:
                 gpus[node.gpu_state[i]] += 1
             else:
                 gpus["free" if node.schedulable else "idle_not_schedulable"] += 1
-    return {"free_schedulable": cell.index.free_total, "gpus": dict(gpus), "nodes": dict(nodes),
-            "unhealthy_nodes": unhealthy[:20]}
+    return {
+        "free_schedulable": cell.index.free_total,
+        "gpus": dict(gpus),
+        "nodes": dict(nodes),
+        "unhealthy_nodes": unhealthy[:20],
+    }
 
 
 def _verdict(cell: Cell, job: Job, view: dict[str, Any]) -> tuple[list[dict], list[str]]:
@@ -196,63 +270,94 @@ def _verdict(cell: Cell, job: Job, view: dict[str, Any]) -> tuple[list[dict], li
 
     if job.job_id in cell.claims:
         nodes, until = cell.claims[job.job_id]
-        block("preempting", f"{job.reason}; it holds a claim on {', '.join(nodes)}",
-              f"the victims checkpoint and stop (within {_in_s(cell, until):.0f}s); then it "
-              "starts on the claimed nodes")
+        block(
+            "preempting",
+            f"{job.reason}; it holds a claim on {', '.join(nodes)}",
+            f"the victims checkpoint and stop (within {_in_s(cell, until):.0f}s); then it "
+            "starts on the claimed nodes",
+        )
     q = view["quota"]
     if q["verdict"]:
         scope = q[q["verdict"]]
-        block(f"quota_{q['verdict']}", f"{q['verdict']} {scope['name']} uses {scope['gpus']} GPUs "
-              f"(max {scope['max_gpus'] or 'unlimited'}) in {scope['running']} runs "
-              f"(max {scope['max_running'] or 'unlimited'}); this job asks {q['gpus_asked']}",
-              f"one of {scope['name']}'s runs ends, or its quota is raised")
+        block(
+            f"quota_{q['verdict']}",
+            f"{q['verdict']} {scope['name']} uses {scope['gpus']} GPUs "
+            f"(max {scope['max_gpus'] or 'unlimited'}) in {scope['running']} runs "
+            f"(max {scope['max_running'] or 'unlimited'}); this job asks {q['gpus_asked']}",
+            f"one of {scope['name']}'s runs ends, or its quota is raised",
+        )
     shapes = view["shapes"]
     if any(s["fits_now"] for s in shapes):
         fair = view["fair_share"]
         if not q["verdict"]:
-            block("next_pass", f"it fits now ({next(s['placement'] for s in shapes if s['fits_now'])})"
-                  f"; {fair['position_in_queue'] - 1} job(s) ahead of it in its own queue",
-                  "nothing: the next scheduling pass (every Tick) places it unless work ahead "
-                  "of it in fair order takes the GPUs first")
+            block(
+                "next_pass",
+                f"it fits now ({next(s['placement'] for s in shapes if s['fits_now'])})"
+                f"; {fair['position_in_queue'] - 1} job(s) ahead of it in its own queue",
+                "nothing: the next scheduling pass (every Tick) places it unless work ahead "
+                "of it in fair order takes the GPUs first",
+            )
         return blockers, unblock
-    best = min(shapes, key=lambda s: (s["earliest_start_in_s"] is None,
-                                      s["earliest_start_in_s"] or 0))
+    best = min(
+        shapes, key=lambda s: (s["earliest_start_in_s"] is None, s["earliest_start_in_s"] or 0)
+    )
     shape = f"{best['gpus']} GPU(s) as {best['nodes_needed']} node(s) x {best['gpus_per_node']}"
     if best["nodes_that_could_ever_fit"] < best["nodes_needed"]:
-        block("topology", f"{shape}: only {best['nodes_that_could_ever_fit']} live node(s) are "
-              f"big enough{' and of type ' + job.spec.gpu_type if job.spec.gpu_type else ''}",
-              "more (or repaired) nodes of that shape join the cell, or the job asks for fewer "
-              "GPUs per node")
+        block(
+            "topology",
+            f"{shape}: only {best['nodes_that_could_ever_fit']} live node(s) are "
+            f"big enough{' and of type ' + job.spec.gpu_type if job.spec.gpu_type else ''}",
+            "more (or repaired) nodes of that shape join the cell, or the job asks for fewer "
+            "GPUs per node",
+        )
     if view["reservation"]["holder"] == job.job_id:
-        block("reservation_holder", f"it holds the reservation on "
-              f"{', '.join(view['reservation']['nodes'])} from t+"
-              f"{view['reservation']['shadow_in_s']:.0f}s; others backfill around it",
-              "the reserved nodes free up (running runs end) and it starts there")
+        block(
+            "reservation_holder",
+            f"it holds the reservation on "
+            f"{', '.join(view['reservation']['nodes'])} from t+"
+            f"{view['reservation']['shadow_in_s']:.0f}s; others backfill around it",
+            "the reserved nodes free up (running runs end) and it starts there",
+        )
     elif best["fits_ignoring_reservation"]:
         res = view["reservation"]
-        block("reservation", f"{res['holder']} holds {', '.join(res['nodes'])} until t+"
-              f"{res['shadow_in_s']:.0f}s and this job ({best['estimate_s']:g}s) would not finish "
-              "before then (EASY backfill)", f"{res['holder']} starts, or a shape that ends "
-              "before the reservation's shadow time")
+        block(
+            "reservation",
+            f"{res['holder']} holds {', '.join(res['nodes'])} until t+"
+            f"{res['shadow_in_s']:.0f}s and this job ({best['estimate_s']:g}s) would not finish "
+            "before then (EASY backfill)",
+            f"{res['holder']} starts, or a shape that ends before the reservation's shadow time",
+        )
     if any(s["blocked_by_guarantees"] for s in shapes):
-        block("guarantees", "the free GPUs are other tenants' or tiers' idle reserved capacity, "
-              "which non-preemptible work may not borrow", "submit it preemptible, or wait "
-              "for unreserved GPUs")
+        block(
+            "guarantees",
+            "the free GPUs are other tenants' or tiers' idle reserved capacity, "
+            "which non-preemptible work may not borrow",
+            "submit it preemptible, or wait for unreserved GPUs",
+        )
     if best["fits_ignoring_reservation"] and view["reservation"]["holder"] != job.job_id:
         return blockers, unblock
     excluded = ", ".join(f"{n} {why}" for why, n in best["excluded"].items())
     free = view["capacity"]["free_schedulable"]
-    block("capacity", f"{shape}: {best['eligible_nodes']} eligible node(s) have "
-          f"{min(best['gpus_per_node'], best['gpus'])} free GPUs, {best['nodes_needed']} needed; "
-          f"{free} GPU(s) free in the cell" + (f"; excluded: {excluded}" if excluded else ""),
-          f"running work ends: projected start in {best['earliest_start_in_s']:.0f}s"
-          if best["earliest_start_in_s"] is not None else
-          "no projected release frees enough nodes: nodes must recover or join")
+    block(
+        "capacity",
+        f"{shape}: {best['eligible_nodes']} eligible node(s) have "
+        f"{min(best['gpus_per_node'], best['gpus'])} free GPUs, {best['nodes_needed']} needed; "
+        f"{free} GPU(s) free in the cell" + (f"; excluded: {excluded}" if excluded else ""),
+        f"running work ends: projected start in {best['earliest_start_in_s']:.0f}s"
+        if best["earliest_start_in_s"] is not None
+        else "no projected release frees enough nodes: nodes must recover or join",
+    )
     for b in view["breakers"]:
-        block("breaker", f"breaker open for {job.spec.model}@{job.spec.model_version} on "
-              f"{b['scope']} {b['key']}", f"the breaker closes in {b['for_s']:.0f}s")
+        block(
+            "breaker",
+            f"breaker open for {job.spec.model}@{job.spec.model_version} on "
+            f"{b['scope']} {b['key']}",
+            f"the breaker closes in {b['for_s']:.0f}s",
+        )
     if view["capacity"]["unhealthy_nodes"]:
-        bad = ", ".join(f"{n['node']} {n['state']}" for n in view["capacity"]["unhealthy_nodes"][:5])
+        bad = ", ".join(
+            f"{n['node']} {n['state']}" for n in view["capacity"]["unhealthy_nodes"][:5]
+        )
         blockers.append({"code": "health", "detail": f"nodes not UP: {bad}"})
     return blockers, unblock
 
@@ -269,33 +374,47 @@ class AuditReport:
     terminal: Any = None
     runs: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[Entry] = field(default_factory=list)
-    explanation: Optional[dict[str, Any]] = None
+    explanation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "cell": self.cell, "state": self.state,
-                "spec": event_dict(self.spec), "terminal": event_dict(self.terminal),
-                "runs": self.runs, "timeline": [e.to_dict() for e in self.timeline],
-                "explanation": self.explanation}
+        return {
+            "job_id": self.job_id,
+            "cell": self.cell,
+            "state": self.state,
+            "spec": event_dict(self.spec),
+            "terminal": event_dict(self.terminal),
+            "runs": self.runs,
+            "timeline": [e.to_dict() for e in self.timeline],
+            "explanation": self.explanation,
+        }
 
     def render(self) -> str:
         s = self.spec
         head = f"job {self.job_id}: {self.state}" + (f" in {self.cell}" if self.cell else "")
         if s is not None:
-            head += (f"  tenant {s.tenant}/{s.user or s.tenant}, tier {s.tier}, {s.gpus} GPU(s),"
-                     f" model {s.model}@{s.model_version}")
+            head += (
+                f"  tenant {s.tenant}/{s.user or s.tenant}, tier {s.tier}, {s.gpus} GPU(s),"
+                f" model {s.model}@{s.model_version}"
+            )
         lines = [head, ""]
         lines.extend(e.line() for e in self.timeline)
         for r in self.runs:
-            lines.append(f"run {r['run']}: {r['gpus']} GPU(s) on {', '.join(r['nodes'])}: "
-                         f"{r['reason']} -> {r['end'] or 'live'}")
+            lines.append(
+                f"run {r['run']}: {r['gpus']} GPU(s) on {', '.join(r['nodes'])}: "
+                f"{r['reason']} -> {r['end'] or 'live'}"
+            )
         x = self.explanation
         if x and x.get("waiting"):
             lines += ["", f"waiting {x['queued_for_s']:.0f}s; cell says: {x['cell_reason'] or '-'}"]
             fair = x["fair_share"]
-            lines.append(f"fair share: #{fair['position_in_queue']} of {fair['queue_length']} in "
-                         f"its queue; {fair['gpu_seconds_ahead']:.0f} GPU-s ahead; ranks " +
-                         ", ".join(f"{lv['level']} {lv['name']} {lv['rank']}/{lv['backlogged']}"
-                                   for lv in fair["levels"]))
+            lines.append(
+                f"fair share: #{fair['position_in_queue']} of {fair['queue_length']} in "
+                f"its queue; {fair['gpu_seconds_ahead']:.0f} GPU-s ahead; ranks "
+                + ", ".join(
+                    f"{lv['level']} {lv['name']} {lv['rank']}/{lv['backlogged']}"
+                    for lv in fair["levels"]
+                )
+            )
             for b in x["blockers"]:
                 lines.append(f"blocked ({b['code']}): {b['detail']}")
             for u in x["unblock"]:
@@ -305,7 +424,7 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def audit(log: LogContents, job_id: str, config: Optional[CellConfig] = None) -> AuditReport:
+def audit(log: LogContents, job_id: str, config: CellConfig | None = None) -> AuditReport:
     """The job's timeline; for a live job, its re-folded cell's view of it."""
     commands = decode_all(log.commands)
     job_events = decode_all(log.job_events)
@@ -320,8 +439,13 @@ def audit(log: LogContents, job_id: str, config: Optional[CellConfig] = None) ->
         wanted = int(report.cell.split("-")[1])
         partitions = {p: r for p, r in partitions.items() if p == wanted}
     scheduler = [d for records in partitions.values() for d in decode_all(records)]
-    report.timeline = job_timeline(job_id, commands=commands, scheduler=scheduler,
-                                   job_events=job_events, assignments=assignments)
+    report.timeline = job_timeline(
+        job_id,
+        commands=commands,
+        scheduler=scheduler,
+        job_events=job_events,
+        assignments=assignments,
+    )
     report.runs = _runs(report.timeline)
     terminals = [e.event for e in report.timeline if isinstance(e.event, ev.TERMINAL_EVENTS)]
     if terminals:
@@ -342,9 +466,18 @@ def _runs(timeline: list[Entry]) -> list[dict[str, Any]]:
     for e in timeline:
         x = e.event
         if isinstance(x, ev.JobAssigned) and parse_position(x.event_id):
-            runs[x.run] = {"run": x.run, "gpus": x.gpus, "nodes": list(e.nodes),
-                           "reason": x.reason, "assigned_ms": x.ts_ms, "end": None}
-        elif isinstance(x, (*ev.TERMINAL_EVENTS, ev.JobRequeued, ev.JobPreempted)) and \
-                getattr(x, "run", 0) in runs and runs[x.run]["end"] is None:
+            runs[x.run] = {
+                "run": x.run,
+                "gpus": x.gpus,
+                "nodes": list(e.nodes),
+                "reason": x.reason,
+                "assigned_ms": x.ts_ms,
+                "end": None,
+            }
+        elif (
+            isinstance(x, (*ev.TERMINAL_EVENTS, ev.JobRequeued, ev.JobPreempted))
+            and getattr(x, "run", 0) in runs
+            and runs[x.run]["end"] is None
+        ):
             runs[x.run]["end"] = f"{type(x).__name__}: {e.summary}"
     return list(runs.values())

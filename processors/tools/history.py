@@ -15,14 +15,15 @@ Theory of operation
    that raises (dead letter ``processing_error``), so a re-fold emits exactly
    what the processor would have.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.routing import PROCESSING_ERROR, Outgoing
@@ -35,13 +36,13 @@ from framespool.schemas import topics as catalogue
 _POSITION = re.compile(r"^(cell-\d+)@(\d+)/(\d+)$")
 
 
-def parse_position(event_id: str) -> Optional[tuple[str, int, int]]:
+def parse_position(event_id: str) -> tuple[str, int, int] | None:
     """``(cell, input offset, output index)`` of a cell output's event id, else None."""
     m = _POSITION.match(event_id or "")
     return (m[1], int(m[2]), int(m[3])) if m else None
 
 
-def event_dict(event: Any) -> Optional[dict[str, Any]]:
+def event_dict(event: Any) -> dict[str, Any] | None:
     """An event as JSON-ready data: ``{"type": name, **fields}``."""
     if event is None:
         return None
@@ -55,7 +56,7 @@ def diff_fields(a: Any, b: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
 
 
-def job_of(event: Any) -> Optional[str]:
+def job_of(event: Any) -> str | None:
     """The job an event is about, if any (``ReportIgnored`` subjects ``job`` or ``job#run``)."""
     if isinstance(event, ev.ReportIgnored):
         return event.subject.partition("#")[0] or None
@@ -70,7 +71,7 @@ def fmt_ms(ms: int) -> str:
     """A wall-clock time in ms as an ISO-8601 UTC string (empty for 0)."""
     if not ms:
         return ""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
 # --------------------------------------------------------------------------
@@ -127,18 +128,26 @@ class LogContents:
         return self.committed.get(group, {}).get(partition, 0)
 
 
-def as_records(topic: str, events: Iterable[Any], partition: int = 0, start: int = 0,
-               key: Optional[str] = None) -> list[Record]:
+def as_records(
+    topic: str, events: Iterable[Any], partition: int = 0, start: int = 0, key: str | None = None
+) -> list[Record]:
     """Events encoded as consecutive records of one partition (tests, forged input)."""
-    return [Record(topic=topic, partition=partition, offset=start + i,
-                   key=key.encode() if key else None, value=codec.encode(e))
-            for i, e in enumerate(events)]
+    return [
+        Record(
+            topic=topic,
+            partition=partition,
+            offset=start + i,
+            key=key.encode() if key else None,
+            value=codec.encode(e),
+        )
+        for i, e in enumerate(events)
+    ]
 
 
 # --------------------------------------------------------------------------
 # --until
 # --------------------------------------------------------------------------
-_EPOCH_MS_MIN = 10**11   # an integer this large is a time in ms, not an offset
+_EPOCH_MS_MIN = 10**11  # an integer this large is a time in ms, not an offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,14 +155,15 @@ class Until:
     """Where a replay stops: after input ``offset`` (inclusive), or before the first
     Tick that moves the cell's clock past ``time_ms``."""
 
-    offset: Optional[int] = None
-    time_ms: Optional[int] = None
+    offset: int | None = None
+    time_ms: int | None = None
 
     def stops_before(self, record: Record, event: Any) -> bool:
         if self.offset is not None:
             return record.offset > self.offset
-        return (self.time_ms is not None and isinstance(event, ev.Tick)
-                and event.now_ms > self.time_ms)
+        return (
+            self.time_ms is not None and isinstance(event, ev.Tick) and event.now_ms > self.time_ms
+        )
 
     def describe(self) -> str:
         if self.offset is not None:
@@ -170,10 +180,12 @@ def parse_until(text: str) -> Until:
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"--until {text!r} is neither an offset, epoch milliseconds nor an "
-                         "ISO-8601 time such as 2026-05-01T12:00:00Z") from None
+        raise ValueError(
+            f"--until {text!r} is neither an offset, epoch milliseconds nor an "
+            "ISO-8601 time such as 2026-05-01T12:00:00Z"
+        ) from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return Until(time_ms=int(when.timestamp() * 1000))
 
 
@@ -183,8 +195,9 @@ def parse_until(text: str) -> Until:
 class Refold:
     """One scheduler partition re-folded from offset 0 with the processor's own fold."""
 
-    def __init__(self, partition: int, config: Optional[CellConfig] = None,
-                 topics: Any = catalogue) -> None:
+    def __init__(
+        self, partition: int, config: CellConfig | None = None, topics: Any = catalogue
+    ) -> None:
         self.fold = SchedulerFold(config or CellConfig(), topics)
         self.partition = partition
         self.cell: Cell = self.fold.new_state(partition)
@@ -204,11 +217,12 @@ class Refold:
             self.processing_errors.append((record.offset, repr(exc)))
             return [self.fold.dead_letter(record, PROCESSING_ERROR, repr(exc))]
 
-    def run(self, records: Iterable[Record], until: Optional[Until] = None) -> "Refold":
+    def run(self, records: Iterable[Record], until: Until | None = None) -> Refold:
         """Fold ``records`` (in offset order), stopping where ``until`` says."""
         for r in records:
             if until is not None and until.stops_before(
-                    r, _peek(r) if until.time_ms is not None else None):
+                r, _peek(r) if until.time_ms is not None else None
+            ):
                 break
             self.step(r)
         return self

@@ -24,11 +24,12 @@ of the core's state:
   outputs may only be ``ReportIgnored`` and ``StopRun`` (telling zombies to
   stop); anything else is a state change from a stale report.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.tools.history import parse_position
 from framespool.schemas import events as ev
@@ -48,18 +49,23 @@ class Violation:
     where: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "subject": self.subject, "detail": self.detail,
-                "where": self.where}
+        return {
+            "kind": self.kind,
+            "subject": self.subject,
+            "detail": self.detail,
+            "where": self.where,
+        }
 
     def line(self) -> str:
-        return f"{self.kind}: {self.subject}: {self.detail}" + (f" [{self.where}]"
-                                                                 if self.where else "")
+        return f"{self.kind}: {self.subject}: {self.detail}" + (
+            f" [{self.where}]" if self.where else ""
+        )
 
 
 @dataclass
 class _Holding:
     run: tuple[str, int]
-    since: str            # event id of the JobAssigned
+    since: str  # event id of the JobAssigned
 
 
 @dataclass
@@ -78,8 +84,9 @@ class CellLedger:
     unplaced: int = 0
 
     # -- the walk --------------------------------------------------------------
-    def walk(self, inputs: Iterable[tuple[int, Any]],
-             outputs: Mapping[int, list[Any]]) -> "CellLedger":
+    def walk(
+        self, inputs: Iterable[tuple[int, Any]], outputs: Mapping[int, list[Any]]
+    ) -> CellLedger:
         """``inputs``: (offset, event) in offset order (None for undecodable);
         ``outputs``: offset -> that input's emitted outputs in index order."""
         seen: set[int] = set()
@@ -93,11 +100,15 @@ class CellLedger:
                 self.stale_reports += 1
                 changes = [o for o in outs if not isinstance(o, STALE_MAY_EMIT)]
                 if changes:
-                    self.violations.append(Violation(
-                        "stale_report_changed_state", _subject(event),
-                        f"stale {type(event).__name__} {event.event_id} ({stale}) produced "
-                        + ", ".join(f"{type(o).__name__} {o.event_id}" for o in changes),
-                        f"{self.cell}@{offset}"))
+                    self.violations.append(
+                        Violation(
+                            "stale_report_changed_state",
+                            _subject(event),
+                            f"stale {type(event).__name__} {event.event_id} ({stale}) produced "
+                            + ", ".join(f"{type(o).__name__} {o.event_id}" for o in changes),
+                            f"{self.cell}@{offset}",
+                        )
+                    )
             if event is not None:
                 self._input(event, accepted)
             for out in outs:
@@ -122,8 +133,10 @@ class CellLedger:
             return ""
         if isinstance(e, (ev.NodeHeartbeat, ev.NodeRegistered)):
             known = self.incarnation.get(e.node_id)
-            if known is not None and (e.incarnation < known or (
-                    isinstance(e, ev.NodeRegistered) and e.incarnation == known)):
+            if known is not None and (
+                e.incarnation < known
+                or (isinstance(e, ev.NodeRegistered) and e.incarnation == known)
+            ):
                 return f"incarnation {e.incarnation}, node is at {known}"
         return ""
 
@@ -135,8 +148,11 @@ class CellLedger:
                 self.node_size[e.node_id] = e.gpus
         elif isinstance(e, (ev.RunCompleted, ev.RunStopped, ev.RunFailed)):
             self._confirm((e.job_id, e.run), e.node_id)
-        elif isinstance(e, ev.NodeHeartbeat) and accepted and \
-                e.incarnation == self.incarnation.get(e.node_id):
+        elif (
+            isinstance(e, ev.NodeHeartbeat)
+            and accepted
+            and e.incarnation == self.incarnation.get(e.node_id)
+        ):
             listed = {(r.job_id, r.run) for r in e.runs}
             for (node, _), h in list(self.gpus.items()):
                 if node == e.node_id and h.run not in listed and h.run in self.ended:
@@ -169,20 +185,30 @@ class CellLedger:
             clashes: dict[tuple[str, int], tuple[str, list[int]]] = {}
             for gpu in piece.gpus:
                 if size is not None and not 0 <= gpu < size:
-                    self.violations.append(Violation(
-                        "gpu_out_of_range", f"{piece.node_id}:{gpu}",
-                        f"{o.event_id} places {o.job_id}#{o.run} on GPU {gpu} of a "
-                        f"{size}-GPU node", where))
+                    self.violations.append(
+                        Violation(
+                            "gpu_out_of_range",
+                            f"{piece.node_id}:{gpu}",
+                            f"{o.event_id} places {o.job_id}#{o.run} on GPU {gpu} of a "
+                            f"{size}-GPU node",
+                            where,
+                        )
+                    )
                 holder = self.gpus.get((piece.node_id, gpu))
                 if holder is not None and holder.run != key:
                     clashes.setdefault(holder.run, (holder.since, []))[1].append(gpu)
                 self.gpus[(piece.node_id, gpu)] = _Holding(key, o.event_id)
             for other, (since, gpus) in clashes.items():
-                self.violations.append(Violation(
-                    "double_booked", f"{piece.node_id}:{','.join(map(str, gpus))}",
-                    f"{o.event_id} gives GPU(s) {gpus} of {piece.node_id} to {o.job_id}#{o.run} "
-                    f"while {other[0]}#{other[1]} holds them (assigned by {since}, not yet "
-                    "released and confirmed)", where))
+                self.violations.append(
+                    Violation(
+                        "double_booked",
+                        f"{piece.node_id}:{','.join(map(str, gpus))}",
+                        f"{o.event_id} gives GPU(s) {gpus} of {piece.node_id} to {o.job_id}#{o.run} "
+                        f"while {other[0]}#{other[1]} holds them (assigned by {since}, not yet "
+                        "released and confirmed)",
+                        where,
+                    )
+                )
 
     def _confirm(self, run: tuple[str, int], node: str) -> None:
         self.confirmed.add((run, node))
@@ -212,18 +238,20 @@ def _subject(e: Any) -> str:
     return getattr(e, "node_id", "") or getattr(e, "event_id", "?")
 
 
-def check_cell_history(cell: str, inputs: Iterable[tuple[int, Any]],
-                       outputs: Iterable[Any]) -> CellLedger:
+def check_cell_history(
+    cell: str, inputs: Iterable[tuple[int, Any]], outputs: Iterable[Any]
+) -> CellLedger:
     """Walk one cell's inputs and emitted outputs (any order; placed by event id)."""
     by_offset: dict[int, list[tuple[int, Any]]] = {}
     seen: set[str] = set()
     for o in outputs:
         pos = parse_position(o.event_id)
         if pos is not None and pos[0] == cell and o.event_id not in seen:
-            seen.add(o.event_id)     # at-least-once: a re-delivered output is the same one
+            seen.add(o.event_id)  # at-least-once: a re-delivered output is the same one
             by_offset.setdefault(pos[1], []).append((pos[2], o))
-    ordered = {off: [o for _, o in sorted(items, key=lambda x: x[0])]
-               for off, items in by_offset.items()}
+    ordered = {
+        off: [o for _, o in sorted(items, key=lambda x: x[0])] for off, items in by_offset.items()
+    }
     return CellLedger(cell).walk(inputs, ordered)
 
 
@@ -237,20 +265,29 @@ def first_terminal_violations(job_events: Iterable[Any]) -> tuple[list[Violation
     for e in job_events:
         if e.event_id in seen:
             if seen[e.event_id] != e:
-                violations.append(Violation(
-                    "conflicting_duplicate", e.event_id,
-                    f"two different events carry this id: {type(seen[e.event_id]).__name__} "
-                    f"and {type(e).__name__}"))
+                violations.append(
+                    Violation(
+                        "conflicting_duplicate",
+                        e.event_id,
+                        f"two different events carry this id: {type(seen[e.event_id]).__name__} "
+                        f"and {type(e).__name__}",
+                    )
+                )
             continue
         seen[e.event_id] = e
         if not isinstance(e, ev.TERMINAL_EVENTS):
             continue
-        earlier: Optional[Any] = first.get(e.job_id)
+        earlier: Any | None = first.get(e.job_id)
         if earlier is None:
             first[e.job_id] = e
             continue
-        violations.append(Violation(
-            "duplicate_terminal", e.job_id,
-            f"{type(e).__name__} {e.event_id} after {type(earlier).__name__} "
-            f"{earlier.event_id}: a job has exactly one terminal event", e.event_id))
+        violations.append(
+            Violation(
+                "duplicate_terminal",
+                e.job_id,
+                f"{type(e).__name__} {e.event_id} after {type(earlier).__name__} "
+                f"{earlier.event_id}: a job has exactly one terminal event",
+                e.event_id,
+            )
+        )
     return violations, first

@@ -20,16 +20,23 @@ last one replayed); outputs of later inputs are left out (``beyond``).
 Differing, missing and unexpected are divergences; the first one, in input
 order, is reported exactly: input position, expected and emitted event.
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.history import (
-    LogContents, Refold, Until, decode_all, diff_fields, event_dict, parse_position,
+    LogContents,
+    Refold,
+    Until,
+    decode_all,
+    diff_fields,
+    event_dict,
+    parse_position,
 )
 from framespool.producers.log import Record
 from framespool.schemas import codec
@@ -42,15 +49,15 @@ MISSING, DIFFERING, UNEXPECTED = "missing", "differing", "unexpected"
 class Divergence:
     kind: str
     cell: str
-    offset: int             # the input's offset in the cell's partition
-    index: int              # the output's index among that input's outputs
+    offset: int  # the input's offset in the cell's partition
+    index: int  # the output's index among that input's outputs
     topic: str
     event_id: str
-    input: Any = None       # the input event (None if undecodable or not replayed)
+    input: Any = None  # the input event (None if undecodable or not replayed)
     expected: Any = None
-    expected_partition: Optional[int] = None
+    expected_partition: int | None = None
     emitted: Any = None
-    emitted_at: tuple[int, int] = (-1, -1)   # (partition, offset) of the emitted record
+    emitted_at: tuple[int, int] = (-1, -1)  # (partition, offset) of the emitted record
     fields: list[str] = field(default_factory=list)
 
     @property
@@ -61,28 +68,43 @@ class Divergence:
         return (self.cell, self.offset, self.index, self.topic)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "position": self.position, "index": self.index,
-                "topic": self.topic, "event_id": self.event_id, "input": event_dict(self.input),
-                "expected": event_dict(self.expected),
-                "expected_partition": self.expected_partition,
-                "emitted": event_dict(self.emitted),
-                "emitted_at": ({"partition": self.emitted_at[0], "offset": self.emitted_at[1]}
-                               if self.emitted is not None else None),
-                "differing_fields": self.fields}
+        return {
+            "kind": self.kind,
+            "position": self.position,
+            "index": self.index,
+            "topic": self.topic,
+            "event_id": self.event_id,
+            "input": event_dict(self.input),
+            "expected": event_dict(self.expected),
+            "expected_partition": self.expected_partition,
+            "emitted": event_dict(self.emitted),
+            "emitted_at": (
+                {"partition": self.emitted_at[0], "offset": self.emitted_at[1]}
+                if self.emitted is not None
+                else None
+            ),
+            "differing_fields": self.fields,
+        }
 
     def describe(self) -> str:
         where = f"{self.position} output #{self.index} on {self.topic}"
-        head = {MISSING: "missing output", DIFFERING: "emitted output differs",
-                UNEXPECTED: "unexpected output"}[self.kind]
+        head = {
+            MISSING: "missing output",
+            DIFFERING: "emitted output differs",
+            UNEXPECTED: "unexpected output",
+        }[self.kind]
         lines = [f"{head} at {where}"]
         if self.input is not None:
             lines.append(f"  input:    {type(self.input).__name__} {self.input.event_id}")
         if self.expected is not None:
-            lines.append(f"  expected: {_one_line(self.expected)} "
-                         f"(partition {self.expected_partition})")
+            lines.append(
+                f"  expected: {_one_line(self.expected)} (partition {self.expected_partition})"
+            )
         if self.emitted is not None:
-            lines.append(f"  emitted:  {_one_line(self.emitted)} "
-                         f"(partition {self.emitted_at[0]}, offset {self.emitted_at[1]})")
+            lines.append(
+                f"  emitted:  {_one_line(self.emitted)} "
+                f"(partition {self.emitted_at[0]}, offset {self.emitted_at[1]})"
+            )
         if self.fields:
             lines.append(f"  differing fields: {', '.join(self.fields)}")
         return "\n".join(lines)
@@ -106,24 +128,31 @@ class ReplayReport:
         return not self.divergences
 
     @property
-    def first(self) -> Optional[Divergence]:
+    def first(self) -> Divergence | None:
         return min(self.divergences, key=Divergence.sort_key) if self.divergences else None
 
     def to_dict(self, limit: int = 50) -> dict[str, Any]:
         ordered = sorted(self.divergences, key=Divergence.sort_key)
-        return {"ok": self.ok, "until": self.until, "committed_known": self.committed_known,
-                "cells": self.cells, "counts": dict(sorted(self.counts.items())),
-                "first_divergence": ordered[0].to_dict() if ordered else None,
-                "divergences": [d.to_dict() for d in ordered[:limit]],
-                "divergences_total": len(ordered)}
+        return {
+            "ok": self.ok,
+            "until": self.until,
+            "committed_known": self.committed_known,
+            "cells": self.cells,
+            "counts": dict(sorted(self.counts.items())),
+            "first_divergence": ordered[0].to_dict() if ordered else None,
+            "divergences": [d.to_dict() for d in ordered[:limit]],
+            "divergences_total": len(ordered),
+        }
 
     def render(self, limit: int = 5) -> str:
         c = self.counts
         lines = []
         for cell, info in self.cells.items():
-            lines.append(f"{cell}: replayed {info['inputs']} inputs (offsets "
-                         f"{info['first_offset']}..{info['last_offset']}), committed below "
-                         f"{info['committed']}")
+            lines.append(
+                f"{cell}: replayed {info['inputs']} inputs (offsets "
+                f"{info['first_offset']}..{info['last_offset']}), committed below "
+                f"{info['committed']}"
+            )
         if self.until:
             lines.append(f"stopped {self.until}")
         lines.append(
@@ -131,10 +160,13 @@ class ReplayReport:
             f"missing {c['missing']}, unexpected {c['unexpected']}, differing {c['differing']}, "
             f"pending {c['pending']} (inputs not committed yet), duplicates {c['duplicates']} "
             f"(identical re-deliveries), dead letters {c['dead_letters']}, processing errors "
-            f"{c['processing_errors']}, beyond the replay {c['beyond']}")
+            f"{c['processing_errors']}, beyond the replay {c['beyond']}"
+        )
         if not self.committed_known:
-            lines.append("warning: the scheduler's committed offsets could not be read; "
-                         "unemitted outputs count as pending, not missing")
+            lines.append(
+                "warning: the scheduler's committed offsets could not be read; "
+                "unemitted outputs count as pending, not missing"
+            )
         if self.ok:
             lines.append("OK: every emitted output matches the re-fold")
             return "\n".join(lines)
@@ -157,8 +189,9 @@ class _Emitted:
     event: Any
 
 
-def index_emitted(records: Iterable[Record], cells: set[str], counts: Counter
-                  ) -> dict[tuple[str, str], list[_Emitted]]:
+def index_emitted(
+    records: Iterable[Record], cells: set[str], counts: Counter
+) -> dict[tuple[str, str], list[_Emitted]]:
     """Emitted outputs of ``cells`` by (topic, event id); others are only counted."""
     out: dict[tuple[str, str], list[_Emitted]] = {}
     for d in decode_all(records):
@@ -170,22 +203,28 @@ def index_emitted(records: Iterable[Record], cells: set[str], counts: Counter
             counts["emitted_by_others"] += 1
             continue
         out.setdefault((d.record.topic, d.event_id), []).append(
-            _Emitted(d.record.partition, d.record.offset, d.record.value, d.event))
+            _Emitted(d.record.partition, d.record.offset, d.record.value, d.event)
+        )
     return out
 
 
-def compare(partitions: Mapping[int, list[Record]], emitted_records: Iterable[Record],
-            config: Optional[CellConfig] = None, topics: Any = None,
-            committed: Optional[Mapping[int, int]] = None,
-            until: Optional[Until] = None) -> ReplayReport:
+def compare(
+    partitions: Mapping[int, list[Record]],
+    emitted_records: Iterable[Record],
+    config: CellConfig | None = None,
+    topics: Any = None,
+    committed: Mapping[int, int] | None = None,
+    until: Until | None = None,
+) -> ReplayReport:
     """Re-fold each partition's records and compare with the emitted records.
 
     ``committed``: the scheduler's committed next offset per partition (None:
     unknown, nothing counts as missing).
     """
     topics = topics or catalogue
-    report = ReplayReport(until=until.describe() if until else "",
-                          committed_known=committed is not None)
+    report = ReplayReport(
+        until=until.describe() if until else "", committed_known=committed is not None
+    )
     counts = report.counts
     refolds = {p: Refold(p, config, topics) for p in partitions}
     emitted = index_emitted(emitted_records, {r.cell_id for r in refolds.values()}, counts)
@@ -207,13 +246,25 @@ def compare(partitions: Mapping[int, list[Record]], emitted_records: Iterable[Re
                 counts["outputs"] += 1
                 key = (out.topic, out.event.event_id)
                 expected_ids.add(key)
-                _check_output(report, key, out, emitted.get(key), cell, record, input_event,
-                              index, committed_below=limit)
+                _check_output(
+                    report,
+                    key,
+                    out,
+                    emitted.get(key),
+                    cell,
+                    record,
+                    input_event,
+                    index,
+                    committed_below=limit,
+                )
         counts["inputs"] += inputs
         counts["processing_errors"] += len(refold.processing_errors)
-        report.cells[cell] = {"inputs": inputs, "first_offset": records[0].offset if records
-                              else None, "last_offset": refold.last_offset,
-                              "committed": limit if committed is not None else None}
+        report.cells[cell] = {
+            "inputs": inputs,
+            "first_offset": records[0].offset if records else None,
+            "last_offset": refold.last_offset,
+            "committed": limit if committed is not None else None,
+        }
     last = {r.cell_id: r.last_offset for r in refolds.values()}
     for key, copies in emitted.items():
         if key in expected_ids:
@@ -224,24 +275,51 @@ def compare(partitions: Mapping[int, list[Record]], emitted_records: Iterable[Re
             continue
         counts["unexpected"] += 1
         first = copies[0]
-        report.divergences.append(Divergence(
-            UNEXPECTED, cell, offset, index, key[0], key[1], emitted=first.event,
-            emitted_at=(first.partition, first.offset)))
+        report.divergences.append(
+            Divergence(
+                UNEXPECTED,
+                cell,
+                offset,
+                index,
+                key[0],
+                key[1],
+                emitted=first.event,
+                emitted_at=(first.partition, first.offset),
+            )
+        )
     return report
 
 
-def _check_output(report: ReplayReport, key: tuple[str, str], out: Any,
-                  copies: Optional[list[_Emitted]], cell: str, record: Record, input_event: Any,
-                  index: int, committed_below: int) -> None:
+def _check_output(
+    report: ReplayReport,
+    key: tuple[str, str],
+    out: Any,
+    copies: list[_Emitted] | None,
+    cell: str,
+    record: Record,
+    input_event: Any,
+    index: int,
+    committed_below: int,
+) -> None:
     counts = report.counts
     if not copies:
         if committed_below < 0 or record.offset >= committed_below:
             counts["pending"] += 1
             return
         counts["missing"] += 1
-        report.divergences.append(Divergence(
-            MISSING, cell, record.offset, index, key[0], key[1], input=input_event,
-            expected=out.event, expected_partition=out.partition))
+        report.divergences.append(
+            Divergence(
+                MISSING,
+                cell,
+                record.offset,
+                index,
+                key[0],
+                key[1],
+                input=input_event,
+                expected=out.event,
+                expected_partition=out.partition,
+            )
+        )
         return
     bad = next((c for c in copies if c.value != out.value or c.partition != out.partition), None)
     if bad is None:
@@ -252,10 +330,22 @@ def _check_output(report: ReplayReport, key: tuple[str, str], out: Any,
     fields = diff_fields(out.event, bad.event)
     if bad.partition != out.partition:
         fields.append("(partition)")
-    report.divergences.append(Divergence(
-        DIFFERING, cell, record.offset, index, key[0], key[1], input=input_event,
-        expected=out.event, expected_partition=out.partition, emitted=bad.event,
-        emitted_at=(bad.partition, bad.offset), fields=fields))
+    report.divergences.append(
+        Divergence(
+            DIFFERING,
+            cell,
+            record.offset,
+            index,
+            key[0],
+            key[1],
+            input=input_event,
+            expected=out.event,
+            expected_partition=out.partition,
+            emitted=bad.event,
+            emitted_at=(bad.partition, bad.offset),
+            fields=fields,
+        )
+    )
 
 
 def _decode_or_none(record: Record) -> Any:
@@ -265,8 +355,12 @@ def _decode_or_none(record: Record) -> Any:
         return None
 
 
-def replay(log: LogContents, config: Optional[CellConfig] = None,
-           cells: Optional[Iterable[int]] = None, until: Optional[Until] = None) -> ReplayReport:
+def replay(
+    log: LogContents,
+    config: CellConfig | None = None,
+    cells: Iterable[int] | None = None,
+    until: Until | None = None,
+) -> ReplayReport:
     """Replay the scheduler partitions in ``log`` (only ``cells`` if given)."""
     partitions = log.scheduler_partitions()
     if cells is not None:
@@ -275,5 +369,11 @@ def replay(log: LogContents, config: Optional[CellConfig] = None,
         for p in wanted - set(partitions):
             partitions[p] = []
     committed = log.committed.get("scheduler")
-    return compare(partitions, [*log.job_events, *log.assignments], config, log.topics,
-                   committed=committed, until=until)
+    return compare(
+        partitions,
+        [*log.job_events, *log.assignments],
+        config,
+        log.topics,
+        committed=committed,
+        until=until,
+    )

@@ -18,20 +18,29 @@ its offset in the cell's partition, and the cell's outputs at
 An event seen twice (at-least-once, or ``JobAdmitted`` on both job-events
 and the scheduler topic) appears once, at its cell position when it has one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.tools.history import Decoded, event_dict, fmt_ms, job_of, parse_position
 from framespool.schemas import events as ev
 
 SOURCES = {
-    ev.SubmitJob: "user", ev.CancelJob: "user", ev.JobAdmitted: "admission",
-    ev.StartRun: "scheduler", ev.StopRun: "scheduler", ev.CheckpointRun: "scheduler",
-    ev.RunStarted: "agent", ev.RunCheckpointed: "agent", ev.RunCompleted: "agent",
-    ev.RunFailed: "agent", ev.RunStopped: "agent", ev.NodeHeartbeat: "agent",
+    ev.SubmitJob: "user",
+    ev.CancelJob: "user",
+    ev.JobAdmitted: "admission",
+    ev.StartRun: "scheduler",
+    ev.StopRun: "scheduler",
+    ev.CheckpointRun: "scheduler",
+    ev.RunStarted: "agent",
+    ev.RunCheckpointed: "agent",
+    ev.RunCompleted: "agent",
+    ev.RunFailed: "agent",
+    ev.RunStopped: "agent",
+    ev.NodeHeartbeat: "agent",
 }
 
 
@@ -43,24 +52,34 @@ class Entry:
     kind: str
     source: str
     summary: str
-    run: Optional[int] = None
+    run: int | None = None
     nodes: tuple[str, ...] = ()
-    incarnation: Optional[int] = None
+    incarnation: int | None = None
     event: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"where": self.where, "ts_ms": self.ts_ms, "time": fmt_ms(self.ts_ms),
-                "type": self.kind, "source": self.source, "run": self.run,
-                "nodes": list(self.nodes), "incarnation": self.incarnation,
-                "summary": self.summary, "event": event_dict(self.event)}
+        return {
+            "where": self.where,
+            "ts_ms": self.ts_ms,
+            "time": fmt_ms(self.ts_ms),
+            "type": self.kind,
+            "source": self.source,
+            "run": self.run,
+            "nodes": list(self.nodes),
+            "incarnation": self.incarnation,
+            "summary": self.summary,
+            "event": event_dict(self.event),
+        }
 
     def line(self) -> str:
         run = f"run {self.run}" if self.run else ""
         nodes = ",".join(self.nodes)
         inc = f"inc {self.incarnation}" if self.incarnation is not None else ""
         meta = "  ".join(x for x in (run, nodes, inc) if x)
-        return (f"{fmt_ms(self.ts_ms)[11:23] or '-':<12} {self.where:<20} {self.kind:<16} "
-                f"{meta:<28} {self.summary}")
+        return (
+            f"{fmt_ms(self.ts_ms)[11:23] or '-':<12} {self.where:<20} {self.kind:<16} "
+            f"{meta:<28} {self.summary}"
+        )
 
 
 def _placement(slices: Iterable[ev.NodeSlice]) -> str:
@@ -71,16 +90,20 @@ def summarize(e: Any) -> str:
     """The decision or report in a few words, with its reason."""
     if isinstance(e, ev.SubmitJob):
         s = e.spec
-        return (f"submitted by {s.tenant}/{s.user or s.tenant}: tier {s.tier}, {s.gpus} GPU(s) "
-                f"({s.gpus_per_node}/node), model {s.model}@{s.model_version}, estimate "
-                f"{s.estimate_s:g}s{', preemptible' if s.preemptible else ''}")
+        return (
+            f"submitted by {s.tenant}/{s.user or s.tenant}: tier {s.tier}, {s.gpus} GPU(s) "
+            f"({s.gpus_per_node}/node), model {s.model}@{s.model_version}, estimate "
+            f"{s.estimate_s:g}s{', preemptible' if s.preemptible else ''}"
+        )
     if isinstance(e, ev.JobAdmitted):
         return f"admitted to {e.cell or '?'}"
     if isinstance(e, ev.JobRejected):
         return f"rejected ({e.reason}): {e.detail}"
     if isinstance(e, ev.JobQueued):
-        return (f"queued ({e.reason}); position {e.position} in its flow, wait estimate "
-                f"{e.wait_estimate_s:g}s")
+        return (
+            f"queued ({e.reason}); position {e.position} in its flow, wait estimate "
+            f"{e.wait_estimate_s:g}s"
+        )
     if isinstance(e, ev.JobWaitEstimated):
         return f"wait estimate {e.wait_estimate_s:g}s: {e.reason}"
     if isinstance(e, ev.JobAssigned):
@@ -116,9 +139,18 @@ def _entry(order: tuple, where: str, e: Any, source: str) -> Entry:
         nodes = tuple(s.node_id for s in e.placement)
     elif getattr(e, "node_id", None):
         nodes = (e.node_id,)
-    return Entry(order, where, e.ts_ms, type(e).__name__, source, summarize(e),
-                 run=getattr(e, "run", None) or None, nodes=nodes,
-                 incarnation=getattr(e, "incarnation", None), event=e)
+    return Entry(
+        order,
+        where,
+        e.ts_ms,
+        type(e).__name__,
+        source,
+        summarize(e),
+        run=getattr(e, "run", None) or None,
+        nodes=nodes,
+        incarnation=getattr(e, "incarnation", None),
+        event=e,
+    )
 
 
 @dataclass
@@ -132,9 +164,14 @@ class _Listing:
     incarnations: set = field(default_factory=set)
 
 
-def job_timeline(job_id: str, *, commands: Iterable[Decoded] = (),
-                 scheduler: Iterable[Decoded] = (), job_events: Iterable[Decoded] = (),
-                 assignments: Iterable[Decoded] = ()) -> list[Entry]:
+def job_timeline(
+    job_id: str,
+    *,
+    commands: Iterable[Decoded] = (),
+    scheduler: Iterable[Decoded] = (),
+    job_events: Iterable[Decoded] = (),
+    assignments: Iterable[Decoded] = (),
+) -> list[Entry]:
     """Every entry about ``job_id``, in the order of the module docstring."""
     entries: dict[str, Entry] = {}
     listings: dict[tuple[str, str, int], _Listing] = {}
@@ -156,18 +193,31 @@ def job_timeline(job_id: str, *, commands: Iterable[Decoded] = (),
             continue
         if e is None or job_of(e) != job_id:
             continue
-        entries[e.event_id] = _entry((1, cell, r.offset, 0, 0), f"{cell}@{r.offset}", e,
-                                     SOURCES.get(type(e), "agent"))
+        entries[e.event_id] = _entry(
+            (1, cell, r.offset, 0, 0), f"{cell}@{r.offset}", e, SOURCES.get(type(e), "agent")
+        )
     for (cell, node, run), seen in listings.items():
         first, last = seen.first.record.offset, seen.last.record.offset
-        summary = (f"listed by {node} in {seen.count} heartbeat(s) at offsets {first}..{last}; "
-                   f"last progress {seen.report.progress:.0%}, {seen.report.step_rate:g} steps/s")
+        summary = (
+            f"listed by {node} in {seen.count} heartbeat(s) at offsets {first}..{last}; "
+            f"last progress {seen.report.progress:.0%}, {seen.report.step_rate:g} steps/s"
+        )
         entries[f"hb:{cell}:{node}:{run}"] = Entry(
-            (1, cell, first, 0, 1), f"{cell}@{first}", seen.first.event.ts_ms, "heartbeats",
-            "agent", summary, run=run, nodes=(node,),
-            incarnation=max(seen.incarnations))
-    for decoded, role in ((job_events, "job-events"), (assignments, "assignments"),
-                          (commands, "commands")):
+            (1, cell, first, 0, 1),
+            f"{cell}@{first}",
+            seen.first.event.ts_ms,
+            "heartbeats",
+            "agent",
+            summary,
+            run=run,
+            nodes=(node,),
+            incarnation=max(seen.incarnations),
+        )
+    for decoded, role in (
+        (job_events, "job-events"),
+        (assignments, "assignments"),
+        (commands, "commands"),
+    ):
         for d in decoded:
             e = d.event
             if e is None or job_of(e) != job_id or e.event_id in entries:
@@ -175,12 +225,16 @@ def job_timeline(job_id: str, *, commands: Iterable[Decoded] = (),
             pos = parse_position(e.event_id)
             if pos is not None:
                 cell, offset, index = pos
-                entries[e.event_id] = _entry((1, cell, offset, 1, index),
-                                             f"{cell}@{offset}/{index}", e, "scheduler")
+                entries[e.event_id] = _entry(
+                    (1, cell, offset, 1, index), f"{cell}@{offset}/{index}", e, "scheduler"
+                )
                 continue
             early = role == "commands" or e.event_id.startswith("admission-")
             source = SOURCES.get(type(e), "admission" if early else "unknown")
-            entries[e.event_id] = _entry((0 if early else 2, e.ts_ms, role, d.record.offset),
-                                         f"{role}[{d.record.partition}]@{d.record.offset}", e,
-                                         source)
+            entries[e.event_id] = _entry(
+                (0 if early else 2, e.ts_ms, role, d.record.offset),
+                f"{role}[{d.record.partition}]@{d.record.offset}",
+                e,
+                source,
+            )
     return sorted(entries.values(), key=lambda x: x.order)

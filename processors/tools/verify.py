@@ -20,17 +20,21 @@ Theory of operation
    spans of all runs from ``JobAssigned`` to their end), and Jain's index of
    the weight-normalised run GPU-seconds.
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.model import STOPPING
 from framespool.processors.tools.history import LogContents, Refold, decode_all, parse_position
 from framespool.processors.tools.ledger import (
-    RUN_ENDS, Violation, check_cell_history, first_terminal_violations,
+    RUN_ENDS,
+    Violation,
+    check_cell_history,
+    first_terminal_violations,
 )
 from framespool.schemas import events as ev
 
@@ -49,19 +53,23 @@ def ownership_problems(cell: Cell) -> list[str]:
                 continue
             for i in gpus:
                 if not 0 <= i < node.total:
-                    problems.append(f"{key[0]}#{key[1]} holds GPU {node_id}:{i} of a "
-                                    f"{node.total}-GPU node")
+                    problems.append(
+                        f"{key[0]}#{key[1]} holds GPU {node_id}:{i} of a {node.total}-GPU node"
+                    )
                     continue
                 if (node_id, i) in seen:
                     other = seen[(node_id, i)]
-                    problems.append(f"GPU {node_id}:{i} held by {other[0]}#{other[1]} and "
-                                    f"{key[0]}#{key[1]}")
+                    problems.append(
+                        f"GPU {node_id}:{i} held by {other[0]}#{other[1]} and {key[0]}#{key[1]}"
+                    )
                 seen[(node_id, i)] = key
     for node in cell.index.nodes.values():
         for i, owner in enumerate(node.owner):
             if owner != seen.get((node.node_id, i)):
-                problems.append(f"GPU {node.node_id}:{i}: owner table says {owner}, runs say "
-                                f"{seen.get((node.node_id, i))}")
+                problems.append(
+                    f"GPU {node.node_id}:{i}: owner table says {owner}, runs say "
+                    f"{seen.get((node.node_id, i))}"
+                )
     return problems
 
 
@@ -78,14 +86,28 @@ def allocation_problems(cell: Cell) -> tuple[list[Violation], Counter]:
             if current:
                 status["running"] += 1
             else:
-                violations.append(Violation("orphan_run", subject, f"holds {run.gpus} GPU(s) in "
-                                            f"phase {run.phase} but its job is "
-                                            f"{cell.finished.get(job_id, 'gone')}", cell.cell_id))
+                violations.append(
+                    Violation(
+                        "orphan_run",
+                        subject,
+                        f"holds {run.gpus} GPU(s) in "
+                        f"phase {run.phase} but its job is "
+                        f"{cell.finished.get(job_id, 'gone')}",
+                        cell.cell_id,
+                    )
+                )
         elif cell.now_ms - run.stop_sent_ms >= lease_ms:
-            violations.append(Violation("dangling_allocation", subject, (
-                f"still holds {dict(run.held)} {(cell.now_ms - run.stop_sent_ms) / 1000:.0f}s "
-                f"after its stop, past the {cell.config.stop_lease_s:.0f}s stop lease"),
-                cell.cell_id))
+            violations.append(
+                Violation(
+                    "dangling_allocation",
+                    subject,
+                    (
+                        f"still holds {dict(run.held)} {(cell.now_ms - run.stop_sent_ms) / 1000:.0f}s "
+                        f"after its stop, past the {cell.config.stop_lease_s:.0f}s stop lease"
+                    ),
+                    cell.cell_id,
+                )
+            )
         else:
             status["releasing"] += 1
     return violations, status
@@ -115,69 +137,95 @@ class VerifyReport:
             shown[v.kind] += 1
             if shown[v.kind] <= EXAMPLES_PER_KIND:
                 examples.append(v.to_dict())
-        return {"ok": self.ok, "violation_counts": dict(self.by_kind()),
-                "violations": examples, "warnings": self.warnings,
-                "counts": dict(sorted(self.counts.items())), "jobs": dict(sorted(self.jobs.items())),
-                "in_flight": self.in_flight[:100], "cells": self.cells, "fairness": self.fairness}
+        return {
+            "ok": self.ok,
+            "violation_counts": dict(self.by_kind()),
+            "violations": examples,
+            "warnings": self.warnings,
+            "counts": dict(sorted(self.counts.items())),
+            "jobs": dict(sorted(self.jobs.items())),
+            "in_flight": self.in_flight[:100],
+            "cells": self.cells,
+            "fairness": self.fairness,
+        }
 
     def render(self, limit: int = 20) -> str:
         c = self.counts
-        lines = [f"read {c['job_events']} job events, {c['scheduler_inputs']} scheduler inputs, "
-                 f"{c['assignments']} assignments, {c['commands']} commands",
-                 "jobs: " + (", ".join(f"{k} {n}" for k, n in sorted(self.jobs.items())) or "none")]
+        lines = [
+            f"read {c['job_events']} job events, {c['scheduler_inputs']} scheduler inputs, "
+            f"{c['assignments']} assignments, {c['commands']} commands",
+            "jobs: " + (", ".join(f"{k} {n}" for k, n in sorted(self.jobs.items())) or "none"),
+        ]
         for cell, info in self.cells.items():
-            lines.append(f"{cell}: {info['inputs']} inputs re-folded, {info['runs_running']} "
-                         f"run(s) running, {info['runs_releasing']} releasing, "
-                         f"{info['assignments']} assignments checked, {info['stale_reports']} "
-                         "stale reports")
+            lines.append(
+                f"{cell}: {info['inputs']} inputs re-folded, {info['runs_running']} "
+                f"run(s) running, {info['runs_releasing']} releasing, "
+                f"{info['assignments']} assignments checked, {info['stale_reports']} "
+                "stale reports"
+            )
         f = self.fairness
         if f.get("tenants"):
             lines.append("fairness (GPU-seconds of runs / completed jobs):")
             for name, t in f["tenants"].items():
-                lines.append(f"  {name:<16} {t['run_gpu_s']:>12.1f} {t['completed_gpu_s']:>12.1f}"
-                             f"  share {t['share']:.3f}  weight {t['weight']:g}  jobs {t['jobs']}")
-            lines.append(f"  Jain's index {f['jain_index']:.3f} over the {f['jain_over']} "
-                         "tenant(s) with run time, of weight-normalised run GPU-seconds")
+                lines.append(
+                    f"  {name:<16} {t['run_gpu_s']:>12.1f} {t['completed_gpu_s']:>12.1f}"
+                    f"  share {t['share']:.3f}  weight {t['weight']:g}  jobs {t['jobs']}"
+                )
+            lines.append(
+                f"  Jain's index {f['jain_index']:.3f} over the {f['jain_over']} "
+                "tenant(s) with run time, of weight-normalised run GPU-seconds"
+            )
         lines.extend(f"warning: {w}" for w in self.warnings[:limit])
         if self.in_flight:
-            lines.append(f"in flight (past the processors' committed offsets): "
-                         f"{', '.join(self.in_flight[:10])}{' ...' if len(self.in_flight) > 10 else ''}")
+            lines.append(
+                f"in flight (past the processors' committed offsets): "
+                f"{', '.join(self.in_flight[:10])}{' ...' if len(self.in_flight) > 10 else ''}"
+            )
         if self.ok:
             lines.append("OK: no invariant violated")
             return "\n".join(lines)
-        lines.append(f"VIOLATED: {len(self.violations)} violation(s): " +
-                     ", ".join(f"{k} {n}" for k, n in sorted(self.by_kind().items())))
+        lines.append(
+            f"VIOLATED: {len(self.violations)} violation(s): "
+            + ", ".join(f"{k} {n}" for k, n in sorted(self.by_kind().items()))
+        )
         lines.extend(f"  {v.line()}" for v in self.violations[:limit])
         if len(self.violations) > limit:
-            lines.append(f"  ... and {len(self.violations) - limit} more (--json shows "
-                         f"{EXAMPLES_PER_KIND} of each kind)")
+            lines.append(
+                f"  ... and {len(self.violations) - limit} more (--json shows "
+                f"{EXAMPLES_PER_KIND} of each kind)"
+            )
         return "\n".join(lines)
 
 
-def verify(log: LogContents, config: Optional[CellConfig] = None) -> VerifyReport:
+def verify(log: LogContents, config: CellConfig | None = None) -> VerifyReport:
     config = config or CellConfig()
     report = VerifyReport()
     job_events = decode_all(log.job_events)
     assignments = decode_all(log.assignments)
     commands = decode_all(log.commands)
     c = report.counts
-    c["job_events"], c["assignments"], c["commands"] = (len(job_events), len(assignments),
-                                                        len(commands))
+    c["job_events"], c["assignments"], c["commands"] = (
+        len(job_events),
+        len(assignments),
+        len(commands),
+    )
     undecodable = sum(1 for d in (*job_events, *assignments, *commands) if d.event is None)
     if undecodable:
-        report.warnings.append(f"{undecodable} record(s) on job-events/assignments/commands "
-                               "could not be decoded")
+        report.warnings.append(
+            f"{undecodable} record(s) on job-events/assignments/commands could not be decoded"
+        )
     emitted = [d.event for d in (*job_events, *assignments) if d.event is not None]
     violations, first_terminal = first_terminal_violations(
-        d.event for d in job_events if d.event is not None)
+        d.event for d in job_events if d.event is not None
+    )
     report.violations.extend(violations)
     cells: dict[str, Cell] = {}
-    finished_at: dict[str, tuple[int, int]] = {}      # job -> (partition, input offset)
+    finished_at: dict[str, tuple[int, int]] = {}  # job -> (partition, input offset)
     admitted_in_cell: dict[str, str] = {}
     for p, records in log.scheduler_partitions().items():
         refold = Refold(p, config, log.topics)
         problems: list[Violation] = []
-        reported: set[str] = set()     # a broken state persists: report it where it starts
+        reported: set[str] = set()  # a broken state persists: report it where it starts
         for record in records:
             for o in refold.step(record):
                 if isinstance(o.event, ev.TERMINAL_EVENTS):
@@ -185,38 +233,64 @@ def verify(log: LogContents, config: Optional[CellConfig] = None) -> VerifyRepor
             for text in ownership_problems(refold.cell):
                 if text not in reported:
                     reported.add(text)
-                    problems.append(Violation("gpu_ownership", refold.cell_id, text,
-                                              f"{refold.cell_id}@{record.offset}"))
+                    problems.append(
+                        Violation(
+                            "gpu_ownership",
+                            refold.cell_id,
+                            text,
+                            f"{refold.cell_id}@{record.offset}",
+                        )
+                    )
         cell = cells[refold.cell_id] = refold.cell
         report.violations.extend(problems)
         for offset, error in refold.processing_errors:
-            report.violations.append(Violation(
-                "fold_error", refold.cell_id, f"the fold raised {error}; the processor "
-                "dead-letters such an input (a core bug)", f"{refold.cell_id}@{offset}"))
+            report.violations.append(
+                Violation(
+                    "fold_error",
+                    refold.cell_id,
+                    f"the fold raised {error}; the processor "
+                    "dead-letters such an input (a core bug)",
+                    f"{refold.cell_id}@{offset}",
+                )
+            )
         decoded = decode_all(records)
         for d in decoded:
             if isinstance(d.event, ev.JobAdmitted):
                 admitted_in_cell[d.event.spec.job_id] = refold.cell_id
-        ledger = check_cell_history(refold.cell_id, [(d.record.offset, d.event) for d in decoded],
-                                    emitted)
+        ledger = check_cell_history(
+            refold.cell_id, [(d.record.offset, d.event) for d in decoded], emitted
+        )
         report.violations.extend(ledger.violations)
         alloc_violations, status = allocation_problems(cell)
         report.violations.extend(alloc_violations)
         c["scheduler_inputs"] += len(records)
         report.cells[refold.cell_id] = {
-            "inputs": len(records), "now_ms": cell.now_ms, "live_jobs": len(cell.jobs),
-            "runs_running": status["running"], "runs_releasing": status["releasing"],
-            "assignments": ledger.assignments, "stale_reports": ledger.stale_reports,
-            "outputs_beyond_inputs": ledger.unplaced}
-    _accounting(report, log, commands, job_events, first_terminal, cells, finished_at,
-                admitted_in_cell)
+            "inputs": len(records),
+            "now_ms": cell.now_ms,
+            "live_jobs": len(cell.jobs),
+            "runs_running": status["running"],
+            "runs_releasing": status["releasing"],
+            "assignments": ledger.assignments,
+            "stale_reports": ledger.stale_reports,
+            "outputs_beyond_inputs": ledger.unplaced,
+        }
+    _accounting(
+        report, log, commands, job_events, first_terminal, cells, finished_at, admitted_in_cell
+    )
     report.fairness = fairness(job_events, commands, cells, config)
     return report
 
 
-def _accounting(report: VerifyReport, log: LogContents, commands: list, job_events: list,
-                first_terminal: dict[str, Any], cells: dict[str, Cell],
-                finished_at: dict[str, tuple[int, int]], admitted_in_cell: dict[str, str]) -> None:
+def _accounting(
+    report: VerifyReport,
+    log: LogContents,
+    commands: list,
+    job_events: list,
+    first_terminal: dict[str, Any],
+    cells: dict[str, Cell],
+    finished_at: dict[str, tuple[int, int]],
+    admitted_in_cell: dict[str, str],
+) -> None:
     """Item 5: every submitted job ends somewhere the log can show."""
     submitted: dict[str, list] = {}
     for d in commands:
@@ -238,44 +312,68 @@ def _accounting(report: VerifyReport, log: LogContents, commands: list, job_even
                 jobs["in_flight"] += 1
                 report.in_flight.append(job_id)
             else:
-                report.violations.append(Violation(
-                    "terminal_not_emitted", job_id, f"the re-fold ends it at cell-{p}@{offset} "
-                    "(committed) but job-events has no terminal event", f"cell-{p}@{offset}"))
+                report.violations.append(
+                    Violation(
+                        "terminal_not_emitted",
+                        job_id,
+                        f"the re-fold ends it at cell-{p}@{offset} "
+                        "(committed) but job-events has no terminal event",
+                        f"cell-{p}@{offset}",
+                    )
+                )
         elif job_id in admitted:
             if job_id in admitted_in_cell:
-                report.violations.append(Violation(
-                    "lost_in_cell", job_id, f"admitted to {admitted_in_cell[job_id]} but neither "
-                    "live there nor ended"))
+                report.violations.append(
+                    Violation(
+                        "lost_in_cell",
+                        job_id,
+                        f"admitted to {admitted_in_cell[job_id]} but neither live there nor ended",
+                    )
+                )
             else:
-                jobs["in_flight"] += 1     # on job-events, not yet read on the scheduler topic
+                jobs["in_flight"] += 1  # on job-events, not yet read on the scheduler topic
                 report.in_flight.append(job_id)
-        elif any(r.offset >= log.committed_offset("admission", r.partition)
-                 for r in submitted[job_id]):
+        elif any(
+            r.offset >= log.committed_offset("admission", r.partition) for r in submitted[job_id]
+        ):
             jobs["in_flight"] += 1
             report.in_flight.append(job_id)
         else:
-            report.violations.append(Violation(
-                "submission_unaccounted", job_id, "SubmitJob was committed by admission but "
-                "no JobAdmitted or JobRejected exists"))
+            report.violations.append(
+                Violation(
+                    "submission_unaccounted",
+                    job_id,
+                    "SubmitJob was committed by admission but no JobAdmitted or JobRejected exists",
+                )
+            )
     for job_id, terminal in first_terminal.items():
         if job_id not in submitted and job_id not in admitted:
-            report.violations.append(Violation(
-                "terminal_for_unknown_job", job_id, f"{type(terminal).__name__} "
-                f"{terminal.event_id} for a job never submitted or admitted", terminal.event_id))
+            report.violations.append(
+                Violation(
+                    "terminal_for_unknown_job",
+                    job_id,
+                    f"{type(terminal).__name__} "
+                    f"{terminal.event_id} for a job never submitted or admitted",
+                    terminal.event_id,
+                )
+            )
     if commands and admitted - set(submitted):
-        report.warnings.append(f"{len(admitted - set(submitted))} job(s) admitted without a "
-                               "SubmitJob on the commands topic")
+        report.warnings.append(
+            f"{len(admitted - set(submitted))} job(s) admitted without a "
+            "SubmitJob on the commands topic"
+        )
 
 
-def fairness(job_events: list, commands: list, cells: dict[str, Cell],
-             config: CellConfig) -> dict[str, Any]:
+def fairness(
+    job_events: list, commands: list, cells: dict[str, Cell], config: CellConfig
+) -> dict[str, Any]:
     """Item 6: GPU-seconds per tenant and Jain's index of weight-normalised shares."""
     tenant_of: dict[str, str] = {}
     for d in (*commands, *job_events):
         if isinstance(d.event, (ev.SubmitJob, ev.JobAdmitted)):
             tenant_of[d.event.spec.job_id] = d.event.spec.tenant
     seen: set[str] = set()
-    starts: dict[tuple[str, int], tuple[int, int, str]] = {}   # run -> (ts, gpus, cell)
+    starts: dict[tuple[str, int], tuple[int, int, str]] = {}  # run -> (ts, gpus, cell)
     ends: dict[tuple[str, int], int] = {}
     completed: Counter = Counter()
     jobs: Counter = Counter()
@@ -297,9 +395,16 @@ def fairness(job_events: list, commands: list, cells: dict[str, Cell],
         used[tenant_of.get(key[0], "?")] += gpus * max(0, end - start) / 1000
     names = sorted(set(used) | set(completed))
     total = sum(used.values()) or 1.0
-    tenants = {n: {"run_gpu_s": round(used[n], 3), "completed_gpu_s": round(completed[n], 3),
-                   "share": round(used[n] / total, 4), "weight": config.tenant(n).weight,
-                   "jobs": jobs[n]} for n in names}
+    tenants = {
+        n: {
+            "run_gpu_s": round(used[n], 3),
+            "completed_gpu_s": round(completed[n], 3),
+            "share": round(used[n] / total, 4),
+            "weight": config.tenant(n).weight,
+            "jobs": jobs[n],
+        }
+        for n in names
+    }
     normalised = [used[n] / config.tenant(n).weight for n in names if used[n] > 0]
     return {"tenants": tenants, "jain_index": jain(normalised), "jain_over": len(normalised)}
 

@@ -6,6 +6,7 @@ lets the page run only its own script and talk only to its own origin. The
 files need no API key; the page asks for one and sends it as a header
 (see ``app.js``).
 """
+
 from __future__ import annotations
 
 import re
@@ -18,9 +19,9 @@ _FILE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\.(?:html|js|css|svg|png|ico)$")
 # Results may be presigned URLs on another origin (S3, MinIO): images and media from http(s).
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                               "img-src 'self' data: https: http:; "
-                               "media-src 'self' https: http:; connect-src 'self'; "
-                               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "img-src 'self' data: https: http:; "
+    "media-src 'self' https: http:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",

@@ -1,4 +1,5 @@
 """framespool bench pipeline on a real embedded stack (tiny sizes)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,27 @@ def test_bench_pipeline_runs_end_to_end_and_writes_its_keys(tmp_path):
     from framespool.cli import main as cli_main
 
     out = tmp_path / "pipe.json"
-    assert cli_main(["bench", "pipeline", "--jobs", "20", "--rate", "20", "--seconds", "1",
-                     "--nodes", "2", "--concurrency", "4", "--json", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "bench",
+                "pipeline",
+                "--jobs",
+                "20",
+                "--rate",
+                "20",
+                "--seconds",
+                "1",
+                "--nodes",
+                "2",
+                "--concurrency",
+                "4",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = _json.loads(out.read_text())
     assert result["completed"] == 20 and result["failed"] == 0
     assert set(result["submit_to_assigned_ms"]) >= {"p50", "p99"}

@@ -7,6 +7,7 @@ throttling, a wedged generator, jobs that crash or hang every time). The
 command exits 0 only if no job is lost, no job has two terminal events, and
 no GPU is leaked or double-booked; the JSON report says what happened.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from framespool import chaos
+from framespool.chaos import plan as chaos
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -23,23 +24,52 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 def test_chaos_drill_of_30_jobs_ends_with_zeros(tmp_path):
     report_path = tmp_path / "chaos.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "framespool.cli", "chaos", "--jobs", "30", "--seed", "1",
-         "--data-dir", str(tmp_path / "stack"), "--json", str(report_path), "--quiet"],
-        capture_output=True, text=True, timeout=200)
+        [
+            sys.executable,
+            "-m",
+            "framespool.cli",
+            "chaos",
+            "--jobs",
+            "30",
+            "--seed",
+            "1",
+            "--data-dir",
+            str(tmp_path / "stack"),
+            "--json",
+            str(report_path),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "result: OK" in proc.stdout
     report = json.loads(report_path.read_text())
     for key in ("lost", "duplicate_terminal_events", "leaked_gpus", "double_booked_gpus"):
-        assert report[key] == 0, (key, report[key], report.get("lost_jobs"), report.get("leaks"),
-                                  report.get("double_booking"))
+        assert report[key] == 0, (
+            key,
+            report[key],
+            report.get("lost_jobs"),
+            report.get("leaks"),
+            report.get("double_booking"),
+        )
     assert report["submitted"] == 30 and not report["submit_errors"]
     assert report["completed"] + report["failed"] == 30
     assert report["finished_before_timeout"]
     # every kind of fault was injected, and none of the steps failed
     assert set(report["faults_injected"]) == {
-        chaos.KILL_AGENT, chaos.PAUSE_AGENT, chaos.KILL_SCHEDULER, chaos.DUPLICATE_REPORTS,
-        chaos.MALFORMED_RECORDS, chaos.ECC_GPU, chaos.THROTTLE_GPU, chaos.WEDGE_GENERATOR,
-        chaos.CRASH_GENERATOR, chaos.HANG_GENERATOR}
+        chaos.KILL_AGENT,
+        chaos.PAUSE_AGENT,
+        chaos.KILL_SCHEDULER,
+        chaos.DUPLICATE_REPORTS,
+        chaos.MALFORMED_RECORDS,
+        chaos.ECC_GPU,
+        chaos.THROTTLE_GPU,
+        chaos.WEDGE_GENERATOR,
+        chaos.CRASH_GENERATOR,
+        chaos.HANG_GENERATOR,
+    }
     assert report["faults_skipped"] == []
     # the planted failures ended FAILED with their class and budget; nothing else failed
     assert report["failed_by_class"] == {"generator_error": 1, "hung": 1}

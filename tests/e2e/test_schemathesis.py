@@ -10,6 +10,7 @@ status code, content type, headers, body schema; and an operation that needs a
 key must refuse requests without one (``ignored_auth``). Examples per operation
 are bounded so the whole run stays well under a minute.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import (
-    content_type_conformance, ignored_auth, response_headers_conformance,
-    response_schema_conformance, status_code_conformance,
+    content_type_conformance,
+    ignored_auth,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
 )
 
 from framespool.agents.artifacts import LocalDirStore
@@ -42,8 +46,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 KEY = "acme-key.alice-secret"
 DONE = "job-done"
 MAX_EXAMPLES = 40
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_headers_conformance, response_schema_conformance, ignored_auth]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    ignored_auth,
+]
 
 
 async def _public_resolver(host: str) -> list[str]:
@@ -56,8 +66,10 @@ class ApiServer:
     def __init__(self, root: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        keys = ApiKeys([record_for(KEY, "acme", "alice")],
-                       {"acme": TenantPolicy(("enterprise", "free"), "free")})
+        keys = ApiKeys(
+            [record_for(KEY, "acme", "alice")],
+            {"acme": TenantPolicy(("enterprise", "free"), "free")},
+        )
         artifacts = LocalDirStore(root / "artifacts", url_base=self.url, secret=b"url-secret")
         store = InMemoryViewStore()
         done = fold(lifecycle(DONE))
@@ -67,9 +79,14 @@ class ApiServer:
         views = {DONE: done, "job-failed": fold(lifecycle("job-failed", outcome="FAILED"))}
         cells = cluster.apply(None, cell_status("cell-0", 1_000, busy=3)).cells
         store.commit(Batch(views=views, cells=dict(cells)))
-        self.config = ApiConfig(auth=keys, store=store, producer=RecordingProducer(),
-                                artifacts=artifacts, resolve_host=_public_resolver,
-                                sse_keepalive_s=1.0)
+        self.config = ApiConfig(
+            auth=keys,
+            store=store,
+            producer=RecordingProducer(),
+            artifacts=artifacts,
+            resolve_host=_public_resolver,
+            sse_keepalive_s=1.0,
+        )
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -84,7 +101,7 @@ class ApiServer:
         self._loop.run_until_complete(self.runner.cleanup())
         self._loop.close()
 
-    def __enter__(self) -> "ApiServer":
+    def __enter__(self) -> ApiServer:
         self._thread.start()
         assert self._ready.wait(10), "the API did not start"
         return self
@@ -111,10 +128,16 @@ def _cases() -> list:
     doc = openapi.build()
     for method, path in sorted(openapi.documented_routes(doc)):
         item = doc["paths"][path]
-        inputs = item.get("parameters") or item[method.lower()].get("parameters") \
+        inputs = (
+            item.get("parameters")
+            or item[method.lower()].get("parameters")
             or item[method.lower()].get("requestBody")
-        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if inputs \
-            else (GenerationMode.POSITIVE,)   # nothing to make invalid
+        )
+        modes = (
+            (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+            if inputs
+            else (GenerationMode.POSITIVE,)
+        )  # nothing to make invalid
         for mode in modes:
             fixed = [None, {"job_id": DONE}] if "{job_id}" in path else [None]
             for params in fixed:
@@ -124,16 +147,26 @@ def _cases() -> list:
 
 
 @pytest.mark.parametrize("method, path, mode, path_parameters", _cases())
-def test_api_conforms_to_its_openapi_document(api_server, api_schema, method, path, mode,
-                                              path_parameters):
+def test_api_conforms_to_its_openapi_document(
+    api_server, api_schema, method, path, mode, path_parameters
+):
     operation = api_schema[path][method]
 
     @given(case=operation.as_strategy(mode, path_parameters=path_parameters))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     def check(case):
-        case.call_and_validate(base_url=api_server.url,
-                               headers={"Authorization": f"Bearer {KEY}"},
-                               checks=CHECKS, timeout=15, allow_redirects=False)
+        case.call_and_validate(
+            base_url=api_server.url,
+            headers={"Authorization": f"Bearer {KEY}"},
+            checks=CHECKS,
+            timeout=15,
+            allow_redirects=False,
+        )
 
     check()

@@ -4,6 +4,7 @@ One stack per module (starting it takes seconds): broker, processors, clock,
 API with projections, and four agents with 8 simulated GPUs each, in two
 rails. The demo generator runs sped up.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,17 +20,22 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from framespool.broker import free_port
-from framespool.stack import Stack, StackConfig
 from framespool.producers.client import ApiError, Client
+from framespool.stack import Stack, StackConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    config = StackConfig(data_dir=tmp_path_factory.mktemp("stack"), port=free_port(),
-                         nodes=4, gpus_per_node=8, time_scale=20.0,
-                         allow_private_webhooks=True)
+    config = StackConfig(
+        data_dir=tmp_path_factory.mktemp("stack"),
+        port=free_port(),
+        nodes=4,
+        gpus_per_node=8,
+        time_scale=20.0,
+        allow_private_webhooks=True,
+    )
     with Stack(config) as running:
         yield running
 
@@ -50,8 +56,11 @@ def wait_state(c: Client, job_id: str, states: set[str], timeout_s: float = 120)
 
 
 def submit(c: Client, **kw) -> str:
-    body = {"prompt": "a red fox running through fresh snow", "model": "demo",
-            "params": {"duration_s": 1, "fps": 4, "resolution": "128x72", "seed": 7}}
+    body = {
+        "prompt": "a red fox running through fresh snow",
+        "model": "demo",
+        "params": {"duration_s": 1, "fps": 4, "resolution": "128x72", "seed": 7},
+    }
     body.update(kw)
     return c.submit(**body)["job_id"]
 
@@ -83,15 +92,23 @@ def test_eight_gpu_job_and_sixteen_gpu_two_node_gang(stack):
 
 def test_cancel_queued_and_running_jobs_releases_gpus(stack):
     c = client(stack)
-    running = submit(c, gpus=8, gpus_per_node=8,
-                     params={"duration_s": 60, "fps": 8, "resolution": "128x72", "seed": 1})
+    running = submit(
+        c,
+        gpus=8,
+        gpus_per_node=8,
+        params={"duration_s": 60, "fps": 8, "resolution": "128x72", "seed": 1},
+    )
     wait_state(c, running, {"RUNNING"})
     c.cancel(running)
     job = wait_state(c, running, {"CANCELLED"})
     assert job["state"] == "CANCELLED"
     # a job that cannot fit (32 GPUs while others run) waits queued, and is cancelled there
-    blocker = submit(c, gpus=32, gpus_per_node=8,
-                     params={"duration_s": 60, "fps": 8, "resolution": "128x72", "seed": 2})
+    blocker = submit(
+        c,
+        gpus=32,
+        gpus_per_node=8,
+        params={"duration_s": 60, "fps": 8, "resolution": "128x72", "seed": 2},
+    )
     wait_state(c, blocker, {"QUEUED", "ASSIGNED", "RUNNING"})
     c.cancel(blocker)
     assert wait_state(c, blocker, {"CANCELLED"})["state"] == "CANCELLED"
@@ -104,8 +121,11 @@ def test_cancel_queued_and_running_jobs_releases_gpus(stack):
         time.sleep(0.5)
     assert totals.get("busy") == 0, totals
     # this stack's generators only (their output paths are under its data dir)
-    generators = subprocess.run(["pgrep", "-f", f"framespool.agents.demo_generator.*{stack.data_dir}"],
-                                capture_output=True, text=True).stdout.split()
+    generators = subprocess.run(
+        ["pgrep", "-f", f"framespool.agents.demo_generator.*{stack.data_dir}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert generators == []
 
 
@@ -145,12 +165,15 @@ def test_tenants_cannot_see_or_cancel_each_others_jobs(stack):
     assert job_id not in [j["job_id"] for j in b.jobs()["jobs"]]
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"prompt": "", "model": "demo"}, "prompt"),
-    ({"prompt": "x", "model": "demo", "gpus": 0}, "gpus"),
-    ({"prompt": "x", "model": "demo", "gpus": 12, "gpus_per_node": 8}, "gpus_per_node"),
-    ({"prompt": "x", "model": "demo", "params": {"fps": 1000}}, "params.fps"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompt": "", "model": "demo"}, "prompt"),
+        ({"prompt": "x", "model": "demo", "gpus": 0}, "gpus"),
+        ({"prompt": "x", "model": "demo", "gpus": 12, "gpus_per_node": 8}, "gpus_per_node"),
+        ({"prompt": "x", "model": "demo", "params": {"fps": 1000}}, "params.fps"),
+    ],
+)
 def test_invalid_bodies_are_refused_naming_the_field(stack, body, field):
     with pytest.raises(ApiError) as refused:
         client(stack).submit(**body)
@@ -180,17 +203,20 @@ def test_webhook_delivered_with_valid_signature(stack):
         wait_state(c, job_id, {"COMPLETED"})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
-                b'"COMPLETED"' in body for _, body in received):
+            b'"COMPLETED"' in body for _, body in received
+        ):
             time.sleep(0.2)
     finally:
         server.shutdown()
     assert received, "no webhook delivered"
     secret = json.loads((stack.data_dir / "stack-secrets.json").read_text())["signing_secret"]
     for headers, body in received:
-        sig = {k: v for k, v in (p.split("=", 1) for p in
-                                 headers["Framespool-Signature"].split(","))}
-        expected = hmac.new(secret.encode(), f"{sig['t']}.".encode() + body,
-                            hashlib.sha256).hexdigest()
+        sig = {
+            k: v for k, v in (p.split("=", 1) for p in headers["Framespool-Signature"].split(","))
+        }
+        expected = hmac.new(
+            secret.encode(), f"{sig['t']}.".encode() + body, hashlib.sha256
+        ).hexdigest()
         assert hmac.compare_digest(sig["v1"], expected)
     ids = [h["Framespool-Event-Id"] for h, _ in received]
     assert len(ids) == len(set(ids))
@@ -199,14 +225,17 @@ def test_webhook_delivered_with_valid_signature(stack):
 def test_cli_submit_and_status_against_the_stack(stack):
     base = [sys.executable, "-m", "framespool.cli"]
     conn = ["--data-dir", str(stack.data_dir), "--json"]
-    out = subprocess.run(base + ["submit", "--prompt", "cli fox", *conn], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        base + ["submit", "--prompt", "cli fox", *conn], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     job_id = json.loads(out.stdout)["job_id"]
     wait_state(client(stack), job_id, {"COMPLETED"})
-    out = subprocess.run(base + ["status", job_id, *conn], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        base + ["status", job_id, *conn], capture_output=True, text=True, timeout=60
+    )
     assert json.loads(out.stdout)["state"] == "COMPLETED"
-    bad = subprocess.run(base + ["status", "nope", *conn], capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        base + ["status", "nope", *conn], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "404" in bad.stderr

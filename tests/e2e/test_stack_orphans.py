@@ -1,4 +1,5 @@
 """No process of an embedded stack outlives its launcher, even one killed with SIGKILL."""
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,29 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:       # a zombie waiting for its reaper is gone
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its reaper is gone
         return f.read().split()[2] != "Z"
 
 
 def test_sigkilled_launcher_takes_its_stack_down(tmp_path):
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "framespool.cli", "up", "--data-dir", str(tmp_path),
-         "--port", str(free_port()), "--nodes", "1", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "framespool.cli",
+            "up",
+            "--data-dir",
+            str(tmp_path),
+            "--port",
+            str(free_port()),
+            "--nodes",
+            "1",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "stack.json").exists():

@@ -4,6 +4,7 @@ Each test gets empty topics (``fresh_topics``), starts one agent in-process,
 writes instructions to the assignments topic with the codec, and reads what
 the agent wrote back. Generators run at a high time scale.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,9 +15,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 
@@ -27,8 +29,18 @@ from framespool.agents.profiles import load_profiles
 from framespool.producers.log import LogConsumer, LogProducer, Record, partition_for_key
 from framespool.schemas.codec import decode, encode
 from framespool.schemas.events import (
-    CheckpointRun, JobSpec, NodeHeartbeat, NodeRegistered, RunCheckpointed, RunCompleted, RunFailed,
-    RunProgress, RunStarted, RunStopped, StartRun, StopRun,
+    CheckpointRun,
+    JobSpec,
+    NodeHeartbeat,
+    NodeRegistered,
+    RunCheckpointed,
+    RunCompleted,
+    RunFailed,
+    RunProgress,
+    RunStarted,
+    RunStopped,
+    StartRun,
+    StopRun,
 )
 from framespool.schemas.topics import partition_of_cell
 
@@ -60,11 +72,16 @@ class Observer:
         self.progress.extend(decode(r.value) for r in self._progress.consume(200, 0.02))
         self.dead.extend(self._dead.consume(200, 0.02))
 
-    def of(self, cls: type, job_id: Optional[str] = None) -> list[Any]:
-        return [e for e in self.scheduler if isinstance(e, cls)
-                and (job_id is None or getattr(e, "job_id", None) == job_id)]
+    def of(self, cls: type, job_id: str | None = None) -> list[Any]:
+        return [
+            e
+            for e in self.scheduler
+            if isinstance(e, cls) and (job_id is None or getattr(e, "job_id", None) == job_id)
+        ]
 
-    async def wait_for(self, pred: Callable[["Observer"], Any], timeout: float = 15.0, what: str = "") -> Any:
+    async def wait_for(
+        self, pred: Callable[[Observer], Any], timeout: float = 15.0, what: str = ""
+    ) -> Any:
         deadline = time.monotonic() + timeout
         while True:
             await asyncio.to_thread(self._poll)
@@ -73,7 +90,9 @@ class Observer:
                 return result
             if time.monotonic() > deadline:
                 seen = [type(e).__name__ for e in self.scheduler]
-                raise AssertionError(f"timed out waiting for {what or pred}; scheduler topic had {seen}")
+                raise AssertionError(
+                    f"timed out waiting for {what or pred}; scheduler topic had {seen}"
+                )
 
     def close(self) -> None:
         for c in (self._sched, self._progress, self._dead):
@@ -90,36 +109,87 @@ class Harness:
         self.agents: list[NodeAgent] = []
 
     async def start_agent(self, **kw: Any) -> NodeAgent:
-        agent = NodeAgent(self.node_id, CELL, self.bootstrap, self.store, self.probe, load_profiles(),
-                          self.tmp_path / "agent", heartbeat_s=0.3, time_scale=kw.pop("time_scale", 50.0),
-                          topics=self.topics, **kw)
+        agent = NodeAgent(
+            self.node_id,
+            CELL,
+            self.bootstrap,
+            self.store,
+            self.probe,
+            load_profiles(),
+            self.tmp_path / "agent",
+            heartbeat_s=0.3,
+            time_scale=kw.pop("time_scale", 50.0),
+            topics=self.topics,
+            **kw,
+        )
         self.agents.append(agent)
         await agent.start()
         return agent
 
-    def start_run(self, agent: Any, job_id: str, run: int = 1, *, params: Optional[dict] = None,
-                  incarnation: Optional[int] = None, node_id: Optional[str] = None,
-                  resume_from: Optional[str] = None, checkpoint_interval_s: float = 0.0,
-                  model: str = "demo") -> StartRun:
-        spec = JobSpec(job_id=job_id, tenant="acme", model=model, prompt=f"prompt for {job_id}",
-                       params=params or {"steps": "10", "resolution": "64x36", "duration_s": "1"},
-                       checkpoint_interval_s=checkpoint_interval_s)
-        return StartRun(event_id=uuid.uuid4().hex, ts_ms=int(time.time() * 1000),
-                        node_id=node_id or self.node_id,
-                        incarnation=agent.incarnation if incarnation is None else incarnation,
-                        run=run, spec=spec, gpus=(0,), placement=(), estimate_s=5.0, resume_from=resume_from)
+    def start_run(
+        self,
+        agent: Any,
+        job_id: str,
+        run: int = 1,
+        *,
+        params: dict | None = None,
+        incarnation: int | None = None,
+        node_id: str | None = None,
+        resume_from: str | None = None,
+        checkpoint_interval_s: float = 0.0,
+        model: str = "demo",
+    ) -> StartRun:
+        spec = JobSpec(
+            job_id=job_id,
+            tenant="acme",
+            model=model,
+            prompt=f"prompt for {job_id}",
+            params=params or {"steps": "10", "resolution": "64x36", "duration_s": "1"},
+            checkpoint_interval_s=checkpoint_interval_s,
+        )
+        return StartRun(
+            event_id=uuid.uuid4().hex,
+            ts_ms=int(time.time() * 1000),
+            node_id=node_id or self.node_id,
+            incarnation=agent.incarnation if incarnation is None else incarnation,
+            run=run,
+            spec=spec,
+            gpus=(0,),
+            placement=(),
+            estimate_s=5.0,
+            resume_from=resume_from,
+        )
 
-    def stop_run(self, agent: NodeAgent, job_id: str, run: int = 1, reason: str = "cancelled") -> StopRun:
-        return StopRun(event_id=uuid.uuid4().hex, ts_ms=0, node_id=self.node_id,
-                       incarnation=agent.incarnation, job_id=job_id, run=run, reason=reason)
+    def stop_run(
+        self, agent: NodeAgent, job_id: str, run: int = 1, reason: str = "cancelled"
+    ) -> StopRun:
+        return StopRun(
+            event_id=uuid.uuid4().hex,
+            ts_ms=0,
+            node_id=self.node_id,
+            incarnation=agent.incarnation,
+            job_id=job_id,
+            run=run,
+            reason=reason,
+        )
 
     def checkpoint_run(self, agent: NodeAgent, job_id: str, run: int = 1) -> CheckpointRun:
-        return CheckpointRun(event_id=uuid.uuid4().hex, ts_ms=0, node_id=self.node_id,
-                             incarnation=agent.incarnation, job_id=job_id, run=run, reason="preempt")
+        return CheckpointRun(
+            event_id=uuid.uuid4().hex,
+            ts_ms=0,
+            node_id=self.node_id,
+            incarnation=agent.incarnation,
+            job_id=job_id,
+            run=run,
+            reason="preempt",
+        )
 
-    async def send(self, cmd: Any, key: Optional[str] = None, raw: Optional[bytes] = None) -> None:
-        await self.producer.send(self.topics.ASSIGNMENTS.name, key or cmd.node_id,
-                                 raw if raw is not None else encode(cmd))
+    async def send(self, cmd: Any, key: str | None = None, raw: bytes | None = None) -> None:
+        await self.producer.send(
+            self.topics.ASSIGNMENTS.name,
+            key or cmd.node_id,
+            raw if raw is not None else encode(cmd),
+        )
 
     async def close(self) -> None:
         for agent in self.agents:
@@ -140,6 +210,7 @@ def scenario(bootstrap, topics, store, tmp_path, body) -> None:
             await body(h)
         finally:
             await h.close()
+
     asyncio.run(main())
 
 
@@ -153,31 +224,48 @@ def alive(pid: int) -> bool:
 
 
 # ---------------------------------------------------------------------------
-def test_registers_and_heartbeats_on_its_cell_partition(kafka_bootstrap, fresh_topics, local_store, tmp_path):
+def test_registers_and_heartbeats_on_its_cell_partition(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
     async def body(h: Harness):
         agent = await h.start_agent()
         reg = (await h.observer.wait_for(lambda o: o.of(NodeRegistered), what="NodeRegistered"))[0]
-        assert (reg.node_id, reg.cell, reg.incarnation, reg.gpus, reg.gpu_type) == \
-            (h.node_id, CELL, agent.incarnation, 2, "H100")
+        assert (reg.node_id, reg.cell, reg.incarnation, reg.gpus, reg.gpu_type) == (
+            h.node_id,
+            CELL,
+            agent.incarnation,
+            2,
+            "H100",
+        )
         assert reg.cpus > 0 and reg.mem_gb > 0
         h.probe.throttle(1)
-        beats = await h.observer.wait_for(lambda o: len(o.of(NodeHeartbeat)) >= 3 and o.of(NodeHeartbeat),
-                                          what="3 heartbeats")
+        beats = await h.observer.wait_for(
+            lambda o: len(o.of(NodeHeartbeat)) >= 3 and o.of(NodeHeartbeat), what="3 heartbeats"
+        )
         assert all(b.incarnation == agent.incarnation and len(b.gpus) == 2 for b in beats)
         assert beats[-1].gpus[1].temperature_c > 85
-        assert all(r.key == CELL.encode() and r.partition == partition_of_cell(CELL)
-                   for r in h.observer.scheduler_records)
-        assert agent.assignment_partition == partition_for_key(h.node_id, fresh_topics.ASSIGNMENTS.partitions)
+        assert all(
+            r.key == CELL.encode() and r.partition == partition_of_cell(CELL)
+            for r in h.observer.scheduler_records
+        )
+        assert agent.assignment_partition == partition_for_key(
+            h.node_id, fresh_topics.ASSIGNMENTS.partitions
+        )
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
-def test_start_run_completes_with_artifact_in_s3(kafka_bootstrap, fresh_topics, s3_endpoint, s3_bucket, tmp_path):
+def test_start_run_completes_with_artifact_in_s3(
+    kafka_bootstrap, fresh_topics, s3_endpoint, s3_bucket, tmp_path
+):
     store = S3Store(s3_bucket, endpoint_url=s3_endpoint)
 
     async def body(h: Harness):
         agent = await h.start_agent()
         await h.send(h.start_run(agent, "job-ok", params={"steps": "12", "resolution": "64x36"}))
-        done = await h.observer.wait_for(lambda o: o.of(RunCompleted, "job-ok"), what="RunCompleted")
+        done = await h.observer.wait_for(
+            lambda o: o.of(RunCompleted, "job-ok"), what="RunCompleted"
+        )
         started = h.observer.of(RunStarted, "job-ok")
         assert len(started) == 1 and started[0].incarnation == agent.incarnation
         c = done[0]
@@ -186,16 +274,26 @@ def test_start_run_completes_with_artifact_in_s3(kafka_bootstrap, fresh_topics, 
         assert c.artifact_uri == f"s3://{s3_bucket}/jobs/job-ok/runs/1/output/output.gif"
         assert store.exists(c.artifact_uri)
         got = store.get_file(c.artifact_uri, tmp_path / "dl.gif")
-        assert got.sha256 == c.sha256 == hashlib.sha256((tmp_path / "dl.gif").read_bytes()).hexdigest()
-        assert got.size_bytes == c.size_bytes and (tmp_path / "dl.gif").read_bytes()[:6] == b"GIF89a"
+        assert (
+            got.sha256 == c.sha256 == hashlib.sha256((tmp_path / "dl.gif").read_bytes()).hexdigest()
+        )
+        assert (
+            got.size_bytes == c.size_bytes and (tmp_path / "dl.gif").read_bytes()[:6] == b"GIF89a"
+        )
         progress = await h.observer.wait_for(
-            lambda o: [p for p in o.progress if p.job_id == "job-ok" and p.progress == 1.0] and o.progress,
-            what="final progress")
+            lambda o: (
+                [p for p in o.progress if p.job_id == "job-ok" and p.progress == 1.0] and o.progress
+            ),
+            what="final progress",
+        )
         assert progress[0].progress == 0.0 and progress[-1].progress == 1.0
         assert all(p.run == 1 and p.total_steps == 12 for p in progress)
         beat = await h.observer.wait_for(
-            lambda o: [b for b in o.of(NodeHeartbeat) if b.gpus[0].warm_models == ("demo",)], what="warm")
+            lambda o: [b for b in o.of(NodeHeartbeat) if b.gpus[0].warm_models == ("demo",)],
+            what="warm",
+        )
         assert beat[-1].gpus[1].warm_models == ()
+
     scenario(kafka_bootstrap, fresh_topics, store, tmp_path, body)
 
 
@@ -206,37 +304,58 @@ def test_stop_run_kills_the_generator(kafka_bootstrap, fresh_topics, local_store
         await h.send(h.start_run(agent, "job-long", params=slow))
         await h.observer.wait_for(lambda o: o.of(RunStarted, "job-long"), what="RunStarted")
         reports = await h.observer.wait_for(
-            lambda o: [r for b in o.of(NodeHeartbeat) for r in b.runs if r.job_id == "job-long" and r.step_rate > 0],
-            what="a heartbeat with the run's step rate")
+            lambda o: [
+                r
+                for b in o.of(NodeHeartbeat)
+                for r in b.runs
+                if r.job_id == "job-long" and r.step_rate > 0
+            ],
+            what="a heartbeat with the run's step rate",
+        )
         assert reports[-1].run == 1
         pid = agent._runs[("job-long", 1)].runner.pid
         assert alive(pid)
         await h.send(h.stop_run(agent, "job-long", reason="cancelled by user"))
-        stopped = await h.observer.wait_for(lambda o: o.of(RunStopped, "job-long"), what="RunStopped")
-        assert stopped[0].reason == "cancelled by user" and stopped[0].incarnation == agent.incarnation
+        stopped = await h.observer.wait_for(
+            lambda o: o.of(RunStopped, "job-long"), what="RunStopped"
+        )
+        assert (
+            stopped[0].reason == "cancelled by user" and stopped[0].incarnation == agent.incarnation
+        )
         assert not alive(pid)
         assert not h.observer.of(RunCompleted) and not h.observer.of(RunFailed)
-        await h.observer.wait_for(lambda o: not o.of(NodeHeartbeat)[-1].runs, what="heartbeat without the run")
+        await h.observer.wait_for(
+            lambda o: not o.of(NodeHeartbeat)[-1].runs, what="heartbeat without the run"
+        )
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
-def test_stale_incarnation_and_other_nodes_are_ignored(kafka_bootstrap, fresh_topics, local_store, tmp_path):
+def test_stale_incarnation_and_other_nodes_are_ignored(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
     async def body(h: Harness):
         agent = await h.start_agent()
         await h.send(h.start_run(agent, "job-stale", incarnation=agent.incarnation - 1))
         other = h.start_run(agent, "job-other", node_id="some-other-node")
-        await h.producer.send(fresh_topics.ASSIGNMENTS.name, h.node_id, encode(other))  # wrong payload
+        await h.producer.send(
+            fresh_topics.ASSIGNMENTS.name, h.node_id, encode(other)
+        )  # wrong payload
         await h.send(h.stop_run(agent, "job-ghost"))  # a marker: handled after the two above
-        await h.observer.wait_for(lambda o: o.of(RunStopped, "job-ghost"), what="RunStopped for ghost")
+        await h.observer.wait_for(
+            lambda o: o.of(RunStopped, "job-ghost"), what="RunStopped for ghost"
+        )
         await asyncio.sleep(0.5)
         await h.observer.wait_for(lambda o: True)
         assert not h.observer.of(RunStarted) and not h.observer.of(RunFailed)
         assert any("stale incarnation" in reason for _, reason in agent.ledger.ignored)
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
-def test_undecodable_record_goes_to_dead_letter_and_agent_keeps_going(kafka_bootstrap, fresh_topics,
-                                                                     local_store, tmp_path):
+def test_undecodable_record_goes_to_dead_letter_and_agent_keeps_going(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
     async def body(h: Harness):
         agent = await h.start_agent()
         await h.send(None, key=h.node_id, raw=b"\xc3\x01garbage")
@@ -244,8 +363,11 @@ def test_undecodable_record_goes_to_dead_letter_and_agent_keeps_going(kafka_boot
         dead = await h.observer.wait_for(lambda o: o.dead, what="dead letter")
         assert dead[0].key == h.node_id.encode() and dead[0].value == b"\xc3\x01garbage"
         assert dead[0].header("reason") in (b"truncated", b"unknown_fingerprint", b"malformed_body")
-        stopped = await h.observer.wait_for(lambda o: o.of(RunStopped, "job-cp-ghost"), what="RunStopped")
+        stopped = await h.observer.wait_for(
+            lambda o: o.of(RunStopped, "job-cp-ghost"), what="RunStopped"
+        )
         assert stopped[0].run == 1
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
@@ -253,14 +375,19 @@ def test_failing_generator_reports_run_failed(kafka_bootstrap, fresh_topics, loc
     async def body(h: Harness):
         agent = await h.start_agent()
         await h.send(h.start_run(agent, "job-bad", params={"steps": "10", "fail_at_step": "4"}))
-        failed = (await h.observer.wait_for(lambda o: o.of(RunFailed, "job-bad"), what="RunFailed"))[0]
+        failed = (
+            await h.observer.wait_for(lambda o: o.of(RunFailed, "job-bad"), what="RunFailed")
+        )[0]
         assert (failed.failure_class, failed.exit_code) == ("generator_error", 3)
         assert "injected failure at step 4" in failed.reason
         assert failed.event_id == f"{h.node_id}:job-bad:1:failed"
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
-def test_checkpoint_then_stop_then_resume_elsewhere(kafka_bootstrap, fresh_topics, local_store, tmp_path):
+def test_checkpoint_then_stop_then_resume_elsewhere(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
     async def body(h: Harness):
         agent = await h.start_agent(time_scale=10.0)
         params = {"steps": "60", "seconds_per_step": "1", "resolution": "64x36"}
@@ -268,7 +395,9 @@ def test_checkpoint_then_stop_then_resume_elsewhere(kafka_bootstrap, fresh_topic
         await h.observer.wait_for(lambda o: [p for p in o.progress if p.step >= 3], what="step 3")
         await h.send(h.checkpoint_run(agent, "job-pre"))
         await h.send(h.stop_run(agent, "job-pre", reason="preempted"))
-        stopped = await h.observer.wait_for(lambda o: o.of(RunStopped, "job-pre"), what="RunStopped")
+        stopped = await h.observer.wait_for(
+            lambda o: o.of(RunStopped, "job-pre"), what="RunStopped"
+        )
         cps = h.observer.of(RunCheckpointed, "job-pre")
         assert len(cps) == 1 and stopped[0].reason == "preempted"
         assert h.observer.scheduler.index(cps[0]) < h.observer.scheduler.index(stopped[0])
@@ -276,30 +405,52 @@ def test_checkpoint_then_stop_then_resume_elsewhere(kafka_bootstrap, fresh_topic
         assert cp.checkpoint_uri.startswith("local://jobs/job-pre/runs/1/checkpoints/")
         assert local_store.exists(cp.checkpoint_uri) and 0 < cp.progress < 1
         # The scheduler places run 2 (here: the same node) resuming from that checkpoint.
-        await h.send(h.start_run(agent, "job-pre", run=2, params={**params, "seconds_per_step": "0.05"},
-                                 resume_from=cp.checkpoint_uri))
-        done = await h.observer.wait_for(lambda o: o.of(RunCompleted, "job-pre"), what="RunCompleted")
+        await h.send(
+            h.start_run(
+                agent,
+                "job-pre",
+                run=2,
+                params={**params, "seconds_per_step": "0.05"},
+                resume_from=cp.checkpoint_uri,
+            )
+        )
+        done = await h.observer.wait_for(
+            lambda o: o.of(RunCompleted, "job-pre"), what="RunCompleted"
+        )
         assert done[0].run == 2
         run2 = [p for p in h.observer.progress if p.run == 2]
-        assert run2[0].step == int(cp.checkpoint_uri.rsplit("/", 1)[1]) > 0  # resumed, not restarted
+        assert (
+            run2[0].step == int(cp.checkpoint_uri.rsplit("/", 1)[1]) > 0
+        )  # resumed, not restarted
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
 def test_periodic_checkpoints_from_the_spec(kafka_bootstrap, fresh_topics, local_store, tmp_path):
     async def body(h: Harness):
         agent = await h.start_agent(time_scale=10.0)
-        await h.send(h.start_run(agent, "job-periodic", checkpoint_interval_s=3.0,
-                                 params={"steps": "30", "seconds_per_step": "0.5"}))
-        done = await h.observer.wait_for(lambda o: o.of(RunCompleted, "job-periodic"), what="RunCompleted")
+        await h.send(
+            h.start_run(
+                agent,
+                "job-periodic",
+                checkpoint_interval_s=3.0,
+                params={"steps": "30", "seconds_per_step": "0.5"},
+            )
+        )
+        done = await h.observer.wait_for(
+            lambda o: o.of(RunCompleted, "job-periodic"), what="RunCompleted"
+        )
         cps = h.observer.of(RunCheckpointed, "job-periodic")
         assert len(cps) >= 2  # 1.5 s of run time at one checkpoint every 0.3 s
         assert [c.progress for c in cps] == sorted(c.progress for c in cps)
         assert h.observer.scheduler.index(cps[-1]) < h.observer.scheduler.index(done[0])
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
-def test_restart_takes_a_new_incarnation_and_does_not_rerun_old_instructions(kafka_bootstrap, fresh_topics,
-                                                                              local_store, tmp_path):
+def test_restart_takes_a_new_incarnation_and_does_not_rerun_old_instructions(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
     async def body(h: Harness):
         first = await h.start_agent()
         await h.send(h.start_run(first, "job-once", params={"steps": "2"}))
@@ -312,21 +463,28 @@ def test_restart_takes_a_new_incarnation_and_does_not_rerun_old_instructions(kaf
         regs = h.observer.of(NodeRegistered)
         assert [r.incarnation for r in regs] == [first.incarnation, second.incarnation]
         assert len(h.observer.of(RunStarted, "job-once")) == 1
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
-def test_unknown_model_and_hung_generator_fail_with_their_class(kafka_bootstrap, fresh_topics, local_store,
-                                                                 tmp_path):
+def test_unknown_model_and_hung_generator_fail_with_their_class(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
     async def body(h: Harness):
         agent = await h.start_agent()
         await h.send(h.start_run(agent, "job-nomodel", model="sora-9"))
         await h.send(h.start_run(agent, "job-hang", params={"steps": "10", "hang_at_step": "2"}))
-        failed = await h.observer.wait_for(lambda o: len(o.of(RunFailed)) == 2 and o.of(RunFailed),
-                                           what="two RunFailed")
+        failed = await h.observer.wait_for(
+            lambda o: len(o.of(RunFailed)) == 2 and o.of(RunFailed), what="two RunFailed"
+        )
         by_job = {f.job_id: f for f in failed}
         assert by_job["job-nomodel"].failure_class == "launch_error"
         assert "sora-9" in by_job["job-nomodel"].reason
-        assert by_job["job-hang"].failure_class == "hung" and "last step 2" in by_job["job-hang"].reason
+        assert (
+            by_job["job-hang"].failure_class == "hung"
+            and "last step 2" in by_job["job-hang"].reason
+        )
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
 
 
@@ -358,21 +516,43 @@ def generator_pids(marker: str) -> list[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"framespool.agents.demo_generator" in cmdline and marker.encode() in cmdline and alive(int(entry)):
+            if (
+                b"framespool.agents.demo_generator" in cmdline
+                and marker.encode() in cmdline
+                and alive(int(entry))
+            ):
                 pids.append(int(entry))
     return pids
 
 
-def test_sigterm_stops_the_agent_and_its_generators(kafka_bootstrap, fresh_topics, local_store, tmp_path):
+def test_sigterm_stops_the_agent_and_its_generators(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
     async def body(h: Harness):
         root = Path(__file__).resolve().parents[2]
         env = {**os.environ, "PYTHONPATH": str(root)}
-        proc = subprocess.Popen([sys.executable, "-c", AGENT_SCRIPT, kafka_bootstrap, fresh_topics.suffix,
-                                 h.node_id, str(tmp_path)], env=env, cwd=root)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                AGENT_SCRIPT,
+                kafka_bootstrap,
+                fresh_topics.suffix,
+                h.node_id,
+                str(tmp_path),
+            ],
+            env=env,
+            cwd=root,
+        )
         try:
-            reg = (await h.observer.wait_for(lambda o: o.of(NodeRegistered), what="NodeRegistered"))[0]
-            cmd = h.start_run(SimpleNamespace(incarnation=reg.incarnation), "job-sigterm",
-                              params={"steps": "1000", "seconds_per_step": "1"})
+            reg = (
+                await h.observer.wait_for(lambda o: o.of(NodeRegistered), what="NodeRegistered")
+            )[0]
+            cmd = h.start_run(
+                SimpleNamespace(incarnation=reg.incarnation),
+                "job-sigterm",
+                params={"steps": "1000", "seconds_per_step": "1"},
+            )
             await h.send(cmd)
             await h.observer.wait_for(lambda o: o.of(RunStarted, "job-sigterm"), what="RunStarted")
             pids = generator_pids("prompt for job-sigterm")
@@ -388,4 +568,5 @@ def test_sigterm_stops_the_agent_and_its_generators(kafka_bootstrap, fresh_topic
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)

@@ -1,4 +1,5 @@
 """S3Store through the artifact-store contract, against a real S3 API (moto's server)."""
+
 from __future__ import annotations
 
 import boto3
@@ -21,7 +22,10 @@ def corrupt(store):
         client = store.client
         head = client.head_object(Bucket=store.bucket, Key=key)
         # Other bytes under the same key, keeping the digest recorded at upload.
-        client.put_object(Bucket=store.bucket, Key=key, Body=b"flipped bits", Metadata=head["Metadata"])
+        client.put_object(
+            Bucket=store.bucket, Key=key, Body=b"flipped bits", Metadata=head["Metadata"]
+        )
+
     return _corrupt
 
 
@@ -33,7 +37,9 @@ def test_large_upload_is_multipart_with_sha256_checksums(store, tmp_path):
     src = tmp_path / "big"
     src.write_bytes(b"\x07" * BIG)
     stored = store.put_file(output_key("job-mp", 1, "video.bin"), src)
-    head = store.client.head_object(Bucket=store.bucket, Key=store.key_of(stored.uri), ChecksumMode="ENABLED")
+    head = store.client.head_object(
+        Bucket=store.bucket, Key=store.key_of(stored.uri), ChecksumMode="ENABLED"
+    )
     assert head["ETag"].strip('"').endswith("-2")  # two 8 MiB parts
     assert "ChecksumSHA256" in head
     assert head["Metadata"]["sha256"] == stored.sha256
@@ -43,7 +49,9 @@ def test_create_bucket_is_idempotent(s3_endpoint):
     store = S3Store("framespool-idempotent-bucket", endpoint_url=s3_endpoint)
     store.create_bucket()
     store.create_bucket()
-    names = [b["Name"] for b in boto3.client("s3", endpoint_url=s3_endpoint).list_buckets()["Buckets"]]
+    names = [
+        b["Name"] for b in boto3.client("s3", endpoint_url=s3_endpoint).list_buckets()["Buckets"]
+    ]
     assert "framespool-idempotent-bucket" in names
 
 

@@ -1,4 +1,5 @@
 """The embedded Tansu broker: starts, takes the catalogue, stops, frees its port."""
+
 from __future__ import annotations
 
 import socket
@@ -35,7 +36,7 @@ def _partition_counts(bootstrap: str) -> dict[str, int]:
 def test_broker_starts_takes_the_catalogue_and_frees_its_port_on_stop(tmp_path):
     broker = EmbeddedBroker(log_path=tmp_path / "tansu.log")
     with pytest.raises(BrokerError):
-        broker.bootstrap_servers  # not started yet
+        _ = broker.bootstrap_servers  # not started yet
     with broker:
         assert broker.running
         host, port = broker.bootstrap_servers.split(":")
@@ -76,7 +77,11 @@ def test_s3_storage_keeps_the_log_across_a_restart(tmp_path, s3_endpoint):
 
     def broker() -> EmbeddedBroker:
         return EmbeddedBroker(
-            port, storage_url=f"s3://{bucket}/", cluster_id="framespool-test", env=env, log_path=tmp_path / "tansu.log"
+            port,
+            storage_url=f"s3://{bucket}/",
+            cluster_id="framespool-test",
+            env=env,
+            log_path=tmp_path / "tansu.log",
         )
 
     with broker() as first:

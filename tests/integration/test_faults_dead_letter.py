@@ -7,12 +7,13 @@ value and a ``reason`` header, and a job submitted afterwards still completes.
 The same kinds written to the other consumed topics (commands, assignments,
 job-events, progress) must be dead-lettered by their consumers too.
 """
+
 from __future__ import annotations
 
 import pytest
 
-from framespool.chaos import dead_letter_check, malformed_records
-from framespool.chaos_run import LogTail, chaos_stack
+from framespool.chaos.drill import LogTail, chaos_stack
+from framespool.chaos.plan import dead_letter_check, malformed_records
 from framespool.producers.client import Client
 from framespool.producers.log import LogProducer
 from framespool.schemas import events as ev
@@ -34,18 +35,37 @@ def inject(stack, records) -> None:
 
 
 def test_malformed_scheduler_records_are_dead_lettered_and_processing_continues(stack):
-    records = [m for m in malformed_records(catalogue, "node-0", "sched")
-               if m.topic == catalogue.SCHEDULER.name]
-    assert {m.kind for m in records} >= {"bad_magic", "unknown_fingerprint", "malformed_body",
-                                         "truncated", "wrong_type", "wrong_cell"}
+    records = [
+        m
+        for m in malformed_records(catalogue, "node-0", "sched")
+        if m.topic == catalogue.SCHEDULER.name
+    ]
+    assert {m.kind for m in records} >= {
+        "bad_magic",
+        "unknown_fingerprint",
+        "malformed_body",
+        "truncated",
+        "wrong_type",
+        "wrong_cell",
+    }
     inject(stack, records)
     c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
-    job = c.submit(prompt="after the garbage", model="demo", params={
-        "steps": 5, "seconds_per_step": 1, "duration_s": 1, "fps": 4, "resolution": "64x64"})
+    job = c.submit(
+        prompt="after the garbage",
+        model="demo",
+        params={
+            "steps": 5,
+            "seconds_per_step": 1,
+            "duration_s": 1,
+            "fps": 4,
+            "resolution": "64x64",
+        },
+    )
     with LogTail(stack.broker.bootstrap_servers) as tail:
         tail.wait_for(lambda t: t.first(ev.JobCompleted, job_id=job["job_id"]), 30, "completion")
-        dead = tail.wait_for(lambda t: [r for r in t.records
-                                        if r.topic == catalogue.DEAD_LETTER.name] or None, 10)
+        dead = tail.wait_for(
+            lambda t: [r for r in t.records if r.topic == catalogue.DEAD_LETTER.name] or None, 10
+        )
         check = dead_letter_check(records, dead)
         assert check["missing"] == [], check
         by_value = {r.value: r for r in dead}
@@ -53,17 +73,32 @@ def test_malformed_scheduler_records_are_dead_lettered_and_processing_continues(
             r = by_value[m.value]
             assert r.header("reason") and r.header("processor") == b"scheduler", r.headers
             assert r.header("source_topic") == catalogue.SCHEDULER.name.encode()
-        assert set(check["reasons"]) >= {"bad_magic", "unknown_fingerprint", "truncated",
-                                         "unexpected_type", "wrong_partition"}
+        assert set(check["reasons"]) >= {
+            "bad_magic",
+            "unknown_fingerprint",
+            "truncated",
+            "unexpected_type",
+            "wrong_partition",
+        }
 
 
 def test_malformed_records_on_every_consumed_topic_reach_dead_letter(stack):
-    records = [m for m in malformed_records(catalogue, "node-0", "all")
-               if m.topic != catalogue.SCHEDULER.name]
-    assert {m.topic for m in records} == {catalogue.COMMANDS.name, catalogue.ASSIGNMENTS.name,
-                                          catalogue.JOB_EVENTS.name, catalogue.PROGRESS.name}
+    records = [
+        m
+        for m in malformed_records(catalogue, "node-0", "all")
+        if m.topic != catalogue.SCHEDULER.name
+    ]
+    assert {m.topic for m in records} == {
+        catalogue.COMMANDS.name,
+        catalogue.ASSIGNMENTS.name,
+        catalogue.JOB_EVENTS.name,
+        catalogue.PROGRESS.name,
+    }
     inject(stack, records)
     with LogTail(stack.broker.bootstrap_servers, names=("DEAD_LETTER",)) as tail:
-        tail.wait_for(lambda t: not dead_letter_check(records, t.records)["missing"], 20,
-                      "every malformed record in dead-letter")
+        tail.wait_for(
+            lambda t: not dead_letter_check(records, t.records)["missing"],
+            20,
+            "every malformed record in dead-letter",
+        )
         assert all(r.header("reason") for r in tail.records)

@@ -6,12 +6,13 @@ fails its run as ``hung``, is retried once (the class's budget), and the job
 ends FAILED naming the class and the budget. A generator that hangs once
 (SIGSTOPped from outside) is retried from its last checkpoint and completes.
 """
+
 from __future__ import annotations
 
 import pytest
 
 from framespool.agents import faults
-from framespool.chaos_run import LogTail, chaos_stack
+from framespool.chaos.drill import LogTail, chaos_stack
 from framespool.producers.client import Client
 from framespool.schemas import events as ev
 
@@ -28,8 +29,12 @@ def stack(tmp_path_factory):
 
 def test_generator_that_hangs_every_time_is_retried_then_fails_as_hung(stack):
     c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
-    job = c.submit(prompt="a frozen river", model="demo", estimate_s=5,
-                   params={**PARAMS, "steps": 20, "hang_at_step": 2})["job_id"]
+    job = c.submit(
+        prompt="a frozen river",
+        model="demo",
+        estimate_s=5,
+        params={**PARAMS, "steps": 20, "hang_at_step": 2},
+    )["job_id"]
     with LogTail(stack.broker.bootstrap_servers) as tail:
         failed = tail.wait_for(lambda t: t.first(ev.JobFailed, job_id=job), 40, "the job's end")
         runs = tail.of(ev.RunFailed, job_id=job)
@@ -45,8 +50,13 @@ def test_generator_that_hangs_every_time_is_retried_then_fails_as_hung(stack):
 
 def test_generator_wedged_once_is_retried_from_its_checkpoint_and_completes(stack):
     c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
-    job = c.submit(prompt="a stuck elevator", model="demo", estimate_s=10, checkpoint_interval_s=5,
-                   params={**PARAMS, "steps": 40})["job_id"]
+    job = c.submit(
+        prompt="a stuck elevator",
+        model="demo",
+        estimate_s=10,
+        checkpoint_interval_s=5,
+        params={**PARAMS, "steps": 40},
+    )["job_id"]
     with LogTail(stack.broker.bootstrap_servers) as tail:
         started = tail.wait_for(lambda t: t.first(ev.RunStarted, job_id=job, run=1), 20, "run 1")
         tail.wait_for(lambda t: t.first(ev.RunCheckpointed, job_id=job, run=1), 20, "a checkpoint")

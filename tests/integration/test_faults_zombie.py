@@ -6,6 +6,7 @@ still believes it runs the old attempt; the scheduler ignores (and records) its
 heartbeats and its reports about that attempt, and the old generator is gone
 within seconds, while run 2 completes elsewhere.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,8 +14,8 @@ import time
 import pytest
 
 from framespool.agents import faults
-from framespool.chaos import Timing
-from framespool.chaos_run import LogTail, chaos_stack
+from framespool.chaos.drill import LogTail, chaos_stack
+from framespool.chaos.plan import Timing
 from framespool.producers.client import Client
 from framespool.schemas import events as ev
 
@@ -24,25 +25,40 @@ TIMING = Timing(heartbeat_timeout_s=3.0)
 
 
 def test_resumed_zombie_agent_reports_are_ignored_and_its_run_stopped(tmp_path):
-    with chaos_stack(tmp_path, nodes=2, timing=TIMING) as stack, \
-            LogTail(stack.broker.bootstrap_servers) as tail:
+    with (
+        chaos_stack(tmp_path, nodes=2, timing=TIMING) as stack,
+        LogTail(stack.broker.bootstrap_servers) as tail,
+    ):
         c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
-        job = c.submit(prompt="a zombie parade", model="demo", estimate_s=14,
-                       checkpoint_interval_s=5, params={
-                           "steps": 60, "seconds_per_step": 2, "duration_s": 1, "fps": 4,
-                           "resolution": "64x64", "seed": 4})["job_id"]
+        job = c.submit(
+            prompt="a zombie parade",
+            model="demo",
+            estimate_s=14,
+            checkpoint_interval_s=5,
+            params={
+                "steps": 60,
+                "seconds_per_step": 2,
+                "duration_s": 1,
+                "fps": 4,
+                "resolution": "64x64",
+                "seed": 4,
+            },
+        )["job_id"]
         first = tail.wait_for(lambda t: t.first(ev.RunStarted, job_id=job, run=1), 20, "run 1")
         node, incarnation = first.node_id, first.incarnation
         tail.wait_for(lambda t: t.first(ev.RunCheckpointed, job_id=job, run=1), 20, "a checkpoint")
         agent = next(p for p in stack.processes if p.name == f"agent-{node}")
         faults.pause(agent.popen.pid)
         try:
-            requeued = tail.wait_for(lambda t: t.first(ev.JobRequeued, job_id=job, run=1), 20,
-                                     "the requeue of run 1")
+            requeued = tail.wait_for(
+                lambda t: t.first(ev.JobRequeued, job_id=job, run=1), 20, "the requeue of run 1"
+            )
             assert f"node {node} down" in requeued.reason and requeued.resume_from
             # the generator of the old attempt is still alive while its agent is stopped
             assert [(g.job_id, g.run) for g in faults.generators(agent.popen.pid)] == [(job, 1)]
-            second = tail.wait_for(lambda t: t.first(ev.JobAssigned, job_id=job, run=2), 10, "run 2")
+            second = tail.wait_for(
+                lambda t: t.first(ev.JobAssigned, job_id=job, run=2), 10, "run 2"
+            )
             assert [s.node_id for s in second.placement] != [node]
         finally:
             faults.resume(agent.popen.pid)
@@ -50,8 +66,10 @@ def test_resumed_zombie_agent_reports_are_ignored_and_its_run_stopped(tmp_path):
         def zombie_ignored(t: LogTail) -> bool:
             ignored = t.of(ev.ReportIgnored)
             heartbeat = any(i.subject == node and "node is DOWN" in i.reason for i in ignored)
-            stale_run = any(i.subject == f"{job}#1" and
-                            i.source_event_id.startswith(f"{node}:{job}:1:") for i in ignored)
+            stale_run = any(
+                i.subject == f"{job}#1" and i.source_event_id.startswith(f"{node}:{job}:1:")
+                for i in ignored
+            )
             return heartbeat and stale_run
 
         tail.wait_for(zombie_ignored, 15, "the zombie's heartbeat and run-1 report ignored")

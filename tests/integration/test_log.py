@@ -1,4 +1,5 @@
 """framespool.producers.log against a real broker: what goes in comes out, in order, where expected."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +37,9 @@ def _produce_keyed(bootstrap: str, topic: str, n: int = N) -> dict[int, list[tup
         for i in range(n):
             key = f"job-{i % 12}"
             value = f"{i}".encode()
-            producer.produce(topic, key, value, headers=[("seq", str(i).encode()), ("kind", b"test")])
+            producer.produce(
+                topic, key, value, headers=[("seq", str(i).encode()), ("kind", b"test")]
+            )
             expected[partition_for_key(key, 4)].append((key.encode(), value))
     return expected
 
@@ -56,7 +59,9 @@ def _poll_until(consumer: LogConsumer, count: int, timeout_s: float = 30.0) -> l
     return records
 
 
-def test_manual_assignment_reads_every_partition_in_order_with_keys_and_headers(kafka_bootstrap, fresh_topics):
+def test_manual_assignment_reads_every_partition_in_order_with_keys_and_headers(
+    kafka_bootstrap, fresh_topics
+):
     topic = fresh_topics.JOB_EVENTS
     assert topic.partitions == 4
     expected = _produce_keyed(kafka_bootstrap, topic.name)
@@ -76,7 +81,9 @@ def test_manual_assignment_reads_every_partition_in_order_with_keys_and_headers(
         assert offsets == list(range(len(offsets)))
 
 
-def test_assignment_from_an_offset_and_resume_from_committed_positions(kafka_bootstrap, fresh_topics):
+def test_assignment_from_an_offset_and_resume_from_committed_positions(
+    kafka_bootstrap, fresh_topics
+):
     topic = fresh_topics.ASSIGNMENTS.name
     with LogProducer(kafka_bootstrap) as producer:
         for i in range(10):
@@ -131,7 +138,9 @@ def test_read_all_returns_the_whole_topic_up_to_the_high_watermark(kafka_bootstr
     records = read_all(kafka_bootstrap, topic.name, timeout_s=10)
     assert len(records) == N
     assert _by_partition(records) == expected
-    assert [r.partition for r in records] == sorted(r.partition for r in records)  # partition by partition
+    assert [r.partition for r in records] == sorted(
+        r.partition for r in records
+    )  # partition by partition
 
     some = read_all(kafka_bootstrap, topic.name, partitions=[1, 2], timeout_s=10)
     assert _by_partition(some) == {p: expected[p] for p in (1, 2) if expected[p]}
@@ -152,7 +161,12 @@ def test_send_returns_once_delivered_where_partition_for_key_says(kafka_bootstra
         with LogProducer(kafka_bootstrap) as producer:
             keyed = [await producer.send(topic.name, f"cell-key-{i}", b"x") for i in range(20)]
             explicit = await asyncio.gather(
-                *(producer.send(topic.name, "cell-2", f"{i}".encode(), partition=2, headers={"h": "v"}) for i in range(5))
+                *(
+                    producer.send(
+                        topic.name, "cell-2", f"{i}".encode(), partition=2, headers={"h": "v"}
+                    )
+                    for i in range(5)
+                )
             )
         return keyed, explicit
 
@@ -172,7 +186,9 @@ def test_delivery_to_an_unknown_topic_fails_clearly_and_creates_nothing(kafka_bo
     with LogProducer(kafka_bootstrap, **fast_fail) as producer:
         with pytest.raises(DeliveryError, match="UNKNOWN_TOPIC"):
             asyncio.run(producer.send(awaited, "k", b"v"))
-        with pytest.raises(DeliveryError, match="Unknown topic"):  # now known to be missing: refused up front
+        with pytest.raises(
+            DeliveryError, match="Unknown topic"
+        ):  # now known to be missing: refused up front
             producer.produce(awaited, "k", b"v")
 
         producer.produce(queued, "k", b"v")  # queued; fails in the background

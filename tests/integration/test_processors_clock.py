@@ -1,4 +1,5 @@
 """The clock: one Tick per cell per round, keyed by cell, time never going backwards."""
+
 from __future__ import annotations
 
 import threading
@@ -58,7 +59,9 @@ def test_clock_ticks_every_cell_partition(kafka_bootstrap, fresh_topics):
             thread.join(10)
         assert not thread.is_alive()
     records = read_all(kafka_bootstrap, t.SCHEDULER.name)
-    per_partition = {p: [r for r in records if r.partition == p] for p in range(t.SCHEDULER.partitions)}
+    per_partition = {
+        p: [r for r in records if r.partition == p] for p in range(t.SCHEDULER.partitions)
+    }
     for p, recs in per_partition.items():
         assert len(recs) >= 3
         events = [codec.decode(r.value) for r in recs]

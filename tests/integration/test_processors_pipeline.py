@@ -1,4 +1,5 @@
 """Admission and scheduler processors on a real broker: what goes in, what comes out."""
+
 from __future__ import annotations
 
 import statistics
@@ -12,26 +13,45 @@ from framespool.producers.log import LogConsumer, LogProducer, partition_for_key
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from tests.integration.test_processors_support import (
-    T0, admitted, decoded, in_process, produce, produce_to_cells, register, tick, wait_for,
+    T0,
+    admitted,
+    decoded,
+    in_process,
+    produce,
+    produce_to_cells,
+    register,
+    tick,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
 
 
 def submit(job_id: str, tenant: str = "acme", ts: int = T0, **spec) -> ev.SubmitJob:
-    return ev.SubmitJob(event_id=f"submit:{job_id}", ts_ms=ts,
-                        spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec))
+    return ev.SubmitJob(
+        event_id=f"submit:{job_id}", ts_ms=ts, spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec)
+    )
 
 
-def test_admission_admits_to_job_events_and_the_cells_partition(kafka_bootstrap, fresh_topics,
-                                                                 tmp_path):
+def test_admission_admits_to_job_events_and_the_cells_partition(
+    kafka_bootstrap, fresh_topics, tmp_path
+):
     t = fresh_topics
     config = AdmissionConfig(cells=("cell-0", "cell-1", "cell-2"))
     commands = t.COMMANDS
     with in_process("admission", kafka_bootstrap, t, tmp_path, config=config):
-        produce(kafka_bootstrap, commands.name, partition_for_key("acme", commands.partitions),
-                "acme", [submit("job-a"), submit("job-b"), submit("job-a"),
-                         ev.CancelJob(event_id="c1", ts_ms=T0, job_id="job-b", tenant="acme")])
+        produce(
+            kafka_bootstrap,
+            commands.name,
+            partition_for_key("acme", commands.partitions),
+            "acme",
+            [
+                submit("job-a"),
+                submit("job-b"),
+                submit("job-a"),
+                ev.CancelJob(event_id="c1", ts_ms=T0, job_id="job-b", tenant="acme"),
+            ],
+        )
         events = wait_for(kafka_bootstrap, t.JOB_EVENTS.name, lambda got: len(got) >= 3)
         to_cells = wait_for(kafka_bootstrap, t.SCHEDULER.name, lambda got: len(got) >= 3)
     kinds = sorted((type(e).__name__, getattr(e, "subject", "")) for _, e in events)
@@ -40,7 +60,7 @@ def test_admission_admits_to_job_events_and_the_cells_partition(kafka_bootstrap,
     for r, e in to_cells:
         if isinstance(e, ev.JobAdmitted):
             job_record, job_event = by_job[e.spec.job_id]
-            assert e == job_event                    # one event, one id, two topics
+            assert e == job_event  # one event, one id, two topics
             assert r.partition == int(e.cell.split("-")[1]) and r.key == e.cell.encode()
             assert job_record.key == e.spec.job_id.encode()
     (forwarded,) = [(r, e) for r, e in to_cells if isinstance(e, ev.CancelJob)]
@@ -51,34 +71,60 @@ def test_admission_admits_to_job_events_and_the_cells_partition(kafka_bootstrap,
 def test_scheduler_assigns_and_tells_the_node(kafka_bootstrap, fresh_topics, tmp_path):
     t = fresh_topics
     with in_process("scheduler", kafka_bootstrap, t, tmp_path):
-        produce(kafka_bootstrap, t.SCHEDULER.name, 0, "cell-0",
-                [tick(T0), register("node-a", T0), admitted("job-1", T0, gpus=4), tick(T0 + 250)])
-        events = wait_for(kafka_bootstrap, t.JOB_EVENTS.name,
-                          lambda got: any(isinstance(e, ev.JobAssigned) for _, e in got))
+        produce(
+            kafka_bootstrap,
+            t.SCHEDULER.name,
+            0,
+            "cell-0",
+            [tick(T0), register("node-a", T0), admitted("job-1", T0, gpus=4), tick(T0 + 250)],
+        )
+        events = wait_for(
+            kafka_bootstrap,
+            t.JOB_EVENTS.name,
+            lambda got: any(isinstance(e, ev.JobAssigned) for _, e in got),
+        )
         starts = wait_for(kafka_bootstrap, t.ASSIGNMENTS.name, lambda got: len(got) >= 1)
     (assigned,) = [e for _, e in events if isinstance(e, ev.JobAssigned)]
     assert assigned.job_id == "job-1" and assigned.placement[0].node_id == "node-a"
-    (record, start), = starts
+    ((record, start),) = starts
     assert isinstance(start, ev.StartRun) and start.spec.job_id == "job-1"
     assert record.key == b"node-a"
     assert record.partition == partition_for_key("node-a", t.ASSIGNMENTS.partitions)
-    assert start.event_id.startswith("cell-0@2/")   # the JobAdmitted's position
+    assert start.event_id.startswith("cell-0@2/")  # the JobAdmitted's position
 
 
-def test_garbage_goes_to_dead_letter_and_later_records_are_processed(kafka_bootstrap,
-                                                                     fresh_topics, tmp_path):
+def test_garbage_goes_to_dead_letter_and_later_records_are_processed(
+    kafka_bootstrap, fresh_topics, tmp_path
+):
     t = fresh_topics
     with in_process("scheduler", kafka_bootstrap, t, tmp_path):
-        produce(kafka_bootstrap, t.SCHEDULER.name, 0, "cell-0",
-                [tick(T0), b"\x00not avro at all", submit("wrong-topic"), tick(T0, cell="cell-3"),
-                 register("node-z", T0)])
-        letters = wait_for(kafka_bootstrap, t.DEAD_LETTER.name, lambda got: len(got) >= 3,
-                           raw=True)
-        events = wait_for(kafka_bootstrap, t.JOB_EVENTS.name, lambda got: any(
-            isinstance(e, ev.NodeStateChanged) and e.node_id == "node-z" for _, e in got))
+        produce(
+            kafka_bootstrap,
+            t.SCHEDULER.name,
+            0,
+            "cell-0",
+            [
+                tick(T0),
+                b"\x00not avro at all",
+                submit("wrong-topic"),
+                tick(T0, cell="cell-3"),
+                register("node-z", T0),
+            ],
+        )
+        letters = wait_for(kafka_bootstrap, t.DEAD_LETTER.name, lambda got: len(got) >= 3, raw=True)
+        events = wait_for(
+            kafka_bootstrap,
+            t.JOB_EVENTS.name,
+            lambda got: any(
+                isinstance(e, ev.NodeStateChanged) and e.node_id == "node-z" for _, e in got
+            ),
+        )
     reasons = [(r.header("reason"), r.header("source_offset"), r.key) for r in letters]
-    assert reasons == [(b"bad_magic", b"1", b"cell-0"), (b"unexpected_type", b"2", b"cell-0"),
-                       (b"wrong_partition", b"3", b"cell-0")]
+    assert reasons == [
+        (b"bad_magic", b"1", b"cell-0"),
+        (b"unexpected_type", b"2", b"cell-0"),
+        (b"wrong_partition", b"3", b"cell-0"),
+    ]
     assert letters[0].value == b"\x00not avro at all"
     assert all(r.header("processor") == b"scheduler" for r in letters)
     assert [e.event_id for _, e in events if isinstance(e, ev.NodeStateChanged)] == ["cell-0@4/0"]
@@ -99,19 +145,33 @@ def test_two_instances_share_the_cells_and_take_over(kafka_bootstrap, fresh_topi
                 break
             assert time.monotonic() < deadline, f"the cells were never split: {mine} {theirs}"
             time.sleep(0.1)
-        produce_to_cells(kafka_bootstrap, t.SCHEDULER.name, {
-            p: [tick(T0, f"cell-{p}"), register(f"node-{p}", T0, f"cell-{p}")] for p in cells})
-        wait_for(kafka_bootstrap, t.JOB_EVENTS.name, lambda got: sum(
-            isinstance(e, ev.NodeStateChanged) for _, e in got) >= len(cells))
+        produce_to_cells(
+            kafka_bootstrap,
+            t.SCHEDULER.name,
+            {p: [tick(T0, f"cell-{p}"), register(f"node-{p}", T0, f"cell-{p}")] for p in cells},
+        )
+        wait_for(
+            kafka_bootstrap,
+            t.JOB_EVENTS.name,
+            lambda got: sum(isinstance(e, ev.NodeStateChanged) for _, e in got) >= len(cells),
+        )
         pa.stop()
-        produce_to_cells(kafka_bootstrap, t.SCHEDULER.name, {
-            p: [admitted(f"job-{p}", T0, f"cell-{p}", gpus=2)] for p in cells})
-        events = wait_for(kafka_bootstrap, t.JOB_EVENTS.name, lambda got: sum(
-            isinstance(e, ev.JobAssigned) for _, e in got) >= len(cells))
+        produce_to_cells(
+            kafka_bootstrap,
+            t.SCHEDULER.name,
+            {p: [admitted(f"job-{p}", T0, f"cell-{p}", gpus=2)] for p in cells},
+        )
+        events = wait_for(
+            kafka_bootstrap,
+            t.JOB_EVENTS.name,
+            lambda got: sum(isinstance(e, ev.JobAssigned) for _, e in got) >= len(cells),
+        )
         assert pb.runner.processor.partitions == list(cells)
     ids = [e.event_id for _, e in events]
     assert len(ids) == len(set(ids)), "outputs were re-sent after the takeover"
-    assigned = {e.job_id: e.placement[0].node_id for _, e in events if isinstance(e, ev.JobAssigned)}
+    assigned = {
+        e.job_id: e.placement[0].node_id for _, e in events if isinstance(e, ev.JobAssigned)
+    }
     assert assigned == {f"job-{p}": f"node-{p}" for p in cells}
 
 
@@ -119,8 +179,10 @@ def test_submit_to_assigned_latency(kafka_bootstrap, fresh_topics, tmp_path):
     t = fresh_topics
     config = AdmissionConfig(rate=RateLimit(rate_per_s=0))
     key_partition = partition_for_key("acme", t.COMMANDS.partitions)
-    with in_process("admission", kafka_bootstrap, t, tmp_path, config=config), \
-            in_process("scheduler", kafka_bootstrap, t, tmp_path, config=CellConfig()):
+    with (
+        in_process("admission", kafka_bootstrap, t, tmp_path, config=config),
+        in_process("scheduler", kafka_bootstrap, t, tmp_path, config=CellConfig()),
+    ):
         produce(kafka_bootstrap, t.SCHEDULER.name, 0, "cell-0", [tick(T0), register("n1", T0)])
         latencies = []
         with LogProducer(kafka_bootstrap) as producer, LogConsumer(kafka_bootstrap) as consumer:
@@ -128,8 +190,12 @@ def test_submit_to_assigned_latency(kafka_bootstrap, fresh_topics, tmp_path):
             for i in range(12):
                 job = f"lat-{i}"
                 started = time.monotonic()
-                producer.produce(t.COMMANDS.name, "acme",
-                                 codec.encode(submit(job, gpus=8, gpus_per_node=8)), key_partition)
+                producer.produce(
+                    t.COMMANDS.name,
+                    "acme",
+                    codec.encode(submit(job, gpus=8, gpus_per_node=8)),
+                    key_partition,
+                )
                 producer.flush()
                 assigned = None
                 while assigned is None and time.monotonic() - started < 10:
@@ -138,13 +204,27 @@ def test_submit_to_assigned_latency(kafka_bootstrap, fresh_topics, tmp_path):
                             assigned = e
                 assert assigned is not None, f"{job} not assigned within 10 s"
                 latencies.append((time.monotonic() - started) * 1000)
-                producer.produce(t.SCHEDULER.name, "cell-0", codec.encode(ev.RunCompleted(
-                    event_id=f"done:{job}", ts_ms=T0, job_id=job, run=assigned.run,
-                    node_id="n1", incarnation=1)), 0)
+                producer.produce(
+                    t.SCHEDULER.name,
+                    "cell-0",
+                    codec.encode(
+                        ev.RunCompleted(
+                            event_id=f"done:{job}",
+                            ts_ms=T0,
+                            job_id=job,
+                            run=assigned.run,
+                            node_id="n1",
+                            incarnation=1,
+                        )
+                    ),
+                    0,
+                )
                 producer.flush()
-    median = statistics.median(latencies[2:])   # the first include producer warm-up
-    print(f"submit->assigned through admission+scheduler: median {median:.1f} ms, "
-          f"max {max(latencies[2:]):.1f} ms")
+    median = statistics.median(latencies[2:])  # the first include producer warm-up
+    print(
+        f"submit->assigned through admission+scheduler: median {median:.1f} ms, "
+        f"max {max(latencies[2:]):.1f} ms"
+    )
     assert median < 250, latencies
 
 

@@ -2,6 +2,7 @@
 uninterrupted run (bytewax style): after dedupe by event id the outputs are
 exactly those of folding the same input log through a fresh Cell, and nothing
 is lost."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,13 @@ from framespool.processors.core import CellConfig
 from framespool.processors.snapshots import SnapshotStore
 from framespool.producers.log import read_all
 from tests.integration.test_processors_support import (
-    REPO, InProcess, actual_outputs, cell_workload, expected_outputs, in_process, produce,
+    REPO,
+    InProcess,
+    actual_outputs,
+    cell_workload,
+    expected_outputs,
+    in_process,
+    produce,
     subprocess_processor,
 )
 
@@ -48,8 +55,9 @@ def wait_complete(bootstrap: str, topics, expected: dict, timeout: float = 20.0)
         if not missing:
             return actual
         if time.monotonic() > deadline:
-            raise AssertionError(f"{len(missing)} expected outputs never arrived, e.g. "
-                                 f"{sorted(missing)[:5]}")
+            raise AssertionError(
+                f"{len(missing)} expected outputs never arrived, e.g. {sorted(missing)[:5]}"
+            )
         time.sleep(0.1)
 
 
@@ -63,22 +71,26 @@ def check_against_uninterrupted(bootstrap: str, topics, max_duplicated_inputs: i
         assert (topic, event_id) in expected, f"unexpected output {event_id} on {topic}"
         assert (partition, value) == expected[(topic, event_id)], f"{event_id} differs"
         seen[(topic, event_id)] += 1
-    assert set(seen) == set(expected)                      # nothing lost, nothing extra
-    duplicated_inputs = Counter(event_id.split("/")[0] for (_, event_id), n in seen.items() if n > 1)
+    assert set(seen) == set(expected)  # nothing lost, nothing extra
+    duplicated_inputs = Counter(
+        event_id.split("/")[0] for (_, event_id), n in seen.items() if n > 1
+    )
     assert len(duplicated_inputs) <= max_duplicated_inputs, duplicated_inputs
     return duplicated_inputs
 
 
 @pytest.mark.parametrize("same_data_dir", [True, False], ids=["restart", "fresh-instance"])
-def test_crash_between_delivery_and_snapshot_then_restart(kafka_bootstrap, fresh_topics, tmp_path,
-                                                          same_data_dir):
+def test_crash_between_delivery_and_snapshot_then_restart(
+    kafka_bootstrap, fresh_topics, tmp_path, same_data_dir
+):
     t = fresh_topics
     inputs = cell_workload(CONFIG)
     k = len(inputs) // 2
     produce(kafka_bootstrap, t.SCHEDULER.name, 0, "cell-0", inputs)
     store = CrashingStore(tmp_path / "first", t.SCHEDULER.name, crash_at=k)
-    crashed = InProcess("scheduler", kafka_bootstrap, t, tmp_path, max_batch=MAX_BATCH,
-                        store=store).start()
+    crashed = InProcess(
+        "scheduler", kafka_bootstrap, t, tmp_path, max_batch=MAX_BATCH, store=store
+    ).start()
     crashed.wait_dead(20)
     store.close()
     assert "simulated crash" in repr(crashed.error)
@@ -104,7 +116,7 @@ def test_sigkill_mid_stream_then_restart(kafka_bootstrap, fresh_topics, tmp_path
     args = ("scheduler", kafka_bootstrap, t.suffix, tmp_path / "data", "--max-batch", "2")
     with subprocess_processor(*args, log_dir=tmp_path) as first:
         deadline = time.monotonic() + 20
-        while len(actual_outputs(kafka_bootstrap, t)) < 12:   # somewhere mid-stream
+        while len(actual_outputs(kafka_bootstrap, t)) < 12:  # somewhere mid-stream
             assert first.proc.poll() is None, first.log_text()[-3000:]
             assert time.monotonic() < deadline, first.log_text()[-3000:]
             time.sleep(0.05)
@@ -113,15 +125,22 @@ def test_sigkill_mid_stream_then_restart(kafka_bootstrap, fresh_topics, tmp_path
     with subprocess_processor(*args, log_dir=tmp_path) as second:
         check_against_uninterrupted(kafka_bootstrap, t, max_duplicated_inputs=2)
         assert second.terminate() == 0, second.log_text()[-3000:]
-        lines = [json.loads(line) for line in second.log_text().splitlines() if line.startswith("{")]
+        lines = [
+            json.loads(line) for line in second.log_text().splitlines() if line.startswith("{")
+        ]
     assert any("stopped (clean)" in line["msg"] for line in lines)
     assigned = [line for line in lines if line.get("event_type") == "JobAssigned"]
     assert all(line["job_id"] and line["node_id"] for line in assigned)
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "framespool.processors", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "framespool.processors", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bad_config_exits_2_with_the_field_named(tmp_path):
@@ -131,11 +150,18 @@ def test_bad_config_exits_2_with_the_field_named(tmp_path):
     assert result.returncode == 2
     assert "scheduler.heartbeat_timeout_s: expected a number, got 'soon'" in result.stderr
     result = run_cli("admission", "--data-dir", str(tmp_path / "d"), "--config", str(bad))
-    assert result.returncode == 2   # admission reads the scheduler's tiers from the same file
+    assert result.returncode == 2  # admission reads the scheduler's tiers from the same file
 
 
 def test_missing_topics_exit_2(kafka_bootstrap, tmp_path):
-    result = run_cli("admission", "--bootstrap", kafka_bootstrap, "--data-dir", str(tmp_path),
-                     "--topic-suffix", "does-not-exist")
+    result = run_cli(
+        "admission",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--data-dir",
+        str(tmp_path),
+        "--topic-suffix",
+        "does-not-exist",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "framespool.commands.does-not-exist" in result.stderr

@@ -5,6 +5,7 @@ Processors run in-process (a thread each, :class:`InProcess`) or as
 stopped by their context managers. Short group timeouts (2000 ms session,
 500 ms heartbeats) keep joins at ~1 s on the embedded broker.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.admission import AdmissionFold
 from framespool.processors.app import ProcessorRunner
@@ -38,9 +39,18 @@ T0 = 1_800_000_000_000
 class InProcess:
     """One processor instance on a thread of the test process."""
 
-    def __init__(self, role: str, bootstrap: str, topics: Any, data_dir: Path, *,
-                 config: Any = None, instance: str = "", max_batch: int = 500,
-                 store: Optional[SnapshotStore] = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        bootstrap: str,
+        topics: Any,
+        data_dir: Path,
+        *,
+        config: Any = None,
+        instance: str = "",
+        max_batch: int = 500,
+        store: SnapshotStore | None = None,
+    ) -> None:
         if role == "scheduler":
             fold: Any = SchedulerFold(config or CellConfig(), topics)
             topic, group = topics.SCHEDULER, catalogue.SCHEDULER_GROUP
@@ -49,12 +59,18 @@ class InProcess:
             topic, group = topics.COMMANDS, catalogue.ADMISSION_GROUP
         self.store = store or SnapshotStore(data_dir / role, topic.name)
         processor = StatefulProcessor(fold, self.store, topic.name)
-        self.runner = ProcessorRunner(processor, bootstrap, f"{group}.{topics.suffix}",
-                                      input_topic=topic, instance=instance,
-                                      session_timeout_ms=SESSION_MS,
-                                      heartbeat_interval_ms=HEARTBEAT_MS, max_batch=max_batch)
+        self.runner = ProcessorRunner(
+            processor,
+            bootstrap,
+            f"{group}.{topics.suffix}",
+            input_topic=topic,
+            instance=instance,
+            session_timeout_ms=SESSION_MS,
+            heartbeat_interval_ms=HEARTBEAT_MS,
+            max_batch=max_batch,
+        )
         self.stop_event = threading.Event()
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"{role}-{instance}", daemon=True)
 
     def _run(self) -> None:
@@ -97,17 +113,34 @@ def in_process(*args: Any, **kwargs: Any):
 class Subprocess:
     """``python -m framespool.processors ROLE ...``; stderr goes to a file for the failure message."""
 
-    def __init__(self, role: str, bootstrap: str, suffix: str, data_dir: Path, *extra: str,
-                 log_dir: Path) -> None:
+    def __init__(
+        self, role: str, bootstrap: str, suffix: str, data_dir: Path, *extra: str, log_dir: Path
+    ) -> None:
         self.log_path = log_dir / f"{role}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "framespool.processors", role, "--bootstrap", bootstrap,
-             "--data-dir", str(data_dir), "--topic-suffix", suffix,
-             "--session-timeout-ms", str(SESSION_MS), "--heartbeat-interval-ms",
-             str(HEARTBEAT_MS), *extra],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._log,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
+            [
+                sys.executable,
+                "-m",
+                "framespool.processors",
+                role,
+                "--bootstrap",
+                bootstrap,
+                "--data-dir",
+                str(data_dir),
+                "--topic-suffix",
+                suffix,
+                "--session-timeout-ms",
+                str(SESSION_MS),
+                "--heartbeat-interval-ms",
+                str(HEARTBEAT_MS),
+                *extra,
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -123,7 +156,9 @@ class Subprocess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-            raise AssertionError(f"no exit {timeout} s after SIGTERM:\n{self.log_text()[-3000:]}")
+            raise AssertionError(
+                f"no exit {timeout} s after SIGTERM:\n{self.log_text()[-3000:]}"
+            ) from None
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -144,14 +179,14 @@ def subprocess_processor(*args: Any, **kwargs: Any):
 # --------------------------------------------------------------------------
 # The log
 # --------------------------------------------------------------------------
-def produce(bootstrap: str, topic: str, partition: int, key: str,
-            values: Iterable[Any]) -> None:
+def produce(bootstrap: str, topic: str, partition: int, key: str, values: Iterable[Any]) -> None:
     """Events (encoded) or raw bytes, in order, to one partition; waits for delivery."""
     produce_to_cells(bootstrap, topic, {partition: list(values)}, key)
 
 
-def produce_to_cells(bootstrap: str, topic: str, by_partition: dict[int, list[Any]],
-                     key: Optional[str] = None) -> None:
+def produce_to_cells(
+    bootstrap: str, topic: str, by_partition: dict[int, list[Any]], key: str | None = None
+) -> None:
     """Like :func:`produce` for several partitions with one producer (a new producer's
     first delivery takes 0.5-1 s). The key defaults to the partition's cell id."""
     with LogProducer(bootstrap) as producer:
@@ -166,8 +201,13 @@ def decoded(records: Iterable[Record]) -> list[tuple[Record, Any]]:
     return [(r, codec.decode(r.value)) for r in records]
 
 
-def wait_for(bootstrap: str, topic: str, done: Callable[[list[tuple[Record, Any]]], bool],
-             timeout: float = 15.0, raw: bool = False) -> list:
+def wait_for(
+    bootstrap: str,
+    topic: str,
+    done: Callable[[list[tuple[Record, Any]]], bool],
+    timeout: float = 15.0,
+    raw: bool = False,
+) -> list:
     """Re-read ``topic`` until ``done(records)`` holds; return the records."""
     deadline = time.monotonic() + timeout
     while True:
@@ -189,14 +229,27 @@ def tick(now_ms: int, cell: str = "cell-0") -> ev.Tick:
 
 
 def register(node_id: str, now_ms: int, cell: str = "cell-0", gpus: int = 8) -> ev.NodeRegistered:
-    return ev.NodeRegistered(event_id=f"reg:{node_id}", ts_ms=now_ms, node_id=node_id,
-                             incarnation=1, cell=cell, gpus=gpus)
+    return ev.NodeRegistered(
+        event_id=f"reg:{node_id}",
+        ts_ms=now_ms,
+        node_id=node_id,
+        incarnation=1,
+        cell=cell,
+        gpus=gpus,
+    )
 
 
-def admitted(job_id: str, now_ms: int, cell: str = "cell-0", gpus: int = 1, tenant: str = "acme",
-             estimate_s: float = 3.0) -> ev.JobAdmitted:
-    spec = ev.JobSpec(job_id=job_id, tenant=tenant, gpus=gpus, gpus_per_node=gpus,
-                      estimate_s=estimate_s)
+def admitted(
+    job_id: str,
+    now_ms: int,
+    cell: str = "cell-0",
+    gpus: int = 1,
+    tenant: str = "acme",
+    estimate_s: float = 3.0,
+) -> ev.JobAdmitted:
+    spec = ev.JobSpec(
+        job_id=job_id, tenant=tenant, gpus=gpus, gpus_per_node=gpus, estimate_s=estimate_s
+    )
     return ev.JobAdmitted(event_id=f"adm:{job_id}", ts_ms=now_ms, spec=spec, cell=cell)
 
 
@@ -205,7 +258,7 @@ def cell_workload(config: CellConfig, jobs: int = 14, steps: int = 30) -> list[A
     complete what they are told (played against a scratch cell), and Ticks."""
     scratch = Cell(config, "cell-0")
     inputs: list[Any] = []
-    running: dict[tuple[str, int], tuple[str, int]] = {}   # (job, run) -> (node, end_ms)
+    running: dict[tuple[str, int], tuple[str, int]] = {}  # (job, run) -> (node, end_ms)
     now = T0
 
     def feed(event: Any) -> None:
@@ -213,9 +266,14 @@ def cell_workload(config: CellConfig, jobs: int = 14, steps: int = 30) -> list[A
         pending = list(scratch.apply(event, f"gen@{len(inputs)}"))
         for out in pending:
             if isinstance(out, ev.StartRun):
-                started = ev.RunStarted(event_id=f"started:{out.spec.job_id}:{out.run}",
-                                        ts_ms=now, job_id=out.spec.job_id, run=out.run,
-                                        node_id=out.node_id, incarnation=out.incarnation)
+                started = ev.RunStarted(
+                    event_id=f"started:{out.spec.job_id}:{out.run}",
+                    ts_ms=now,
+                    job_id=out.spec.job_id,
+                    run=out.run,
+                    node_id=out.node_id,
+                    incarnation=out.incarnation,
+                )
                 inputs.append(started)
                 pending.extend(scratch.apply(started, f"gen@{len(inputs)}"))
                 running[(out.spec.job_id, out.run)] = (out.node_id, now + 2500)
@@ -231,19 +289,38 @@ def cell_workload(config: CellConfig, jobs: int = 14, steps: int = 30) -> list[A
         for (job_id, run), (node, end) in list(running.items()):
             if end <= now:
                 del running[(job_id, run)]
-                feed(ev.RunCompleted(event_id=f"done:{job_id}:{run}", ts_ms=now, job_id=job_id,
-                                     run=run, node_id=node, incarnation=1))
+                feed(
+                    ev.RunCompleted(
+                        event_id=f"done:{job_id}:{run}",
+                        ts_ms=now,
+                        job_id=job_id,
+                        run=run,
+                        node_id=node,
+                        incarnation=1,
+                    )
+                )
         if step % 3 == 0:
             for node in ("n1", "n2"):
-                runs = tuple(ev.RunReport(job_id=j, run=r, step_rate=1.0)
-                             for (j, r), (n, _) in running.items() if n == node)
-                feed(ev.NodeHeartbeat(event_id=f"hb:{node}:{now}", ts_ms=now, node_id=node,
-                                      incarnation=1, runs=runs))
+                runs = tuple(
+                    ev.RunReport(job_id=j, run=r, step_rate=1.0)
+                    for (j, r), (n, _) in running.items()
+                    if n == node
+                )
+                feed(
+                    ev.NodeHeartbeat(
+                        event_id=f"hb:{node}:{now}",
+                        ts_ms=now,
+                        node_id=node,
+                        incarnation=1,
+                        runs=runs,
+                    )
+                )
     return inputs
 
 
-def expected_outputs(records: Iterable[Record], config: CellConfig, topics: Any
-                     ) -> dict[tuple[str, str], tuple[int, bytes]]:
+def expected_outputs(
+    records: Iterable[Record], config: CellConfig, topics: Any
+) -> dict[tuple[str, str], tuple[int, bytes]]:
     """``{(topic, event id): (partition, value)}`` of an uninterrupted fold of ``records``
     (one scheduler partition) through a fresh Cell."""
     cells: dict[int, Cell] = {}

@@ -1,4 +1,5 @@
 """The API and its projection on a real broker: submit writes a command, the log drives the view."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,33 +25,49 @@ H = {"Authorization": f"Bearer {KEY}"}
 def test_submit_then_log_events_drive_status_and_sse(kafka_bootstrap, fresh_topics, tmp_path):
     async def go():
         producer = LogProducer(kafka_bootstrap)
-        service = ProjectionService.open(tmp_path, kafka_bootstrap, producer,
-                                         job_events=fresh_topics.JOB_EVENTS.name,
-                                         progress=fresh_topics.PROGRESS.name,
-                                         dead_letter=fresh_topics.DEAD_LETTER.name)
-        config = ApiConfig(auth=ApiKeys([record_for(KEY, "acme", "alice")]), store=service.store,
-                           hub=service.hub, producer=producer,
-                           commands_topic=fresh_topics.COMMANDS.name,
-                           background=service.background)
+        service = ProjectionService.open(
+            tmp_path,
+            kafka_bootstrap,
+            producer,
+            job_events=fresh_topics.JOB_EVENTS.name,
+            progress=fresh_topics.PROGRESS.name,
+            dead_letter=fresh_topics.DEAD_LETTER.name,
+        )
+        config = ApiConfig(
+            auth=ApiKeys([record_for(KEY, "acme", "alice")]),
+            store=service.store,
+            hub=service.hub,
+            producer=producer,
+            commands_topic=fresh_topics.COMMANDS.name,
+            background=service.background,
+        )
         try:
             async with TestClient(TestServer(make_app(config))) as client:
-                r = await client.post("/v1/jobs", json={"prompt": "a fox", "model": "demo"},
-                                      headers={**H, "Idempotency-Key": "it-1"})
+                r = await client.post(
+                    "/v1/jobs",
+                    json={"prompt": "a fox", "model": "demo"},
+                    headers={**H, "Idempotency-Key": "it-1"},
+                )
                 assert r.status == 202
                 job_id = (await r.json())["job_id"]
-                [record] = await asyncio.to_thread(read_all, kafka_bootstrap,
-                                                   fresh_topics.COMMANDS.name)
+                [record] = await asyncio.to_thread(
+                    read_all, kafka_bootstrap, fresh_topics.COMMANDS.name
+                )
                 command = codec.decode(record.value)
                 assert isinstance(command, SubmitJob) and record.key == b"acme"
 
                 # what admission, the scheduler and an agent would write
                 events = lifecycle(job_id)
-                events[0] = JobAdmitted(event_id=f"{job_id}:0", ts_ms=events[0].ts_ms,
-                                        spec=command.spec, cell="cell-0")
+                events[0] = JobAdmitted(
+                    event_id=f"{job_id}:0", ts_ms=events[0].ts_ms, spec=command.spec, cell="cell-0"
+                )
                 with LogProducer(kafka_bootstrap) as writer:
                     for e in events:
-                        topic = fresh_topics.PROGRESS if isinstance(e, RunProgress) \
+                        topic = (
+                            fresh_topics.PROGRESS
+                            if isinstance(e, RunProgress)
                             else fresh_topics.JOB_EVENTS
+                        )
                         writer.produce(topic.name, key_of(e), codec.encode(e))
                         writer.flush()
                         await asyncio.sleep(0.02)
@@ -68,10 +85,14 @@ def test_submit_then_log_events_drive_status_and_sse(kafka_bootstrap, fresh_topi
                 job = await (await client.get(f"/v1/jobs/{job_id}", headers=H)).json()
                 assert job["state"] == "COMPLETED" and job["cell"] == "cell-0"
                 assert json.dumps(job)
-                again = await client.post("/v1/jobs", json={"prompt": "a fox", "model": "demo"},
-                                          headers={**H, "Idempotency-Key": "it-1"})
+                again = await client.post(
+                    "/v1/jobs",
+                    json={"prompt": "a fox", "model": "demo"},
+                    headers={**H, "Idempotency-Key": "it-1"},
+                )
                 assert again.status == 200 and (await again.json())["state"] == "COMPLETED"
         finally:
             service.close()
             producer.close()
+
     asyncio.run(go())

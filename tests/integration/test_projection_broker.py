@@ -1,4 +1,5 @@
 """The projection consumer against a real broker: views appear, restarts add no duplicates."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,21 +39,31 @@ async def run_until(consumer, predicate, timeout=30.0):
 
 def caught_up_fold(events):
     """What a catch-up folds: job-events first, then progress (see ProjectionConsumer.run)."""
-    return fold([e for e in events if not isinstance(e, RunProgress)]
-                + [e for e in events if isinstance(e, RunProgress)])
+    return fold(
+        [e for e in events if not isinstance(e, RunProgress)]
+        + [e for e in events if isinstance(e, RunProgress)]
+    )
 
 
 def make_consumer(bootstrap, topics, store, sender):
-    return ProjectionConsumer(store, bootstrap_servers=bootstrap,
-                              topics=(topics.JOB_EVENTS.name, topics.PROGRESS.name),
-                              dead_letter_topic=topics.DEAD_LETTER.name,
-                              dead_letter_sender=sender, poll_timeout_s=0.2)
+    return ProjectionConsumer(
+        store,
+        bootstrap_servers=bootstrap,
+        topics=(topics.JOB_EVENTS.name, topics.PROGRESS.name),
+        dead_letter_topic=topics.DEAD_LETTER.name,
+        dead_letter_sender=sender,
+        poll_timeout_s=0.2,
+    )
 
 
-def test_consumer_folds_the_log_and_restarts_without_duplicates(kafka_bootstrap, fresh_topics,
-                                                                tmp_path):
-    first = lifecycle("job-a", runs=2) + [cell_status("cell-0", 9_000)] + \
-        lifecycle("job-b", outcome="FAILED")
+def test_consumer_folds_the_log_and_restarts_without_duplicates(
+    kafka_bootstrap, fresh_topics, tmp_path
+):
+    first = (
+        lifecycle("job-a", runs=2)
+        + [cell_status("cell-0", 9_000)]
+        + lifecycle("job-b", outcome="FAILED")
+    )
     produce(kafka_bootstrap, fresh_topics, first, garbage=True)
     path = str(tmp_path / "views")
 
@@ -65,6 +76,7 @@ def test_consumer_folds_the_log_and_restarts_without_duplicates(kafka_bootstrap,
         cells = store.load_cluster().cells
         store.close()
         return views, cells
+
     views, cells = asyncio.run(phase_one())
     assert views["job-a"] == caught_up_fold(lifecycle("job-a", runs=2))
     assert views["job-a"].state == COMPLETED and views["job-b"].state == FAILED
@@ -88,8 +100,9 @@ def test_consumer_folds_the_log_and_restarts_without_duplicates(kafka_bootstrap,
         views = {j: store.get(j) for j in ("job-a", "job-b", "job-c")}
         store.close()
         return views, replays
+
     after, replays = asyncio.run(phase_two())
-    assert replays == 0                       # it resumed at stored offset + 1
+    assert replays == 0  # it resumed at stored offset + 1
     assert after["job-a"] == views["job-a"] and after["job-b"] == views["job-b"]
     assert after["job-c"] == caught_up_fold(lifecycle("job-c"))
     for view in after.values():
@@ -106,4 +119,5 @@ def test_consumer_folds_the_log_and_restarts_without_duplicates(kafka_bootstrap,
         views = {j: store.get(j) for j in ("job-a", "job-b", "job-c")}
         store.close()
         return views
+
     assert asyncio.run(replay()) == after

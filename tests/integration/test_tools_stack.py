@@ -5,6 +5,7 @@ must then find no divergence and no violation, and audit must explain an
 assignment. A forged second terminal event on job-events must make verify
 fail, naming the job.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,20 +15,25 @@ import pytest
 
 import framespool.cli as cli
 from framespool.broker import free_port
-from framespool.stack import Stack, StackConfig
 from framespool.producers.client import Client
 from framespool.producers.log import LogProducer, partition_for_key, read_all
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas.topics import JOB_EVENTS
+from framespool.stack import Stack, StackConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    config = StackConfig(data_dir=tmp_path_factory.mktemp("tools-stack"), port=free_port(),
-                         nodes=2, gpus_per_node=8, time_scale=50.0)
+    config = StackConfig(
+        data_dir=tmp_path_factory.mktemp("tools-stack"),
+        port=free_port(),
+        nodes=2,
+        gpus_per_node=8,
+        time_scale=50.0,
+    )
     with Stack(config) as running:
         yield running
 
@@ -35,8 +41,9 @@ def stack(tmp_path_factory):
 @pytest.fixture
 def framespool(stack, monkeypatch, capsys):
     """``framespool <command> ... --data-dir <stack> --json`` -> (exit status, parsed JSON)."""
-    monkeypatch.setattr(cli, "COMMANDS", tuple(dict.fromkeys(
-        (*cli.COMMANDS, "replay", "audit", "verify"))))
+    monkeypatch.setattr(
+        cli, "COMMANDS", tuple(dict.fromkeys((*cli.COMMANDS, "replay", "audit", "verify")))
+    )
 
     def run(*argv: str) -> tuple[int, dict]:
         capsys.readouterr()
@@ -50,8 +57,12 @@ def framespool(stack, monkeypatch, capsys):
 def finish(client: Client, job_ids: list[str], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     for job_id in job_ids:
-        while (state := client.status(job_id)["state"]) not in ("COMPLETED", "FAILED",
-                                                                 "CANCELLED", "REJECTED"):
+        while (state := client.status(job_id)["state"]) not in (
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "REJECTED",
+        ):
             assert time.monotonic() < deadline, f"{job_id} stuck in {state}"
             time.sleep(0.1)
         assert state == "COMPLETED", client.status(job_id)
@@ -60,10 +71,16 @@ def finish(client: Client, job_ids: list[str], timeout_s: float = 30.0) -> None:
 def test_replay_verify_and_audit_on_a_real_log_then_a_forged_terminal(stack, framespool):
     acme = Client(stack.api_url, stack.tenant_keys[0]["api_key"], timeout_s=30)
     studio = Client(stack.api_url, stack.tenant_keys[1]["api_key"], timeout_s=30)
-    jobs = [acme.submit(prompt="one", model="noop", gpus=1)["job_id"],
-            acme.submit(prompt="eight", model="noop", gpus=8)["job_id"],
-            studio.submit(prompt="demo", model="demo", gpus=1,
-                          params={"duration_s": 1, "fps": 4, "resolution": "128x72"})["job_id"]]
+    jobs = [
+        acme.submit(prompt="one", model="noop", gpus=1)["job_id"],
+        acme.submit(prompt="eight", model="noop", gpus=8)["job_id"],
+        studio.submit(
+            prompt="demo",
+            model="demo",
+            gpus=1,
+            params={"duration_s": 1, "fps": 4, "resolution": "128x72"},
+        )["job_id"],
+    ]
     finish(acme, jobs[:2])
     finish(studio, jobs[2:])
     # the gang last: nothing is placed after it (see the ledger on gang completions)
@@ -91,18 +108,31 @@ def test_replay_verify_and_audit_on_a_real_log_then_a_forged_terminal(stack, fra
 
     # a forged second terminal event for a completed job
     bootstrap = stack.broker.bootstrap_servers
-    (done,) = [e for e in map(lambda r: codec.decode(r.value),
-                              read_all(bootstrap, JOB_EVENTS.name, timeout_s=10))
-               if isinstance(e, ev.JobCompleted) and e.job_id == jobs[0]]
-    forged = ev.JobFailed(event_id="forged-terminal-1", ts_ms=done.ts_ms, job_id=jobs[0],
-                          run=done.run, reason="forged")
+    (done,) = [
+        e
+        for e in map(
+            lambda r: codec.decode(r.value), read_all(bootstrap, JOB_EVENTS.name, timeout_s=10)
+        )
+        if isinstance(e, ev.JobCompleted) and e.job_id == jobs[0]
+    ]
+    forged = ev.JobFailed(
+        event_id="forged-terminal-1",
+        ts_ms=done.ts_ms,
+        job_id=jobs[0],
+        run=done.run,
+        reason="forged",
+    )
     with LogProducer(bootstrap) as producer:
-        producer.produce(JOB_EVENTS.name, jobs[0], codec.encode(forged),
-                         partition_for_key(jobs[0], JOB_EVENTS.partitions))
+        producer.produce(
+            JOB_EVENTS.name,
+            jobs[0],
+            codec.encode(forged),
+            partition_for_key(jobs[0], JOB_EVENTS.partitions),
+        )
     status, verified = framespool("verify")
     assert status == 1
     assert verified["violation_counts"] == {"duplicate_terminal": 1}
     (violation,) = verified["violations"]
     assert violation["subject"] == jobs[0] and "forged-terminal-1" in violation["detail"]
-    status, replayed = framespool("replay")   # not a scheduler output: replay is unaffected
+    status, replayed = framespool("replay")  # not a scheduler output: replay is unaffected
     assert status == 0

@@ -1,4 +1,5 @@
 """The pure admission core: idempotency, rate limits, validation, routing to cells."""
+
 from __future__ import annotations
 
 import pickle
@@ -7,18 +8,29 @@ from collections import Counter
 import pytest
 
 from framespool.processors.core.admission import (
-    INVALID_TIER, NO_MATCHING_CELL, RATE_LIMITED, AdmissionConfig, AdmissionState, CellCommand,
-    RateLimit, rendezvous,
+    INVALID_TIER,
+    NO_MATCHING_CELL,
+    RATE_LIMITED,
+    AdmissionConfig,
+    AdmissionState,
+    CellCommand,
+    RateLimit,
+    rendezvous,
 )
 from framespool.schemas import events as ev
 
 T0 = 1_700_000_000_000
 
 
-def submit(job_id: str, tenant: str = "acme", ts: int = T0, key: str | None = None,
-           **spec: object) -> ev.SubmitJob:
-    return ev.SubmitJob(event_id=f"cmd-{job_id}", ts_ms=ts, idempotency_key=key,
-                        spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec))
+def submit(
+    job_id: str, tenant: str = "acme", ts: int = T0, key: str | None = None, **spec: object
+) -> ev.SubmitJob:
+    return ev.SubmitJob(
+        event_id=f"cmd-{job_id}",
+        ts_ms=ts,
+        idempotency_key=key,
+        spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec),
+    )
 
 
 def cancel(job_id: str, tenant: str = "acme", ts: int = T0) -> ev.CancelJob:
@@ -102,15 +114,17 @@ def test_rate_limit_refills_only_forward_and_only_to_the_burst():
 
 
 def test_rate_limits_are_per_tenant_with_overrides():
-    config = AdmissionConfig(rate=RateLimit(rate_per_s=1.0, burst=1),
-                             tenant_rates={"big": RateLimit(rate_per_s=0.0)})
+    config = AdmissionConfig(
+        rate=RateLimit(rate_per_s=1.0, burst=1), tenant_rates={"big": RateLimit(rate_per_s=0.0)}
+    )
     state = AdmissionState(config)
     assert isinstance(state.apply(submit("a1", tenant="small"), "p@0")[0], ev.JobAdmitted)
     assert state.apply(submit("a2", tenant="small"), "p@1")[0].reason == RATE_LIMITED
     assert isinstance(state.apply(submit("o1", tenant="other"), "p@2")[0], ev.JobAdmitted)
     for i in range(50):  # rate 0 = unlimited
-        assert isinstance(state.apply(submit(f"b{i}", tenant="big"), f"p@{3 + i}")[0],
-                          ev.JobAdmitted)
+        assert isinstance(
+            state.apply(submit(f"b{i}", tenant="big"), f"p@{3 + i}")[0], ev.JobAdmitted
+        )
 
 
 def test_routing_is_stable_and_spread():
@@ -130,25 +144,37 @@ def test_routing_is_stable_and_spread():
 def test_adding_a_cell_moves_only_jobs_to_the_new_cell():
     before = ("cell-0", "cell-1", "cell-2")
     after = before + ("cell-3",)
-    moved = [j for j in (f"job-{i}" for i in range(2000))
-             if rendezvous(j, before) != rendezvous(j, after)]
+    moved = [
+        j
+        for j in (f"job-{i}" for i in range(2000))
+        if rendezvous(j, before) != rendezvous(j, after)
+    ]
     assert moved and all(rendezvous(j, after) == "cell-3" for j in moved)
     assert len(moved) < 700  # about a quarter
 
 
 def test_gpu_type_routes_to_matching_cells_only():
-    config = AdmissionConfig(cells=("cell-0", "cell-1", "cell-2"),
-                             cell_gpu_types={"cell-0": ("H100",), "cell-1": ("A100", "L40S")},
-                             rate=RateLimit(rate_per_s=0))
+    config = AdmissionConfig(
+        cells=("cell-0", "cell-1", "cell-2"),
+        cell_gpu_types={"cell-0": ("H100",), "cell-1": ("A100", "L40S")},
+        rate=RateLimit(rate_per_s=0),
+    )
     state = AdmissionState(config)
     for i in range(60):
-        assert state.apply(submit(f"h{i}", gpu_type="H100"), f"p@{i}")[0].cell in ("cell-0", "cell-2")
-        assert state.apply(submit(f"a{i}", gpu_type="L40S"), f"q@{i}")[0].cell in ("cell-1", "cell-2")
+        assert state.apply(submit(f"h{i}", gpu_type="H100"), f"p@{i}")[0].cell in (
+            "cell-0",
+            "cell-2",
+        )
+        assert state.apply(submit(f"a{i}", gpu_type="L40S"), f"q@{i}")[0].cell in (
+            "cell-1",
+            "cell-2",
+        )
 
 
 def test_no_cell_for_the_gpu_type_is_rejected_naming_the_offered_types():
-    config = AdmissionConfig(cells=("cell-0", "cell-1"),
-                             cell_gpu_types={"cell-0": ("H100",), "cell-1": ("A100",)})
+    config = AdmissionConfig(
+        cells=("cell-0", "cell-1"), cell_gpu_types={"cell-0": ("H100",), "cell-1": ("A100",)}
+    )
     out = AdmissionState(config).apply(submit("j", gpu_type="B200"), "p@0")[0]
     assert out.reason == NO_MATCHING_CELL
     assert "'B200'" in out.detail and "A100, H100" in out.detail
@@ -163,15 +189,22 @@ def test_cancel_is_forwarded_to_the_jobs_cell():
     assert out[0].cell == cell
     forwarded = out[0].command
     assert isinstance(forwarded, ev.CancelJob)
-    assert (forwarded.event_id, forwarded.ts_ms, forwarded.job_id, forwarded.tenant) == \
-        ("p@1/0", T0 + 5, "j1", "acme")
+    assert (forwarded.event_id, forwarded.ts_ms, forwarded.job_id, forwarded.tenant) == (
+        "p@1/0",
+        T0 + 5,
+        "j1",
+        "acme",
+    )
 
 
-@pytest.mark.parametrize("setup, command, reason", [
-    ([], cancel("nope"), "unknown job"),
-    ([submit("j1")], cancel("j1", tenant="globex"), "another tenant"),
-    ([submit("j1", tier="gold")], cancel("j1"), "rejected at admission"),
-])
+@pytest.mark.parametrize(
+    "setup, command, reason",
+    [
+        ([], cancel("nope"), "unknown job"),
+        ([submit("j1")], cancel("j1", tenant="globex"), "another tenant"),
+        ([submit("j1", tier="gold")], cancel("j1"), "rejected at admission"),
+    ],
+)
 def test_cancel_that_cannot_be_forwarded_is_recorded(setup, command, reason):
     state = AdmissionState()
     for i, c in enumerate(setup):
@@ -190,8 +223,9 @@ def test_unknown_command_type_is_recorded():
 
 def test_state_survives_pickling_and_replays_identically():
     config = AdmissionConfig(cells=("cell-0", "cell-1"), rate=RateLimit(rate_per_s=2, burst=3))
-    commands = [submit(f"j{i}", tenant=f"t{i % 2}", ts=T0 + 100 * i, key=f"k{i % 7}")
-                for i in range(40)] + [cancel(f"j{i}", tenant=f"t{i % 2}") for i in range(0, 40, 3)]
+    commands = [
+        submit(f"j{i}", tenant=f"t{i % 2}", ts=T0 + 100 * i, key=f"k{i % 7}") for i in range(40)
+    ] + [cancel(f"j{i}", tenant=f"t{i % 2}") for i in range(0, 40, 3)]
     straight = AdmissionState(config)
     expected = [straight.apply(c, f"p@{i}") for i, c in enumerate(commands)]
     resumed = AdmissionState(config)
@@ -203,11 +237,14 @@ def test_state_survives_pickling_and_replays_identically():
     assert got == expected
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"cells": ()}, "at least one cell"),
-    ({"cells": ("cell-0", "cell-0")}, "twice"),
-    ({"cell_gpu_types": {"cell-9": ("H100",)}}, "cell-9"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"cells": ()}, "at least one cell"),
+        ({"cells": ("cell-0", "cell-0")}, "twice"),
+        ({"cell_gpu_types": {"cell-9": ("H100",)}}, "cell-9"),
+    ],
+)
 def test_config_refuses_impossible_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AdmissionConfig(**kwargs)

@@ -1,11 +1,19 @@
 """GPU probes: the simulated fake with faults, and NVML read field by field."""
+
 from __future__ import annotations
 
 import types
 
 import pytest
 
-from framespool.agents.gpus import GpuProbe, NvmlProbe, SimulatedProbe, detect_probe, gpu_type_from_name, with_warm_models
+from framespool.agents.gpus import (
+    GpuProbe,
+    NvmlProbe,
+    SimulatedProbe,
+    detect_probe,
+    gpu_type_from_name,
+    with_warm_models,
+)
 
 
 def test_simulated_probe_is_healthy_by_default_and_deterministic():
@@ -25,7 +33,10 @@ def test_throttle_ecc_and_heal():
     p.ecc(0, uncorrected=1)
     g0, g1 = p.sample()
     assert g1.temperature_c > 85 and g1.sm_clock_mhz < g1.max_sm_clock_mhz / 2
-    assert (g0.ecc_corrected, g0.ecc_uncorrected) == (5, 3) and g0.sm_clock_mhz == g0.max_sm_clock_mhz
+    assert (g0.ecc_corrected, g0.ecc_uncorrected) == (
+        5,
+        3,
+    ) and g0.sm_clock_mhz == g0.max_sm_clock_mhz
     p.heal(0)
     p.heal(1)
     g0, g1 = p.sample()
@@ -109,26 +120,38 @@ def test_nvml_probe_reads_each_field_and_survives_unsupported_ones():
     assert nvml.ecc_calls == calls + 2  # unsupported fields are not asked again
     nvml.broken_temp = True
     g0, _ = probe.sample()
-    assert g0.temperature_c == 40.0 and g0.sm_clock_mhz == 1755  # one bad field, the rest still read
+    assert (
+        g0.temperature_c == 40.0 and g0.sm_clock_mhz == 1755
+    )  # one bad field, the rest still read
 
 
-@pytest.mark.parametrize("reasons, clock", [
-    (0x1, 1980),         # GpuIdle: an idle GPU clocks down; that is not throttling
-    (0x2 | 0x10, 1980),  # application clocks, sync boost
-    (0x0, 1980),
-    (0x1 | 0x40, 1755),  # HwThermalSlowdown: report the real clock
-    (0x4, 1755),         # SwPowerCap
-])
+@pytest.mark.parametrize(
+    "reasons, clock",
+    [
+        (0x1, 1980),  # GpuIdle: an idle GPU clocks down; that is not throttling
+        (0x2 | 0x10, 1980),  # application clocks, sync boost
+        (0x0, 1980),
+        (0x1 | 0x40, 1755),  # HwThermalSlowdown: report the real clock
+        (0x4, 1755),  # SwPowerCap
+    ],
+)
 def test_low_clock_counts_only_when_nvml_names_a_slowdown(reasons, clock):
     nvml = FakeNvml()
     nvml.reasons = reasons
     assert NvmlProbe(nvml).sample()[0].sm_clock_mhz == clock
 
 
-@pytest.mark.parametrize("name, kind", [
-    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA H200", "H200"),
-    ("Tesla V100-SXM2-16GB", "V100"), ("NVIDIA L40S", "L40S"), ("NVIDIA GeForce RTX 4090", "NVIDIA_GeForce_RTX_4090"),
-])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA H200", "H200"),
+        ("Tesla V100-SXM2-16GB", "V100"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA GeForce RTX 4090", "NVIDIA_GeForce_RTX_4090"),
+    ],
+)
 def test_gpu_type_from_name(name, kind):
     assert gpu_type_from_name(name) == kind
 

@@ -1,4 +1,5 @@
 """The agent's pure decisions: fencing by node, incarnation and run; dedupe."""
+
 from __future__ import annotations
 
 from hypothesis import given
@@ -11,19 +12,40 @@ NODE, INC = "node-a", 7
 
 
 def start(job="job-1", run=1, *, node=NODE, inc=INC, eid=None, gpus=(0,), model="demo"):
-    return StartRun(event_id=eid or f"start-{job}-{run}-{inc}", ts_ms=0, node_id=node, incarnation=inc,
-                    run=run, spec=JobSpec(job_id=job, tenant="t", model=model), gpus=gpus,
-                    placement=(), estimate_s=10.0)
+    return StartRun(
+        event_id=eid or f"start-{job}-{run}-{inc}",
+        ts_ms=0,
+        node_id=node,
+        incarnation=inc,
+        run=run,
+        spec=JobSpec(job_id=job, tenant="t", model=model),
+        gpus=gpus,
+        placement=(),
+        estimate_s=10.0,
+    )
 
 
 def stop(job="job-1", run=1, *, node=NODE, inc=INC, eid=None, reason="cancelled"):
-    return StopRun(event_id=eid or f"stop-{job}-{run}-{inc}", ts_ms=0, node_id=node, incarnation=inc,
-                   job_id=job, run=run, reason=reason)
+    return StopRun(
+        event_id=eid or f"stop-{job}-{run}-{inc}",
+        ts_ms=0,
+        node_id=node,
+        incarnation=inc,
+        job_id=job,
+        run=run,
+        reason=reason,
+    )
 
 
 def ckpt(job="job-1", run=1, *, node=NODE, inc=INC, eid=None):
-    return CheckpointRun(event_id=eid or f"ckpt-{job}-{run}-{inc}", ts_ms=0, node_id=node,
-                         incarnation=inc, job_id=job, run=run)
+    return CheckpointRun(
+        event_id=eid or f"ckpt-{job}-{run}-{inc}",
+        ts_ms=0,
+        node_id=node,
+        incarnation=inc,
+        job_id=job,
+        run=run,
+    )
 
 
 def test_a_new_run_launches():
@@ -144,13 +166,26 @@ def test_active_lists_runs_in_stable_order():
     assert [(e.job_id, e.run) for e in ledger.active()] == [("a", 1), ("b", 1)]
 
 
-@given(st.lists(st.tuples(st.sampled_from(["j1", "j2"]), st.integers(1, 5),
-                          st.sampled_from([INC - 1, INC]), st.booleans()), max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["j1", "j2"]),
+            st.integers(1, 5),
+            st.sampled_from([INC - 1, INC]),
+            st.booleans(),
+        ),
+        max_size=40,
+    )
+)
 def test_at_most_one_launch_per_run_and_runs_only_move_forward(script):
     ledger = RunLedger(NODE, INC)
     launched: list[tuple[str, int]] = []
     for i, (job, run, inc, is_stop) in enumerate(script):
-        cmd = stop(job, run, inc=inc, eid=f"e{i}") if is_stop else start(job, run, inc=inc, eid=f"e{i}")
+        cmd = (
+            stop(job, run, inc=inc, eid=f"e{i}")
+            if is_stop
+            else start(job, run, inc=inc, eid=f"e{i}")
+        )
         d = ledger.decide(cmd)
         if inc != INC:
             assert d.action is Action.IGNORE
@@ -163,8 +198,11 @@ def test_at_most_one_launch_per_run_and_runs_only_move_forward(script):
 def test_progress_throttle_keeps_first_and_last():
     t = ProgressThrottle(min_interval_s=0.2)
     key = ("j", 1)
-    sent = [p for now, p in [(0.0, 0.0), (0.05, 0.1), (0.1, 0.2), (0.25, 0.3), (0.3, 0.4), (0.31, 1.0)]
-            if t.should_send(key, p, now)]
+    sent = [
+        p
+        for now, p in [(0.0, 0.0), (0.05, 0.1), (0.1, 0.2), (0.25, 0.3), (0.3, 0.4), (0.31, 1.0)]
+        if t.should_send(key, p, now)
+    ]
     assert sent == [0.0, 0.3, 1.0]
     t.forget(key)
     assert t.should_send(key, 0.5, 5.0)

@@ -1,4 +1,5 @@
 """Model profiles: loading, validation and command lines."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,16 @@ import pytest
 
 from framespool.agents.profiles import ModelProfile, ProfileError, demo_profile, load_profiles
 
-VALUES = dict(prompt="a cat", out="/o/out.mp4", params_json='{"a": "1"}', checkpoint_dir="/ck",
-              time_scale="1.0", gpus="0,1", job_id="j", run="2")
+VALUES = dict(
+    prompt="a cat",
+    out="/o/out.mp4",
+    params_json='{"a": "1"}',
+    checkpoint_dir="/ck",
+    time_scale="1.0",
+    gpus="0,1",
+    job_id="j",
+    run="2",
+)
 
 SORA_LIKE = {
     "name": "vidgen-2",
@@ -27,7 +36,14 @@ SORA_LIKE = {
 def test_argv_fills_placeholders_and_appends_resume_args_only_when_resuming():
     p = ModelProfile.from_dict(SORA_LIKE)
     fresh = p.argv(resume_from=None, **VALUES)
-    assert fresh == ["/opt/vidgen/bin/run", "--prompt=a cat", "--out", "/o/out.mp4", "--gpus", "0,1"]
+    assert fresh == [
+        "/opt/vidgen/bin/run",
+        "--prompt=a cat",
+        "--out",
+        "/o/out.mp4",
+        "--gpus",
+        "0,1",
+    ]
     resumed = p.argv(resume_from="/ck/7", **VALUES)
     assert resumed[-2:] == ["--resume", "/ck/7"]
 
@@ -53,13 +69,16 @@ def test_demo_profile_runs_this_interpreter():
     assert p.output_name == "output.gif" and p.content_type == "image/gif"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"command": ["x"]}, "'name'"),
-    ({"name": "n"}, "'command'"),
-    ({"name": "n", "command": []}, "must not be empty"),
-    ({"name": "n", "command": ["run", "{promt}"]}, "unknown placeholder {promt}"),
-    ({"name": "n", "command": ["x"], "checkpoint": {"signal": "SIGNOPE"}}, "SIGNOPE"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"command": ["x"]}, "'name'"),
+        ({"name": "n"}, "'command'"),
+        ({"name": "n", "command": []}, "must not be empty"),
+        ({"name": "n", "command": ["run", "{promt}"]}, "unknown placeholder {promt}"),
+        ({"name": "n", "command": ["x"], "checkpoint": {"signal": "SIGNOPE"}}, "SIGNOPE"),
+    ],
+)
 def test_bad_profiles_name_the_problem(bad, message):
     with pytest.raises(ProfileError, match=message.replace("{", r"\{").replace("}", r"\}")):
         ModelProfile.from_dict(bad)
@@ -69,7 +88,8 @@ def test_load_from_json_and_toml(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps({"profiles": [SORA_LIKE]}))
     (tmp_path / "p.toml").write_text(
         '[[profiles]]\nname = "t2v"\ncommand = ["gen", "{prompt}"]\nhang_timeout_s = 5\n'
-        '[profiles.checkpoint]\nsignal = "SIGUSR1"\n')
+        '[profiles.checkpoint]\nsignal = "SIGUSR1"\n'
+    )
     from_json = load_profiles(tmp_path / "p.json")
     from_toml = load_profiles(tmp_path / "p.toml")
     assert set(from_json) == {"demo", "noop", "vidgen-2"}

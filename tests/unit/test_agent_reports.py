@@ -1,4 +1,5 @@
 """What an agent reports: dedupable ids, valid events, monotonic incarnations."""
+
 from __future__ import annotations
 
 from framespool.agents import reports
@@ -15,18 +16,43 @@ def test_lifecycle_reports_have_deterministic_ids():
     assert reports.failed("n1", 5, "job", 2, 1, "hung", "r").event_id == "n1:job:2:failed"
     assert reports.stopped("n1", 5, "job", 2, 1, "r").event_id == "n1:job:2:stopped"
     assert reports.started("n1", 5, "job", 2, 1).event_id == "n1:job:2:started"
-    assert reports.checkpointed("n1", 5, "job", 2, 1, "u", 7, 0.5).event_id == "n1:job:2:checkpoint-7"
+    assert (
+        reports.checkpointed("n1", 5, "job", 2, 1, "u", 7, 0.5).event_id == "n1:job:2:checkpoint-7"
+    )
 
 
 def test_every_report_encodes_and_carries_its_fencing_fields():
     events = [
-        reports.registered(node_id="n1", incarnation=1796000000000, cell="cell-1", gpus=8, gpu_type="H100",
-                           rail="rail-2", cpus=96.0, mem_gb=1024.0, ts_ms=1),
-        reports.heartbeat(event_id="hb", node_id="n1", incarnation=3, ts_ms=1,
-                          gpus=SimulatedProbe(2).sample(), runs=[RunReport(job_id="j", run=2, step_rate=1.5)]),
+        reports.registered(
+            node_id="n1",
+            incarnation=1796000000000,
+            cell="cell-1",
+            gpus=8,
+            gpu_type="H100",
+            rail="rail-2",
+            cpus=96.0,
+            mem_gb=1024.0,
+            ts_ms=1,
+        ),
+        reports.heartbeat(
+            event_id="hb",
+            node_id="n1",
+            incarnation=3,
+            ts_ms=1,
+            gpus=SimulatedProbe(2).sample(),
+            runs=[RunReport(job_id="j", run=2, step_rate=1.5)],
+        ),
         reports.started("n1", 3, "j", 2, 1),
-        reports.progress(event_id="p", node_id="n1", job_id="j", run=2, ts_ms=1, progress=1.2,
-                         step=5, total_steps=5),
+        reports.progress(
+            event_id="p",
+            node_id="n1",
+            job_id="j",
+            run=2,
+            ts_ms=1,
+            progress=1.2,
+            step=5,
+            total_steps=5,
+        ),
         reports.checkpointed("n1", 3, "j", 2, 1, "local://jobs/j/runs/2/checkpoints/5", 5, 0.5),
         reports.completed("n1", 3, "j", 2, 1, "s3://b/jobs/j/runs/2/output/o.gif", "00" * 32, 10),
         reports.failed("n1", 3, "j", 2, 1, "generator_error", "x" * 5000, 3),

@@ -1,4 +1,5 @@
 """The runner: a generator subprocess in its own process group, watched."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,13 +37,27 @@ async def wait_gone(pid: int, timeout: float = 5.0) -> bool:
     return True
 
 
-def demo_runner(tmp_path: Path, *extra: str, steps: int = 10, time_scale: float = 1000.0,
-                profile: ModelProfile | None = None, **kw) -> Runner:
+def demo_runner(
+    tmp_path: Path,
+    *extra: str,
+    steps: int = 10,
+    time_scale: float = 1000.0,
+    profile: ModelProfile | None = None,
+    **kw,
+) -> Runner:
     profile = profile or demo_profile()
     out = tmp_path / "out.gif"
-    argv = profile.argv(prompt="a test", out=str(out), params_json=f'{{"steps": "{steps}"}}',
-                        checkpoint_dir=str(tmp_path / "ck"), resume_from=None,
-                        time_scale=str(time_scale), gpus="0", job_id="j", run="1") + list(extra)
+    argv = profile.argv(
+        prompt="a test",
+        out=str(out),
+        params_json=f'{{"steps": "{steps}"}}',
+        checkpoint_dir=str(tmp_path / "ck"),
+        resume_from=None,
+        time_scale=str(time_scale),
+        gpus="0",
+        job_id="j",
+        run="1",
+    ) + list(extra)
     return Runner(profile, argv, output_path=out, cwd=tmp_path, **kw)
 
 
@@ -54,6 +69,7 @@ def test_completes_with_progress_and_output(tmp_path):
         await r.start()
         outcome = await r.wait()
         return r, outcome
+
     r, outcome = asyncio.run(main())
     assert outcome.kind == COMPLETED and outcome.exit_code == 0
     assert outcome.output_path == tmp_path / "out.gif" and outcome.output_path.stat().st_size > 0
@@ -87,6 +103,7 @@ def test_stop_kills_the_whole_process_group(tmp_path):
         took = time.monotonic() - t0
         gone = [await wait_gone(pid) for pid in before]
         return r.pid, before, outcome, took, gone, group_members(r.pid)
+
     leader, before, outcome, took, gone, after = asyncio.run(main())
     assert leader in before and len(before) == 2  # the generator and its helper
     assert outcome.kind == STOPPED and outcome.exit_code == 143
@@ -103,6 +120,7 @@ def test_stop_escalates_to_sigkill_after_grace(tmp_path):
         t0 = time.monotonic()
         outcome = await r.stop(grace_s=0.5)
         return outcome, time.monotonic() - t0, await wait_gone(r.pid)
+
     outcome, took, gone = asyncio.run(main())
     assert outcome.kind == STOPPED and outcome.exit_code == -9
     assert 0.5 <= took < 3 and gone
@@ -115,6 +133,7 @@ def test_hang_is_detected_and_the_group_killed(tmp_path):
         t0 = time.monotonic()
         outcome = await asyncio.wait_for(r.wait(), 10)
         return outcome, time.monotonic() - t0, await wait_gone(r.pid)
+
     outcome, took, gone = asyncio.run(main())
     assert outcome.kind == HUNG and outcome.failure_class == "hung"
     assert "no progress for 0.6s" in outcome.reason and "last step 3" in outcome.reason
@@ -126,6 +145,7 @@ def test_failure_reports_exit_code_and_stderr_tail(tmp_path):
         r = demo_runner(tmp_path, "--fail-at-step", "2")
         await r.start()
         return await r.wait()
+
     outcome = asyncio.run(main())
     assert outcome.kind == FAILED and outcome.failure_class == "generator_error"
     assert outcome.exit_code == EXIT_INJECTED_FAILURE
@@ -134,14 +154,29 @@ def test_failure_reports_exit_code_and_stderr_tail(tmp_path):
 
 
 def test_exit_zero_without_output_is_a_failure(tmp_path):
-    profile = ModelProfile.from_dict({"name": "liar", "command": ["{python}", "-c", "print('done')"]})
+    profile = ModelProfile.from_dict(
+        {"name": "liar", "command": ["{python}", "-c", "print('done')"]}
+    )
 
     async def main():
-        r = Runner(profile, profile.argv(prompt="", out="", params_json="{}", checkpoint_dir="",
-                                         resume_from=None, time_scale="1", gpus="", job_id="j", run="1"),
-                   output_path=tmp_path / "missing")
+        r = Runner(
+            profile,
+            profile.argv(
+                prompt="",
+                out="",
+                params_json="{}",
+                checkpoint_dir="",
+                resume_from=None,
+                time_scale="1",
+                gpus="",
+                job_id="j",
+                run="1",
+            ),
+            output_path=tmp_path / "missing",
+        )
         await r.start()
         return await r.wait()
+
     outcome = asyncio.run(main())
     assert outcome.kind == FAILED and "wrote no output" in outcome.reason
 
@@ -157,6 +192,7 @@ def test_checkpoint_request_resolves_with_the_file(tmp_path):
         cp = await asyncio.wait_for(r.request_checkpoint(), 5)
         await r.stop(grace_s=2)
         return cp
+
     cp = asyncio.run(main())
     assert cp.step >= 2 and cp.path.is_file() and checkpoints == [cp]
 
@@ -167,41 +203,81 @@ def test_launch_error_names_the_command(tmp_path):
     async def main():
         r = Runner(profile, ["/nonexistent/generator"], output_path=tmp_path / "o")
         await r.start()
+
     with pytest.raises(LaunchError, match="/nonexistent/generator"):
         asyncio.run(main())
 
 
 def test_profile_env_reaches_the_generator(tmp_path):
-    profile = ModelProfile.from_dict({
-        "name": "env", "env": {"FOO": "bar"},
-        "command": ["{python}", "-c",
-                    "import os,sys; open(sys.argv[1],'w').write(os.environ['FOO']+os.environ['EXTRA'])",
-                    "{out}"]})
+    profile = ModelProfile.from_dict(
+        {
+            "name": "env",
+            "env": {"FOO": "bar"},
+            "command": [
+                "{python}",
+                "-c",
+                "import os,sys; open(sys.argv[1],'w').write(os.environ['FOO']+os.environ['EXTRA'])",
+                "{out}",
+            ],
+        }
+    )
     out = tmp_path / "o.txt"
 
     async def main():
-        r = Runner(profile, profile.argv(prompt="", out=str(out), params_json="{}", checkpoint_dir="",
-                                         resume_from=None, time_scale="1", gpus="", job_id="j", run="1"),
-                   output_path=out, env={"EXTRA": "!"})
+        r = Runner(
+            profile,
+            profile.argv(
+                prompt="",
+                out=str(out),
+                params_json="{}",
+                checkpoint_dir="",
+                resume_from=None,
+                time_scale="1",
+                gpus="",
+                job_id="j",
+                run="1",
+            ),
+            output_path=out,
+            env={"EXTRA": "!"},
+        )
         await r.start()
         return await r.wait()
+
     assert asyncio.run(main()).kind == COMPLETED
     assert out.read_text() == "bar!"
     assert sys.executable  # the {python} placeholder is this interpreter
 
 
 def test_status_lines_keep_a_busy_generator_from_counting_as_hung(tmp_path):
-    script = ("import json,sys,time\n"
-              "for i in range(8):\n"
-              "    print(json.dumps(dict(status='encoding', i=i)), flush=True); time.sleep(0.1)\n"
-              "open(sys.argv[1], 'w').write('ok')\n")
-    profile = ModelProfile.from_dict({"name": "busy", "command": ["{python}", "-c", script, "{out}"]})
+    script = (
+        "import json,sys,time\n"
+        "for i in range(8):\n"
+        "    print(json.dumps(dict(status='encoding', i=i)), flush=True); time.sleep(0.1)\n"
+        "open(sys.argv[1], 'w').write('ok')\n"
+    )
+    profile = ModelProfile.from_dict(
+        {"name": "busy", "command": ["{python}", "-c", script, "{out}"]}
+    )
     out = tmp_path / "o"
 
     async def main():
-        r = Runner(profile, profile.argv(prompt="", out=str(out), params_json="{}", checkpoint_dir="",
-                                         resume_from=None, time_scale="1", gpus="", job_id="j", run="1"),
-                   output_path=out, hang_timeout_s=0.4)
+        r = Runner(
+            profile,
+            profile.argv(
+                prompt="",
+                out=str(out),
+                params_json="{}",
+                checkpoint_dir="",
+                resume_from=None,
+                time_scale="1",
+                gpus="",
+                job_id="j",
+                run="1",
+            ),
+            output_path=out,
+            hang_timeout_s=0.4,
+        )
         await r.start()
         return await r.wait()
+
     assert asyncio.run(main()).kind == COMPLETED

@@ -1,12 +1,20 @@
 """API keys: hashed storage, constant-time lookup, config loading."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from framespool.producers.auth import (ApiKeys, TenantPolicy, key_id_of, new_key, record_for,
-                            record_to_config, token_from_headers)
+from framespool.producers.auth import (
+    ApiKeys,
+    TenantPolicy,
+    key_id_of,
+    new_key,
+    record_for,
+    record_to_config,
+    token_from_headers,
+)
 
 
 def test_new_keys_authenticate_to_their_tenant_and_user():
@@ -32,10 +40,14 @@ def test_wrong_secret_with_a_known_id_is_refused():
 
 def test_config_with_hashed_and_plain_keys(tmp_path):
     token, record = new_key("acme", "alice")
-    config = {"tenants": {"acme": {"tiers": ["paid", "free"]}, "globex": {}},
-              "keys": [record_to_config(record),
-                       {"key": "dev-bob", "tenant": "globex", "user": "bob"},
-                       {**record_to_config(record_for("gone.key", "acme")), "disabled": True}]}
+    config = {
+        "tenants": {"acme": {"tiers": ["paid", "free"]}, "globex": {}},
+        "keys": [
+            record_to_config(record),
+            {"key": "dev-bob", "tenant": "globex", "user": "bob"},
+            {**record_to_config(record_for("gone.key", "acme")), "disabled": True},
+        ],
+    }
     path = tmp_path / "keys.json"
     path.write_text(json.dumps(config))
     keys = ApiKeys.from_config(str(path))
@@ -43,7 +55,7 @@ def test_config_with_hashed_and_plain_keys(tmp_path):
     bob = keys.authenticate("dev-bob")
     assert bob.tenant == "globex" and bob.policy.tiers == ("free",)
     assert keys.authenticate("gone.key") is None
-    assert "dev-bob" not in repr(vars(keys))      # plain keys are hashed at load
+    assert "dev-bob" not in repr(vars(keys))  # plain keys are hashed at load
     assert key_id_of("dev-bob") != "dev-bob"
 
 

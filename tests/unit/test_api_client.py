@@ -1,4 +1,5 @@
 """The sync client against the real app served on a loopback port in a background thread."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,11 +29,17 @@ class Server:
         self.store, self.hub = InMemoryViewStore(), Hub()
         self.producer = RecordingProducer()
         self.artifacts = LocalDirStore(tmp_path / "a", url_base="http://pending", secret=b"s")
-        self.config = ApiConfig(auth=ApiKeys([record_for(KEY, "acme", "alice")]), store=self.store,
-                                producer=self.producer, hub=self.hub, artifacts=self.artifacts,
-                                sse_keepalive_s=0.2)
-        self.consumer = ProjectionConsumer(self.store, hub=self.hub,
-                                           dead_letter_sender=RecordingProducer())
+        self.config = ApiConfig(
+            auth=ApiKeys([record_for(KEY, "acme", "alice")]),
+            store=self.store,
+            producer=self.producer,
+            hub=self.hub,
+            artifacts=self.artifacts,
+            sse_keepalive_s=0.2,
+        )
+        self.consumer = ProjectionConsumer(
+            self.store, hub=self.hub, dead_letter_sender=RecordingProducer()
+        )
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def call(self, coro):
@@ -47,6 +54,7 @@ class Server:
             site = web.TCPSite(self.runner, "127.0.0.1", 0)
             await site.start()
             return site._server.sockets[0].getsockname()[1]
+
         port = self.call(start())
         self.url = f"http://127.0.0.1:{port}"
         self.artifacts.url_base = self.url
@@ -62,31 +70,38 @@ class Server:
             for r in records:
                 await self.consumer.handle([r])
                 await asyncio.sleep(delay)
+
         return asyncio.run_coroutine_threadsafe(go(), self.loop)
 
 
 def test_submit_status_jobs_watch_result_cancel(tmp_path):
     with Server(tmp_path) as srv:
         client = Client(srv.url, KEY, timeout_s=5)
-        job = client.submit(prompt="a fox", model="demo", idempotency_key="k1",
-                            params={"fps": 24})
-        assert client.submit(prompt="a fox", model="demo", idempotency_key="k1",
-                             params={"fps": 24})["job_id"] == job["job_id"]
+        job = client.submit(prompt="a fox", model="demo", idempotency_key="k1", params={"fps": 24})
+        assert (
+            client.submit(prompt="a fox", model="demo", idempotency_key="k1", params={"fps": 24})[
+                "job_id"
+            ]
+            == job["job_id"]
+        )
         job_id = job["job_id"]
         assert client.status(job_id)["state"] == "SUBMITTED"
         assert [j["job_id"] for j in client.jobs()["jobs"]] == [job_id]
 
         spec = codec.decode(srv.producer.sent[0].value).spec
         events = lifecycle(job_id)
-        events[0] = JobAdmitted(event_id=events[0].event_id, ts_ms=events[0].ts_ms, spec=spec,
-                                cell="cell-0")
+        events[0] = JobAdmitted(
+            event_id=events[0].event_id, ts_ms=events[0].ts_ms, spec=spec, cell="cell-0"
+        )
         records = records_for(events)
         srv.feed(records[:2]).result(5)
         feeding = srv.feed(records[2:], delay=0.05)
         watched = list(client.watch(job_id))
         feeding.result(5)
         assert [e["event"] for e in watched][:2] == ["JobAdmitted", "JobQueued"]
-        assert watched[-1]["event"] == "JobCompleted" and watched[-1]["data"]["state"] == "COMPLETED"
+        assert (
+            watched[-1]["event"] == "JobCompleted" and watched[-1]["data"]["state"] == "COMPLETED"
+        )
         ids = [e["id"] for e in watched]
         assert ids == sorted(ids)
         assert list(client.watch(job_id, last_event_id=ids[-1])) == []

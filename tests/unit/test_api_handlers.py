@@ -1,4 +1,5 @@
 """HTTP API handlers with aiohttp's test client, a recording producer and the in-memory store."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,18 +14,21 @@ from aiohttp.test_utils import TestClient, TestServer
 from framespool.agents.artifacts import LocalDirStore
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
 from framespool.projections.testing import RecordingProducer, cell_status, lifecycle, records_for
-from framespool.projections import cluster
-from framespool.projections.jobs import fold
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobAdmitted, JobQueued, SubmitJob
 from framespool.schemas.topics import COMMANDS
 
 ALICE, BOB = "acme-key.alice-secret", "globex-key.bob-secret"
-BODY = {"prompt": "a red fox in the snow", "model": "demo",
-        "params": {"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7}}
+BODY = {
+    "prompt": "a red fox in the snow",
+    "model": "demo",
+    "params": {"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7},
+}
 
 
 def auth(token=ALICE):
@@ -41,8 +45,11 @@ class Ctx:
     now: list
 
     def commands(self, cls):
-        return [codec.decode(s.value) for s in self.producer.on(COMMANDS.name)
-                if isinstance(codec.decode(s.value), cls)]
+        return [
+            codec.decode(s.value)
+            for s in self.producer.on(COMMANDS.name)
+            if isinstance(codec.decode(s.value), cls)
+        ]
 
     def fold_in(self, events):
         """Feed job events as the projection consumer would (no broker)."""
@@ -55,13 +62,25 @@ class Ctx:
 
 @contextlib.asynccontextmanager
 async def api(tmp_path, **overrides):
-    keys = ApiKeys([record_for(ALICE, "acme", "alice"), record_for(BOB, "globex", "bob")],
-                   {"acme": TenantPolicy(("enterprise", "free"), "free")})
+    keys = ApiKeys(
+        [record_for(ALICE, "acme", "alice"), record_for(BOB, "globex", "bob")],
+        {"acme": TenantPolicy(("enterprise", "free"), "free")},
+    )
     now = [1_700_000_000.0]
-    artifacts = LocalDirStore(tmp_path / "artifacts", url_base="http://api.test",
-                              secret=b"url-secret", clock=lambda: now[0])
-    config = ApiConfig(auth=keys, store=InMemoryViewStore(), producer=RecordingProducer(),
-                       artifacts=artifacts, clock=lambda: now[0], **overrides)
+    artifacts = LocalDirStore(
+        tmp_path / "artifacts",
+        url_base="http://api.test",
+        secret=b"url-secret",
+        clock=lambda: now[0],
+    )
+    config = ApiConfig(
+        auth=keys,
+        store=InMemoryViewStore(),
+        producer=RecordingProducer(),
+        artifacts=artifacts,
+        clock=lambda: now[0],
+        **overrides,
+    )
     async with TestClient(TestServer(make_app(config))) as client:
         yield Ctx(client, config.store, config.producer, artifacts, config, now)
 
@@ -76,7 +95,9 @@ def test_submit_writes_a_command_and_the_job_is_immediately_visible(tmp_path):
             r = await c.client.post("/v1/jobs", json=BODY, headers=auth())
             assert r.status == 202, await r.text()
             body = await r.json()
-            assert body["state"] == "SUBMITTED" and body["status_url"] == f"/v1/jobs/{body['job_id']}"
+            assert (
+                body["state"] == "SUBMITTED" and body["status_url"] == f"/v1/jobs/{body['job_id']}"
+            )
             assert r.headers["Location"] == body["status_url"]
             [sent] = c.producer.on(COMMANDS.name)
             assert sent.key == "acme"
@@ -88,6 +109,7 @@ def test_submit_writes_a_command_and_the_job_is_immediately_visible(tmp_path):
             assert got.status == 200
             job = await got.json()
             assert job["state"] == "SUBMITTED" and job["prompt"] == BODY["prompt"]
+
     run(go())
 
 
@@ -102,23 +124,35 @@ def test_idempotent_resubmit_returns_the_same_job_and_a_changed_body_conflicts(t
             assert c.commands(SubmitJob)[0].idempotency_key == "fox-1"
             # the projection moved on (admitted, queued): still the same job
             spec = c.commands(SubmitJob)[0].spec
-            c.fold_in([JobAdmitted(event_id="adm", ts_ms=2, spec=spec, cell="cell-0"),
-                       JobQueued(event_id="q", ts_ms=3, job_id=spec.job_id, tenant="acme",
-                                 tier="free")])
+            c.fold_in(
+                [
+                    JobAdmitted(event_id="adm", ts_ms=2, spec=spec, cell="cell-0"),
+                    JobQueued(
+                        event_id="q", ts_ms=3, job_id=spec.job_id, tenant="acme", tier="free"
+                    ),
+                ]
+            )
             again = await c.client.post("/v1/jobs", json=BODY, headers=h)
             assert again.status == 200 and (await again.json())["state"] == "QUEUED"
             changed = await c.client.post("/v1/jobs", json={**BODY, "prompt": "a cat"}, headers=h)
             assert changed.status == 409
             err = (await changed.json())["error"]
             assert err["code"] == "idempotency_key_reused" and err["field"] == "Idempotency-Key"
-            other = await c.client.post("/v1/jobs", json=BODY,
-                                        headers={**auth(BOB), "Idempotency-Key": "fox-1"})
+            other = await c.client.post(
+                "/v1/jobs", json=BODY, headers={**auth(BOB), "Idempotency-Key": "fox-1"}
+            )
             assert other.status == 202 and (await other.json())["job_id"] != first["job_id"]
-            concurrent = await asyncio.gather(*(
-                c.client.post("/v1/jobs", json=BODY, headers={**auth(), "Idempotency-Key": "k2"})
-                for _ in range(5)))
+            concurrent = await asyncio.gather(
+                *(
+                    c.client.post(
+                        "/v1/jobs", json=BODY, headers={**auth(), "Idempotency-Key": "k2"}
+                    )
+                    for _ in range(5)
+                )
+            )
             ids = {(await r.json())["job_id"] for r in concurrent}
             assert len(ids) == 1 and len(c.commands(SubmitJob)) == 3
+
     run(go())
 
 
@@ -127,28 +161,38 @@ def test_tenant_isolation(tmp_path):
         async with api(tmp_path) as c:
             job = await (await c.client.post("/v1/jobs", json=BODY, headers=auth())).json()
             url = job["status_url"]
-            for method, path in (("GET", url), ("DELETE", url), ("GET", url + "/result"),
-                                 ("GET", url + "/events")):
+            for method, path in (
+                ("GET", url),
+                ("DELETE", url),
+                ("GET", url + "/result"),
+                ("GET", url + "/events"),
+            ):
                 r = await c.client.request(method, path, headers=auth(BOB))
                 assert r.status == 404, (method, path)
                 assert (await r.json())["error"]["code"] == "job_not_found"
             unknown = await c.client.get("/v1/jobs/job_nope", headers=auth(BOB))
-            assert await unknown.json() == await (await c.client.get(
-                "/v1/jobs/job_nope", headers=auth(BOB))).json()
+            assert (
+                await unknown.json()
+                == await (await c.client.get("/v1/jobs/job_nope", headers=auth(BOB))).json()
+            )
             assert (await (await c.client.get("/v1/jobs", headers=auth(BOB))).json())["jobs"] == []
             assert c.commands(CancelJob) == []
             r = await c.client.get("/v1/jobs?tenant=acme", headers=auth(BOB))
             assert r.status == 403
+
     run(go())
 
 
-@pytest.mark.parametrize("body,status,field", [
-    ({**BODY, "prompt": ""}, 422, "prompt"),
-    ({**BODY, "gpus": 100}, 422, "gpus"),
-    ({**BODY, "params": {"fps": 120}}, 422, "params.fps"),
-    ({**BODY, "tier": "enterprise"}, 403, "tier"),     # Bob's tenant has only "free"
-    ({**BODY, "callback_url": "http://10.0.0.1/h"}, 422, "callback_url"),
-])
+@pytest.mark.parametrize(
+    "body,status,field",
+    [
+        ({**BODY, "prompt": ""}, 422, "prompt"),
+        ({**BODY, "gpus": 100}, 422, "gpus"),
+        ({**BODY, "params": {"fps": 120}}, 422, "params.fps"),
+        ({**BODY, "tier": "enterprise"}, 403, "tier"),  # Bob's tenant has only "free"
+        ({**BODY, "callback_url": "http://10.0.0.1/h"}, 422, "callback_url"),
+    ],
+)
 def test_invalid_bodies_name_the_field(tmp_path, body, status, field):
     async def go():
         async with api(tmp_path) as c:
@@ -157,6 +201,7 @@ def test_invalid_bodies_name_the_field(tmp_path, body, status, field):
             err = (await r.json())["error"]
             assert err["field"] == field and err["message"]
             assert c.producer.sent == []
+
     run(go())
 
 
@@ -171,11 +216,13 @@ def test_malformed_unauthenticated_and_oversized_requests(tmp_path):
             assert r.status == 401
             r = await c.client.post("/v1/jobs", json={**BODY, "prompt": "x" * 2000}, headers=auth())
             assert r.status == 413 and (await r.json())["error"]["code"] == "body_too_large"
-            r = await c.client.post("/v1/jobs", json=BODY,
-                                    headers={**auth(), "Idempotency-Key": "has space"})
+            r = await c.client.post(
+                "/v1/jobs", json=BODY, headers={**auth(), "Idempotency-Key": "has space"}
+            )
             assert r.status == 422
             r = await c.client.get("/nowhere")
             assert r.status == 404 and "error" in await r.json()
+
     run(go())
 
 
@@ -186,6 +233,7 @@ def test_log_unavailable_is_503_and_stores_nothing(tmp_path):
             r = await c.client.post("/v1/jobs", json=BODY, headers=auth())
             assert r.status == 503
             assert (await (await c.client.get("/v1/jobs", headers=auth())).json())["jobs"] == []
+
     run(go())
 
 
@@ -201,6 +249,7 @@ def test_cancel_writes_a_command_and_terminal_jobs_conflict(tmp_path):
             c.fold_in(events)
             r = await c.client.delete(job["status_url"], headers=auth())
             assert r.status == 409 and (await r.json())["error"]["code"] == "job_terminal"
+
     run(go())
 
 
@@ -208,19 +257,28 @@ def test_listing_filters_by_state_and_pages(tmp_path):
     async def go():
         async with api(tmp_path) as c:
             for i in range(5):
-                c.fold_in(lifecycle(f"job-{i}", ts0=1_000 + i,
-                                    outcome="COMPLETED" if i % 2 else "FAILED"))
+                c.fold_in(
+                    lifecycle(f"job-{i}", ts0=1_000 + i, outcome="COMPLETED" if i % 2 else "FAILED")
+                )
             page = await (await c.client.get("/v1/jobs?limit=2", headers=auth())).json()
             assert [j["job_id"] for j in page["jobs"]] == ["job-4", "job-3"]
-            rest = await (await c.client.get(f"/v1/jobs?limit=10&cursor={page['next_cursor']}",
-                                             headers=auth())).json()
+            rest = await (
+                await c.client.get(
+                    f"/v1/jobs?limit=10&cursor={page['next_cursor']}", headers=auth()
+                )
+            ).json()
             assert [j["job_id"] for j in rest["jobs"]] == ["job-2", "job-1", "job-0"]
             done = await (await c.client.get("/v1/jobs?state=completed", headers=auth())).json()
             assert [j["job_id"] for j in done["jobs"]] == ["job-3", "job-1"]
-            for q, field in (("state=BOGUS", "state"), ("limit=0", "limit"), ("limit=x", "limit"),
-                             ("cursor=abc", "cursor")):
+            for q, field in (
+                ("state=BOGUS", "state"),
+                ("limit=0", "limit"),
+                ("limit=x", "limit"),
+                ("cursor=abc", "cursor"),
+            ):
                 r = await c.client.get(f"/v1/jobs?{q}", headers=auth())
                 assert r.status == 422 and (await r.json())["error"]["field"] == field
+
     run(go())
 
 
@@ -241,7 +299,7 @@ def test_result_is_a_signed_expiring_url_and_tampering_is_refused(tmp_path):
             result = await r.json()
             parts = urlsplit(result["url"])
             path_q = f"{parts.path}?{parts.query}"
-            got = await c.client.get(path_q)                     # no API key: the URL is the auth
+            got = await c.client.get(path_q)  # no API key: the URL is the auth
             assert got.status == 200 and await got.read() == video.read_bytes()
             tampered = path_q.replace("sig=", "sig=0")
             assert (await c.client.get(tampered)).status == 403
@@ -251,10 +309,14 @@ def test_result_is_a_signed_expiring_url_and_tampering_is_refused(tmp_path):
             assert (await c.client.get(longer)).status == 403
             c.now[0] += 61
             expired = await c.client.get(path_q)
-            assert expired.status == 403 and (await expired.json())["error"]["code"] == "bad_signature"
-            redirect = await c.client.get(f"/v1/jobs/{job_id}/result?redirect=1", headers=auth(),
-                                          allow_redirects=False)
+            assert (
+                expired.status == 403 and (await expired.json())["error"]["code"] == "bad_signature"
+            )
+            redirect = await c.client.get(
+                f"/v1/jobs/{job_id}/result?redirect=1", headers=auth(), allow_redirects=False
+            )
             assert redirect.status == 302 and "/v1/artifacts/" in redirect.headers["Location"]
+
     run(go())
 
 
@@ -273,6 +335,7 @@ def test_cluster_health_metrics_and_openapi(tmp_path):
             assert "framespool_api_requests_total" in text and "framespool_api_sse_clients" in text
             spec = await (await c.client.get("/openapi.json")).json()
             assert "/v1/jobs/{job_id}/events" in spec["paths"]
+
     run(go())
 
 
@@ -288,19 +351,22 @@ def test_background_tasks_start_and_stop_with_the_app(tmp_path):
                 await asyncio.sleep(3600)
             finally:
                 stopped.append(True)
+
         async with api(tmp_path, background=(worker,)) as c:
             await asyncio.sleep(0.01)
             assert flags["ran"]
             assert (await c.client.get("/healthz")).status == 200
         assert stopped == [True]
+
     run(go())
 
 
 def test_projection_consumer_wires_into_the_app(tmp_path):
     async def go():
         async with api(tmp_path) as c:
-            consumer = ProjectionConsumer(c.store, hub=c.config.hub,
-                                          dead_letter_sender=RecordingProducer())
+            consumer = ProjectionConsumer(
+                c.store, hub=c.config.hub, dead_letter_sender=RecordingProducer()
+            )
             job = await (await c.client.post("/v1/jobs", json=BODY, headers=auth())).json()
             cmd = c.commands(SubmitJob)[0]
             admitted = JobAdmitted(event_id="adm", ts_ms=2, spec=cmd.spec, cell="cell-0")
@@ -308,4 +374,5 @@ def test_projection_consumer_wires_into_the_app(tmp_path):
             view = await (await c.client.get(job["status_url"], headers=auth())).json()
             assert view["cell"] == "cell-0" and view["timeline"][0]["type"] == "JobAdmitted"
             assert json.dumps(view)
+
     run(go())

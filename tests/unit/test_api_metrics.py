@@ -1,5 +1,6 @@
 """``/metrics`` of the API: cluster figures from the read model, projection counters,
 and submit -> assigned latency observed from the views the projection publishes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,19 +35,29 @@ def sample(text: str, name: str, **labels: str) -> float:
 def test_cluster_queue_and_latency_metrics():
     async def go():
         store = InMemoryViewStore()
-        config = ApiConfig(auth=ApiKeys([record_for("k.s", "acme")]), store=store,
-                           producer=RecordingProducer())
+        config = ApiConfig(
+            auth=ApiKeys([record_for("k.s", "acme")]), store=store, producer=RecordingProducer()
+        )
         view = cluster.apply(None, cell_status("cell-0", 1_000, busy=3))
-        view = cluster.apply(view, NodeStateChanged(event_id="n", ts_ms=2_000,
-                                                    node_id="cell-0-node-1", incarnation=1,
-                                                    state="DOWN", reason="lost"))
+        view = cluster.apply(
+            view,
+            NodeStateChanged(
+                event_id="n",
+                ts_ms=2_000,
+                node_id="cell-0-node-1",
+                incarnation=1,
+                state="DOWN",
+                reason="lost",
+            ),
+        )
         store.commit(Batch(cells=dict(view.cells)))
         async with TestClient(TestServer(make_app(config))) as client:
-            consumer = ProjectionConsumer(store, hub=config.hub,
-                                          dead_letter_sender=RecordingProducer())
+            consumer = ProjectionConsumer(
+                store, hub=config.hub, dead_letter_sender=RecordingProducer()
+            )
             events = lifecycle("job-1", ts0=10_000, runs=2)
-            await consumer.handle(records_for(events[:5]))       # through the first assignment
-            await consumer.handle(records_for(events[5:]))       # the second run's assignment too
+            await consumer.handle(records_for(events[:5]))  # through the first assignment
+            await consumer.handle(records_for(events[5:]))  # the second run's assignment too
             await consumer.handle(records_for(lifecycle("job-2", ts0=20_000)))
             text = await (await client.get("/metrics")).text()
         assert sample(text, "framespool_gpus", cell="cell-0", state="busy") == 3
@@ -58,10 +69,12 @@ def test_cluster_queue_and_latency_metrics():
         assert sample(text, "framespool_running_gpus", tier="free", tenant="acme") == 3
         # one observation per job: its first JobAssigned (event 3, 30 ms after submission)
         assert sample(text, "framespool_job_submit_to_assigned_seconds_count", tier="free") == 2
-        assert sample(text, "framespool_job_submit_to_assigned_seconds_sum",
-                      tier="free") == 0.06
-        assert sample(text, "framespool_job_submit_to_assigned_seconds_bucket",
-                      tier="free", le="0.1") == 2
+        assert sample(text, "framespool_job_submit_to_assigned_seconds_sum", tier="free") == 0.06
+        assert (
+            sample(text, "framespool_job_submit_to_assigned_seconds_bucket", tier="free", le="0.1")
+            == 2
+        )
+
     asyncio.run(go())
 
 
@@ -70,7 +83,9 @@ def test_projection_counters_from_the_background_parts():
     consumer = ProjectionConsumer(store, hub=hub, dead_letter_sender=RecordingProducer())
     dispatcher = WebhookDispatcher(store, WebhookConfig(secret=b"s"))
     assert projection_parts([consumer.run, dispatcher.run, consumer.run, lambda: None]) == [
-        consumer, dispatcher]
+        consumer,
+        dispatcher,
+    ]
     consumer.counters.dead_lettered = 2
     dispatcher.delivered, dispatcher.failed = 5, 1
     hub.dropped_total = 3

@@ -1,4 +1,5 @@
 """GET /v1/jobs/{id}/events: backlog, Last-Event-ID resume, live updates, end, keep-alive."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,9 @@ async def read_events(resp, until_end=True, limit=100):
 def setup(keepalive=15.0):
     store, hub = InMemoryViewStore(), Hub()
     keys = ApiKeys([record_for(ALICE, "acme"), record_for(BOB, "globex")])
-    config = ApiConfig(auth=keys, store=store, producer=RecordingProducer(), hub=hub,
-                       sse_keepalive_s=keepalive)
+    config = ApiConfig(
+        auth=keys, store=store, producer=RecordingProducer(), hub=hub, sse_keepalive_s=keepalive
+    )
     consumer = ProjectionConsumer(store, hub=hub, dead_letter_sender=RecordingProducer())
     return config, consumer
 
@@ -54,7 +56,7 @@ def test_backlog_then_live_then_end():
     async def go():
         config, consumer = setup()
         records = records_for(events)
-        await consumer.handle(records[:3])       # admitted, queued, wait estimate
+        await consumer.handle(records[:3])  # admitted, queued, wait estimate
         async with TestClient(TestServer(make_app(config))) as client:
             resp = await client.get("/v1/jobs/j1/events", headers=H)
             assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
@@ -64,15 +66,17 @@ def test_backlog_then_live_then_end():
                 for r in records[3:]:
                     await consumer.handle([r])
                     await asyncio.sleep(0.01)
+
             feeder = asyncio.create_task(feed())
             frames, _ = await read_events(resp)
             await feeder
             return frames
+
     frames = asyncio.run(go())
     types = [f[1] for f in frames]
     assert types[:3] == ["JobAdmitted", "JobQueued", "JobWaitEstimated"]
     assert types[-2:] == ["JobCompleted", "end"]
-    assert types.count("RunProgress") == 3          # every live progress is streamed
+    assert types.count("RunProgress") == 3  # every live progress is streamed
     ids = [int(f[0]) for f in frames if f[0] is not None]
     assert ids == sorted(ids) and len(ids) == len(set(ids))
     assert frames[-1][2]["state"] == "COMPLETED" and frames[-2][2]["state"] == "COMPLETED"
@@ -87,14 +91,18 @@ def test_last_event_id_resumes_without_repeats():
         async with TestClient(TestServer(make_app(config))) as client:
             full, _ = await read_events(await client.get("/v1/jobs/j1/events", headers=H))
             cut = int(full[3][0])
-            resumed, _ = await read_events(await client.get(
-                "/v1/jobs/j1/events", headers={**H, "Last-Event-ID": str(cut)}))
-            by_query, _ = await read_events(await client.get(
-                f"/v1/jobs/j1/events?last_event_id={cut}", headers=H))
+            resumed, _ = await read_events(
+                await client.get("/v1/jobs/j1/events", headers={**H, "Last-Event-ID": str(cut)})
+            )
+            by_query, _ = await read_events(
+                await client.get(f"/v1/jobs/j1/events?last_event_id={cut}", headers=H)
+            )
             last = int(full[-2][0])
-            tail, _ = await read_events(await client.get(
-                "/v1/jobs/j1/events", headers={**H, "Last-Event-ID": str(last)}))
+            tail, _ = await read_events(
+                await client.get("/v1/jobs/j1/events", headers={**H, "Last-Event-ID": str(last)})
+            )
             return full, resumed, by_query, tail
+
     full, resumed, by_query, tail = asyncio.run(go())
     assert resumed == full[4:] and by_query == resumed
     assert [f[1] for f in tail] == ["end"]
@@ -114,6 +122,7 @@ def test_keep_alive_comments_while_waiting_and_tenant_isolation():
             metrics = await (await client.get("/metrics")).text()
             resp.close()
             return frames, more, metrics
+
     frames, more, metrics = asyncio.run(go())
     assert [f[1] for f in frames] == ["JobAdmitted", "JobQueued"]
     assert b": keep-alive" in more

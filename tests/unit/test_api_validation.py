@@ -1,4 +1,5 @@
 """Submission validation: accepted shapes are normalised; refusals name field and limit."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,11 @@ from framespool.projections.webhooks import TargetPolicy
 from framespool.schemas.events import JobSpec, Shape
 
 POLICY = TenantPolicy(("enterprise", "free"), "free")
-GOOD = {"prompt": "a red fox in the snow", "model": "demo",
-        "params": {"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7}}
+GOOD = {
+    "prompt": "a red fox in the snow",
+    "model": "demo",
+    "params": {"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7},
+}
 
 
 def ok(**changes):
@@ -24,9 +28,14 @@ def refused(body=None, policy=POLICY, **changes) -> ValidationError:
 
 
 def test_a_good_body_becomes_spec_fields():
-    fields = ok(gpus=16, gpus_per_node=8, tier="enterprise", preemptible=True,
-                callback_url="https://hooks.example.com/x",
-                shapes=[{"gpus": 8, "gpus_per_node": 8, "estimate_s": 300}])
+    fields = ok(
+        gpus=16,
+        gpus_per_node=8,
+        tier="enterprise",
+        preemptible=True,
+        callback_url="https://hooks.example.com/x",
+        shapes=[{"gpus": 8, "gpus_per_node": 8, "estimate_s": 300}],
+    )
     spec = JobSpec(job_id="j", tenant="t", **fields)
     assert spec.params == {"resolution": "1280x720", "duration_s": "5", "fps": "24", "seed": "7"}
     assert spec.shapes == (Shape(gpus=8, gpus_per_node=8, estimate_s=300.0),)
@@ -37,50 +46,61 @@ def test_defaults_and_normalisation():
     fields = ok()
     assert fields["tier"] == "free" and fields["gpus"] == 1 and fields["gpus_per_node"] == 1
     assert ok(gpus=2, gpus_per_node=8)["gpus_per_node"] == 2
-    assert ok(params={"duration_s": 2.5, "hd": True})["params"] == {"duration_s": "2.5",
-                                                                   "hd": "true"}
+    assert ok(params={"duration_s": 2.5, "hd": True})["params"] == {
+        "duration_s": "2.5",
+        "hd": "true",
+    }
 
 
-@pytest.mark.parametrize("changes,field,words", [
-    ({"prompt": ""}, "prompt", "required"),
-    ({"prompt": "   "}, "prompt", "required"),
-    ({"prompt": "x" * 4001}, "prompt", "4000"),
-    ({"prompt": 5}, "prompt", "required"),
-    ({"model": None}, "model", "required"),
-    ({"model": "../etc"}, "model", "letters"),
-    ({"gpus": 0}, "gpus", "between 1 and 64"),
-    ({"gpus": 65}, "gpus", "64"),
-    ({"gpus": "8"}, "gpus", "integer"),
-    ({"gpus": True}, "gpus", "integer"),
-    ({"gpus_per_node": 9}, "gpus_per_node", "8"),
-    ({"gpus": 12, "gpus_per_node": 8}, "gpus_per_node", "divide"),
-    ({"tier": "gold"}, "tier", "enterprise, free"),
-    ({"preemptible": "yes"}, "preemptible", "true or false"),
-    ({"callback_url": "ftp://x.example/"}, "callback_url", "scheme"),
-    ({"callback_url": "http://127.0.0.1/hook"}, "callback_url", "loopback"),
-    ({"callback_url": "https://x.example/" + "a" * 2100}, "callback_url", "2048"),
-    ({"callback_url": 3}, "callback_url", "URL"),
-    ({"params": []}, "params", "JSON object"),
-    ({"params": {"resolution": "big"}}, "params.resolution", "1280x720"),
-    ({"params": {"resolution": "9000x720"}}, "params.resolution", "4096"),
-    ({"params": {"duration_s": 0}}, "params.duration_s", "greater than 0"),
-    ({"params": {"duration_s": 121}}, "params.duration_s", "120"),
-    ({"params": {"duration_s": "5"}}, "params.duration_s", "number"),
-    ({"params": {"fps": 61}}, "params.fps", "60"),
-    ({"params": {"fps": 0}}, "params.fps", "between 1 and 60"),
-    ({"params": {"seed": 1.5}}, "params.seed", "integer"),
-    ({"params": {"Bad-Key": 1}}, "params.Bad-Key", "lower-case"),
-    ({"params": {"x": [1]}}, "params.x", "string, number or boolean"),
-    ({"params": {f"k{i}": "v" * 100 for i in range(50)}}, "params", "limit is 4096"),
-    ({"shapes": {"gpus": 1}}, "shapes", "list"),
-    ({"shapes": [{"gpus": 3, "gpus_per_node": 2, "estimate_s": 5}]}, "shapes[0].gpus_per_node",
-     "divide"),
-    ({"shapes": [{"gpus": 1, "gpus_per_node": 1}]}, "shapes[0].estimate_s", "required"),
-    ({"shapes": [{"gpus": 1, "gpus_per_node": 1, "estimate_s": -1}]}, "shapes[0].estimate_s",
-     "greater than 0"),
-    ({"colour": "red"}, "colour", "known fields"),
-    ({"estimate_s": float("inf")}, "estimate_s", "number"),
-])
+@pytest.mark.parametrize(
+    "changes,field,words",
+    [
+        ({"prompt": ""}, "prompt", "required"),
+        ({"prompt": "   "}, "prompt", "required"),
+        ({"prompt": "x" * 4001}, "prompt", "4000"),
+        ({"prompt": 5}, "prompt", "required"),
+        ({"model": None}, "model", "required"),
+        ({"model": "../etc"}, "model", "letters"),
+        ({"gpus": 0}, "gpus", "between 1 and 64"),
+        ({"gpus": 65}, "gpus", "64"),
+        ({"gpus": "8"}, "gpus", "integer"),
+        ({"gpus": True}, "gpus", "integer"),
+        ({"gpus_per_node": 9}, "gpus_per_node", "8"),
+        ({"gpus": 12, "gpus_per_node": 8}, "gpus_per_node", "divide"),
+        ({"tier": "gold"}, "tier", "enterprise, free"),
+        ({"preemptible": "yes"}, "preemptible", "true or false"),
+        ({"callback_url": "ftp://x.example/"}, "callback_url", "scheme"),
+        ({"callback_url": "http://127.0.0.1/hook"}, "callback_url", "loopback"),
+        ({"callback_url": "https://x.example/" + "a" * 2100}, "callback_url", "2048"),
+        ({"callback_url": 3}, "callback_url", "URL"),
+        ({"params": []}, "params", "JSON object"),
+        ({"params": {"resolution": "big"}}, "params.resolution", "1280x720"),
+        ({"params": {"resolution": "9000x720"}}, "params.resolution", "4096"),
+        ({"params": {"duration_s": 0}}, "params.duration_s", "greater than 0"),
+        ({"params": {"duration_s": 121}}, "params.duration_s", "120"),
+        ({"params": {"duration_s": "5"}}, "params.duration_s", "number"),
+        ({"params": {"fps": 61}}, "params.fps", "60"),
+        ({"params": {"fps": 0}}, "params.fps", "between 1 and 60"),
+        ({"params": {"seed": 1.5}}, "params.seed", "integer"),
+        ({"params": {"Bad-Key": 1}}, "params.Bad-Key", "lower-case"),
+        ({"params": {"x": [1]}}, "params.x", "string, number or boolean"),
+        ({"params": {f"k{i}": "v" * 100 for i in range(50)}}, "params", "limit is 4096"),
+        ({"shapes": {"gpus": 1}}, "shapes", "list"),
+        (
+            {"shapes": [{"gpus": 3, "gpus_per_node": 2, "estimate_s": 5}]},
+            "shapes[0].gpus_per_node",
+            "divide",
+        ),
+        ({"shapes": [{"gpus": 1, "gpus_per_node": 1}]}, "shapes[0].estimate_s", "required"),
+        (
+            {"shapes": [{"gpus": 1, "gpus_per_node": 1, "estimate_s": -1}]},
+            "shapes[0].estimate_s",
+            "greater than 0",
+        ),
+        ({"colour": "red"}, "colour", "known fields"),
+        ({"estimate_s": float("inf")}, "estimate_s", "number"),
+    ],
+)
 def test_refusals_name_the_field_and_the_limit(changes, field, words):
     err = refused(**changes)
     assert err.field == field, err
@@ -97,6 +117,9 @@ def test_model_allow_list_and_private_callbacks_when_allowed():
     limits = Limits(models=frozenset({"demo", "sora-lite"}))
     with pytest.raises(ValidationError, match="available: demo, sora-lite"):
         validate_submit({**GOOD, "model": "other"}, POLICY, limits)
-    fields = validate_submit({**GOOD, "callback_url": "http://127.0.0.1:9/h"}, POLICY,
-                             url_policy=TargetPolicy(allow_private=True))
+    fields = validate_submit(
+        {**GOOD, "callback_url": "http://127.0.0.1:9/h"},
+        POLICY,
+        url_policy=TargetPolicy(allow_private=True),
+    )
     assert fields["callback_url"] == "http://127.0.0.1:9/h"

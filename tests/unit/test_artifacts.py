@@ -1,4 +1,5 @@
 """LocalDirStore through the artifact-store contract, plus its URL signing."""
+
 from __future__ import annotations
 
 from urllib.parse import parse_qs, unquote, urlparse
@@ -21,6 +22,7 @@ def corrupt(store):
     def _corrupt(key: str) -> None:
         path = store.local_path(key)
         path.write_bytes(path.read_bytes()[::-1] + b"!")
+
     return _corrupt
 
 
@@ -49,8 +51,12 @@ def test_uri_is_local_and_file_uri_inside_root_is_accepted(store, tmp_path):
 
 def test_signed_url_verifies_until_it_expires():
     clock = [1_000_000.0]
-    store = LocalDirStore("/tmp/framespool-test-signing", url_base="http://api.test/", secret=SECRET,
-                          clock=lambda: clock[0])
+    store = LocalDirStore(
+        "/tmp/framespool-test-signing",
+        url_base="http://api.test/",
+        secret=SECRET,
+        clock=lambda: clock[0],
+    )
     url = store.signed_url(output_key("job 1", 2, "out.gif"), expires_s=60)
     assert url.startswith("http://api.test/v1/artifacts/jobs/job%201/runs/2/output/out.gif?")
     key, expires, sig = _parts(url)

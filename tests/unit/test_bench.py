@@ -1,4 +1,5 @@
 """``framespool bench core`` runs at tiny sizes and reports what the issue asks for."""
+
 from __future__ import annotations
 
 import json
@@ -10,24 +11,39 @@ from framespool.processors.bench import bench_placement
 
 def test_bench_core_writes_the_json_keys(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
-    status = main(["bench", "core", "--nodes", "20", "--queued", "400", "--events", "3000",
-                   "--rounds", "2", "--json", str(out)])
+    status = main(
+        [
+            "bench",
+            "core",
+            "--nodes",
+            "20",
+            "--queued",
+            "400",
+            "--events",
+            "3000",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ]
+    )
     assert status == 0
     result = json.loads(out.read_text())
     assert result["events_per_s"] > 0 and result["placements_per_s"] > 0
     assert set(result["decision_latency_ms"]) >= {"p50", "p99"}
     assert result["decision_latency_ms"]["n"] > 0
-    assert result["mixed"]["replay_matches"] is True      # the core replays deterministically
+    assert result["mixed"]["replay_matches"] is True  # the core replays deterministically
     assert {"JobAdmitted", "NodeHeartbeat", "RunCompleted", "Tick"} <= set(
-        result["mixed"]["event_mix"])
+        result["mixed"]["event_mix"]
+    )
     assert "events/s" in capsys.readouterr().out
 
 
 def test_placement_bench_fills_the_empty_fleet_from_the_queue() -> None:
-    result = bench_placement(nodes=10, gpus_per_node=8, queued=300, rounds=2,
-                             complete_share=0.2, seed=3)
+    result = bench_placement(
+        nodes=10, gpus_per_node=8, queued=300, rounds=2, complete_share=0.2, seed=3
+    )
     assert result["queued"] == 300
     fill = result["fill"]
     assert fill["placements"] > 0 and fill["passes"] >= 1
     assert result["after_completions"]["placements"] > 0
-

@@ -1,4 +1,5 @@
 """The chaos drill's pure parts: the seeded plan, and the accounting over decoded events."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,7 @@ from types import SimpleNamespace
 
 from framespool.agents.faults import FaultFileProbe, write_gpu_faults
 from framespool.agents.gpus import SimulatedProbe
-from framespool import chaos
+from framespool.chaos import plan as chaos
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.events import NodeSlice
@@ -31,7 +32,7 @@ def test_workload_mixes_shapes_and_plants_jobs_that_fail_every_time():
     hang = [p for p in plans if p.role == chaos.HANG]
     assert len(crash) == len(hang) == 5
     assert all(p.body["params"]["fail_at_step"] == 2 for p in crash)
-    assert len({p.body["model_version"] for p in crash}) == 5   # no shared breaker
+    assert len({p.body["model_version"] for p in crash}) == 5  # no shared breaker
     assert all(p.body["params"]["hang_at_step"] == 2 for p in hang)
 
 
@@ -40,11 +41,21 @@ def test_node_faults_hit_distinct_nodes_and_at_most_two_at_once():
     for seed in range(20):
         faults = chaos.build_schedule(seed, 500, 6, 8, 120, timing)
         kinds = {f.kind for f in faults}
-        assert kinds == {chaos.KILL_AGENT, chaos.PAUSE_AGENT, chaos.ECC_GPU, chaos.THROTTLE_GPU,
-                         chaos.KILL_SCHEDULER, chaos.DUPLICATE_REPORTS, chaos.MALFORMED_RECORDS,
-                         chaos.WEDGE_GENERATOR}
-        spans = [(f.at_s, f.at_s + chaos.node_fault_length_s(f.kind, f.duration_s, timing),
-                  f.target) for f in faults if f.kind in chaos.NODE_FAULTS]
+        assert kinds == {
+            chaos.KILL_AGENT,
+            chaos.PAUSE_AGENT,
+            chaos.ECC_GPU,
+            chaos.THROTTLE_GPU,
+            chaos.KILL_SCHEDULER,
+            chaos.DUPLICATE_REPORTS,
+            chaos.MALFORMED_RECORDS,
+            chaos.WEDGE_GENERATOR,
+        }
+        spans = [
+            (f.at_s, f.at_s + chaos.node_fault_length_s(f.kind, f.duration_s, timing), f.target)
+            for f in faults
+            if f.kind in chaos.NODE_FAULTS
+        ]
         for t, _, _ in spans:
             active = [s for s in spans if s[0] <= t < s[1]]
             assert len(active) <= chaos.MAX_IMPAIRED_NODES
@@ -54,20 +65,31 @@ def test_node_faults_hit_distinct_nodes_and_at_most_two_at_once():
 
 
 def test_actions_expand_each_fault_into_ordered_steps():
-    faults = (chaos.Fault(1, chaos.PAUSE_AGENT, 5.0, "node-1", 0, 8.0),
-              chaos.Fault(2, chaos.ECC_GPU, 6.0, "node-2", 3, 10.0))
+    faults = (
+        chaos.Fault(1, chaos.PAUSE_AGENT, 5.0, "node-1", 0, 8.0),
+        chaos.Fault(2, chaos.ECC_GPU, 6.0, "node-2", 3, 10.0),
+    )
     actions = chaos.actions_of(faults, chaos.Timing(zombie_s=4.0))
     assert [(a.at_s, a.op, a.final) for a in actions] == [
-        (5.0, "pause", False), (6.0, "ecc", False), (13.0, "resume", False),
-        (16.0, "unecc", False), (16.0, "restart", True), (17.0, "restart", True)]
+        (5.0, "pause", False),
+        (6.0, "ecc", False),
+        (13.0, "resume", False),
+        (16.0, "unecc", False),
+        (16.0, "restart", True),
+        (17.0, "restart", True),
+    ]
 
 
 def test_malformed_records_are_unique_and_cover_every_consumed_topic():
     records = chaos.malformed_records(catalogue, "node-3", "m1")
     assert len({m.value for m in records}) == len(records)
-    assert {m.topic for m in records} == {catalogue.COMMANDS.name, catalogue.SCHEDULER.name,
-                                          catalogue.ASSIGNMENTS.name, catalogue.JOB_EVENTS.name,
-                                          catalogue.PROGRESS.name}
+    assert {m.topic for m in records} == {
+        catalogue.COMMANDS.name,
+        catalogue.SCHEDULER.name,
+        catalogue.ASSIGNMENTS.name,
+        catalogue.JOB_EVENTS.name,
+        catalogue.PROGRESS.name,
+    }
     assert {m.key for m in records if m.topic == catalogue.ASSIGNMENTS.name} == {b"node-3"}
     again = {m.value for m in chaos.malformed_records(catalogue, "node-3", "m2")}
     assert not again & {m.value for m in records}
@@ -75,14 +97,27 @@ def test_malformed_records_are_unique_and_cover_every_consumed_topic():
 
 # -- accounting ---------------------------------------------------------------------
 def assigned(pos, job, run, node="n0", gpus=(0,), resume=None):
-    return ev.JobAssigned(event_id=f"cell-0@{pos}/0", ts_ms=pos * 1000, job_id=job, run=run,
-                          placement=(NodeSlice(node_id=node, gpus=gpus),), gpus=len(gpus),
-                          estimate_s=10, resume_from=resume)
+    return ev.JobAssigned(
+        event_id=f"cell-0@{pos}/0",
+        ts_ms=pos * 1000,
+        job_id=job,
+        run=run,
+        placement=(NodeSlice(node_id=node, gpus=gpus),),
+        gpus=len(gpus),
+        estimate_s=10,
+        resume_from=resume,
+    )
 
 
 def requeued(pos, job, run, reason, resume=None):
-    return ev.JobRequeued(event_id=f"cell-0@{pos}/0", ts_ms=pos * 1000, job_id=job, run=run,
-                          reason=reason, resume_from=resume)
+    return ev.JobRequeued(
+        event_id=f"cell-0@{pos}/0",
+        ts_ms=pos * 1000,
+        job_id=job,
+        run=run,
+        reason=reason,
+        resume_from=resume,
+    )
 
 
 def completed(pos, job, run, index=0):
@@ -90,10 +125,15 @@ def completed(pos, job, run, index=0):
 
 
 def test_terminal_summary_counts_lost_jobs_and_duplicates_but_not_redeliveries():
-    events = [completed(5, "a", 1), completed(5, "a", 1),            # redelivered: same id
-              completed(6, "b", 1), completed(9, "b", 2, index=1),   # two decisions: duplicate
-              ev.JobFailed(event_id="cell-0@7/0", ts_ms=0, job_id="c", run=3, reason="x",
-                           failure_class="hung")]
+    events = [
+        completed(5, "a", 1),
+        completed(5, "a", 1),  # redelivered: same id
+        completed(6, "b", 1),
+        completed(9, "b", 2, index=1),  # two decisions: duplicate
+        ev.JobFailed(
+            event_id="cell-0@7/0", ts_ms=0, job_id="c", run=3, reason="x", failure_class="hung"
+        ),
+    ]
     s = chaos.terminal_summary(events, ["a", "b", "c", "d"])
     assert (s["submitted"], s["completed"], s["failed"], s["lost"]) == (4, 2, 1, 1)
     assert s["lost_jobs"] == ["d"]
@@ -103,9 +143,14 @@ def test_terminal_summary_counts_lost_jobs_and_duplicates_but_not_redeliveries()
 
 
 def test_cell_order_follows_input_positions_not_partitions():
-    events = [completed(10, "x", 1), assigned(2, "x", 1), assigned(2, "y", 1),
-              ev.JobAdmitted(event_id="admission-0@1/0", ts_ms=0, spec=ev.JobSpec(job_id="x",
-                                                                                  tenant="t"))]
+    events = [
+        completed(10, "x", 1),
+        assigned(2, "x", 1),
+        assigned(2, "y", 1),
+        ev.JobAdmitted(
+            event_id="admission-0@1/0", ts_ms=0, spec=ev.JobSpec(job_id="x", tenant="t")
+        ),
+    ]
     events[2] = ev.JobAssigned(**{**vars_of(events[2]), "event_id": "cell-0@2/1"})
     ordered = chaos.cell_ordered(events)
     assert [e.event_id for e in ordered] == ["cell-0@2/0", "cell-0@2/1", "cell-0@10/0"]
@@ -116,8 +161,12 @@ def vars_of(e):
 
 
 def test_scheduler_double_booking_is_an_assignment_onto_a_gpu_of_a_live_run():
-    ok = [assigned(1, "a", 1, gpus=(0, 1)), requeued(2, "a", 1, "retry after node_lost: x"),
-          assigned(3, "b", 1, gpus=(1,)), assigned(3, "a", 2, gpus=(0,))]
+    ok = [
+        assigned(1, "a", 1, gpus=(0, 1)),
+        requeued(2, "a", 1, "retry after node_lost: x"),
+        assigned(3, "b", 1, gpus=(1,)),
+        assigned(3, "a", 2, gpus=(0,)),
+    ]
     assert chaos.double_booked_by_scheduler(chaos.cell_ordered(ok)) == []
     bad = [assigned(1, "a", 1, gpus=(0, 1)), assigned(2, "b", 1, gpus=(1,))]
     (conflict,) = chaos.double_booked_by_scheduler(chaos.cell_ordered(bad))
@@ -126,18 +175,23 @@ def test_scheduler_double_booking_is_an_assignment_onto_a_gpu_of_a_live_run():
 
 def test_node_double_booking_is_a_start_before_the_previous_runs_final_report():
     placed = [assigned(1, "a", 1, gpus=(0,)), assigned(2, "b", 1, gpus=(0,))]
-    started = lambda job, inc=1: ev.RunStarted(event_id=f"n0:{job}:1:started", ts_ms=0,  # noqa
-                                               job_id=job, run=1, node_id="n0", incarnation=inc)
-    stopped = ev.RunStopped(event_id="n0:a:1:stopped", ts_ms=0, job_id="a", run=1, node_id="n0",
-                            incarnation=1)
-    reg = ev.NodeRegistered(event_id="n0:2:registered", ts_ms=0, node_id="n0", incarnation=2,
-                            cell="cell-0", gpus=8)
+    started = lambda job, inc=1: ev.RunStarted(
+        event_id=f"n0:{job}:1:started", ts_ms=0, job_id=job, run=1, node_id="n0", incarnation=inc
+    )
+    stopped = ev.RunStopped(
+        event_id="n0:a:1:stopped", ts_ms=0, job_id="a", run=1, node_id="n0", incarnation=1
+    )
+    reg = ev.NodeRegistered(
+        event_id="n0:2:registered", ts_ms=0, node_id="n0", incarnation=2, cell="cell-0", gpus=8
+    )
     ordered = chaos.cell_ordered(placed)
     assert chaos.double_booked_on_nodes(ordered, [started("a"), stopped, started("b")]) == []
     assert chaos.double_booked_on_nodes(ordered, [started("a"), reg, started("b", 2)]) == []
     # a re-delivered RunStarted of a finished run opens nothing (first id wins)
-    assert chaos.double_booked_on_nodes(ordered, [started("a"), stopped, started("b"),
-                                                  started("a")]) == []
+    assert (
+        chaos.double_booked_on_nodes(ordered, [started("a"), stopped, started("b"), started("a")])
+        == []
+    )
     (conflict,) = chaos.double_booked_on_nodes(ordered, [started("a"), started("b")])
     assert conflict["running"] == ["a", 1] and conflict["started"] == ["b", 1]
 
@@ -145,33 +199,54 @@ def test_node_double_booking_is_a_start_before_the_previous_runs_final_report():
 def test_leaks_are_gpus_held_in_the_last_cell_status():
     def status(pos, owner):
         gpus = (ev.GpuStatus(index=0, state="busy" if owner else "free", job_id=owner, run=1),)
-        return ev.CellStatus(event_id=f"cell-0@{pos}/0", ts_ms=0, cell="cell-0",
-                             nodes=(ev.NodeStatus(node_id="n0", state="UP", gpus=gpus),))
+        return ev.CellStatus(
+            event_id=f"cell-0@{pos}/0",
+            ts_ms=0,
+            cell="cell-0",
+            nodes=(ev.NodeStatus(node_id="n0", state="UP", gpus=gpus),),
+        )
+
     assert chaos.leaked_gpus(chaos.cell_ordered([status(1, "a"), status(2, "")]))[0] == []
     leaks, last = chaos.leaked_gpus(chaos.cell_ordered([status(1, ""), status(2, "a")]))
-    assert [(l["node"], l["gpu"], l["job_id"]) for l in leaks] == [("n0", 0, "a")]
+    assert [(leak["node"], leak["gpu"], leak["job_id"]) for leak in leaks] == [("n0", 0, "a")]
     assert last == "cell-0@2/0"
 
 
 def test_run_ends_are_blamed_on_the_fault_that_caused_them():
-    log = [{"t_ms": 5_000, "kind": chaos.KILL_AGENT, "node": "n1"},
-           {"t_ms": 9_000, "kind": chaos.PAUSE_AGENT, "node": "n2"}]
-    blame = lambda end, **kw: chaos.classify_run_end(end, kw.get("pre", False),  # noqa: E731
-                                                     kw.get("role", chaos.NORMAL),
-                                                     kw.get("wedged", False),
-                                                     kw.get("nodes", ["n1"]), log)
+    log = [
+        {"t_ms": 5_000, "kind": chaos.KILL_AGENT, "node": "n1"},
+        {"t_ms": 9_000, "kind": chaos.PAUSE_AGENT, "node": "n2"},
+    ]
+    blame = lambda end, **kw: chaos.classify_run_end(
+        end,
+        kw.get("pre", False),
+        kw.get("role", chaos.NORMAL),
+        kw.get("wedged", False),
+        kw.get("nodes", ["n1"]),
+        log,
+    )
     down = requeued(8, "a", 1, "retry after node_lost: node n1 down: no heartbeat for 6.1s")
     assert blame(down) == chaos.KILL_AGENT
     assert blame(down, nodes=["n3"]) == "node_lost (no injected fault)"
     stalled = requeued(12, "a", 1, "retry after hung: no progress for 3s (last step 9)")
-    assert blame(stalled, nodes=["n2"]) == chaos.PAUSE_AGENT     # its agent was stopped
+    assert blame(stalled, nodes=["n2"]) == chaos.PAUSE_AGENT  # its agent was stopped
     assert blame(stalled, wedged=True) == chaos.WEDGE_GENERATOR
     assert blame(stalled, role=chaos.HANG) == chaos.HANG_GENERATOR
-    crash = ev.JobFailed(event_id="cell-0@3/0", ts_ms=3000, job_id="a", run=3, reason="x",
-                         failure_class="generator_error")
+    crash = ev.JobFailed(
+        event_id="cell-0@3/0",
+        ts_ms=3000,
+        job_id="a",
+        run=3,
+        reason="x",
+        failure_class="generator_error",
+    )
     assert blame(crash, role=chaos.CRASH) == chaos.CRASH_GENERATOR
-    move = requeued(4, "a", 1, "checkpoint-and-move: node n1 draining (GPU 2 failed: "
-                               "uncorrectable ECC errors: 1)")
+    move = requeued(
+        4,
+        "a",
+        1,
+        "checkpoint-and-move: node n1 draining (GPU 2 failed: uncorrectable ECC errors: 1)",
+    )
     assert blame(move) == chaos.ECC_GPU
     hot = requeued(4, "a", 1, "checkpoint-and-move: GPU unhealthy on n1 (thermal: 92C >= 87C)")
     assert blame(hot) == chaos.THROTTLE_GPU
@@ -179,26 +254,47 @@ def test_run_ends_are_blamed_on_the_fault_that_caused_them():
 
 
 def test_waste_is_gpu_time_from_the_last_checkpoint_to_the_end_of_the_run():
-    spec = ev.JobSpec(job_id="a", tenant="t", checkpoint_interval_s=10)   # 1 s at time scale 10
-    events = [assigned(10, "a", 1, gpus=(0, 1)),
-              requeued(20, "a", 1, "retry after node_lost: node n0 down: x", "ck"),
-              assigned(21, "a", 2, node="n1", gpus=(0, 1), resume="ck"), completed(30, "a", 2)]
-    sched = [ev.RunStarted(event_id="s", ts_ms=11_000, job_id="a", run=1, node_id="n0",
-                           incarnation=1),
-             ev.RunCheckpointed(event_id="c", ts_ms=17_500, job_id="a", run=1, node_id="n0",
-                                incarnation=1, checkpoint_uri="ck")]
+    spec = ev.JobSpec(job_id="a", tenant="t", checkpoint_interval_s=10)  # 1 s at time scale 10
+    events = [
+        assigned(10, "a", 1, gpus=(0, 1)),
+        requeued(20, "a", 1, "retry after node_lost: node n0 down: x", "ck"),
+        assigned(21, "a", 2, node="n1", gpus=(0, 1), resume="ck"),
+        completed(30, "a", 2),
+    ]
+    sched = [
+        ev.RunStarted(event_id="s", ts_ms=11_000, job_id="a", run=1, node_id="n0", incarnation=1),
+        ev.RunCheckpointed(
+            event_id="c",
+            ts_ms=17_500,
+            job_id="a",
+            run=1,
+            node_id="n0",
+            incarnation=1,
+            checkpoint_uri="ck",
+        ),
+    ]
     log = [{"t_ms": 18_000, "kind": chaos.KILL_AGENT, "node": "n0"}]
-    wasted = chaos.wasted_by_fault(chaos.cell_ordered(events), sched, {"a": spec},
-                                   {"a": chaos.NORMAL}, (), log, 10.0)
-    assert wasted == {chaos.KILL_AGENT: {
-        "runs": 1, "gpu_s": 5.0, "checkpointable_runs": 1, "resumed_from_checkpoint": 1,
-        "gpu_s_per_run": 5.0, "lost_intervals_mean": 2.5, "lost_intervals_max": 2.5}}
+    wasted = chaos.wasted_by_fault(
+        chaos.cell_ordered(events), sched, {"a": spec}, {"a": chaos.NORMAL}, (), log, 10.0
+    )
+    assert wasted == {
+        chaos.KILL_AGENT: {
+            "runs": 1,
+            "gpu_s": 5.0,
+            "checkpointable_runs": 1,
+            "resumed_from_checkpoint": 1,
+            "gpu_s_per_run": 5.0,
+            "lost_intervals_mean": 2.5,
+            "lost_intervals_max": 2.5,
+        }
+    }
 
 
 def test_dead_letter_check_matches_records_by_value_and_wants_a_reason():
     injected = chaos.malformed_records(catalogue, "node-0", "dl")[:3]
-    rec = lambda value, reason: SimpleNamespace(  # noqa: E731
-        value=value, header=lambda name: reason if name == "reason" else None)
+    rec = lambda value, reason: SimpleNamespace(
+        value=value, header=lambda name: reason if name == "reason" else None
+    )
     dead = [rec(injected[0].value, b"bad_magic"), rec(injected[1].value, None)]
     check = chaos.dead_letter_check(injected, dead)
     assert check["dead_lettered"] == 1 and check["reasons"] == {"bad_magic": 1}
@@ -206,8 +302,14 @@ def test_dead_letter_check_matches_records_by_value_and_wants_a_reason():
 
 
 def test_failures_name_what_broke():
-    report = {"lost": 2, "duplicate_terminal_events": 0, "leaked_gpus": 1,
-              "double_booked_gpus": 0, "dead_letter": {"missing": []}, "submit_errors": []}
+    report = {
+        "lost": 2,
+        "duplicate_terminal_events": 0,
+        "leaked_gpus": 1,
+        "double_booked_gpus": 0,
+        "dead_letter": {"missing": []},
+        "submit_errors": [],
+    }
     assert chaos.failures(report) == ["lost = 2", "leaked_gpus = 1"]
 
 
@@ -219,11 +321,11 @@ def test_fault_file_probe_follows_the_file(tmp_path):
     sample = probe.sample()
     assert sample[1].sm_clock_mhz < sample[1].max_sm_clock_mhz and sample[1].temperature_c > 87
     assert sample[2].ecc_uncorrected == 1
-    assert probe.sample()[2].ecc_uncorrected == 1        # applied once, not added per sample
+    assert probe.sample()[2].ecc_uncorrected == 1  # applied once, not added per sample
     write_gpu_faults(tmp_path, ecc={2: (0, 1)})
-    assert probe.sample()[1].sm_clock_mhz == 1980        # healed
+    assert probe.sample()[1].sm_clock_mhz == 1980  # healed
     (tmp_path / "faults.json").write_text("{not json")
-    assert probe.sample()[2].ecc_uncorrected == 1        # unreadable: unchanged
+    assert probe.sample()[2].ecc_uncorrected == 1  # unreadable: unchanged
     (tmp_path / "faults.json").unlink()
     assert all(g.ecc_uncorrected == 0 for g in probe.sample())
     assert json.loads(write_gpu_faults(tmp_path).read_text()) == {"throttle": [], "ecc": {}}

@@ -1,4 +1,5 @@
 """Single-object encoding: round trips, the fingerprint, and every way decode refuses."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,28 +57,60 @@ def builds(cls: type) -> st.SearchStrategy:
 
 def sample_start_run() -> ev.StartRun:
     spec = ev.JobSpec(
-        job_id="job-1", tenant="acme", user="ana", tier="paid", prompt="a cat, 4k",
-        params={"seed": "42", "fps": "24"}, gpus=16, gpus_per_node=8, estimate_s=900.5,
-        shapes=(ev.Shape(gpus=16, gpus_per_node=8, estimate_s=900.5),
-                ev.Shape(gpus=8, gpus_per_node=8, estimate_s=1700.0)),
-        preemptible=True, checkpoint_interval_s=120.0, gpu_type="H200",
-        callback_url="https://example.test/hook", submitted_ms=1_764_460_800_000)
-    placement = (ev.NodeSlice(node_id="node-1", gpus=(0, 1, 2, 3, 4, 5, 6, 7)),
-                 ev.NodeSlice(node_id="node-2", gpus=(0, 1, 2, 3, 4, 5, 6, 7)))
-    return ev.StartRun(event_id="cell-0:17:0", ts_ms=1_764_460_801_000, node_id="node-1",
-                       incarnation=3, run=2, spec=spec, gpus=(0, 1, 2, 3, 4, 5, 6, 7),
-                       placement=placement, estimate_s=900.5, resume_from="s3://ckpt/job-1/1")
+        job_id="job-1",
+        tenant="acme",
+        user="ana",
+        tier="paid",
+        prompt="a cat, 4k",
+        params={"seed": "42", "fps": "24"},
+        gpus=16,
+        gpus_per_node=8,
+        estimate_s=900.5,
+        shapes=(
+            ev.Shape(gpus=16, gpus_per_node=8, estimate_s=900.5),
+            ev.Shape(gpus=8, gpus_per_node=8, estimate_s=1700.0),
+        ),
+        preemptible=True,
+        checkpoint_interval_s=120.0,
+        gpu_type="H200",
+        callback_url="https://example.test/hook",
+        submitted_ms=1_764_460_800_000,
+    )
+    placement = (
+        ev.NodeSlice(node_id="node-1", gpus=(0, 1, 2, 3, 4, 5, 6, 7)),
+        ev.NodeSlice(node_id="node-2", gpus=(0, 1, 2, 3, 4, 5, 6, 7)),
+    )
+    return ev.StartRun(
+        event_id="cell-0:17:0",
+        ts_ms=1_764_460_801_000,
+        node_id="node-1",
+        incarnation=3,
+        run=2,
+        spec=spec,
+        gpus=(0, 1, 2, 3, 4, 5, 6, 7),
+        placement=placement,
+        estimate_s=900.5,
+        resume_from="s3://ckpt/job-1/1",
+    )
 
 
 def sample_tick() -> ev.Tick:
     return ev.Tick(event_id="clock:cell-0:1", ts_ms=1_000, cell="cell-0", now_ms=1_000)
 
 
-SAMPLES = [sample_start_run(), sample_tick(),
-           ev.SubmitJob(event_id="s-1", ts_ms=5, spec=ev.JobSpec(job_id="j", tenant="t")),
-           ev.NodeHeartbeat(event_id="h-1", ts_ms=9, node_id="node-1", incarnation=1,
-                            gpus=(ev.GpuHealth(index=0, warm_models=("demo:1",)),),
-                            runs=(ev.RunReport(job_id="j", run=1, step_rate=2.5),))]
+SAMPLES = [
+    sample_start_run(),
+    sample_tick(),
+    ev.SubmitJob(event_id="s-1", ts_ms=5, spec=ev.JobSpec(job_id="j", tenant="t")),
+    ev.NodeHeartbeat(
+        event_id="h-1",
+        ts_ms=9,
+        node_id="node-1",
+        incarnation=1,
+        gpus=(ev.GpuHealth(index=0, warm_models=("demo:1",)),),
+        runs=(ev.RunReport(job_id="j", run=1, step_rate=2.5),),
+    ),
+]
 
 
 # --------------------------------------------------------------------------
@@ -96,8 +129,9 @@ def parse_nested_expanded() -> dict:
     """
     named: dict = {}
     nested = {c.__name__ for c in ev.NESTED_TYPES}
-    pending = [json.loads(p.read_text()) for p in sorted(AVRO_DIR.glob("*.avsc"))
-               if p.stem in nested]
+    pending = [
+        json.loads(p.read_text()) for p in sorted(AVRO_DIR.glob("*.avsc")) if p.stem in nested
+    ]
     while pending:  # nested records may reference each other: parse in dependency order
         done = []
         for raw in pending:
@@ -131,15 +165,27 @@ def test_canonical_form_is_self_contained(cls):
 
 
 def test_named_type_used_twice_is_defined_once_in_the_canonical_form():
-    definitions = {"framespool.A": {"type": "record", "name": "A", "namespace": "framespool",
-                                    "fields": [{"name": "x", "type": "long"}]}}
-    raw = {"type": "record", "name": "B", "namespace": "framespool",
-           "fields": [{"name": "a", "type": "framespool.A"}, {"name": "b", "type": "A"}]}
+    definitions = {
+        "framespool.A": {
+            "type": "record",
+            "name": "A",
+            "namespace": "framespool",
+            "fields": [{"name": "x", "type": "long"}],
+        }
+    }
+    raw = {
+        "type": "record",
+        "name": "B",
+        "namespace": "framespool",
+        "fields": [{"name": "a", "type": "framespool.A"}, {"name": "b", "type": "A"}],
+    }
     standalone = codec._standalone(raw, definitions, set(), "framespool", "test")
     canonical = to_parsing_canonical_form(standalone)
-    assert canonical == ('{"name":"framespool.B","type":"record","fields":[{"name":"a","type":'
-                         '{"name":"framespool.A","type":"record","fields":[{"name":"x",'
-                         '"type":"long"}]}},{"name":"b","type":"framespool.A"}]}')
+    assert canonical == (
+        '{"name":"framespool.B","type":"record","fields":[{"name":"a","type":'
+        '{"name":"framespool.A","type":"record","fields":[{"name":"x",'
+        '"type":"long"}]}},{"name":"b","type":"framespool.A"}]}'
+    )
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
@@ -213,12 +259,16 @@ def test_encode_refuses_what_is_not_an_event():
         encode({"event_id": "x"})
 
 
-@pytest.mark.parametrize("event", [
-    dataclasses.replace(sample_tick(), ts_ms="soon"),
-    dataclasses.replace(sample_tick(), now_ms=2**63),
-    dataclasses.replace(sample_tick(), cell="\ud800"),  # a lone surrogate is not UTF-8
-    dataclasses.replace(sample_tick(), cell=None),
-], ids=["str-for-long", "long-overflow", "surrogate", "none-for-string"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        dataclasses.replace(sample_tick(), ts_ms="soon"),
+        dataclasses.replace(sample_tick(), now_ms=2**63),
+        dataclasses.replace(sample_tick(), cell="\ud800"),  # a lone surrogate is not UTF-8
+        dataclasses.replace(sample_tick(), cell=None),
+    ],
+    ids=["str-for-long", "long-overflow", "surrogate", "none-for-string"],
+)
 def test_encode_reports_bad_values_as_encode_error(event):
     with pytest.raises(codec.EncodeError, match="Tick"):
         encode(event)
@@ -250,8 +300,10 @@ def test_event_type_name_needs_only_the_header():
         assert info.value.reason == "truncated"
 
 
-@pytest.mark.parametrize("data", [b"\x00", b"\xc3\x00", b"\x01\xc3" + bytes(8),
-                                  b"Obj\x01" + bytes(20), b"{\"event_id\": 1}"])
+@pytest.mark.parametrize(
+    "data",
+    [b"\x00", b"\xc3\x00", b"\x01\xc3" + bytes(8), b"Obj\x01" + bytes(20), b"{\"event_id\": 1}"],
+)
 def test_wrong_magic(data):
     assert reason_of(data) == "bad_magic"
     with pytest.raises(DecodeError):
@@ -282,8 +334,9 @@ def test_invalid_utf8_is_a_malformed_body():
 def test_union_branch_out_of_range_is_a_malformed_body():
     fo = io.BytesIO()
     writer = parse_schema(codec.schema("SubmitJob"))
-    schemaless_writer(fo, writer, {"event_id": "e", "ts_ms": 1,
-                                   "spec": {"job_id": "j", "tenant": "t"}})
+    schemaless_writer(
+        fo, writer, {"event_id": "e", "ts_ms": 1, "spec": {"job_id": "j", "tenant": "t"}}
+    )
     body = fo.getvalue()
     assert body[-1:] == b"\x00"  # idempotency_key: branch 0 (null)
     assert decode(header("SubmitJob") + body).idempotency_key is None
@@ -328,18 +381,25 @@ def test_a_tombstone_is_undecodable_input_and_a_str_is_a_caller_bug():
 
 def test_converters_for_optional_and_single_field_records():
     """Shapes today's schemas do not use yet: ["null", record] and a one-field record."""
+
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Box:
-        shape: typing.Optional[ev.Shape] = None
+        shape: ev.Shape | None = None
 
-    defs = {"framespool.Box": {"type": "record", "name": "Box", "namespace": "framespool",
-                               "fields": [{"name": "shape", "default": None,
-                                           "type": ["null", "framespool.Shape"]}]},
-            "framespool.Shape": json.loads((AVRO_DIR / "Shape.avsc").read_text())}
+    defs = {
+        "framespool.Box": {
+            "type": "record",
+            "name": "Box",
+            "namespace": "framespool",
+            "fields": [{"name": "shape", "default": None, "type": ["null", "framespool.Shape"]}],
+        },
+        "framespool.Shape": json.loads((AVRO_DIR / "Shape.avsc").read_text()),
+    }
     classes = {"framespool.Box": Box, "framespool.Shape": ev.Shape}
     pair = codec._ConverterBuilder(defs, classes).record("framespool.Box")
     shape = ev.Shape(gpus=2, gpus_per_node=1, estimate_s=5.0)
     assert pair.encode(Box(shape=shape)) == {
-        "shape": {"gpus": 2, "gpus_per_node": 1, "estimate_s": 5.0}}
+        "shape": {"gpus": 2, "gpus_per_node": 1, "estimate_s": 5.0}
+    }
     assert pair.decode(pair.encode(Box(shape=shape))) == Box(shape=shape)
     assert pair.decode(pair.encode(Box())) == Box()

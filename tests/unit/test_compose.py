@@ -5,9 +5,9 @@ its argument parser accepts, images are pinned, ports and dependencies add up; a
 Nothing here starts containers (CI has no Docker engine); the helper scripts the
 file runs (``compose/init_stack.py``) are tested directly.
 """
+
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import re
@@ -30,7 +30,9 @@ BOOTSTRAP = "kafka:9092"
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"compose_{name}", ROOT / "compose" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"compose_{name}", ROOT / "compose" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -75,7 +77,8 @@ def test_dockerfile_pins_its_base_copies_every_package_and_drops_root():
     base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
     assert PINNED.match(base) and re.search(r":\d+\.\d+\.\d+", base), base
     folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-dir"].values()
+        "package-dir"
+    ].values()
     for folder in set(folders):
         assert re.search(rf"^COPY {folder} \./{folder}$", text, re.M), folder
     assert re.search(r"^COPY compose \./compose$", text, re.M)
@@ -97,7 +100,7 @@ def test_every_framespool_command_parses_with_the_real_argument_parsers(services
         cmd = service["command"]
         assert cmd[0] == "python", name
         if cmd[1:3] == ["-m", "framespool.processors"]:
-            args = processors_args(cmd[3:])           # SystemExit on an unknown flag
+            args = processors_args(cmd[3:])  # SystemExit on an unknown flag
             assert args.role in ("admission", "scheduler", "clock")
             seen.add(args.role)
         elif cmd[1:3] == ["-m", "framespool.services"]:
@@ -111,12 +114,20 @@ def test_every_framespool_command_parses_with_the_real_argument_parsers(services
 @pytest.mark.parametrize("service", ["api", "agent"])
 def test_service_commands_use_flags_the_services_cli_has(services, service):
     """framespool.services parses and then runs, so its flags are read from --help."""
-    out = subprocess.run([sys.executable, "-m", "framespool.services", service, "--help"],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "framespool.services", service, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     known = set(re.findall(r"--[a-z][a-z0-9-]*", out.stdout))
-    commands = [s["command"] for s in ours(services).values()
-                if s["command"][1:4] == ["-m", "framespool.services", service]]
+    commands = [
+        s["command"]
+        for s in ours(services).values()
+        if s["command"][1:4] == ["-m", "framespool.services", service]
+    ]
     assert commands
     for cmd in commands:
         assert set(flags(cmd)) <= known, (cmd, known)
@@ -127,8 +138,8 @@ def test_service_commands_use_flags_the_services_cli_has(services, service):
 def test_processes_use_the_internal_bootstrap_and_distinct_state(services):
     kafka_env = services["kafka"]["environment"]
     assert f"INTERNAL://{BOOTSTRAP}" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
-    assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"       # KRaft, no ZooKeeper
-    assert kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"       # init creates them
+    assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    assert kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # init creates them
     for name, service in ours(services).items():
         cmd = service["command"]
         if "--bootstrap" in cmd:
@@ -140,8 +151,11 @@ def test_processes_use_the_internal_bootstrap_and_distinct_state(services):
     assert len(set(instances)) == 2
     data_volumes = [v.split(":")[0] for s in schedulers for v in s["volumes"]]
     assert len(set(data_volumes)) == 2, "each scheduler instance keeps its own snapshots"
-    nodes = [s["command"][s["command"].index("--node") + 1] for s in ours(services).values()
-             if "--node" in s["command"]]
+    nodes = [
+        s["command"][s["command"].index("--node") + 1]
+        for s in ours(services).values()
+        if "--node" in s["command"]
+    ]
     assert len(nodes) >= 2 and len(set(nodes)) == len(nodes)
 
 
@@ -191,8 +205,10 @@ def test_dependencies_exist_and_wait_for_what_they_need(services):
             assert dep in services, (name, dep)
             if cond["condition"] == "service_healthy":
                 assert "healthcheck" in services[dep], (name, dep)
-    assert services["init"]["depends_on"] == {"kafka": {"condition": "service_healthy"},
-                                              "minio": {"condition": "service_healthy"}}
+    assert services["init"]["depends_on"] == {
+        "kafka": {"condition": "service_healthy"},
+        "minio": {"condition": "service_healthy"},
+    }
     assert services["init"]["restart"] == "no"
     for name, service in ours(services).items():
         if name == "init":
@@ -221,10 +237,17 @@ def _compose_cli() -> list[str] | None:
 def test_compose_cli_accepts_the_file():
     cli = _compose_cli()
     if cli is None:
-        pytest.skip("no Compose CLI: neither 'docker compose' (the plugin) nor 'docker-compose' "
-                    "is installed; the YAML checks above still ran")
-    out = subprocess.run(cli + ["-f", str(COMPOSE), "config", "-q"], capture_output=True,
-                         text=True, timeout=60, cwd=COMPOSE.parent)
+        pytest.skip(
+            "no Compose CLI: neither 'docker compose' (the plugin) nor 'docker-compose' "
+            "is installed; the YAML checks above still ran"
+        )
+    out = subprocess.run(
+        cli + ["-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=COMPOSE.parent,
+    )
     assert out.returncode == 0, out.stderr
 
 

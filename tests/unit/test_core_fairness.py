@@ -12,6 +12,7 @@ tenant's GPU-time share is within L / S of 1/n.
 The test floods one tenant with 100x the jobs of the others and checks the
 bound on true GPU-seconds (estimates are exact here) at every completion.
 """
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -21,10 +22,19 @@ from framespool.processors.core import CellConfig
 from tests.unit.core_harness import Harness
 
 
-def run_flood(n_tenants: int, sizes: list[tuple[int, int]], flood_factor: int = 100,
-              horizon_s: int = 4000, nodes: int = 2):
-    h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1e9,
-                           report_lease_s=1e9), nodes=nodes)
+def run_flood(
+    n_tenants: int,
+    sizes: list[tuple[int, int]],
+    flood_factor: int = 100,
+    horizon_s: int = 4000,
+    nodes: int = 2,
+):
+    h = Harness(
+        CellConfig(
+            status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1e9, report_lease_s=1e9
+        ),
+        nodes=nodes,
+    )
     base = 8
     c_max = 0.0
     count = 0
@@ -46,8 +56,11 @@ def run_flood(n_tenants: int, sizes: list[tuple[int, int]], flood_factor: int = 
     bound = c_max + capacity * e_max
     while h.now_ms < horizon_s * 1000 and all(h.cell.org_use[t].queued > 0 for t in used):
         h.start_all()
-        ends = sorted((r.started_ms + int(r.estimate_s * 1000), k)
-                      for k, r in h.cell.runs.items() if r.phase == "running")
+        ends = sorted(
+            (r.started_ms + int(r.estimate_s * 1000), k)
+            for k, r in h.cell.runs.items()
+            if r.phase == "running"
+        )
         if not ends:
             h.tick(1)
             continue
@@ -64,23 +77,30 @@ def run_flood(n_tenants: int, sizes: list[tuple[int, int]], flood_factor: int = 
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(2, 3),
-       sizes=st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.integers(10, 120)),
-                      min_size=1, max_size=4))
+@given(
+    n=st.integers(2, 3),
+    sizes=st.lists(
+        st.tuples(st.sampled_from([1, 2, 4, 8]), st.integers(10, 120)), min_size=1, max_size=4
+    ),
+)
 def test_flooding_tenant_gets_no_more_than_its_share(n, sizes):
     used, worst, bound = run_flood(n, sizes, flood_factor=100, horizon_s=1500)
     assert worst <= bound + 1e-6, f"charged usage spread {worst} > bound {bound}"
     total = sum(used.values())
-    for tenant, gpu_s in used.items():
+    for _tenant, gpu_s in used.items():
         assert abs(gpu_s / total - 1 / n) <= bound / total + 1e-9, (used, bound)
 
 
 def test_idle_tenant_returning_gets_no_unbounded_credit():
-    h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1e9,
-                           report_lease_s=1e9), nodes=1)
+    h = Harness(
+        CellConfig(
+            status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1e9, report_lease_s=1e9
+        ),
+        nodes=1,
+    )
     for j in range(40):
         h.submit(f"a{j}", tenant="a", gpus=8, estimate_s=10)
-    for _ in range(20):                      # a runs alone for a while
+    for _ in range(20):  # a runs alone for a while
         h.start_all()
         key = next(iter(h.cell.runs))
         h.tick(10)

@@ -6,6 +6,7 @@ nodes; health faults) and checks after every step: no GPU in two runs,
 capacity never exceeded, gangs all-or-nothing, at most one terminal event per
 job; at the end every job drains to exactly one terminal event.
 """
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -17,8 +18,14 @@ from tests.unit.core_harness import Harness, state_digest
 SHAPES = [(1, 8), (2, 8), (4, 8), (8, 8), (16, 8), (3, 4)]
 
 action = st.one_of(
-    st.tuples(st.just("submit"), st.integers(0, 2), st.sampled_from(SHAPES),
-              st.integers(5, 300), st.booleans(), st.sampled_from(["free", "paid", "interactive"])),
+    st.tuples(
+        st.just("submit"),
+        st.integers(0, 2),
+        st.sampled_from(SHAPES),
+        st.integers(5, 300),
+        st.booleans(),
+        st.sampled_from(["free", "paid", "interactive"]),
+    ),
     st.tuples(st.just("tick"), st.integers(1, 40)),
     st.tuples(st.just("start"), st.integers(0, 50)),
     st.tuples(st.just("complete"), st.integers(0, 50)),
@@ -29,7 +36,9 @@ action = st.one_of(
     st.tuples(st.just("hot"), st.integers(0, 3), st.integers(0, 7)),
     st.tuples(st.just("reregister"), st.integers(0, 3)),
     st.tuples(st.just("cancel"), st.integers(0, 50)),
-    st.tuples(st.just("confirm"),),
+    st.tuples(
+        st.just("confirm"),
+    ),
 )
 
 
@@ -41,9 +50,16 @@ def play(h: Harness, actions) -> None:
         if kind == "submit":
             _, tenant, (gpus, per_node), est, preempt, tier = a
             n += 1
-            h.submit(f"j{n}", tenant=f"t{tenant}", gpus=gpus, per_node=per_node, estimate_s=est,
-                     preemptible=preempt, checkpoint_interval_s=30.0 if preempt else 0.0,
-                     tier=tier)
+            h.submit(
+                f"j{n}",
+                tenant=f"t{tenant}",
+                gpus=gpus,
+                per_node=per_node,
+                estimate_s=est,
+                preemptible=preempt,
+                checkpoint_interval_s=30.0 if preempt else 0.0,
+                tier=tier,
+            )
         elif kind == "tick":
             h.tick(a[1])
         elif kind in ("start", "complete", "fail", "checkpoint") and live:
@@ -78,14 +94,24 @@ def play(h: Harness, actions) -> None:
             h.register(node.node_id, node.total, node.rail)
         elif kind == "cancel" and h.admitted:
             job_id = list(h.admitted)[a[1] % len(h.admitted)]
-            h.feed(ev.CancelJob(event_id=h.next_id(), ts_ms=h.now_ms, job_id=job_id,
-                                tenant=h.admitted[job_id].tenant))
+            h.feed(
+                ev.CancelJob(
+                    event_id=h.next_id(),
+                    ts_ms=h.now_ms,
+                    job_id=job_id,
+                    tenant=h.admitted[job_id].tenant,
+                )
+            )
         elif kind == "confirm":
             h.confirm_stops()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          report_multiple_bugs=False)
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    report_multiple_bugs=False,
+)
 @given(st.lists(action, min_size=20, max_size=120))
 def test_invariants_hold_and_every_job_ends_exactly_once(actions):
     h = Harness()

@@ -1,14 +1,34 @@
 """The scheduling core is a pure function of its inputs: it imports nothing
 that does IO, reads a clock, draws randomness or makes ids."""
+
 from __future__ import annotations
 
 import ast
 import pathlib
 
 import framespool.processors.core
-FORBIDDEN = {"faust", "confluent_kafka", "aiokafka", "rocksdict", "aiohttp", "boto3",
-             "asyncio", "time", "datetime", "random", "uuid", "os", "socket", "threading",
-             "subprocess", "secrets", "requests", "urllib", "logging"}
+
+FORBIDDEN = {
+    "faust",
+    "confluent_kafka",
+    "aiokafka",
+    "rocksdict",
+    "aiohttp",
+    "boto3",
+    "asyncio",
+    "time",
+    "datetime",
+    "random",
+    "uuid",
+    "os",
+    "socket",
+    "threading",
+    "subprocess",
+    "secrets",
+    "requests",
+    "urllib",
+    "logging",
+}
 CORE = pathlib.Path(framespool.processors.core.__file__).parent
 
 
@@ -38,9 +58,24 @@ def test_core_modules_import_no_io_clock_or_randomness():
 
 
 def test_core_depends_only_on_the_contract_and_itself():
-    allowed = {"framespool.schemas", "framespool.processors", "__future__", "typing", "dataclasses", "heapq",
-               "statistics", "collections", "functools", "itertools", "math", "bisect",
-               "hashlib", "zlib", "enum", "pickle"}
+    allowed = {
+        "framespool.schemas",
+        "framespool.processors",
+        "__future__",
+        "typing",
+        "dataclasses",
+        "heapq",
+        "statistics",
+        "collections",
+        "functools",
+        "itertools",
+        "math",
+        "bisect",
+        "hashlib",
+        "zlib",
+        "enum",
+        "pickle",
+    }
     for module in sorted(CORE.glob("*.py")):
         extra = imported_roots(module) - allowed
         assert not extra, f"{module.name} imports {sorted(extra)}"

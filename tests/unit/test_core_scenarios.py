@@ -1,4 +1,5 @@
 """Example-based tests of each scheduling policy of the cell core, one behaviour each."""
+
 from __future__ import annotations
 
 from framespool.processors.core import CellConfig, TenantConfig
@@ -16,7 +17,7 @@ def cfg(**kw):
 
 def test_multi_node_gang_is_placed_in_one_rail_atomically():
     h = Harness(nodes=4, nodes_per_rail=2)
-    h.submit("small", gpus=1)                      # lands on n0 (best fit keeps others whole)
+    h.submit("small", gpus=1)  # lands on n0 (best fit keeps others whole)
     out = h.submit("gang", gpus=16, per_node=8)
     [assigned] = of(out, ev.JobAssigned)
     assert [s.node_id for s in assigned.placement] == ["n2", "n3"]
@@ -37,15 +38,15 @@ def test_single_gpu_jobs_bin_pack_to_keep_whole_nodes_free():
 def test_blocked_gang_gets_reservation_and_only_short_jobs_backfill():
     h = Harness(nodes=2, nodes_per_rail=2)
     h.submit("long", gpus=4, estimate_s=1000)
-    h.submit("long2", gpus=4, estimate_s=100)      # fills n0 (best fit); n1 is whole
-    h.submit("long3", gpus=4, estimate_s=100)      # n1 half
+    h.submit("long2", gpus=4, estimate_s=100)  # fills n0 (best fit); n1 is whole
+    h.submit("long3", gpus=4, estimate_s=100)  # n1 half
     h.start_all()
-    out = h.submit("gang", gpus=16, per_node=8)    # cannot fit: needs both nodes
+    out = h.submit("gang", gpus=16, per_node=8)  # cannot fit: needs both nodes
     assert not of(out, ev.JobAssigned)
     h.tick(1)
     assert h.cell.reservation_job == "gang"
     assert h.cell.reservation_shadow_ms > h.now_ms
-    h.complete(("long2", 1))                       # 4 GPUs free on n0, shadow at ~t+1000s
+    h.complete(("long2", 1))  # 4 GPUs free on n0, shadow at ~t+1000s
     late = of(h.submit("too-long", gpus=4, estimate_s=5000), ev.JobAssigned)
     short = of(h.submit("short", gpus=4, estimate_s=10), ev.JobAssigned)
     assert not late and short and "backfill" in short[0].reason
@@ -65,8 +66,9 @@ def test_gang_runs_when_reservation_time_comes():
 
 def test_interactive_job_past_sla_preempts_checkpointable_batch_run():
     h = Harness(nodes=1, config=cfg(heartbeat_timeout_s=1000))
-    h.submit("batch", gpus=8, tier="batch", preemptible=True, checkpoint_interval_s=30,
-             estimate_s=3600)
+    h.submit(
+        "batch", gpus=8, tier="batch", preemptible=True, checkpoint_interval_s=30, estimate_s=3600
+    )
     h.start_all()
     h.tick(100)
     h.heartbeat("n0")
@@ -85,8 +87,9 @@ def test_interactive_job_past_sla_preempts_checkpointable_batch_run():
 
 def test_non_preemptible_runs_are_never_preempted():
     h = Harness(nodes=1)
-    h.submit("batch", gpus=8, tier="batch", preemptible=False, checkpoint_interval_s=30,
-             estimate_s=3600)
+    h.submit(
+        "batch", gpus=8, tier="batch", preemptible=False, checkpoint_interval_s=30, estimate_s=3600
+    )
     h.start_all()
     h.submit("hurry", gpus=8, tier="interactive")
     for _ in range(10):
@@ -98,7 +101,7 @@ def test_stale_incarnation_heartbeat_is_ignored_and_its_runs_stopped():
     h = Harness(nodes=1)
     h.submit("j", gpus=2)
     h.start_all()
-    h.register("n0")                                # new incarnation: run lost, requeued
+    h.register("n0")  # new incarnation: run lost, requeued
     stale = (ev.RunReport(job_id="j", run=1),)
     out = h.heartbeat("n0", runs=stale, incarnation=1)
     assert of(out, ev.ReportIgnored)
@@ -115,7 +118,7 @@ def test_silent_node_goes_down_and_runs_resume_from_checkpoint_elsewhere():
     h.report(ev.RunCheckpointed, "j", 1, node, checkpoint_uri="mem://j/ck")
     for _ in range(12):
         h.heartbeat(other)
-        out = h.tick(1)
+        h.tick(1)
     downs = [o for o in h.log if isinstance(o, ev.NodeStateChanged) and o.state == "DOWN"]
     assert [d.node_id for d in downs] == [node]
     requeued = [o for o in h.log if isinstance(o, ev.JobRequeued)]
@@ -149,8 +152,9 @@ def test_retries_are_bounded_per_failure_class_and_end_failed_with_reason():
     h.submit("j", gpus=1)
     for run in (1, 2, 3):
         h.start_all()
-        out = h.report(ev.RunFailed, "j", run, "n0", failure_class="generator_error",
-                       reason="exit 3")
+        out = h.report(
+            ev.RunFailed, "j", run, "n0", failure_class="generator_error", reason="exit 3"
+        )
         h.confirm_stops()
         h.tick(1)
     [failed] = of(out, ev.JobFailed)
@@ -158,14 +162,16 @@ def test_retries_are_bounded_per_failure_class_and_end_failed_with_reason():
 
 
 def test_breaker_stops_placing_a_failing_model_on_a_node():
-    h = Harness(nodes=2, config=cfg(breaker_node_failures=2, default_retries=10,
-                                    retries=(("generator_error", 10),)))
+    h = Harness(
+        nodes=2,
+        config=cfg(breaker_node_failures=2, default_retries=10, retries=(("generator_error", 10),)),
+    )
     h.submit("j", gpus=8)
     for _ in range(2):
         h.start_all()
         run = h.cell.jobs["j"].run
         node = h.cell.runs[("j", run)].placement[0].node_id
-        out = h.report(ev.RunFailed, "j", run, node, failure_class="generator_error")
+        h.report(ev.RunFailed, "j", run, node, failure_class="generator_error")
         h.tick(1)
     tripped = [o for o in h.log if isinstance(o, ev.BreakerTripped)]
     assert tripped and tripped[0].scope == "node"
@@ -233,11 +239,14 @@ def test_tenant_gpu_quota_caps_concurrent_use():
 def test_elastic_job_picks_the_shape_that_finishes_first():
     h = Harness(nodes=2)
     h.submit("busy", gpus=8, estimate_s=1000)
-    shapes = (ev.Shape(gpus=4, gpus_per_node=4, estimate_s=400),
-              ev.Shape(gpus=16, gpus_per_node=8, estimate_s=100))
-    [assigned] = of(h.submit("e", gpus=8, per_node=8, estimate_s=200, shapes=shapes),
-                    ev.JobAssigned)
-    assert assigned.gpus == 8                       # 16 not free; 8 fits now and beats 4x400
+    shapes = (
+        ev.Shape(gpus=4, gpus_per_node=4, estimate_s=400),
+        ev.Shape(gpus=16, gpus_per_node=8, estimate_s=100),
+    )
+    [assigned] = of(
+        h.submit("e", gpus=8, per_node=8, estimate_s=200, shapes=shapes), ev.JobAssigned
+    )
+    assert assigned.gpus == 8  # 16 not free; 8 fits now and beats 4x400
 
 
 def test_warm_model_affinity_prefers_gpus_with_weights_loaded():
@@ -245,17 +254,25 @@ def test_warm_model_affinity_prefers_gpus_with_weights_loaded():
     h.submit("w1", gpus=1, model="sora-xl")
     h.start_all()
     h.complete(("w1", 1))
-    h.submit("other", gpus=2, model="other")       # best fit would not matter
+    h.submit("other", gpus=2, model="other")  # best fit would not matter
     [assigned] = of(h.submit("w2", gpus=1, model="sora-xl"), ev.JobAssigned)
     assert "warm" in assigned.reason
 
 
 def test_reserved_capacity_is_lent_then_reclaimed_by_preempting_borrowers():
-    h = Harness(nodes=1, config=cfg(tenants=(TenantConfig("owner", reserved_gpus=8),),
-                                    heartbeat_timeout_s=1000))
-    h.submit("borrow", tenant="other", gpus=8, preemptible=True, checkpoint_interval_s=30,
-             estimate_s=3600)
-    assert h.cell.runs                               # idle guarantee is lent
+    h = Harness(
+        nodes=1,
+        config=cfg(tenants=(TenantConfig("owner", reserved_gpus=8),), heartbeat_timeout_s=1000),
+    )
+    h.submit(
+        "borrow",
+        tenant="other",
+        gpus=8,
+        preemptible=True,
+        checkpoint_interval_s=30,
+        estimate_s=3600,
+    )
+    assert h.cell.runs  # idle guarantee is lent
     h.start_all()
     h.tick(100)
     h.heartbeat("n0")
@@ -293,10 +310,13 @@ def test_nodes_registered_before_the_first_tick_are_not_expired_by_it():
     from framespool.processors.core import Cell
 
     cell = Cell(cfg())
-    cell.apply(ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n1", incarnation=1,
-                                 cell="cell-0", gpus=8), "p@0")
-    out = cell.apply(ev.Tick(event_id="t", ts_ms=0, cell="cell-0", now_ms=1_700_000_000_250),
-                     "p@1")
+    cell.apply(
+        ev.NodeRegistered(
+            event_id="r", ts_ms=0, node_id="n1", incarnation=1, cell="cell-0", gpus=8
+        ),
+        "p@0",
+    )
+    out = cell.apply(ev.Tick(event_id="t", ts_ms=0, cell="cell-0", now_ms=1_700_000_000_250), "p@1")
     assert not [o for o in out if isinstance(o, ev.NodeStateChanged)]
 
 
@@ -304,7 +324,7 @@ def test_late_reports_of_a_requeued_run_change_nothing():
     h = Harness(nodes=1, config=cfg(start_lease_s=10, heartbeat_timeout_s=1000))
     h.submit("j", gpus=1)
     h.heartbeat("n0", runs=())
-    h.tick(11)                                      # start lease expired: requeued, run 1 stopping
+    h.tick(11)  # start lease expired: requeued, run 1 stopping
     assert h.cell.jobs["j"].state == "QUEUED" or h.cell.jobs["j"].run == 2
     out = h.report(ev.RunStarted, "j", 1, "n0")
     assert [type(o) for o in out] == [ev.ReportIgnored]
@@ -322,7 +342,7 @@ def test_gang_completion_from_one_node_does_not_free_the_other_nodes_gpus():
     out = h.report(ev.RunCompleted, "gang", 1, "n0")
     assert of(out, ev.JobCompleted)
     assert [s.node_id for s in of(out, ev.StopRun)] == ["n1"]
-    assert h.cell.index.free_total == 8              # n1 held until it confirms
+    assert h.cell.index.free_total == 8  # n1 held until it confirms
     h.report(ev.RunCompleted, "gang", 1, "n1")
     assert h.cell.index.free_total == 16
 
@@ -333,7 +353,7 @@ def test_redelivered_old_heartbeat_is_no_sign_of_life():
     h.tick(1)
     h.feed(first)
     h.tick(8)
-    assert of(h.feed(first), ev.ReportIgnored)          # the same heartbeat again
+    assert of(h.feed(first), ev.ReportIgnored)  # the same heartbeat again
     out = h.tick(4)
     assert [o.state for o in of(out, ev.NodeStateChanged)] == ["DOWN"]
 
@@ -343,6 +363,5 @@ def test_redelivered_older_checkpoint_does_not_move_the_checkpoint_back():
     h.submit("j", gpus=1, checkpoint_interval_s=30)
     h.start_all()
     for step in (10, 20, 10):
-        h.report(ev.RunCheckpointed, "j", 1, "n0", checkpoint_uri=f"ck/{step}",
-                 progress=step / 100)
+        h.report(ev.RunCheckpointed, "j", 1, "n0", checkpoint_uri=f"ck/{step}", progress=step / 100)
     assert h.cell.jobs["j"].checkpoint == "ck/20"

@@ -1,5 +1,6 @@
 """The OpenAPI document: valid 3.1, describes every route the app has, and carries the
 limits the validation enforces (schemathesis checks the handlers against it, e2e)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,19 +14,19 @@ from framespool.producers import openapi
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.producers.validation import FIELDS, Limits, ValidationError, validate_submit
-from framespool.projections.jobs import STATES
+from framespool.projections import cluster
+from framespool.projections.jobs import STATES, fold
 from framespool.projections.serde import public_job
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections import cluster
-from framespool.projections.jobs import fold
 from framespool.projections.testing import RecordingProducer, cell_status, lifecycle
 
 KEY = "acme-key.alice-secret"
 
 
 def app_config(**kw) -> ApiConfig:
-    keys = ApiKeys([record_for(KEY, "acme", "alice")],
-                   {"acme": TenantPolicy(("enterprise", "free"), "free")})
+    keys = ApiKeys(
+        [record_for(KEY, "acme", "alice")], {"acme": TenantPolicy(("enterprise", "free"), "free")}
+    )
     return ApiConfig(auth=keys, store=InMemoryViewStore(), producer=RecordingProducer(), **kw)
 
 
@@ -35,19 +36,19 @@ def served_doc(**kw) -> dict:
             resp = await client.get("/openapi.json")
             assert resp.status == 200 and resp.content_type == "application/json"
             return await resp.json()
+
     return asyncio.run(go())
 
 
 def resolve(doc: dict, schema: dict) -> jsonschema.protocols.Validator:
     """A validator of one component schema whose $refs into the document resolve."""
-    return jsonschema.validators.Draft202012Validator(
-        {**schema, "components": doc["components"]})
+    return jsonschema.validators.Draft202012Validator({**schema, "components": doc["components"]})
 
 
 def test_served_document_is_valid_openapi_3_1():
     doc = served_doc()
     assert doc["openapi"] == "3.1.0"
-    validate(doc)   # openapi-spec-validator picks the 3.1 validator from "openapi"
+    validate(doc)  # openapi-spec-validator picks the 3.1 validator from "openapi"
 
 
 def test_every_route_of_the_app_is_documented_and_nothing_else():
@@ -64,8 +65,9 @@ def test_every_route_of_the_app_is_documented_and_nothing_else():
 
 
 def test_request_schema_carries_the_validation_limits():
-    limits = Limits(prompt_max_chars=123, gpus_max=16, params_max_bytes=999,
-                    models=frozenset({"demo", "wan"}))
+    limits = Limits(
+        prompt_max_chars=123, gpus_max=16, params_max_bytes=999, models=frozenset({"demo", "wan"})
+    )
     doc = openapi.build(limits, max_body_bytes=4096)
     submit = doc["components"]["schemas"]["JobSubmit"]
     assert set(submit["properties"]) == set(FIELDS)
@@ -80,8 +82,11 @@ def test_request_schema_carries_the_validation_limits():
 def test_security_scheme_and_public_endpoints():
     doc = served_doc()
     schemes = doc["components"]["securitySchemes"]
-    assert schemes["bearerAuth"] == {"type": "http", "scheme": "bearer",
-                                     "description": "Authorization: Bearer <API key>"}
+    assert schemes["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "Authorization: Bearer <API key>",
+    }
     assert {"bearerAuth": []} in doc["security"]
     for path in ("/healthz", "/metrics", "/openapi.json", "/v1/artifacts/{key}"):
         assert doc["paths"][path]["get"]["security"] == [], path
@@ -114,16 +119,29 @@ def test_a_body_the_schema_rejects_the_validation_rejects_too():
     doc = openapi.build()
     schema = resolve(doc, doc["components"]["schemas"]["JobSubmit"])
     policy = TenantPolicy(("free",))
-    good = {"prompt": "fox", "model": "demo", "gpus": 8, "gpus_per_node": 8,
-            "params": {"resolution": "128x72", "fps": 8, "duration_s": 2, "seed": 1},
-            "shapes": [{"gpus": 8, "estimate_s": 10}], "callback_url": None}
+    good = {
+        "prompt": "fox",
+        "model": "demo",
+        "gpus": 8,
+        "gpus_per_node": 8,
+        "params": {"resolution": "128x72", "fps": 8, "duration_s": 2, "seed": 1},
+        "shapes": [{"gpus": 8, "estimate_s": 10}],
+        "callback_url": None,
+    }
     schema.validate(good)
     validate_submit(good, policy)
-    for bad in ({**good, "prompt": "x" * 4001}, {**good, "gpus": 65}, {**good, "gpus": 0},
-                {**good, "params": {"fps": 61}}, {**good, "params": {"Bad": 1}},
-                {**good, "extra": 1}, {**good, "preemptible": None},
-                {**good, "shapes": [{"gpus": 1}]}, {"model": "demo"},
-                {**good, "model": "-bad"}):
+    for bad in (
+        {**good, "prompt": "x" * 4001},
+        {**good, "gpus": 65},
+        {**good, "gpus": 0},
+        {**good, "params": {"fps": 61}},
+        {**good, "params": {"Bad": 1}},
+        {**good, "extra": 1},
+        {**good, "preemptible": None},
+        {**good, "shapes": [{"gpus": 1}]},
+        {"model": "demo"},
+        {**good, "model": "-bad"},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             schema.validate(bad)
         with pytest.raises(ValidationError):

@@ -4,6 +4,7 @@ The design's top-level folders (``schemas/``, ``processors/``, ...) install as
 subpackages of ``framespool`` through ``package-dir``; a folder that is a package
 but is missing from ``[tool.setuptools] packages`` would silently not ship.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -16,9 +17,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_wheel_installs_one_top_level_name(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     (wheel,) = tmp_path.glob("framespool-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}

@@ -1,4 +1,5 @@
 """The cluster fold: latest CellStatus per cell, node patches, breakers, totals."""
+
 from __future__ import annotations
 
 import json
@@ -34,31 +35,68 @@ def test_queue_depths_are_summed_per_tier_and_tenant():
 
 def test_node_and_gpu_state_changes_patch_the_view():
     view = cluster.apply(None, cell_status("cell-0", 1_000, busy=0))
-    down = NodeStateChanged(event_id="n1", ts_ms=1_500, node_id="cell-0-node-1", incarnation=1,
-                            state="DOWN", reason="missed heartbeats")
+    down = NodeStateChanged(
+        event_id="n1",
+        ts_ms=1_500,
+        node_id="cell-0-node-1",
+        incarnation=1,
+        state="DOWN",
+        reason="missed heartbeats",
+    )
     view = cluster.apply(view, down)
     assert cluster.totals(view)["down"] == 8
-    degraded = NodeStateChanged(event_id="n2", ts_ms=1_600, node_id="cell-0-node-0",
-                                incarnation=1, state="degraded", gpu=3, reason="thermal")
+    degraded = NodeStateChanged(
+        event_id="n2",
+        ts_ms=1_600,
+        node_id="cell-0-node-0",
+        incarnation=1,
+        state="degraded",
+        gpu=3,
+        reason="thermal",
+    )
     view = cluster.apply(view, degraded)
-    assert cluster.totals(view) == {"busy": 0, "free": 7, "degraded": 1, "down": 8, "total": 16,
-                                    "nodes": 2}
-    stale = NodeStateChanged(event_id="n0", ts_ms=10, node_id="cell-0-node-0", incarnation=1,
-                             state="DOWN")
+    assert cluster.totals(view) == {
+        "busy": 0,
+        "free": 7,
+        "degraded": 1,
+        "down": 8,
+        "total": 16,
+        "nodes": 2,
+    }
+    stale = NodeStateChanged(
+        event_id="n0", ts_ms=10, node_id="cell-0-node-0", incarnation=1, state="DOWN"
+    )
     assert cluster.apply(view, stale) is view
 
 
 def test_draining_node_counts_free_gpus_as_degraded():
     view = cluster.apply(None, cell_status("cell-0", 1_000, nodes=1, busy=2))
-    view = cluster.apply(view, NodeStateChanged(event_id="d", ts_ms=2_000, node_id="cell-0-node-0",
-                                                incarnation=1, state="DRAINING"))
-    assert cluster.totals(view) == {"busy": 2, "free": 0, "degraded": 6, "down": 0, "total": 8,
-                                    "nodes": 1}
+    view = cluster.apply(
+        view,
+        NodeStateChanged(
+            event_id="d", ts_ms=2_000, node_id="cell-0-node-0", incarnation=1, state="DRAINING"
+        ),
+    )
+    assert cluster.totals(view) == {
+        "busy": 2,
+        "free": 0,
+        "degraded": 6,
+        "down": 0,
+        "total": 8,
+        "nodes": 1,
+    }
 
 
 def test_breakers_keep_the_latest_and_show_expiry():
-    b = BreakerTripped(event_id="b", ts_ms=1_000, model_version="demo:2", scope="gpu_type",
-                       key="A100", until_ms=5_000, reason="3 failures in 10 min")
+    b = BreakerTripped(
+        event_id="b",
+        ts_ms=1_000,
+        model_version="demo:2",
+        scope="gpu_type",
+        key="A100",
+        until_ms=5_000,
+        reason="3 failures in 10 min",
+    )
     view = cluster.apply(None, b)
     doc = cluster.to_dict(view, now_ms=2_000)
     assert doc["breakers"][0]["active"] is True

@@ -1,4 +1,5 @@
 """The projection shell without a broker: records in, store + hub + outbox out."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,9 +22,13 @@ def to_records(events):
 
 
 def all_events():
-    return (lifecycle("j1", runs=2) + lifecycle("j2", outcome="FAILED")
-            + lifecycle("j3", outcome="REJECTED") + [cell_status("cell-0", 9_000)]
-            + lifecycle("j4", callback_url="https://example.com/hook"))
+    return (
+        lifecycle("j1", runs=2)
+        + lifecycle("j2", outcome="FAILED")
+        + lifecycle("j3", outcome="REJECTED")
+        + [cell_status("cell-0", 9_000)]
+        + lifecycle("j4", callback_url="https://example.com/hook")
+    )
 
 
 @pytest.fixture(params=["memory", "rocksdict"])
@@ -31,9 +36,14 @@ def make_store(request, tmp_path):
     made = []
 
     def make(name="views"):
-        s = InMemoryViewStore() if request.param == "memory" else RocksViewStore(str(tmp_path / name))
+        s = (
+            InMemoryViewStore()
+            if request.param == "memory"
+            else RocksViewStore(str(tmp_path / name))
+        )
         made.append(s)
         return s
+
     yield make
     for s in made:
         s.close()
@@ -80,13 +90,14 @@ def test_crash_at_k_then_restart_equals_an_uninterrupted_run(make_store, k):
 
     store = make_store("crashy")
     first = consumer_for(store)
-    for i in range(0, k, 3):                    # several polls, then the process dies
-        asyncio.run(first.handle(records[i:min(i + 3, k)]))
-    restarted = consumer_for(store)             # re-reads from the beginning of the log
+    for i in range(0, k, 3):  # several polls, then the process dies
+        asyncio.run(first.handle(records[i : min(i + 3, k)]))
+    restarted = consumer_for(store)  # re-reads from the beginning of the log
     asyncio.run(restarted.handle(records))
     assert views_of(store) == views_of(reference)
-    assert [d.delivery_id for d in store.pending_deliveries()] == \
-        [d.delivery_id for d in reference.pending_deliveries()]
+    assert [d.delivery_id for d in store.pending_deliveries()] == [
+        d.delivery_id for d in reference.pending_deliveries()
+    ]
 
 
 def test_truncate_and_replay_rebuilds_the_same_views(make_store):
@@ -102,10 +113,15 @@ def test_undecodable_and_unexpected_records_are_dead_lettered_and_skipped(make_s
     store = make_store()
     dlq = RecordingProducer()
     good = to_records(lifecycle("j1"))
-    other = (good[0].partition + 1) % JOB_EVENTS.partitions   # another partition, same poll
+    other = (good[0].partition + 1) % JOB_EVENTS.partitions  # another partition, same poll
     bad = Record(JOB_EVENTS.name, other, 100, b"j1", b"\xc3\x01garbage")
-    tick = Record(JOB_EVENTS.name, other, 101, b"c",
-                  codec.encode(Tick(event_id="t", ts_ms=1, cell="cell-0", now_ms=1)))
+    tick = Record(
+        JOB_EVENTS.name,
+        other,
+        101,
+        b"c",
+        codec.encode(Tick(event_id="t", ts_ms=1, cell="cell-0", now_ms=1)),
+    )
     empty = Record(JOB_EVENTS.name, other, 102, b"j1", None)
     c = consumer_for(store, dead_letter_sender=dlq)
     asyncio.run(c.handle(good[:3] + [bad, tick, empty] + good[3:]))
@@ -139,11 +155,12 @@ def test_changed_views_are_published_and_webhooks_outboxed(make_store):
         c = consumer_for(store, hub=hub, on_deliveries=lambda: woke.append(1))
         await c.handle(to_records(lifecycle("j4", callback_url="https://example.com/hook")))
         return await sub.get(timeout=1)
+
     published = asyncio.run(go())
     assert published.state == COMPLETED
     assert woke
     states = [d.body for d in store.pending_deliveries()]
-    assert len(states) == 4       # QUEUED, ASSIGNED, RUNNING, COMPLETED
+    assert len(states) == 4  # QUEUED, ASSIGNED, RUNNING, COMPLETED
     assert all('"job_id":"j4"' in b for b in states)
 
 
@@ -156,4 +173,5 @@ def test_wait_until_sees_commits():
         await asyncio.sleep(0)
         await c.handle(to_records(lifecycle("j1")))
         await waiter
+
     asyncio.run(go())

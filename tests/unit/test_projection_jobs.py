@@ -1,4 +1,5 @@
 """The job fold: lifecycle, fencing, dedupe, terminal handling, replay properties."""
+
 from __future__ import annotations
 
 import ast
@@ -11,12 +12,35 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framespool.projections import jobs
-from framespool.projections.jobs import (ASSIGNED, CANCELLED, COMPLETED, FAILED, QUEUED, REJECTED, RUNNING,
-                              SUBMITTED, TIMELINE_MAX, apply, entries_after, fold, submitted_view)
+from framespool.projections.jobs import (
+    ASSIGNED,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    SUBMITTED,
+    TIMELINE_MAX,
+    apply,
+    entries_after,
+    fold,
+    submitted_view,
+)
 from framespool.projections.serde import public_job, view_from_dict, view_to_dict
 from framespool.projections.testing import lifecycle, spec
-from framespool.schemas.events import (JobAssigned, JobCancelled, JobCompleted, JobQueued, JobWaitEstimated,
-                            NodeSlice, ReportIgnored, RunProgress, SubmitJob, Tick)
+from framespool.schemas.events import (
+    JobAssigned,
+    JobCancelled,
+    JobCompleted,
+    JobQueued,
+    JobWaitEstimated,
+    NodeSlice,
+    ReportIgnored,
+    RunProgress,
+    SubmitJob,
+    Tick,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,8 +51,13 @@ def test_happy_path_reaches_completed_with_artifact_and_timeline():
     assert view.artifact_uri.endswith("video.mp4")
     assert view.progress == 1.0 and view.run == 1 and view.nodes == ("node-1",)
     assert [e.type for e in view.timeline] == [
-        "JobAdmitted", "JobQueued", "JobWaitEstimated", "JobAssigned", "RunProgress",
-        "JobCompleted"]
+        "JobAdmitted",
+        "JobQueued",
+        "JobWaitEstimated",
+        "JobAssigned",
+        "RunProgress",
+        "JobCompleted",
+    ]
     seqs = [e.seq for e in view.timeline]
     assert seqs == sorted(seqs) and seqs[-1] == view.seq
 
@@ -47,15 +76,15 @@ def test_wait_estimate_and_position_are_shown_while_queued():
     events = lifecycle("j1")
     view = fold(events[:3])
     assert view.state == QUEUED and view.wait_estimate_s == 12.0 and view.position == 1
-    assert fold(events[:4]).wait_estimate_s == -1.0   # assigned: no more waiting
+    assert fold(events[:4]).wait_estimate_s == -1.0  # assigned: no more waiting
 
 
 def test_preempted_and_requeued_show_as_queued_with_reason():
     events = lifecycle("j1", runs=2)
     cut = next(i for i, e in enumerate(events) if type(e).__name__ == "JobPreempted")
-    view = fold(events[:cut + 1])
+    view = fold(events[: cut + 1])
     assert view.state == QUEUED and view.phase == "PREEMPTED" and "preempted" in view.reason
-    view = fold(events[:cut + 2])
+    view = fold(events[: cut + 2])
     assert view.state == QUEUED and view.phase == "REQUEUED"
 
 
@@ -80,23 +109,39 @@ def test_progress_before_assignment_or_for_unknown_job_is_ignored():
     p = RunProgress(event_id="p", ts_ms=1, job_id="nope", run=1, node_id="n", progress=0.5)
     assert apply(None, p) is None
     queued = fold(lifecycle("j1")[:2])
-    after = apply(queued, RunProgress(event_id="p", ts_ms=1, job_id="j1", run=1, node_id="n",
-                                      progress=0.5))
+    after = apply(
+        queued, RunProgress(event_id="p", ts_ms=1, job_id="j1", run=1, node_id="n", progress=0.5)
+    )
     assert after.state == QUEUED and after.ignored == 1 and after.timeline == queued.timeline
 
 
 def test_progress_never_moves_backwards_within_a_run():
     events = lifecycle("j1", progress_steps=3)
     running = fold(events[:7])
-    late = RunProgress(event_id="late", ts_ms=9_999, job_id="j1", run=1, node_id="node-1",
-                       progress=0.1, step=1, total_steps=4)
+    late = RunProgress(
+        event_id="late",
+        ts_ms=9_999,
+        job_id="j1",
+        run=1,
+        node_id="node-1",
+        progress=0.1,
+        step=1,
+        total_steps=4,
+    )
     assert apply(running, late).progress == running.progress
 
 
 def test_events_after_terminal_are_recorded_not_applied():
     done = fold(lifecycle("j1"))
-    late = JobAssigned(event_id="late", ts_ms=99_999, job_id="j1", run=5, gpus=1, estimate_s=1,
-                       placement=(NodeSlice(node_id="n9", gpus=(0,)),))
+    late = JobAssigned(
+        event_id="late",
+        ts_ms=99_999,
+        job_id="j1",
+        run=5,
+        gpus=1,
+        estimate_s=1,
+        placement=(NodeSlice(node_id="n9", gpus=(0,)),),
+    )
     after = apply(done, late)
     assert after.state == COMPLETED and after.run == 1 and after.nodes == ("node-1",)
     assert after.timeline[-1].event_id == "late" and "ignored" in after.timeline[-1].summary
@@ -123,15 +168,17 @@ def test_rejected_without_admission_and_cancel_while_queued():
     rejected = fold(lifecycle("j1", outcome="REJECTED"))
     assert rejected.state == REJECTED and rejected.tenant == "acme" and "quota" in rejected.reason
     events = lifecycle("j2", outcome="COMPLETED")[:2]
-    cancelled = fold(events + [JobCancelled(event_id="c", ts_ms=5_000, job_id="j2",
-                                            reason="cancelled by alice")])
+    cancelled = fold(
+        events + [JobCancelled(event_id="c", ts_ms=5_000, job_id="j2", reason="cancelled by alice")]
+    )
     assert cancelled.state == CANCELLED and cancelled.finished_ms == 5_000
 
 
 def test_report_ignored_is_recorded_on_the_job():
     view = fold(lifecycle("j1")[:4])
-    after = apply(view, ReportIgnored(event_id="ri", ts_ms=5, subject="j1",
-                                      reason="stale incarnation"))
+    after = apply(
+        view, ReportIgnored(event_id="ri", ts_ms=5, subject="j1", reason="stale incarnation")
+    )
     assert after.state == ASSIGNED and "stale incarnation" in after.timeline[-1].summary
 
 
@@ -161,16 +208,20 @@ def test_progress_and_wait_entries_coalesce_but_lifecycle_stays():
     view = fold(events)
     assert sum(1 for e in view.timeline if e.type == "RunProgress") == 1
     assert view.timeline[0].type == "JobAdmitted"
-    waits = [JobWaitEstimated(event_id=f"w{i}", ts_ms=i, job_id="j9", wait_estimate_s=i,
-                              position=1) for i in range(300)]
+    waits = [
+        JobWaitEstimated(event_id=f"w{i}", ts_ms=i, job_id="j9", wait_estimate_s=i, position=1)
+        for i in range(300)
+    ]
     queued = fold([JobQueued(event_id="q", ts_ms=0, job_id="j9", tenant="t", tier="free")] + waits)
     assert len(queued.timeline) == 2 and queued.wait_estimate_s == 299
 
 
 def test_timeline_is_bounded():
     events = [JobQueued(event_id="q", ts_ms=0, job_id="j", tenant="t", tier="free")]
-    events += [ReportIgnored(event_id=f"r{i}", ts_ms=i, subject="j", reason="x")
-               for i in range(TIMELINE_MAX * 2)]
+    events += [
+        ReportIgnored(event_id=f"r{i}", ts_ms=i, subject="j", reason="x")
+        for i in range(TIMELINE_MAX * 2)
+    ]
     view = fold(events)
     assert len(view.timeline) == TIMELINE_MAX and view.timeline[-1].seq == view.seq
 
@@ -201,8 +252,17 @@ def test_spec_fingerprint_ignores_ids_and_time():
 # Purity
 # --------------------------------------------------------------------------
 PURE_MODULES = ("projections/jobs.py", "projections/cluster.py")
-ALLOWED = {"__future__", "dataclasses", "typing", "hashlib", "json", "framespool.schemas.events",
-           "framespool.projections.jobs", "framespool.projections.cluster"}
+ALLOWED = {
+    "__future__",
+    "dataclasses",
+    "typing",
+    "hashlib",
+    "collections.abc",
+    "json",
+    "framespool.schemas.events",
+    "framespool.projections.jobs",
+    "framespool.projections.cluster",
+}
 
 
 def test_pure_folds_import_nothing_that_does_io():
@@ -220,11 +280,14 @@ def test_pure_folds_import_nothing_that_does_io():
 
 
 def test_importing_the_folds_loads_no_io_libraries():
-    code = ("import sys, framespool.projections.jobs, framespool.projections.cluster;"
-            "bad = {'asyncio','aiohttp','rocksdict','confluent_kafka','socket','random','uuid'}"
-            " & set(sys.modules); print(sorted(bad))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, framespool.projections.jobs, framespool.projections.cluster;"
+        "bad = {'asyncio','aiohttp','rocksdict','confluent_kafka','socket','random','uuid'}"
+        " & set(sys.modules); print(sorted(bad))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -239,10 +302,14 @@ def job_streams(draw):
     streams = {}
     for i in range(draw(st.integers(1, 4))):
         outcome = draw(OUTCOMES)
-        events = lifecycle(f"job-{i}", ts0=1_000 * (i + 1), runs=draw(st.integers(1, 3)),
-                           progress_steps=draw(st.integers(0, 4)),
-                           outcome="COMPLETED" if outcome == "RUNNING" else outcome,
-                           callback_url=draw(st.sampled_from([None, "https://example.com/h"])))
+        events = lifecycle(
+            f"job-{i}",
+            ts0=1_000 * (i + 1),
+            runs=draw(st.integers(1, 3)),
+            progress_steps=draw(st.integers(0, 4)),
+            outcome="COMPLETED" if outcome == "RUNNING" else outcome,
+            callback_url=draw(st.sampled_from([None, "https://example.com/h"])),
+        )
         if outcome == "RUNNING":
             events = events[:-1]
         streams[f"job-{i}"] = events
@@ -288,13 +355,14 @@ def test_truncate_and_replay_is_idempotent(data):
     k = data.draw(st.integers(0, len(events)))
     partial = fold_all(events[:k])
     replayed = dict(partial)
-    for e in events:           # the consumer restarted from the beginning of the log
+    for e in events:  # the consumer restarted from the beginning of the log
         job = jobs.job_id_of(e)
         replayed[job] = apply(replayed.get(job), e)
     assert replayed == fold_all(events)
     # and a view that went through the store's JSON form folds on identically
-    through_json = {j: view_from_dict(json.loads(json.dumps(view_to_dict(v))))
-                    for j, v in partial.items()}
+    through_json = {
+        j: view_from_dict(json.loads(json.dumps(view_to_dict(v)))) for j, v in partial.items()
+    }
     for e in events[k:]:
         job = jobs.job_id_of(e)
         through_json[job] = apply(through_json.get(job), e)

@@ -1,4 +1,5 @@
 """One suite, two adapters: the rocksdict store and the in-memory fake."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,8 +8,14 @@ import pytest
 
 from framespool.projections import cluster
 from framespool.projections.jobs import COMPLETED, QUEUED, RUNNING, fold, submitted_view
-from framespool.projections.store import (DELIVERED, PENDING, Batch, Delivery, InMemoryViewStore,
-                               RocksViewStore)
+from framespool.projections.store import (
+    DELIVERED,
+    PENDING,
+    Batch,
+    Delivery,
+    InMemoryViewStore,
+    RocksViewStore,
+)
 from framespool.projections.testing import cell_status, lifecycle, spec
 
 
@@ -36,7 +43,7 @@ def test_commit_writes_views_and_offsets_together(store):
     v = view("j1")
     b = Batch(views={"j1": v})
     b.advance("job-events", 2, 41)
-    b.advance("job-events", 2, 40)   # offsets only move forward
+    b.advance("job-events", 2, 40)  # offsets only move forward
     store.commit(b)
     assert store.get("j1") == v
     assert store.offset("job-events", 2) == 41
@@ -90,13 +97,14 @@ def test_cluster_cells_and_breakers_persist(store):
 
 
 def test_delivery_outbox_is_written_once_and_tracks_status(store):
-    d = Delivery(delivery_id="e1", job_id="j1", tenant="acme", url="https://x/h", body="{}",
-                 created_ms=1)
+    d = Delivery(
+        delivery_id="e1", job_id="j1", tenant="acme", url="https://x/h", body="{}", created_ms=1
+    )
     store.commit(Batch(deliveries=[d]))
     assert [p.delivery_id for p in store.pending_deliveries()] == ["e1"]
     store.put_delivery(replace(d, status=DELIVERED, attempts=1))
     assert store.pending_deliveries() == []
-    store.commit(Batch(deliveries=[d]))     # a replay must not re-arm a delivered webhook
+    store.commit(Batch(deliveries=[d]))  # a replay must not re-arm a delivered webhook
     assert store.get_delivery("e1").status == DELIVERED
     store.put_delivery(replace(d, delivery_id="e2", status=PENDING, attempts=2))
     assert [p.attempts for p in store.pending_deliveries()] == [2]

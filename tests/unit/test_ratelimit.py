@@ -1,4 +1,5 @@
 """Per-tenant token buckets: the pure limiter, and the API's 429 with Retry-After."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,10 +25,10 @@ def test_burst_then_refusals_then_refill():
     limiter = RateLimiter(RateLimit(rate_per_s=2.0, burst=3))
     assert [limiter.take("acme", 0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
     assert limiter.take("acme", 0.0) == pytest.approx(0.5)
-    assert limiter.take("acme", 0.25) == pytest.approx(0.25)   # half a token back
-    assert limiter.take("acme", 0.5) == 0.0                    # a whole one: through
+    assert limiter.take("acme", 0.25) == pytest.approx(0.25)  # half a token back
+    assert limiter.take("acme", 0.5) == 0.0  # a whole one: through
     assert limiter.refused == 2
-    assert limiter.take("globex", 0.5) == 0.0                  # buckets are per tenant
+    assert limiter.take("globex", 0.5) == 0.0  # buckets are per tenant
 
 
 def test_refill_is_capped_at_burst_and_a_clock_step_back_refills_nothing():
@@ -36,12 +37,13 @@ def test_refill_is_capped_at_burst_and_a_clock_step_back_refills_nothing():
     limiter.take("acme", 1000.0)
     assert limiter.tokens("acme") == pytest.approx(1.0)
     limiter.take("acme", 1000.0)
-    assert limiter.take("acme", 999.0) > 0                      # went backwards: still empty
+    assert limiter.take("acme", 999.0) > 0  # went backwards: still empty
 
 
 def test_disabled_and_per_tenant_overrides():
-    limiter = RateLimiter(RateLimit(rate_per_s=0, burst=0),
-                          {"hobby": RateLimit(rate_per_s=1.0, burst=1)})
+    limiter = RateLimiter(
+        RateLimit(rate_per_s=0, burst=0), {"hobby": RateLimit(rate_per_s=1.0, burst=1)}
+    )
     assert all(limiter.take("acme", 0.0) == 0.0 for _ in range(10_000))
     assert limiter.take("hobby", 0.0) == 0.0 and limiter.take("hobby", 0.0) > 0
     with pytest.raises(ValueError):
@@ -54,8 +56,11 @@ def test_default_is_generous_enough_for_the_bench():
 
 
 @settings(max_examples=200, deadline=None)
-@given(rate=st.floats(0.5, 1000), burst=st.integers(1, 50),
-       gaps=st.lists(st.floats(0, 2), min_size=1, max_size=200))
+@given(
+    rate=st.floats(0.5, 1000),
+    burst=st.integers(1, 50),
+    gaps=st.lists(st.floats(0, 2), min_size=1, max_size=200),
+)
 def test_admitted_never_exceeds_burst_plus_rate_times_elapsed(rate, burst, gaps):
     limiter = RateLimiter(RateLimit(rate_per_s=rate, burst=burst))
     now, admitted = 0.0, 0
@@ -81,11 +86,17 @@ def test_api_answers_429_with_retry_after_per_tenant():
     now = [100.0]
 
     async def go():
-        keys = ApiKeys([record_for(ALICE, "acme", "alice"), record_for(BOB, "globex", "bob")],
-                       {"acme": TenantPolicy(("free",))})
-        config = ApiConfig(auth=keys, store=InMemoryViewStore(), producer=RecordingProducer(),
-                           rate_limit=RateLimit(rate_per_s=0.5, burst=2),
-                           monotonic=lambda: now[0])
+        keys = ApiKeys(
+            [record_for(ALICE, "acme", "alice"), record_for(BOB, "globex", "bob")],
+            {"acme": TenantPolicy(("free",))},
+        )
+        config = ApiConfig(
+            auth=keys,
+            store=InMemoryViewStore(),
+            producer=RecordingProducer(),
+            rate_limit=RateLimit(rate_per_s=0.5, burst=2),
+            monotonic=lambda: now[0],
+        )
         async with TestClient(TestServer(make_app(config))) as client:
             alice = {"Authorization": f"Bearer {ALICE}"}
             assert (await client.post("/v1/jobs", json=BODY, headers=alice)).status == 202
@@ -95,7 +106,7 @@ def test_api_answers_429_with_retry_after_per_tenant():
             assert refused.headers["Retry-After"] == "2"
             err = (await refused.json())["error"]
             assert err["code"] == "rate_limited" and "0.5 requests/s" in err["message"]
-            assert len(config.producer.on(COMMANDS.name)) == 1          # nothing written
+            assert len(config.producer.on(COMMANDS.name)) == 1  # nothing written
             # another tenant is unaffected; unauthenticated requests are 401, not 429
             assert (await client.get("/v1/jobs", headers={"X-API-Key": BOB})).status == 200
             assert (await client.get("/v1/jobs")).status == 401
@@ -103,4 +114,5 @@ def test_api_answers_429_with_retry_after_per_tenant():
             assert (await client.get("/v1/jobs", headers=alice)).status == 200
             metrics = await (await client.get("/metrics")).text()
             assert 'framespool_api_rate_limited_total{tenant="acme"} 1.0' in metrics
+
     asyncio.run(go())

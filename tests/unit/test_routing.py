@@ -1,4 +1,5 @@
 """Where outputs go, and what becomes a dead letter (pure; no broker)."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,15 @@ from framespool.processors.app import topics_with_suffix
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.admission import CellCommand
 from framespool.processors.routing import (
-    NO_VALUE, UNEXPECTED_TYPE, WRONG_PARTITION, RoutingError, cell_destination, decode_input,
-    destinations, encode_outputs, route,
+    NO_VALUE,
+    UNEXPECTED_TYPE,
+    WRONG_PARTITION,
+    RoutingError,
+    cell_destination,
+    decode_input,
+    destinations,
+    encode_outputs,
+    route,
 )
 from framespool.processors.scheduler import SCHEDULER_INPUTS, SchedulerFold
 from framespool.producers.log import Record, partition_for_key
@@ -19,33 +27,55 @@ from framespool.schemas import topics as catalogue
 SPEC = ev.JobSpec(job_id="job-1", tenant="acme")
 
 
-def record(value, partition=0, offset=5, key=b"cell-0", topic=catalogue.SCHEDULER.name,
-           headers=()) -> Record:
+def record(
+    value, partition=0, offset=5, key=b"cell-0", topic=catalogue.SCHEDULER.name, headers=()
+) -> Record:
     return Record(topic, partition, offset, key, value, tuple(headers))
 
 
 def test_agent_commands_go_to_the_nodes_assignment_partition():
-    start = ev.StartRun(event_id="e", ts_ms=0, node_id="node-17", incarnation=1, run=1, spec=SPEC,
-                        gpus=(0,), placement=(), estimate_s=1.0)
+    start = ev.StartRun(
+        event_id="e",
+        ts_ms=0,
+        node_id="node-17",
+        incarnation=1,
+        run=1,
+        spec=SPEC,
+        gpus=(0,),
+        placement=(),
+        estimate_s=1.0,
+    )
     stop = ev.StopRun(event_id="e", ts_ms=0, node_id="node-17", incarnation=1, job_id="j", run=1)
-    checkpoint = ev.CheckpointRun(event_id="e", ts_ms=0, node_id="node-17", incarnation=1,
-                                  job_id="j", run=1)
+    checkpoint = ev.CheckpointRun(
+        event_id="e", ts_ms=0, node_id="node-17", incarnation=1, job_id="j", run=1
+    )
     for output in (start, stop, checkpoint):
         d = route(output)
         assert (d.topic, d.key) == (catalogue.ASSIGNMENTS.name, "node-17")
         assert d.partition == partition_for_key("node-17", catalogue.ASSIGNMENTS.partitions)
 
 
-@pytest.mark.parametrize("output, key", [
-    (ev.JobAssigned(event_id="e", ts_ms=0, job_id="job-9", run=1, placement=(), gpus=1,
-                    estimate_s=1.0), "job-9"),
-    (ev.JobQueued(event_id="e", ts_ms=0, job_id="job-9", tenant="t", tier="free"), "job-9"),
-    (ev.NodeStateChanged(event_id="e", ts_ms=0, node_id="n3", incarnation=1, state="UP"), "n3"),
-    (ev.CellStatus(event_id="e", ts_ms=0, cell="cell-2"), "cell-2"),
-    (ev.ReportIgnored(event_id="e", ts_ms=0, subject="job-9#2", reason="stale"), "job-9#2"),
-    (ev.BreakerTripped(event_id="e", ts_ms=0, model_version="m:1", scope="node", key="n3",
-                       until_ms=5), "n3"),
-])
+@pytest.mark.parametrize(
+    "output, key",
+    [
+        (
+            ev.JobAssigned(
+                event_id="e", ts_ms=0, job_id="job-9", run=1, placement=(), gpus=1, estimate_s=1.0
+            ),
+            "job-9",
+        ),
+        (ev.JobQueued(event_id="e", ts_ms=0, job_id="job-9", tenant="t", tier="free"), "job-9"),
+        (ev.NodeStateChanged(event_id="e", ts_ms=0, node_id="n3", incarnation=1, state="UP"), "n3"),
+        (ev.CellStatus(event_id="e", ts_ms=0, cell="cell-2"), "cell-2"),
+        (ev.ReportIgnored(event_id="e", ts_ms=0, subject="job-9#2", reason="stale"), "job-9#2"),
+        (
+            ev.BreakerTripped(
+                event_id="e", ts_ms=0, model_version="m:1", scope="node", key="n3", until_ms=5
+            ),
+            "n3",
+        ),
+    ],
+)
 def test_job_events_are_keyed_by_their_subject(output, key):
     d = route(output)
     assert (d.topic, d.key) == (catalogue.JOB_EVENTS.name, key)
@@ -55,7 +85,11 @@ def test_job_events_are_keyed_by_their_subject(output, key):
 def test_job_admitted_goes_to_its_cell_and_to_job_events():
     admitted = ev.JobAdmitted(event_id="e", ts_ms=0, spec=SPEC, cell="cell-3")
     to_cell, to_events = destinations(admitted)
-    assert (to_cell.topic, to_cell.key, to_cell.partition) == (catalogue.SCHEDULER.name, "cell-3", 3)
+    assert (to_cell.topic, to_cell.key, to_cell.partition) == (
+        catalogue.SCHEDULER.name,
+        "cell-3",
+        3,
+    )
     assert (to_events.topic, to_events.key) == (catalogue.JOB_EVENTS.name, "job-1")
     with pytest.raises(RoutingError):
         route(admitted)  # not a cell output
@@ -97,11 +131,16 @@ def test_every_output_of_a_simulated_workload_has_a_route():
 
 
 def test_undecodable_records_become_dead_letters_with_their_key_and_a_reason():
-    event, dl = decode_input(record(b"garbage", key=b"k1", headers=[("h", b"v")]),
-                             SCHEDULER_INPUTS, "scheduler")
+    event, dl = decode_input(
+        record(b"garbage", key=b"k1", headers=[("h", b"v")]), SCHEDULER_INPUTS, "scheduler"
+    )
     assert event is None
-    assert (dl.topic, dl.key, dl.value, dl.partition) == \
-        (catalogue.DEAD_LETTER.name, b"k1", b"garbage", None)
+    assert (dl.topic, dl.key, dl.value, dl.partition) == (
+        catalogue.DEAD_LETTER.name,
+        b"k1",
+        b"garbage",
+        None,
+    )
     headers = dict(dl.headers)
     assert headers["reason"] == b"bad_magic" and headers["h"] == b"v"
     assert (headers["source_partition"], headers["source_offset"]) == (b"0", b"5")
@@ -133,7 +172,8 @@ def test_scheduler_fold_dead_letters_an_event_for_another_cell():
 def test_scheduler_fold_ids_come_from_the_input_position():
     fold = SchedulerFold(CellConfig())
     cell = fold.new_state(2)
-    reg = ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n1", incarnation=1, cell="cell-2",
-                            gpus=8)
+    reg = ev.NodeRegistered(
+        event_id="r", ts_ms=0, node_id="n1", incarnation=1, cell="cell-2", gpus=8
+    )
     outs = fold.step(cell, record(codec.encode(reg), partition=2, offset=41, key=b"cell-2"))
     assert outs and all(o.event.event_id.startswith("cell-2@41/") for o in outs)

@@ -4,6 +4,7 @@ For every class in ``EVENT_TYPES`` and ``NESTED_TYPES`` its ``schemas/avro/<Name
 has the same fields, in the same order, with the mapped types and the same
 defaults; and every ``.avsc`` has its class.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -103,7 +104,8 @@ def test_fields_match_dataclass(cls):
         else:
             assert "default" in avro_field, f"{where}: Python default {py!r} missing in .avsc"
             assert same_default(py, avro_field["default"]), (
-                f"{where}: Python default {py!r} != Avro default {avro_field['default']!r}")
+                f"{where}: Python default {py!r} != Avro default {avro_field['default']!r}"
+            )
 
 
 @pytest.mark.parametrize("cls", ALL_TYPES, ids=lambda c: c.__name__)
@@ -111,7 +113,8 @@ def test_optional_fields_default_to_null(cls):
     for f in load(cls.__name__)["fields"]:
         if isinstance(f["type"], list):
             assert f["type"][0] == "null" and f.get("default", NO_DEFAULT) is None, (
-                f"{cls.__name__}.{f['name']}: a union is [\"null\", X] with default null")
+                f"{cls.__name__}.{f['name']}: a union is [\"null\", X] with default null"
+            )
 
 
 @pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)
@@ -126,4 +129,5 @@ def test_codec_schema_is_the_file_with_named_types_inlined(cls):
     assert standalone["name"] == f"framespool.{cls.__name__}"
     assert [f["name"] for f in standalone["fields"]] == [f["name"] for f in raw["fields"]]
     assert [f.get("default", NO_DEFAULT) for f in standalone["fields"]] == [
-        f.get("default", NO_DEFAULT) for f in raw["fields"]]
+        f.get("default", NO_DEFAULT) for f in raw["fields"]
+    ]

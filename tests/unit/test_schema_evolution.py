@@ -10,6 +10,7 @@ Changing an event schema (or a nested record it uses):
 2. give every new field a default;
 3. add the new fingerprint to ``PUBLISHED`` below; never remove one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -132,8 +133,15 @@ def sample(node: Any, types: dict[str, dict]) -> Any:
         return [sample(node["items"], types)]
     if kind == "map":
         return {"k": sample(node["values"], types)}
-    return {"string": "v", "long": 7, "int": 7, "double": 2.5, "float": 2.5,
-            "boolean": True, "bytes": b"v"}[kind]
+    return {
+        "string": "v",
+        "long": 7,
+        "int": 7,
+        "double": 2.5,
+        "float": 2.5,
+        "boolean": True,
+        "bytes": b"v",
+    }[kind]
 
 
 def plain(value: Any) -> Any:
@@ -147,8 +155,9 @@ def plain(value: Any) -> Any:
     return value
 
 
-def assert_resolved(decoded: Any, written: Any, reader: Any, types: dict[str, dict],
-                    path: str) -> None:
+def assert_resolved(
+    decoded: Any, written: Any, reader: Any, types: dict[str, dict], path: str
+) -> None:
     """Fields the writer had keep their values; the others hold the reader's default."""
     reader = deref(reader, types)
     if isinstance(reader, list):
@@ -226,28 +235,60 @@ def test_old_message_decodes_into_the_current_dataclass(path):
 
 def test_submit_job_v1_gets_the_new_job_spec_defaults():
     writer = load(HISTORY_DIR / "SubmitJob.v1.avsc")
-    datum = {"event_id": "e-1", "ts_ms": 10, "idempotency_key": "k-1",
-             "spec": {"job_id": "job-1", "tenant": "acme", "tier": "paid", "gpus": 8,
-                      "gpus_per_node": 8, "estimate_s": 300.0, "params": {"seed": "3"},
-                      "preemptible": True, "submitted_ms": 9}}
+    datum = {
+        "event_id": "e-1",
+        "ts_ms": 10,
+        "idempotency_key": "k-1",
+        "spec": {
+            "job_id": "job-1",
+            "tenant": "acme",
+            "tier": "paid",
+            "gpus": 8,
+            "gpus_per_node": 8,
+            "estimate_s": 300.0,
+            "params": {"seed": "3"},
+            "preemptible": True,
+            "submitted_ms": 9,
+        },
+    }
     event = codec.decode(frame(writer, datum))
     assert event == ev.SubmitJob(
-        event_id="e-1", ts_ms=10, idempotency_key="k-1",
-        spec=ev.JobSpec(job_id="job-1", tenant="acme", tier="paid", gpus=8, gpus_per_node=8,
-                        estimate_s=300.0, params={"seed": "3"}, preemptible=True,
-                        submitted_ms=9))
+        event_id="e-1",
+        ts_ms=10,
+        idempotency_key="k-1",
+        spec=ev.JobSpec(
+            job_id="job-1",
+            tenant="acme",
+            tier="paid",
+            gpus=8,
+            gpus_per_node=8,
+            estimate_s=300.0,
+            params={"seed": "3"},
+            preemptible=True,
+            submitted_ms=9,
+        ),
+    )
     assert event.spec.shapes == () and event.spec.gpu_type == ""
     assert event.spec.callback_url is None
 
 
 def test_node_heartbeat_v1_reports_no_runs():
     writer = load(HISTORY_DIR / "NodeHeartbeat.v1.avsc")
-    datum = {"event_id": "h-1", "ts_ms": 3, "node_id": "node-4", "incarnation": 2,
-             "gpus": [{"index": 0, "temperature_c": 81.5, "ecc_uncorrected": 1}]}
+    datum = {
+        "event_id": "h-1",
+        "ts_ms": 3,
+        "node_id": "node-4",
+        "incarnation": 2,
+        "gpus": [{"index": 0, "temperature_c": 81.5, "ecc_uncorrected": 1}],
+    }
     event = codec.decode(frame(writer, datum))
     assert event == ev.NodeHeartbeat(
-        event_id="h-1", ts_ms=3, node_id="node-4", incarnation=2,
-        gpus=(ev.GpuHealth(index=0, temperature_c=81.5, ecc_uncorrected=1),))
+        event_id="h-1",
+        ts_ms=3,
+        node_id="node-4",
+        incarnation=2,
+        gpus=(ev.GpuHealth(index=0, temperature_c=81.5, ecc_uncorrected=1),),
+    )
     assert event.runs == ()
 
 
@@ -261,8 +302,10 @@ def test_a_field_added_without_default_is_caught():
     spec = next(f for f in reader["fields"] if f["name"] == "spec")
     spec["type"]["fields"].append({"name": "region", "type": "string"})
     reader["fields"].append({"name": "priority", "type": "long"})
-    assert missing_defaults(writer, reader) == ["framespool.JobSpec.region",
-                                                "framespool.SubmitJob.priority"]
+    assert missing_defaults(writer, reader) == [
+        "framespool.JobSpec.region",
+        "framespool.SubmitJob.priority",
+    ]
     body = frame(writer, sample(writer, named_types(writer)))[10:]
     with pytest.raises(SchemaResolutionError):
         schemaless_reader(io.BytesIO(body), parse_schema(writer), parse_schema(reader))
@@ -277,10 +320,13 @@ def test_the_same_change_with_defaults_passes():
 
 def test_every_published_fingerprint_is_still_readable():
     registered = codec.registered()
-    lost = {fp: name for fp, name in PUBLISHED.items()
-            if registered.get(fp, "").split(".")[0] != name}
-    assert not lost, (f"messages with these fingerprints would become unreadable: {lost}; "
-                      f"restore the old schema as schemas/avro/history/<Name>.v<N>.avsc")
+    lost = {
+        fp: name for fp, name in PUBLISHED.items() if registered.get(fp, "").split(".")[0] != name
+    }
+    assert not lost, (
+        f"messages with these fingerprints would become unreadable: {lost}; "
+        f"restore the old schema as schemas/avro/history/<Name>.v<N>.avsc"
+    )
 
 
 @pytest.mark.parametrize("cls", ev.EVENT_TYPES, ids=lambda c: c.__name__)
@@ -289,4 +335,5 @@ def test_every_current_fingerprint_is_published(cls):
     assert PUBLISHED.get(fp) == cls.__name__, (
         f"{cls.__name__} has the new fingerprint {fp}. If it changed, first save the old "
         f"schema under schemas/avro/history/ (see this module's docstring); then add "
-        f"{fp}: {cls.__name__!r} to PUBLISHED")
+        f"{fp}: {cls.__name__!r} to PUBLISHED"
+    )

@@ -1,4 +1,5 @@
 """The snapshot store and the per-partition commit protocol (rocksdict on a temp dir, no broker)."""
+
 from __future__ import annotations
 
 import os
@@ -34,11 +35,16 @@ class ListFold:
         if record.value == b"boom":
             raise RuntimeError("boom")
         state.append(record.value)
-        return [Outgoing("out", record.key, None, record.value, event=f"{record.partition}@{record.offset}")]
+        return [
+            Outgoing(
+                "out", record.key, None, record.value, event=f"{record.partition}@{record.offset}"
+            )
+        ]
 
     def dead_letter(self, record: Record, reason: str, detail: str) -> Outgoing:
-        return Outgoing("dlq", record.key, None, record.value, (("reason", reason.encode()),),
-                        reason=reason)
+        return Outgoing(
+            "dlq", record.key, None, record.value, (("reason", reason.encode()),), reason=reason
+        )
 
 
 def records(partition: int, start: int, values: list[bytes]) -> list[Record]:
@@ -102,7 +108,7 @@ class RecordingDb:
 def test_state_and_offsets_of_a_save_go_in_one_write_batch(store: SnapshotStore):
     recorder = store._db = RecordingDb(store._db)
     store.save({0: ("s0", 4), 1: ("s1", 9)})
-    assert recorder.calls == ["write(4)"]   # two partitions x (state, offset), one batch
+    assert recorder.calls == ["write(4)"]  # two partitions x (state, offset), one batch
     store._db = recorder.db
 
 
@@ -123,8 +129,11 @@ def test_state_and_offset_agree_after_a_crash_mid_write(tmp_path: Path):
     """SIGKILL a process that rewrites (state, offset) in a loop; whatever survived agrees."""
     path = tmp_path / "crash"
     for attempt in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, str(path)],
-                                stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CRASH_WRITER, str(path)],
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).parents[2],
+        )
         try:
             assert proc.stdout.readline().strip() == b"ready"
             time.sleep(0.2 + 0.1 * attempt)
@@ -168,7 +177,7 @@ def test_input_at_or_below_the_snapshot_offset_is_a_no_op(store):
 
 def test_input_below_the_committed_offset_is_folded_without_re_sending(store):
     proc = StatefulProcessor(ListFold(), store, TOPIC)
-    assert proc.assign(1, committed=2) == 0   # no snapshot here, but the group got to 2
+    assert proc.assign(1, committed=2) == 0  # no snapshot here, but the group got to 2
     batch = proc.fold(records(1, 0, [b"a", b"b", b"c", b"d"]))
     assert [o.value for o in batch.outgoing] == [b"c", b"d"]
     assert batch.quiet == 2
@@ -189,16 +198,20 @@ def test_a_fold_error_dead_letters_the_record_and_processing_continues(store):
     proc = StatefulProcessor(ListFold(), store, TOPIC)
     proc.assign(0)
     batch = proc.fold(records(0, 0, [b"a", b"boom", b"c"]))
-    assert [(o.topic, o.value) for o in batch.outgoing] == [("out", b"a"), ("dlq", b"boom"),
-                                                           ("out", b"c")]
+    assert [(o.topic, o.value) for o in batch.outgoing] == [
+        ("out", b"a"),
+        ("dlq", b"boom"),
+        ("out", b"c"),
+    ]
     assert batch.dead_letters == 1
     assert proc.offset(0) == 2
 
 
 def test_snapshots_are_throttled_by_interval_but_forced_on_revoke(store):
     now = [100.0]
-    proc = StatefulProcessor(ListFold(), store, TOPIC, snapshot_interval_s=5.0,
-                             clock=lambda: now[0])
+    proc = StatefulProcessor(
+        ListFold(), store, TOPIC, snapshot_interval_s=5.0, clock=lambda: now[0]
+    )
     proc.assign(0)
     proc.fold(records(0, 0, [b"a"]))
     assert proc.snapshot() == 0 and store.load(0) is None
@@ -233,7 +246,7 @@ class FakeConsumer:
         self._committed = committed or {}
         self.callbacks = None
 
-    def __call__(self, *args, **kwargs):   # the factory
+    def __call__(self, *args, **kwargs):  # the factory
         return self
 
     def partitions_of(self, topic):
@@ -246,6 +259,7 @@ class FakeConsumer:
         if self.callbacks and "assigned" not in self.journal:
             self.journal.append("assigned")
             from confluent_kafka import TopicPartition
+
             self.callbacks[0]([TopicPartition(TOPIC, 0)])
         if not self.polls:
             self.stop.set()
@@ -263,6 +277,7 @@ class FakeConsumer:
 
     def close(self):
         from confluent_kafka import TopicPartition
+
         self.callbacks[1]([TopicPartition(TOPIC, 0)])
         self.journal.append("closed")
 
@@ -280,6 +295,7 @@ class FakeProducer:
     def flush(self, timeout=None):
         if self.fail_flush:
             from framespool.producers.log import LogError
+
             raise LogError("broker gone")
         self.journal.append("flush")
 
@@ -305,10 +321,14 @@ def run_fake(tmp_path, polls, fail_flush=False, committed=None):
 
     journal, stop = Journal(), threading.Event()
     store = JournalStore(tmp_path / "j", journal)
-    runner = ProcessorRunner(StatefulProcessor(ListFold(), store, TOPIC), "fake:9092", "g",
-                             input_topic=Topic(TOPIC, 1, "x"),
-                             consumer_factory=FakeConsumer(journal, polls, stop, committed),
-                             producer_factory=FakeProducer(journal, fail_flush))
+    runner = ProcessorRunner(
+        StatefulProcessor(ListFold(), store, TOPIC),
+        "fake:9092",
+        "g",
+        input_topic=Topic(TOPIC, 1, "x"),
+        consumer_factory=FakeConsumer(journal, polls, stop, committed),
+        producer_factory=FakeProducer(journal, fail_flush),
+    )
     try:
         runner.run(stop)
         return journal, store.load(0), None
@@ -319,13 +339,25 @@ def run_fake(tmp_path, polls, fail_flush=False, committed=None):
 
 
 def test_each_batch_is_produced_then_snapshotted_then_committed(tmp_path):
-    journal, snapshot, error = run_fake(tmp_path, [records(0, 0, [b"a", b"b"]),
-                                                   records(0, 2, [b"c"])])
+    journal, snapshot, error = run_fake(
+        tmp_path, [records(0, 0, [b"a", b"b"]), records(0, 2, [b"c"])]
+    )
     assert error is None
-    assert journal == ["assigned", "seek {0: 0}",
-                       "produce a", "produce b", "flush", "snapshot 1", "commit 2",
-                       "produce c", "flush", "snapshot 2", "commit 3",
-                       "closed", "producer closed"]
+    assert journal == [
+        "assigned",
+        "seek {0: 0}",
+        "produce a",
+        "produce b",
+        "flush",
+        "snapshot 1",
+        "commit 2",
+        "produce c",
+        "flush",
+        "snapshot 2",
+        "commit 3",
+        "closed",
+        "producer closed",
+    ]
     assert snapshot == ([b"a", b"b", b"c"], 2)
 
 
@@ -335,11 +367,10 @@ def test_a_failed_delivery_is_fatal_and_never_snapshotted_or_committed(tmp_path)
     journal, snapshot, error = run_fake(tmp_path, [records(0, 0, [b"a"])], fail_flush=True)
     assert isinstance(error, ProcessorFailed) and "broker gone" in str(error)
     assert not [j for j in journal if j.startswith(("snapshot", "commit"))], journal
-    assert snapshot is None   # leaving the group (revoke) did not save the undelivered state
+    assert snapshot is None  # leaving the group (revoke) did not save the undelivered state
 
 
 def test_inputs_below_the_committed_offset_are_not_re_sent(tmp_path):
-    journal, snapshot, _ = run_fake(tmp_path, [records(0, 0, [b"a", b"b", b"c"])],
-                                    committed={0: 2})
+    journal, snapshot, _ = run_fake(tmp_path, [records(0, 0, [b"a", b"b", b"c"])], committed={0: 2})
     assert [j for j in journal if j.startswith("produce ")] == ["produce c"]
     assert snapshot == ([b"a", b"b", b"c"], 2)

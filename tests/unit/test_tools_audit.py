@@ -1,4 +1,5 @@
 """audit: a job's timeline, and the cell's answer to "why is it still waiting?"."""
+
 from __future__ import annotations
 
 from framespool.processors.core import CellConfig, TenantConfig
@@ -56,7 +57,7 @@ def test_a_waiting_gang_is_told_it_holds_the_reservation_and_when_it_starts():
     (shape,) = x["shapes"]
     assert shape["nodes_needed"] == 2 and not shape["fits_now"]
     assert shape["nodes_with_room"] == 0 and shape["eligible_nodes"] == 0
-    assert 55 <= shape["earliest_start_in_s"] <= 60       # when a and b are projected to end
+    assert 55 <= shape["earliest_start_in_s"] <= 60  # when a and b are projected to end
     assert x["reservation"]["holder"] == "gang"
     assert x["fair_share"]["position_in_queue"] == 1
     assert [lv["level"] for lv in x["fair_share"]["levels"]] == ["user", "organisation", "tier"]
@@ -71,28 +72,36 @@ def test_a_long_job_may_not_backfill_onto_reserved_nodes_a_short_one_may():
     assert "short" not in cell.jobs or cell.jobs["short"].state != "QUEUED"
     x = explain_wait(cell, "long")
     assert codes(x)[0] == "reservation"
-    assert "gang holds" in x["blockers"][0]["detail"] and "EASY backfill" in \
-        x["blockers"][0]["detail"]
+    assert (
+        "gang holds" in x["blockers"][0]["detail"] and "EASY backfill" in x["blockers"][0]["detail"]
+    )
     (shape,) = x["shapes"]
     assert shape["fits_ignoring_reservation"] and not shape["fits_now"]
     assert shape["excluded"] == {"reserved for the reservation holder": 1}
 
 
 def test_a_quota_cap_is_named_with_its_numbers():
-    config = CellConfig(status_interval_s=0, estimate_interval_s=0,
-                        tenants=(TenantConfig("acme", max_gpus=8),))
+    config = CellConfig(
+        status_interval_s=0, estimate_interval_s=0, tenants=(TenantConfig("acme", max_gpus=8),)
+    )
     log = busy_cell(config)
     log.admit("capped", gpus=1)
     x = explain_wait(log.refold.cell, "capped")
     assert codes(x)[0] == "quota_org"
     assert "acme uses 8 GPUs (max 8)" in x["blockers"][0]["detail"]
-    assert x["quota"]["org"] == {"name": "acme", "gpus": 8, "max_gpus": 8, "running": 1,
-                                 "max_running": 0}
+    assert x["quota"]["org"] == {
+        "name": "acme",
+        "gpus": 8,
+        "max_gpus": 8,
+        "running": 1,
+        "max_running": 0,
+    }
 
 
 def test_a_job_that_fits_now_waits_only_for_the_next_pass():
-    config = CellConfig(status_interval_s=0, estimate_interval_s=0,
-                        tenants=(TenantConfig("acme", max_running=1),))
+    config = CellConfig(
+        status_interval_s=0, estimate_interval_s=0, tenants=(TenantConfig("acme", max_running=1),)
+    )
     log = CellLog(config)
     log.tick()
     log.register("n0")
@@ -101,7 +110,7 @@ def test_a_job_that_fits_now_waits_only_for_the_next_pass():
     log.tick()
     log.start_all()
     assert codes(explain_wait(log.refold.cell, "second")) == ["quota_org"]
-    log.complete("first")           # released, but the next pass runs on the next Tick
+    log.complete("first")  # released, but the next pass runs on the next Tick
     x = explain_wait(log.refold.cell, "second")
     assert codes(x) == ["next_pass"] and x["shapes"][0]["fits_now"]
 
@@ -109,8 +118,11 @@ def test_a_job_that_fits_now_waits_only_for_the_next_pass():
 def test_a_running_job_reports_its_run_and_an_unknown_job_nothing():
     log = busy_cell()
     x = explain_wait(log.refold.cell, "a")
-    assert not x["waiting"] and x["run"]["phase"] == "running" and x["run"]["held"] == {
-        "n0": list(range(8))}
+    assert (
+        not x["waiting"]
+        and x["run"]["phase"] == "running"
+        and x["run"]["held"] == {"n0": list(range(8))}
+    )
     assert explain_wait(log.refold.cell, "nope")["state"] == "UNKNOWN"
 
 

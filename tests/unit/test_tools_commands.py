@@ -1,4 +1,5 @@
 """The replay/audit/verify commands: argument handling and exit statuses (log reads faked)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ from tests.unit.test_tools_support import clean_history, record
 
 @pytest.fixture
 def main(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "COMMANDS", tuple(dict.fromkeys(
-        (*cli.COMMANDS, "replay", "audit", "verify"))))
+    monkeypatch.setattr(
+        cli, "COMMANDS", tuple(dict.fromkeys((*cli.COMMANDS, "replay", "audit", "verify")))
+    )
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
 
     def run(*argv: str) -> tuple[int, str, str]:
@@ -63,8 +65,14 @@ def test_verify_exits_one_naming_a_forged_terminal(main, fake_log):
 
 def test_replay_exits_one_on_divergence_and_reads_only_the_asked_cell(main, fake_log):
     contents, calls = fake_log
-    contents.job_events.append(record(catalogue.JOB_EVENTS.name, 0, 999, ev.JobCompleted(
-        event_id="cell-0@2/5", ts_ms=1, job_id="zzz", run=1)))
+    contents.job_events.append(
+        record(
+            catalogue.JOB_EVENTS.name,
+            0,
+            999,
+            ev.JobCompleted(event_id="cell-0@2/5", ts_ms=1, job_id="zzz", run=1),
+        )
+    )
     status, out, _ = main("replay", "--bootstrap", "b:1", "--cell", "cell-0", "--until", "20")
     assert status == 1 and "unexpected output at cell-0@2 output #5" in out
     assert calls[-1][1]["cells"] == [0] and calls[-1][1]["commands"] is False
@@ -77,12 +85,15 @@ def test_audit_prints_a_timeline_and_refuses_an_unknown_job(main, fake_log):
     assert status == 2 and "does not appear in the log" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("replay", "--bootstrap", "b:1", "--cell", "east"), "--cell"),
-    (("replay", "--bootstrap", "b:1", "--cell", "cell-9"), "cell-0 to cell-3"),
-    (("replay", "--bootstrap", "b:1", "--until", "yesterday"), "ISO-8601"),
-    (("verify", "--bootstrap", "b:1", "--config", "/nonexistent.toml"), "cannot read config"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("replay", "--bootstrap", "b:1", "--cell", "east"), "--cell"),
+        (("replay", "--bootstrap", "b:1", "--cell", "cell-9"), "cell-0 to cell-3"),
+        (("replay", "--bootstrap", "b:1", "--until", "yesterday"), "ISO-8601"),
+        (("verify", "--bootstrap", "b:1", "--config", "/nonexistent.toml"), "cannot read config"),
+    ],
+)
 def test_usage_errors_exit_two_and_say_what_to_change(main, fake_log, argv, message):
     status, _, err = main(*argv)
     assert status == 2 and message in err
@@ -98,6 +109,6 @@ def test_the_bootstrap_comes_from_stack_json(main, fake_log, tmp_path):
 
 def test_the_config_file_is_the_scheduler_policy(main, fake_log, tmp_path):
     config = tmp_path / "fs.toml"
-    config.write_text("[scheduler]\nstatus_interval_s = 0\n")    # no CellStatus
+    config.write_text("[scheduler]\nstatus_interval_s = 0\n")  # no CellStatus
     status, out, _ = main("replay", "--bootstrap", "b:1", "--config", str(config))
     assert status == 1 and "unexpected output" in out and "CellStatus" in out

@@ -1,4 +1,5 @@
 """replay: the re-fold against the emitted records, on in-memory logs."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -50,7 +51,7 @@ def test_replay_pinpoints_the_first_differing_position():
     i = emitted_index(contents.job_events, first.event_id)
     tampered = replace(first, reason="made up")
     contents.job_events[i] = replace(contents.job_events[i], value=codec.encode(tampered))
-    j = emitted_index(contents.job_events, second.event_id)   # a later one goes missing
+    j = emitted_index(contents.job_events, second.event_id)  # a later one goes missing
     del contents.job_events[j]
     report = replay(contents, log.config)
     assert not report.ok
@@ -69,8 +70,9 @@ def test_an_output_on_another_partition_is_a_divergence():
     log = clean_history()
     contents = log.contents()
     i = cell_outputs(contents.job_events)[2]
-    contents.job_events[i] = replace(contents.job_events[i],
-                                     partition=contents.job_events[i].partition + 1)
+    contents.job_events[i] = replace(
+        contents.job_events[i], partition=contents.job_events[i].partition + 1
+    )
     report = replay(contents, log.config)
     assert report.first.kind == DIFFERING and report.first.fields == ["(partition)"]
 
@@ -79,11 +81,12 @@ def test_missing_counts_only_below_the_committed_offset():
     log = clean_history()
     contents = log.contents()
     last_input = len(log.scheduler) - 1
-    completed = next(o for off, o in log.outputs if isinstance(o, ev.JobCompleted)
-                     and o.job_id == "gang")
+    completed = next(
+        o for off, o in log.outputs if isinstance(o, ev.JobCompleted) and o.job_id == "gang"
+    )
     off = parse_position(completed.event_id)[1]
     del contents.job_events[emitted_index(contents.job_events, completed.event_id)]
-    contents.committed = {"scheduler": {0: off}}       # that input is not committed yet
+    contents.committed = {"scheduler": {0: off}}  # that input is not committed yet
     report = replay(contents, log.config)
     assert report.ok and report.counts["pending"] == 1
     contents.committed = {"scheduler": {0: last_input + 1}}
@@ -95,11 +98,14 @@ def test_an_output_the_fold_never_made_is_unexpected_and_later_ones_are_beyond()
     log = clean_history()
     contents = log.contents()
     forged = ev.JobCompleted(event_id="cell-0@3/7", ts_ms=T0, job_id="a", run=1)
-    future = ev.JobCompleted(event_id=f"cell-0@{len(log.scheduler) + 5}/0", ts_ms=T0,
-                             job_id="a", run=1)
+    future = ev.JobCompleted(
+        event_id=f"cell-0@{len(log.scheduler) + 5}/0", ts_ms=T0, job_id="a", run=1
+    )
     n = len(contents.job_events)
-    contents.job_events += [record(catalogue.JOB_EVENTS.name, 0, n, forged),
-                            record(catalogue.JOB_EVENTS.name, 0, n + 1, future)]
+    contents.job_events += [
+        record(catalogue.JOB_EVENTS.name, 0, n, forged),
+        record(catalogue.JOB_EVENTS.name, 0, n + 1, future),
+    ]
     report = replay(contents, log.config)
     (d,) = report.divergences
     assert (d.kind, d.position, d.index, d.emitted) == (UNEXPECTED, "cell-0@3", 7, forged)
@@ -117,25 +123,28 @@ def test_until_a_time_stops_before_the_first_tick_past_it():
     log = clean_history()
     report = replay(log.contents(), log.config, until=Until(time_ms=T0 + 2000))
     ticks = [r for r in log.scheduler if isinstance(codec.decode(r.value), ev.Tick)]
-    assert report.counts["inputs"] == ticks[2].offset   # ticks at T0+1 s, T0+2 s, then past
+    assert report.counts["inputs"] == ticks[2].offset  # ticks at T0+1 s, T0+2 s, then past
     assert report.ok
 
 
 def test_a_different_policy_diverges():
     log = clean_history()
-    other = CellConfig(status_interval_s=5.0, estimate_interval_s=0)   # CellStatus every 5 s
+    other = CellConfig(status_interval_s=5.0, estimate_interval_s=0)  # CellStatus every 5 s
     report = replay(log.contents(), other)
     assert not report.ok and report.first.kind == MISSING
     assert report.first.expected.__class__ is ev.CellStatus
 
 
-@pytest.mark.parametrize("text, until", [
-    ("42", Until(offset=42)),                                  # an input offset
-    ("1800000000000", Until(time_ms=T0)),                      # epoch ms
-    ("2027-01-15T08:00:00Z", Until(time_ms=T0)),               # ISO-8601 (T0 is this instant)
-    ("2027-01-15T08:00:00+00:00", Until(time_ms=T0)),
-    ("2027-01-15T08:00:00", Until(time_ms=T0)),                # naive times are UTC
-])
+@pytest.mark.parametrize(
+    "text, until",
+    [
+        ("42", Until(offset=42)),  # an input offset
+        ("1800000000000", Until(time_ms=T0)),  # epoch ms
+        ("2027-01-15T08:00:00Z", Until(time_ms=T0)),  # ISO-8601 (T0 is this instant)
+        ("2027-01-15T08:00:00+00:00", Until(time_ms=T0)),
+        ("2027-01-15T08:00:00", Until(time_ms=T0)),  # naive times are UTC
+    ],
+)
 def test_parse_until(text, until):
     assert parse_until(text) == until
 

@@ -6,9 +6,10 @@ the scheduler topic, and every scheduler input folded by the scheduler's own
 fold (``Refold``), whose outputs become the job-events and assignments records.
 Agents are played by hand (``start_all``, ``complete``...).
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.history import LogContents, Refold
@@ -21,12 +22,17 @@ T0 = 1_800_000_000_000
 
 
 def record(topic: str, partition: int, offset: int, event: Any, key: str = "") -> Record:
-    return Record(topic=topic, partition=partition, offset=offset, key=key.encode() or None,
-                  value=codec.encode(event))
+    return Record(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=key.encode() or None,
+        value=codec.encode(event),
+    )
 
 
 class CellLog:
-    def __init__(self, config: Optional[CellConfig] = None, partition: int = 0) -> None:
+    def __init__(self, config: CellConfig | None = None, partition: int = 0) -> None:
         self.config = config or CellConfig(status_interval_s=0, estimate_interval_s=0)
         self.refold = Refold(partition, self.config)
         self.partition = partition
@@ -39,7 +45,7 @@ class CellLog:
         self.starts: dict[tuple[str, int], list[ev.StartRun]] = {}
         self.started: set[tuple[str, int]] = set()
         self.incarnation: dict[str, int] = {}
-        self.outputs: list[tuple[int, Any]] = []   # (input offset, output event)
+        self.outputs: list[tuple[int, Any]] = []  # (input offset, output event)
 
     # -- writing the log -------------------------------------------------------
     def emit(self, topic: str, partition: int, event: Any) -> None:
@@ -48,8 +54,9 @@ class CellLog:
         target.append(record(topic, partition, offset, event))
 
     def feed(self, event: Any) -> list[Any]:
-        rec = record(catalogue.SCHEDULER.name, self.partition, len(self.scheduler), event,
-                     self.cell)
+        rec = record(
+            catalogue.SCHEDULER.name, self.partition, len(self.scheduler), event, self.cell
+        )
         self.scheduler.append(rec)
         outs = self.refold.step(rec)
         for out in outs:
@@ -64,39 +71,95 @@ class CellLog:
 
     def tick(self, seconds: float = 1.0) -> list[Any]:
         self.now += int(seconds * 1000)
-        return self.feed(ev.Tick(event_id=f"clock:{self.cell}:{self.now}", ts_ms=self.now,
-                                 cell=self.cell, now_ms=self.now))
+        return self.feed(
+            ev.Tick(
+                event_id=f"clock:{self.cell}:{self.now}",
+                ts_ms=self.now,
+                cell=self.cell,
+                now_ms=self.now,
+            )
+        )
 
     def register(self, node: str, gpus: int = 8, rail: str = "rail-0") -> list[Any]:
         self.incarnation[node] = self.incarnation.get(node, 0) + 1
-        return self.feed(ev.NodeRegistered(
-            event_id=f"reg:{node}:{self.incarnation[node]}", ts_ms=self.now, node_id=node,
-            incarnation=self.incarnation[node], cell=self.cell, gpus=gpus, rail=rail))
+        return self.feed(
+            ev.NodeRegistered(
+                event_id=f"reg:{node}:{self.incarnation[node]}",
+                ts_ms=self.now,
+                node_id=node,
+                incarnation=self.incarnation[node],
+                cell=self.cell,
+                gpus=gpus,
+                rail=rail,
+            )
+        )
 
-    def admit(self, job_id: str, gpus: int = 1, per_node: int = 8, tenant: str = "acme",
-              estimate_s: float = 60.0, **spec: Any) -> list[Any]:
-        body = ev.JobSpec(job_id=job_id, tenant=tenant, gpus=gpus, gpus_per_node=per_node,
-                          estimate_s=estimate_s, **spec)
+    def admit(
+        self,
+        job_id: str,
+        gpus: int = 1,
+        per_node: int = 8,
+        tenant: str = "acme",
+        estimate_s: float = 60.0,
+        **spec: Any,
+    ) -> list[Any]:
+        body = ev.JobSpec(
+            job_id=job_id,
+            tenant=tenant,
+            gpus=gpus,
+            gpus_per_node=per_node,
+            estimate_s=estimate_s,
+            **spec,
+        )
         n = len(self.commands)
-        self.commands.append(record(catalogue.COMMANDS.name, 0, n, ev.SubmitJob(
-            event_id=f"{job_id}/submit", ts_ms=self.now, spec=body), tenant))
-        admitted = ev.JobAdmitted(event_id=f"admission-0@{n}/0", ts_ms=self.now, spec=body,
-                                  cell=self.cell)
+        self.commands.append(
+            record(
+                catalogue.COMMANDS.name,
+                0,
+                n,
+                ev.SubmitJob(event_id=f"{job_id}/submit", ts_ms=self.now, spec=body),
+                tenant,
+            )
+        )
+        admitted = ev.JobAdmitted(
+            event_id=f"admission-0@{n}/0", ts_ms=self.now, spec=body, cell=self.cell
+        )
         self.emit(catalogue.JOB_EVENTS.name, 0, admitted)
         return self.feed(admitted)
 
-    def report(self, cls: type, job_id: str, run: int, node: str,
-               incarnation: Optional[int] = None, **fields: Any) -> list[Any]:
-        return self.feed(cls(event_id=f"{cls.__name__}:{job_id}:{run}:{node}:{len(self.scheduler)}",
-                             ts_ms=self.now, job_id=job_id, run=run, node_id=node,
-                             incarnation=incarnation or self.incarnation[node], **fields))
+    def report(
+        self,
+        cls: type,
+        job_id: str,
+        run: int,
+        node: str,
+        incarnation: int | None = None,
+        **fields: Any,
+    ) -> list[Any]:
+        return self.feed(
+            cls(
+                event_id=f"{cls.__name__}:{job_id}:{run}:{node}:{len(self.scheduler)}",
+                ts_ms=self.now,
+                job_id=job_id,
+                run=run,
+                node_id=node,
+                incarnation=incarnation or self.incarnation[node],
+                **fields,
+            )
+        )
 
-    def heartbeat(self, node: str, runs: tuple[tuple[str, int], ...] = (),
-                  incarnation: Optional[int] = None) -> list[Any]:
-        return self.feed(ev.NodeHeartbeat(
-            event_id=f"hb:{node}:{len(self.scheduler)}", ts_ms=self.now, node_id=node,
-            incarnation=incarnation or self.incarnation[node],
-            runs=tuple(ev.RunReport(job_id=j, run=r, step_rate=1.0) for j, r in runs)))
+    def heartbeat(
+        self, node: str, runs: tuple[tuple[str, int], ...] = (), incarnation: int | None = None
+    ) -> list[Any]:
+        return self.feed(
+            ev.NodeHeartbeat(
+                event_id=f"hb:{node}:{len(self.scheduler)}",
+                ts_ms=self.now,
+                node_id=node,
+                incarnation=incarnation or self.incarnation[node],
+                runs=tuple(ev.RunReport(job_id=j, run=r, step_rate=1.0) for j, r in runs),
+            )
+        )
 
     # -- playing the agents ----------------------------------------------------
     def start_all(self) -> None:
@@ -121,13 +184,19 @@ class CellLog:
 
     # -- reading it back -------------------------------------------------------
     def contents(self) -> LogContents:
-        return LogContents(scheduler=list(self.scheduler), job_events=list(self.job_events),
-                           assignments=list(self.assignments), commands=list(self.commands),
-                           committed={"scheduler": {self.partition: len(self.scheduler)},
-                                      "admission": {0: len(self.commands)}})
+        return LogContents(
+            scheduler=list(self.scheduler),
+            job_events=list(self.job_events),
+            assignments=list(self.assignments),
+            commands=list(self.commands),
+            committed={
+                "scheduler": {self.partition: len(self.scheduler)},
+                "admission": {0: len(self.commands)},
+            },
+        )
 
 
-def clean_history(config: Optional[CellConfig] = None) -> CellLog:
+def clean_history(config: CellConfig | None = None) -> CellLog:
     """Two 8-GPU nodes; four jobs (one a 16-GPU gang that must wait); all complete.
     Without ``config``, the cell publishes no CellStatus and no estimates."""
     log = CellLog(config)

@@ -1,4 +1,5 @@
 """Pure parts of webhooks: signing, target policy, what to deliver, backoff."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,9 +11,19 @@ import pytest
 
 from framespool.projections.jobs import apply, fold
 from framespool.projections.testing import lifecycle
-from framespool.projections.webhooks import (PolicyResolver, TargetPolicy, TargetRefused, address_problem,
-                                  backoff_delay, check_address, check_target, check_url, delivery_for, sign,
-                                  verify)
+from framespool.projections.webhooks import (
+    PolicyResolver,
+    TargetPolicy,
+    TargetRefused,
+    address_problem,
+    backoff_delay,
+    check_address,
+    check_target,
+    check_url,
+    delivery_for,
+    sign,
+    verify,
+)
 
 SECRET = b"whsec-test"
 
@@ -30,35 +41,52 @@ def test_verify_accepts_fresh_untampered_and_rotated_signatures():
     assert verify(SECRET, header, body, now_s=1_100)
     assert not verify(SECRET, header, body + b" ", now_s=1_100)
     assert not verify(b"other", header, body, now_s=1_100)
-    assert not verify(SECRET, header, body, now_s=1_000 + 301)     # replayed too late
+    assert not verify(SECRET, header, body, now_s=1_000 + 301)  # replayed too late
     assert not verify(SECRET, "t=abc,v1=00", body, now_s=1_000)
     rotated = sign(b"old", 1_000, body) + "," + header.split(",")[1]
     assert verify(SECRET, rotated, body, now_s=1_000)
 
 
 # -- target policy -------------------------------------------------------------
-@pytest.mark.parametrize("url,problem", [
-    ("https://hooks.example.com/x", ""),
-    ("http://hooks.example.com:8080/x?y=1", ""),
-    ("ftp://hooks.example.com/x", "scheme"),
-    ("https:///nohost", "no host"),
-    ("https://user:pw@example.com/", "credentials"),
-    ("https://example.com:99999/", "malformed"),
-    ("https://example.com/" + "a" * 3000, "longer than"),
-])
+@pytest.mark.parametrize(
+    "url,problem",
+    [
+        ("https://hooks.example.com/x", ""),
+        ("http://hooks.example.com:8080/x?y=1", ""),
+        ("ftp://hooks.example.com/x", "scheme"),
+        ("https:///nohost", "no host"),
+        ("https://user:pw@example.com/", "credentials"),
+        ("https://example.com:99999/", "malformed"),
+        ("https://example.com/" + "a" * 3000, "longer than"),
+    ],
+)
 def test_check_url(url, problem):
     found = check_url(url)
     assert (problem in found) if problem else found == ""
 
 
-@pytest.mark.parametrize("address,kind", [
-    ("8.8.8.8", ""), ("2606:4700:4700::1111", ""),
-    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("10.1.2.3", "private"),
-    ("192.168.1.1", "private"), ("172.16.0.1", "private"), ("169.254.169.254", "link-local"),
-    ("fe80::1", "link-local"), ("224.0.0.1", "multicast"), ("ff02::1", "multicast"),
-    ("0.0.0.0", "unspecified"), ("240.0.0.1", "reserved"), ("100.64.0.1", "not globally"),
-    ("::ffff:127.0.0.1", "loopback"), ("2002:7f00:1::", "loopback"), ("fc00::1", "private"),
-])
+@pytest.mark.parametrize(
+    "address,kind",
+    [
+        ("8.8.8.8", ""),
+        ("2606:4700:4700::1111", ""),
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("10.1.2.3", "private"),
+        ("192.168.1.1", "private"),
+        ("172.16.0.1", "private"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+        ("240.0.0.1", "reserved"),
+        ("100.64.0.1", "not globally"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("2002:7f00:1::", "loopback"),
+        ("fc00::1", "private"),
+    ],
+)
 def test_address_problem(address, kind):
     found = address_problem(address)
     assert (kind in found) if kind else found == ""
@@ -74,7 +102,10 @@ def test_check_target_checks_ip_literals_that_no_resolver_sees():
 def test_policy_exemptions():
     assert "private" in check_address("intranet", "10.0.0.5")
     assert check_address("intranet", "10.0.0.5", TargetPolicy(allow_private=True)) == ""
-    assert check_address("Intranet.", "10.0.0.5", TargetPolicy(allow_hosts=frozenset({"intranet"}))) == ""
+    assert (
+        check_address("Intranet.", "10.0.0.5", TargetPolicy(allow_hosts=frozenset({"intranet"})))
+        == ""
+    )
     assert check_address("x", "10.0.0.5", TargetPolicy(allow_networks=("10.0.0.0/24",))) == ""
     assert check_address("x", "10.0.1.5", TargetPolicy(allow_networks=("10.0.0.0/24",))) != ""
 
@@ -84,8 +115,10 @@ class FakeResolver:
         self.answers = answers
 
     async def resolve(self, host, port=0, family=0):
-        return [{"hostname": host, "host": a, "port": port, "family": 2, "proto": 0, "flags": 0}
-                for a in self.answers]
+        return [
+            {"hostname": host, "host": a, "port": port, "family": 2, "proto": 0, "flags": 0}
+            for a in self.answers
+        ]
 
     async def close(self):
         pass
@@ -94,9 +127,10 @@ class FakeResolver:
 def test_resolver_refuses_any_private_answer_of_a_public_name():
     async def go(answers, policy=TargetPolicy()):
         return await PolicyResolver(policy, FakeResolver(answers)).resolve("evil.example", 443)
+
     assert len(asyncio.run(go(["93.184.216.34"]))) == 1
     with pytest.raises(TargetRefused, match="169.254.169.254"):
-        asyncio.run(go(["93.184.216.34", "169.254.169.254"]))   # DNS rebinding / multi-answer
+        asyncio.run(go(["93.184.216.34", "169.254.169.254"]))  # DNS rebinding / multi-answer
     assert asyncio.run(go(["127.0.0.1"], TargetPolicy(allow_private=True)))
 
 

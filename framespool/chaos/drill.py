@@ -15,9 +15,10 @@ threads of its own besides the caller's:
    job: a node the scheduler declared DOWN never re-registers by itself), and
    decides when the run is over.
 
-The plan and the accounting are pure (:mod:`framespool.chaos`); this module
+The plan and the accounting are pure (:mod:`framespool.chaos.plan`); this module
 only does what they say and reads the log back.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,16 +31,17 @@ import threading
 import time
 import urllib.error
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from framespool.agents import faults as node_faults
-from framespool import chaos
 from framespool.broker import free_port
-from framespool.stack import Process, Stack, StackConfig
+from framespool.chaos import plan as chaos
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.stack import Process, Stack, StackConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +57,10 @@ class ChaosConfig:
     time_scale: float = 10.0
     nodes: int = 6
     gpus_per_node: int = 8
-    data_dir: Optional[Path] = None
-    timeout_s: Optional[float] = None     # default: from the plan's expected length
+    data_dir: Path | None = None
+    timeout_s: float | None = None  # default: from the plan's expected length
     settle_s: float = 30.0
-    stall_s: float = 180.0                # no job ended this long (all submitted): give up
+    stall_s: float = 180.0  # no job ended this long (all submitted): give up
     timing: chaos.Timing = field(default_factory=chaos.Timing)
     say: Callable[[str], None] = lambda line: None
 
@@ -78,10 +80,10 @@ class Watcher(threading.Thread):
         self._dead.assign(topics.DEAD_LETTER.name, range(topics.DEAD_LETTER.partitions), 0)
         self.lock = threading.Lock()
         self.terminal: set[str] = set()
-        self.node_state: dict[str, tuple[str, float, str]] = {}   # node -> (state, since, why)
-        self.busy_gpus: Optional[int] = None
+        self.node_state: dict[str, tuple[str, float, str]] = {}  # node -> (state, since, why)
+        self.busy_gpus: int | None = None
         self.statuses = 0
-        self.recent: deque = deque(maxlen=600)                   # agent-report records
+        self.recent: deque = deque(maxlen=600)  # agent-report records
         self.dead_values: set[bytes] = set()
         self.stopping = threading.Event()
 
@@ -126,18 +128,33 @@ class Watcher(threading.Thread):
             c.close()
 
 
-def chaos_stack(data_dir: Path, nodes: int = 2, gpus_per_node: int = 8, time_scale: float = 10.0,
-                timing: chaos.Timing = chaos.Timing()) -> Stack:
+def chaos_stack(
+    data_dir: Path,
+    nodes: int = 2,
+    gpus_per_node: int = 8,
+    time_scale: float = 10.0,
+    timing: chaos.Timing = chaos.Timing(),
+) -> Stack:
     """An embedded stack configured as the drill runs it: no admission rate limit, the
     timing's leases, simulated GPUs whose faults follow ``agents/<node>/faults.json``."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir / "chaos-processors.json"
-    config_path.write_text(json.dumps({"admission": {"rate": {"rate_per_s": 0}},
-                                       "scheduler": timing.scheduler_config()}))
-    return Stack(StackConfig(data_dir=data_dir, port=free_port(), nodes=nodes,
-                             gpus_per_node=gpus_per_node, time_scale=time_scale,
-                             processor_config=config_path))
+    config_path.write_text(
+        json.dumps(
+            {"admission": {"rate": {"rate_per_s": 0}}, "scheduler": timing.scheduler_config()}
+        )
+    )
+    return Stack(
+        StackConfig(
+            data_dir=data_dir,
+            port=free_port(),
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            time_scale=time_scale,
+            processor_config=config_path,
+        )
+    )
 
 
 def restart_process(stack: Stack, name: str) -> Process:
@@ -145,7 +162,7 @@ def restart_process(stack: Stack, name: str) -> Process:
     it again with the same command line, in the same place in ``stack.processes``."""
     i, old = next((i, p) for i, p in enumerate(stack.processes) if p.name == name)
     if old.alive():
-        node_faults.resume(old.popen.pid)     # a stopped process cannot act on SIGTERM
+        node_faults.resume(old.popen.pid)  # a stopped process cannot act on SIGTERM
         old.stop(grace_s=10.0)
     else:
         old.popen.wait(5)
@@ -159,9 +176,18 @@ class LogTail:
     """Every record of some topics from offset 0, decoded where possible; for tests
     and post-mortems that wait for a fault's consequences."""
 
-    def __init__(self, bootstrap: str, topics: Any = catalogue,
-                 names: tuple[str, ...] = ("JOB_EVENTS", "SCHEDULER", "PROGRESS",
-                                           "DEAD_LETTER", "ASSIGNMENTS")) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Any = catalogue,
+        names: tuple[str, ...] = (
+            "JOB_EVENTS",
+            "SCHEDULER",
+            "PROGRESS",
+            "DEAD_LETTER",
+            "ASSIGNMENTS",
+        ),
+    ) -> None:
         from framespool.producers.log import LogConsumer
 
         self._consumers = []
@@ -185,15 +211,19 @@ class LogTail:
                     pass
 
     def of(self, cls: type, **fields: Any) -> list[Any]:
-        return [e for e in self.events if isinstance(e, cls)
-                and all(getattr(e, k, None) == v for k, v in fields.items())]
+        return [
+            e
+            for e in self.events
+            if isinstance(e, cls) and all(getattr(e, k, None) == v for k, v in fields.items())
+        ]
 
     def first(self, cls: type, **fields: Any) -> Any:
         found = self.of(cls, **fields)
         return found[0] if found else None
 
-    def wait_for(self, predicate: Callable[["LogTail"], Any], timeout_s: float = 30.0,
-                 what: str = "") -> Any:
+    def wait_for(
+        self, predicate: Callable[[LogTail], Any], timeout_s: float = 30.0, what: str = ""
+    ) -> Any:
         deadline = time.monotonic() + timeout_s
         while True:
             self.poll()
@@ -202,14 +232,16 @@ class LogTail:
                 return result
             if time.monotonic() > deadline:
                 kinds = Counter(type(e).__name__ for e in self.events)
-                raise TimeoutError(f"no {what or predicate} within {timeout_s:.0f}s; seen {dict(kinds)}")
+                raise TimeoutError(
+                    f"no {what or predicate} within {timeout_s:.0f}s; seen {dict(kinds)}"
+                )
             time.sleep(0.1)
 
     def close(self) -> None:
         for consumer in self._consumers:
             consumer.close()
 
-    def __enter__(self) -> "LogTail":
+    def __enter__(self) -> LogTail:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -221,13 +253,14 @@ class ChaosRun:
         self.config = c = config
         self.plans = chaos.build_workload(c.seed, c.jobs, c.time_scale)
         self.span_s = chaos.expected_span_s(self.plans, c.nodes * c.gpus_per_node)
-        self.faults = chaos.build_schedule(c.seed, c.jobs, c.nodes, c.gpus_per_node,
-                                           max(20.0, 0.7 * self.span_s), c.timing)
+        self.faults = chaos.build_schedule(
+            c.seed, c.jobs, c.nodes, c.gpus_per_node, max(20.0, 0.7 * self.span_s), c.timing
+        )
         self.actions = chaos.actions_of(self.faults, c.timing)
         self.timeout_s = c.timeout_s or max(300.0, 3 * self.span_s + 120)
         self.data_dir = Path(c.data_dir or tempfile.mkdtemp(prefix="framespool-chaos-")).resolve()
-        self.stack: Optional[Stack] = None
-        self.watcher: Optional[Watcher] = None
+        self.stack: Stack | None = None
+        self.watcher: Watcher | None = None
         self.producer: Any = None
         self.job_ids: dict[int, str] = {}
         self.roles: dict[str, str] = {}
@@ -235,7 +268,7 @@ class ChaosRun:
         self.fault_log: list[dict[str, Any]] = []
         self.injected: list[chaos.Malformed] = []
         self.wedged: set[str] = set()
-        self.held: set[str] = set()                    # nodes a fault of ours has out of service
+        self.held: set[str] = set()  # nodes a fault of ours has out of service
         self.gpu_faults: dict[str, dict[str, dict]] = {}
         self.last_restart: dict[str, float] = {}
         self.supervisor_restarts: list[dict[str, Any]] = []
@@ -246,9 +279,11 @@ class ChaosRun:
         c = self.config
         self.stack = chaos_stack(self.data_dir, c.nodes, c.gpus_per_node, c.time_scale, c.timing)
         started = time.monotonic()
-        c.say(f"chaos: {len(self.plans)} jobs, {len(self.faults)} faults "
-              f"({len(self.actions)} actions), expected ~{self.span_s:.0f} s; data in "
-              f"{self.data_dir}")
+        c.say(
+            f"chaos: {len(self.plans)} jobs, {len(self.faults)} faults "
+            f"({len(self.actions)} actions), expected ~{self.span_s:.0f} s; data in "
+            f"{self.data_dir}"
+        )
         with self.stack:
             from framespool.producers.log import LogProducer
 
@@ -289,20 +324,25 @@ class ChaosRun:
                 last_done, progress_at = done, now
             if not submitter.is_alive() and not pending and done == len(self.job_ids):
                 return True
-            stalled = not submitter.is_alive() and not pending and \
-                now - progress_at > self.config.stall_s
+            stalled = (
+                not submitter.is_alive() and not pending and now - progress_at > self.config.stall_s
+            )
             if now > self.timeout_s or stalled:
                 why = f"no job ended for {self.config.stall_s:.0f} s" if stalled else "timeout"
-                self.config.say(f"chaos: {why} after {now:.0f} s; {done}/{len(self.job_ids)} "
-                                f"jobs terminal, {len(pending)} actions left")
-                for action in pending:     # recoveries still run: resume, heal, restart
+                self.config.say(
+                    f"chaos: {why} after {now:.0f} s; {done}/{len(self.job_ids)} "
+                    f"jobs terminal, {len(pending)} actions left"
+                )
+                for action in pending:  # recoveries still run: resume, heal, restart
                     if action.op in ("resume", "unecc", "unthrottle", "restart"):
                         self._do(action)
                 return False
             if now >= next_note:
                 next_note += 10.0
-                self.config.say(f"chaos: t={now:.0f}s submitted {len(self.job_ids)}/"
-                                f"{len(self.plans)} terminal {done} actions left {len(pending)}")
+                self.config.say(
+                    f"chaos: t={now:.0f}s submitted {len(self.job_ids)}/"
+                    f"{len(self.plans)} terminal {done} actions left {len(pending)}"
+                )
             time.sleep(0.1)
 
     def _settle(self) -> None:
@@ -322,8 +362,10 @@ class ChaosRun:
     def _cluster_view(self) -> dict:
         import urllib.request
 
-        req = urllib.request.Request(f"{self.stack.api_url}/v1/cluster", headers={
-            "Authorization": f"Bearer {self.stack.tenant_keys[0]['api_key']}"})
+        req = urllib.request.Request(
+            f"{self.stack.api_url}/v1/cluster",
+            headers={"Authorization": f"Bearer {self.stack.tenant_keys[0]['api_key']}"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return json.loads(resp.read()).get("totals", {})
@@ -334,8 +376,9 @@ class ChaosRun:
     def _submit_all(self) -> None:
         from framespool.producers.client import ApiError, Client
 
-        clients = [Client(self.stack.api_url, t["api_key"], timeout_s=30)
-                   for t in self.stack.tenant_keys]
+        clients = [
+            Client(self.stack.api_url, t["api_key"], timeout_s=30) for t in self.stack.tenant_keys
+        ]
         for plan in self.plans:
             delay = self.t0 + plan.at_s - time.monotonic()
             if delay > 0:
@@ -343,8 +386,9 @@ class ChaosRun:
             key = f"chaos-{self.config.seed}-{plan.index}"
             for attempt in range(5):
                 try:
-                    job = clients[plan.tenant % len(clients)].submit(idempotency_key=key,
-                                                                     **plan.body)
+                    job = clients[plan.tenant % len(clients)].submit(
+                        idempotency_key=key, **plan.body
+                    )
                     self.roles[job["job_id"]] = plan.role
                     self.job_ids[plan.index] = job["job_id"]
                     break
@@ -369,9 +413,11 @@ class ChaosRun:
 
     def _write_gpu_faults(self, node: str) -> None:
         state = self.gpu_faults.setdefault(node, {"throttle": {}, "ecc": {}})
-        node_faults.write_gpu_faults(self.data_dir / "agents" / node,
-                                     throttle=set(state["throttle"].values()),
-                                     ecc={g: (0, 1) for g in state["ecc"].values()})
+        node_faults.write_gpu_faults(
+            self.data_dir / "agents" / node,
+            throttle=set(state["throttle"].values()),
+            ecc={g: (0, 1) for g in state["ecc"].values()},
+        )
 
     def _do(self, a: chaos.Action) -> None:
         detail = ""
@@ -423,12 +469,21 @@ class ChaosRun:
             log.exception("chaos action %s failed", a)
         if a.final and node:
             self.held.discard(node)
-        entry = {"t_s": round(time.monotonic() - self.t0, 2), "t_ms": int(time.time() * 1000),
-                 "fault_id": a.fault_id, "kind": a.kind, "op": a.op, "node": node,
-                 "ok": ok, "detail": detail}
+        entry = {
+            "t_s": round(time.monotonic() - self.t0, 2),
+            "t_ms": int(time.time() * 1000),
+            "fault_id": a.fault_id,
+            "kind": a.kind,
+            "op": a.op,
+            "node": node,
+            "ok": ok,
+            "detail": detail,
+        }
         self.fault_log.append(entry)
-        self.config.say(f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
-                        f"{a.target} {detail}".rstrip())
+        self.config.say(
+            f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
+            f"{a.target} {detail}".rstrip()
+        )
 
     def _duplicate(self, a: chaos.Action) -> str:
         rng = random.Random(f"duplicate/{self.config.seed}/{a.fault_id}")
@@ -439,14 +494,16 @@ class ChaosRun:
         # they would hide the very fault we inject.
         recent = [r for r in recent if not self._heartbeat_of_held(r)]
         picked = rng.sample(recent, min(a.count, len(recent)))
-        rng.shuffle(picked)                     # reordered as well as repeated
+        rng.shuffle(picked)  # reordered as well as repeated
         from framespool.schemas import codec
 
         kinds = Counter(codec.event_type_name(r.value) for r in picked)
         for r in picked:
             self.producer.produce(r.topic, r.key, r.value, r.partition, list(r.headers) or None)
         self.producer.flush(10)
-        return f"{len(picked)} re-produced: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+        return f"{len(picked)} re-produced: " + ", ".join(
+            f"{k} {n}" for k, n in sorted(kinds.items())
+        )
 
     def _heartbeat_of_held(self, record: Any) -> bool:
         from framespool.schemas import codec
@@ -472,9 +529,11 @@ class ChaosRun:
         for p in self.stack.processes:
             node = p.name.removeprefix("agent-")
             if p.name.startswith("agent-") and p.alive() and node not in self.held:
-                candidates += [g for g in node_faults.generators(p.popen.pid)
-                               if self.roles.get(g.job_id) == chaos.NORMAL
-                               and g.job_id not in self.wedged]
+                candidates += [
+                    g
+                    for g in node_faults.generators(p.popen.pid)
+                    if self.roles.get(g.job_id) == chaos.NORMAL and g.job_id not in self.wedged
+                ]
         if not candidates:
             return "skipped: no generator running"
         g = rng.choice(sorted(candidates, key=lambda g: (g.job_id, g.run, g.pid)))
@@ -499,8 +558,13 @@ class ChaosRun:
                 why = "agent process exited" if dead else f"{state}: {why}"
                 self._restart(f"agent-{node}")
                 self.last_restart[node] = time.monotonic()
-                entry = {"t_s": round(now, 2), "t_ms": int(time.time() * 1000),
-                         "kind": "supervisor", "node": node, "detail": why}
+                entry = {
+                    "t_s": round(now, 2),
+                    "t_ms": int(time.time() * 1000),
+                    "kind": "supervisor",
+                    "node": node,
+                    "detail": why,
+                }
                 self.supervisor_restarts.append(entry)
                 self.fault_log.append({**entry, "fault_id": 0, "op": "restart", "ok": True})
                 self.config.say(f"chaos: t={now:.1f}s supervisor restarts {node} ({why})")
@@ -510,7 +574,7 @@ class ChaosRun:
         from framespool.producers.log import read_all
         from framespool.schemas import codec
 
-        def decoded(topic: str, partitions: Optional[list[int]] = None) -> list[Any]:
+        def decoded(topic: str, partitions: list[int] | None = None) -> list[Any]:
             out = []
             for rec in read_all(bootstrap, topic, partitions, timeout_s=120):
                 try:
@@ -521,23 +585,46 @@ class ChaosRun:
 
         job_events = decoded(catalogue.JOB_EVENTS.name)
         scheduler = decoded(catalogue.SCHEDULER.name, [0])
-        dump(self.data_dir / "chaos-job-events.jsonl", (
-            e for e in chaos.cell_ordered(job_events)
-            if not isinstance(e, (ev.CellStatus, ev.JobWaitEstimated))))
-        dump(self.data_dir / "chaos-scheduler.jsonl",
-             (e for e in scheduler if not isinstance(e, ev.Tick)))
+        dump(
+            self.data_dir / "chaos-job-events.jsonl",
+            (
+                e
+                for e in chaos.cell_ordered(job_events)
+                if not isinstance(e, (ev.CellStatus, ev.JobWaitEstimated))
+            ),
+        )
+        dump(
+            self.data_dir / "chaos-scheduler.jsonl",
+            (e for e in scheduler if not isinstance(e, ev.Tick)),
+        )
         dead = read_all(bootstrap, catalogue.DEAD_LETTER.name, timeout_s=60)
         submitted = [self.job_ids[i] for i in sorted(self.job_ids)]
-        report = chaos.account(job_events, scheduler, dead, submitted, self.roles, self.injected,
-                               self.fault_log, self.wedged, self.config.time_scale)
+        report = chaos.account(
+            job_events,
+            scheduler,
+            dead,
+            submitted,
+            self.roles,
+            self.injected,
+            self.fault_log,
+            self.wedged,
+            self.config.time_scale,
+        )
         c = self.config
-        report["config"] = {"jobs": c.jobs, "seed": c.seed, "time_scale": c.time_scale,
-                            "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
-                            "data_dir": str(self.data_dir), "timing": asdict(c.timing)}
+        report["config"] = {
+            "jobs": c.jobs,
+            "seed": c.seed,
+            "time_scale": c.time_scale,
+            "nodes": c.nodes,
+            "gpus_per_node": c.gpus_per_node,
+            "data_dir": str(self.data_dir),
+            "timing": asdict(c.timing),
+        }
         report["submit_errors"] = self.submit_errors
         report["faults_injected"] = self._injected_counts()
-        report["faults_skipped"] = [f"{e['kind']} #{e['fault_id']}: {e['detail']}"
-                                    for e in self.fault_log if not e["ok"]]
+        report["faults_skipped"] = [
+            f"{e['kind']} #{e['fault_id']}: {e['detail']}" for e in self.fault_log if not e["ok"]
+        ]
         report["supervisor_restarts"] = len(self.supervisor_restarts)
         report["fault_log"] = self.fault_log
         report["verify"] = run_verify(bootstrap, self.data_dir / "chaos-processors.json")
@@ -545,8 +632,11 @@ class ChaosRun:
 
     def _injected_counts(self) -> dict[str, int]:
         first_ops = {"crash", "pause", "ecc", "throttle", "duplicate", "malformed", "wedge"}
-        counts = Counter(e["kind"] for e in self.fault_log
-                         if e.get("op") in first_ops and e["ok"] and e["kind"] != "supervisor")
+        counts = Counter(
+            e["kind"]
+            for e in self.fault_log
+            if e.get("op") in first_ops and e["ok"] and e["kind"] != "supervisor"
+        )
         roles = Counter(self.roles.values())
         if roles.get(chaos.CRASH):
             counts[chaos.CRASH_GENERATOR] = roles[chaos.CRASH]
@@ -562,7 +652,7 @@ def dump(path: Path, events: Any) -> None:
             out.write(json.dumps({"type": type(e).__name__, **asdict(e)}, default=str) + "\n")
 
 
-def run_verify(bootstrap: str, config_path: Path) -> Optional[dict]:
+def run_verify(bootstrap: str, config_path: Path) -> dict | None:
     """``framespool.processors.tools.verify`` over the same log (None where that tool is absent):
     its own re-fold of every cell is a second opinion on the invariants above."""
     try:
@@ -578,6 +668,11 @@ def run_verify(bootstrap: str, config_path: Path) -> Optional[dict]:
         log.exception("verify failed")
         return {"ok": None, "error": repr(e)}
     doc = report.to_dict()
-    return {"ok": report.ok, "violation_counts": doc["violation_counts"],
-            "violations": doc["violations"][:20], "warnings": doc["warnings"][:20],
-            "jobs": doc["jobs"], "summary": report.render(limit=10)}
+    return {
+        "ok": report.ok,
+        "violation_counts": doc["violation_counts"],
+        "violations": doc["violations"][:20],
+        "warnings": doc["warnings"][:20],
+        "jobs": doc["jobs"],
+        "summary": report.render(limit=10),
+    }

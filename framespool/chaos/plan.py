@@ -17,7 +17,7 @@ Everything random is drawn up front from the seed, as data:
    most ``MAX_IMPAIRED_NODES`` nodes are impaired at once so the 16-GPU gangs
    stay placeable.
 
-The driver (:class:`framespool.chaos_run.ChaosRun`, the imperative shell) starts a
+The driver (:class:`framespool.chaos.drill.ChaosRun`, the imperative shell) starts a
 :class:`~framespool.stack.Stack`,
 submits the jobs through the HTTP API at their times, carries out the actions
 at theirs, and restarts (as an operator would) an agent whose node went DOWN,
@@ -33,33 +33,35 @@ before the first one's final report), and GPU-seconds wasted per fault kind,
 measured from each lost run's last checkpoint and compared with its
 checkpoint interval.
 """
+
 from __future__ import annotations
 
 import random
 import re
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 from framespool.schemas import events as ev
 
 # -- fault kinds ------------------------------------------------------------------
-KILL_AGENT = "kill_agent"              # SIGKILL agent + its generators, restart later
-PAUSE_AGENT = "pause_agent"            # SIGSTOP past the heartbeat timeout, SIGCONT, restart
-KILL_SCHEDULER = "kill_scheduler"      # SIGKILL the scheduler processor, restart
+KILL_AGENT = "kill_agent"  # SIGKILL agent + its generators, restart later
+PAUSE_AGENT = "pause_agent"  # SIGSTOP past the heartbeat timeout, SIGCONT, restart
+KILL_SCHEDULER = "kill_scheduler"  # SIGKILL the scheduler processor, restart
 DUPLICATE_REPORTS = "duplicate_reports"  # re-produce recent agent reports, shuffled
 MALFORMED_RECORDS = "malformed_records"  # undecodable / misplaced records on every topic
-ECC_GPU = "ecc_gpu"                    # uncorrectable ECC on one GPU; repaired + restart later
-THROTTLE_GPU = "throttle_gpu"          # thermal throttling on one GPU for a while
-WEDGE_GENERATOR = "wedge_generator"    # SIGSTOP one running generator once (a one-off hang)
-CRASH_GENERATOR = "crash_generator"    # a job whose generator crashes every time (params)
-HANG_GENERATOR = "hang_generator"      # a job whose generator hangs every time (params)
+ECC_GPU = "ecc_gpu"  # uncorrectable ECC on one GPU; repaired + restart later
+THROTTLE_GPU = "throttle_gpu"  # thermal throttling on one GPU for a while
+WEDGE_GENERATOR = "wedge_generator"  # SIGSTOP one running generator once (a one-off hang)
+CRASH_GENERATOR = "crash_generator"  # a job whose generator crashes every time (params)
+HANG_GENERATOR = "hang_generator"  # a job whose generator hangs every time (params)
 
 NODE_FAULTS = (KILL_AGENT, PAUSE_AGENT, ECC_GPU)
 MAX_IMPAIRED_NODES = 2
 
 NORMAL, CRASH, HANG = "normal", "crash", "hang"
-SECONDS_PER_STEP = 2.0          # job seconds per demo-generator step
+SECONDS_PER_STEP = 2.0  # job seconds per demo-generator step
 SHAPES = ((1, 1, 35), (2, 2, 25), (4, 4, 20), (8, 8, 13), (16, 8, 7))  # gpus, per node, weight
 WALL_S = ((2, 5), (3, 5), (4, 4), (5, 3), (6, 3), (8, 2), (10, 2), (14, 1))  # seconds, weight
 # Checkpoint intervals in wall seconds (the spec's are job seconds: x time scale). Not
@@ -73,16 +75,22 @@ class Timing:
     """Lease and fault durations, in wall seconds (the scheduler gets the same leases)."""
 
     heartbeat_timeout_s: float = 6.0
-    zombie_s: float = 4.0          # a resumed (paused) agent runs as a zombie this long
-    repair_s: float = 10.0         # an ECC-failed GPU is replaced after this long
+    zombie_s: float = 4.0  # a resumed (paused) agent runs as a zombie this long
+    repair_s: float = 10.0  # an ECC-failed GPU is replaced after this long
     throttle_s: float = 6.0
     scheduler_down_s: tuple[float, float] = (1.0, 3.0)
 
     def scheduler_config(self) -> dict:
         hb = self.heartbeat_timeout_s
-        return {"heartbeat_timeout_s": hb, "start_lease_s": 4 * hb, "report_lease_s": 2 * hb,
-                "stop_lease_s": 4 * hb, "checkpoint_grace_s": 2 * hb, "status_interval_s": 1.0,
-                "estimate_interval_s": 5.0}
+        return {
+            "heartbeat_timeout_s": hb,
+            "start_lease_s": 4 * hb,
+            "report_lease_s": 2 * hb,
+            "stop_lease_s": 4 * hb,
+            "checkpoint_grace_s": 2 * hb,
+            "status_interval_s": 1.0,
+            "estimate_interval_s": 5.0,
+        }
 
 
 # ==================================================================================
@@ -119,15 +127,26 @@ def build_workload(seed: int, jobs: int, time_scale: float) -> tuple[JobPlan, ..
         wall, _ = _weighted(rng, WALL_S)
         steps = max(4, round(wall * time_scale / SECONDS_PER_STEP))
         checkpoint = 0.0 if rng.random() < 0.15 else rng.choice(CHECKPOINT_WALL_S) * time_scale
-        params: dict[str, Any] = {"steps": steps, "seconds_per_step": SECONDS_PER_STEP,
-                                  "duration_s": 1, "fps": 4, "resolution": "64x64", "seed": i}
-        body: dict[str, Any] = {"prompt": f"chaos {seed}/{i}", "model": "demo", "gpus": gpus,
-                                "gpus_per_node": per_node, "estimate_s": float(wall + 2),
-                                "checkpoint_interval_s": checkpoint,
-                                "preemptible": rng.random() < 0.3}
+        params: dict[str, Any] = {
+            "steps": steps,
+            "seconds_per_step": SECONDS_PER_STEP,
+            "duration_s": 1,
+            "fps": 4,
+            "resolution": "64x64",
+            "seed": i,
+        }
+        body: dict[str, Any] = {
+            "prompt": f"chaos {seed}/{i}",
+            "model": "demo",
+            "gpus": gpus,
+            "gpus_per_node": per_node,
+            "estimate_s": float(wall + 2),
+            "checkpoint_interval_s": checkpoint,
+            "preemptible": rng.random() < 0.3,
+        }
         if role == CRASH:
             params["fail_at_step"] = 2
-            body["model_version"] = f"chaos-crash-{i}"   # its breaker trips for it alone
+            body["model_version"] = f"chaos-crash-{i}"  # its breaker trips for it alone
         elif role == HANG:
             params["hang_at_step"] = 2
         body["params"] = params
@@ -148,10 +167,10 @@ class Fault:
     fault_id: int
     kind: str
     at_s: float
-    target: str = ""        # node id, "scheduler", or "" (picked when injected)
+    target: str = ""  # node id, "scheduler", or "" (picked when injected)
     gpu: int = -1
     duration_s: float = 0.0
-    count: int = 0          # records to duplicate
+    count: int = 0  # records to duplicate
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,12 +178,12 @@ class Action:
     at_s: float
     fault_id: int
     kind: str
-    op: str                 # crash, restart, pause, resume, ecc, unecc, throttle, unthrottle,
-    target: str = ""        # duplicate, malformed, wedge
+    op: str  # crash, restart, pause, resume, ecc, unecc, throttle, unthrottle,
+    target: str = ""  # duplicate, malformed, wedge
     gpu: int = -1
     count: int = 0
-    final: bool = True      # the fault's last step: its node is no longer held
-    step: int = 0           # order among the fault's steps
+    final: bool = True  # the fault's last step: its node is no longer held
+    step: int = 0  # order among the fault's steps
 
     @property
     def sort_key(self) -> tuple:
@@ -172,10 +191,16 @@ class Action:
 
 
 def fault_counts(jobs: int) -> dict[str, int]:
-    return {KILL_AGENT: max(1, jobs // 150), PAUSE_AGENT: max(1, jobs // 250),
-            ECC_GPU: 1, THROTTLE_GPU: max(1, jobs // 250), KILL_SCHEDULER: max(1, jobs // 250),
-            DUPLICATE_REPORTS: max(2, jobs // 50), MALFORMED_RECORDS: max(1, jobs // 100),
-            WEDGE_GENERATOR: max(1, jobs // 100)}
+    return {
+        KILL_AGENT: max(1, jobs // 150),
+        PAUSE_AGENT: max(1, jobs // 250),
+        ECC_GPU: 1,
+        THROTTLE_GPU: max(1, jobs // 250),
+        KILL_SCHEDULER: max(1, jobs // 250),
+        DUPLICATE_REPORTS: max(2, jobs // 50),
+        MALFORMED_RECORDS: max(1, jobs // 100),
+        WEDGE_GENERATOR: max(1, jobs // 100),
+    }
 
 
 def node_fault_length_s(kind: str, duration_s: float, timing: Timing) -> float:
@@ -184,8 +209,9 @@ def node_fault_length_s(kind: str, duration_s: float, timing: Timing) -> float:
     return duration_s + extra + 3.0
 
 
-def build_schedule(seed: int, jobs: int, nodes: int, gpus_per_node: int, window_s: float,
-                   timing: Timing = Timing()) -> tuple[Fault, ...]:
+def build_schedule(
+    seed: int, jobs: int, nodes: int, gpus_per_node: int, window_s: float, timing: Timing = Timing()
+) -> tuple[Fault, ...]:
     """The faults of a run, by start time; a function of its arguments only."""
     rng = random.Random(f"faults/{seed}")
     node_ids = [f"node-{i}" for i in range(nodes)]
@@ -196,7 +222,7 @@ def build_schedule(seed: int, jobs: int, nodes: int, gpus_per_node: int, window_
     node_kinds = [k for k in NODE_FAULTS for _ in range(counts[k])]
     rng.shuffle(node_kinds)
     times = sorted(rng.uniform(start, end) for _ in node_kinds)
-    busy: list[tuple[float, str]] = []      # (free again at, node) of impaired nodes
+    busy: list[tuple[float, str]] = []  # (free again at, node) of impaired nodes
     for n, (kind, at) in enumerate(zip(node_kinds, times)):
         node = node_ids[n % len(node_ids)]
         busy = [(t, nd) for t, nd in busy if t > at]
@@ -210,25 +236,48 @@ def build_schedule(seed: int, jobs: int, nodes: int, gpus_per_node: int, window_
         else:
             duration = timing.repair_s
         busy.append((at + node_fault_length_s(kind, duration, timing), node))
-        faults.append(Fault(0, kind, round(at, 3), node, rng.randrange(gpus_per_node),
-                            round(duration, 3)))
-    for kind in (THROTTLE_GPU, KILL_SCHEDULER, DUPLICATE_REPORTS, MALFORMED_RECORDS,
-                 WEDGE_GENERATOR):
+        faults.append(
+            Fault(0, kind, round(at, 3), node, rng.randrange(gpus_per_node), round(duration, 3))
+        )
+    for kind in (
+        THROTTLE_GPU,
+        KILL_SCHEDULER,
+        DUPLICATE_REPORTS,
+        MALFORMED_RECORDS,
+        WEDGE_GENERATOR,
+    ):
         for _ in range(counts[kind]):
             at = round(rng.uniform(start, end), 3)
             if kind == THROTTLE_GPU:
-                faults.append(Fault(0, kind, at, rng.choice(node_ids), rng.randrange(gpus_per_node),
-                                    timing.throttle_s))
+                faults.append(
+                    Fault(
+                        0,
+                        kind,
+                        at,
+                        rng.choice(node_ids),
+                        rng.randrange(gpus_per_node),
+                        timing.throttle_s,
+                    )
+                )
             elif kind == KILL_SCHEDULER:
-                faults.append(Fault(0, kind, at, "scheduler",
-                                    duration_s=round(rng.uniform(*timing.scheduler_down_s), 3)))
+                faults.append(
+                    Fault(
+                        0,
+                        kind,
+                        at,
+                        "scheduler",
+                        duration_s=round(rng.uniform(*timing.scheduler_down_s), 3),
+                    )
+                )
             elif kind == DUPLICATE_REPORTS:
                 faults.append(Fault(0, kind, at, count=rng.randint(10, 30)))
             else:
                 faults.append(Fault(0, kind, at))
     faults.sort(key=lambda f: (f.at_s, f.kind))
-    return tuple(Fault(i + 1, f.kind, f.at_s, f.target, f.gpu, f.duration_s, f.count)
-                 for i, f in enumerate(faults))
+    return tuple(
+        Fault(i + 1, f.kind, f.at_s, f.target, f.gpu, f.duration_s, f.count)
+        for i, f in enumerate(faults)
+    )
 
 
 def actions_of(faults: Iterable[Fault], timing: Timing = Timing()) -> list[Action]:
@@ -236,16 +285,27 @@ def actions_of(faults: Iterable[Fault], timing: Timing = Timing()) -> list[Actio
     out: list[Action] = []
     for f in faults:
         steps = iter(range(10))
-        a = lambda dt, op, final=True: Action(round(f.at_s + dt, 3), f.fault_id, f.kind, op,  # noqa: E731
-                                              f.target, f.gpu, f.count, final, next(steps))
+        a = lambda dt, op, final=True: Action(
+            round(f.at_s + dt, 3),
+            f.fault_id,
+            f.kind,
+            op,
+            f.target,
+            f.gpu,
+            f.count,
+            final,
+            next(steps),
+        )
         if f.kind == KILL_AGENT:
             out += [a(0, "crash", False), a(f.duration_s, "restart")]
         elif f.kind == PAUSE_AGENT:
-            out += [a(0, "pause", False), a(f.duration_s, "resume", False),
-                    a(f.duration_s + timing.zombie_s, "restart")]
+            out += [
+                a(0, "pause", False),
+                a(f.duration_s, "resume", False),
+                a(f.duration_s + timing.zombie_s, "restart"),
+            ]
         elif f.kind == ECC_GPU:
-            out += [a(0, "ecc", False), a(f.duration_s, "unecc", False),
-                    a(f.duration_s, "restart")]
+            out += [a(0, "ecc", False), a(f.duration_s, "unecc", False), a(f.duration_s, "restart")]
         elif f.kind == THROTTLE_GPU:
             out += [a(0, "throttle", False), a(f.duration_s, "unthrottle")]
         elif f.kind == KILL_SCHEDULER:
@@ -265,7 +325,7 @@ def actions_of(faults: Iterable[Fault], timing: Timing = Timing()) -> list[Actio
 @dataclass(frozen=True, slots=True)
 class Malformed:
     topic: str
-    key: Optional[bytes]
+    key: bytes | None
     partition: int
     value: bytes
     kind: str
@@ -281,35 +341,72 @@ def malformed_records(topics: Any, node: str, marker: str) -> list[Malformed]:
 
     def undecodable(topic: str) -> list[tuple[str, bytes]]:
         tag = f"{marker}/{topic}".encode()
-        valid = codec.encode(ev.Tick(event_id=f"chaos-{marker}-{topic}", ts_ms=0, cell="cell-0",
-                                     now_ms=0))
-        return [("bad_magic", b"chaos:" + tag),
-                ("unknown_fingerprint", codec.MAGIC + b"\xfe" * 8 + tag),
-                ("malformed_body", valid[:codec.HEADER_LEN] + b"\xff" * 12 + tag),
-                ("truncated", valid[:-3])]
+        valid = codec.encode(
+            ev.Tick(event_id=f"chaos-{marker}-{topic}", ts_ms=0, cell="cell-0", now_ms=0)
+        )
+        return [
+            ("bad_magic", b"chaos:" + tag),
+            ("unknown_fingerprint", codec.MAGIC + b"\xfe" * 8 + tag),
+            ("malformed_body", valid[: codec.HEADER_LEN] + b"\xff" * 12 + tag),
+            ("truncated", valid[:-3]),
+        ]
 
     out: list[Malformed] = []
-    placements = [(topics.COMMANDS.name, b"acme", partition_for_key("acme", topics.COMMANDS.partitions)),
-                  (topics.SCHEDULER.name, b"cell-0", 0),
-                  (topics.ASSIGNMENTS.name, node.encode(),
-                   partition_for_key(node, topics.ASSIGNMENTS.partitions)),
-                  (topics.JOB_EVENTS.name, b"chaos", partition_for_key("chaos", topics.JOB_EVENTS.partitions)),
-                  (topics.PROGRESS.name, b"chaos", partition_for_key("chaos", topics.PROGRESS.partitions))]
+    placements = [
+        (topics.COMMANDS.name, b"acme", partition_for_key("acme", topics.COMMANDS.partitions)),
+        (topics.SCHEDULER.name, b"cell-0", 0),
+        (
+            topics.ASSIGNMENTS.name,
+            node.encode(),
+            partition_for_key(node, topics.ASSIGNMENTS.partitions),
+        ),
+        (
+            topics.JOB_EVENTS.name,
+            b"chaos",
+            partition_for_key("chaos", topics.JOB_EVENTS.partitions),
+        ),
+        (topics.PROGRESS.name, b"chaos", partition_for_key("chaos", topics.PROGRESS.partitions)),
+    ]
     for topic, key, partition in placements:
         for kind, value in undecodable(topic):
             out.append(Malformed(topic, key, partition, value, kind))
-    wrong_type = codec.encode(ev.Tick(event_id=f"chaos-{marker}-type", ts_ms=0, cell="cell-0",
-                                      now_ms=0))
+    wrong_type = codec.encode(
+        ev.Tick(event_id=f"chaos-{marker}-type", ts_ms=0, cell="cell-0", now_ms=0)
+    )
     out.append(Malformed(topics.COMMANDS.name, b"acme", placements[0][2], wrong_type, "wrong_type"))
-    out.append(Malformed(topics.ASSIGNMENTS.name, node.encode(), placements[2][2],
-                         codec.encode(ev.Tick(event_id=f"chaos-{marker}-atype", ts_ms=0,
-                                              cell="cell-0", now_ms=0)), "wrong_type"))
-    out.append(Malformed(topics.SCHEDULER.name, b"cell-0", 0,
-                         codec.encode(ev.JobCompleted(event_id=f"chaos-{marker}-stype", ts_ms=0,
-                                                      job_id="chaos", run=1)), "wrong_type"))
-    out.append(Malformed(topics.SCHEDULER.name, b"cell-0", 0,
-                         codec.encode(ev.Tick(event_id=f"chaos-{marker}-cell", ts_ms=0,
-                                              cell="cell-1", now_ms=1)), "wrong_cell"))
+    out.append(
+        Malformed(
+            topics.ASSIGNMENTS.name,
+            node.encode(),
+            placements[2][2],
+            codec.encode(
+                ev.Tick(event_id=f"chaos-{marker}-atype", ts_ms=0, cell="cell-0", now_ms=0)
+            ),
+            "wrong_type",
+        )
+    )
+    out.append(
+        Malformed(
+            topics.SCHEDULER.name,
+            b"cell-0",
+            0,
+            codec.encode(
+                ev.JobCompleted(event_id=f"chaos-{marker}-stype", ts_ms=0, job_id="chaos", run=1)
+            ),
+            "wrong_type",
+        )
+    )
+    out.append(
+        Malformed(
+            topics.SCHEDULER.name,
+            b"cell-0",
+            0,
+            codec.encode(
+                ev.Tick(event_id=f"chaos-{marker}-cell", ts_ms=0, cell="cell-1", now_ms=1)
+            ),
+            "wrong_cell",
+        )
+    )
     return out
 
 
@@ -317,8 +414,14 @@ def malformed_records(topics: Any, node: str, marker: str) -> list[Malformed]:
 # Accounting (pure functions over decoded events)
 # ==================================================================================
 TERMINAL_TYPES = (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobRejected)
-AGENT_REPORTS = (ev.RunStarted, ev.RunCheckpointed, ev.RunCompleted, ev.RunFailed,
-                 ev.RunStopped, ev.NodeHeartbeat)
+AGENT_REPORTS = (
+    ev.RunStarted,
+    ev.RunCheckpointed,
+    ev.RunCompleted,
+    ev.RunFailed,
+    ev.RunStopped,
+    ev.NodeHeartbeat,
+)
 _POSITION = re.compile(r"^(?P<src>[^@]+)@(?P<offset>\d+)/(?P<index>\d+)$")
 
 
@@ -343,8 +446,11 @@ def unique(events: Iterable[Any]) -> list[Any]:
 
 def cell_ordered(job_events: Iterable[Any]) -> list[Any]:
     """The cells' outputs, deduplicated, in the order the folds emitted them."""
-    cell = [e for e in unique(job_events) if position(e.event_id)[1] >= 0
-            and position(e.event_id)[0].startswith("cell-")]
+    cell = [
+        e
+        for e in unique(job_events)
+        if position(e.event_id)[1] >= 0 and position(e.event_id)[0].startswith("cell-")
+    ]
     return sorted(cell, key=lambda e: position(e.event_id))
 
 
@@ -384,8 +490,10 @@ def _run_ends(ordered: Sequence[Any]) -> dict[tuple[str, int], Any]:
     """The event that ended each run, for the scheduler."""
     ends: dict[tuple[str, int], Any] = {}
     for e in ordered:
-        if isinstance(e, (ev.JobRequeued, ev.JobCompleted, ev.JobFailed, ev.JobCancelled)) \
-                and e.run > 0:
+        if (
+            isinstance(e, (ev.JobRequeued, ev.JobCompleted, ev.JobFailed, ev.JobCancelled))
+            and e.run > 0
+        ):
             ends.setdefault((e.job_id, e.run), e)
     return ends
 
@@ -407,8 +515,15 @@ def double_booked_by_scheduler(ordered: Sequence[Any]) -> list[dict]:
                     gpu = (piece.node_id, g)
                     prev = holder.get(gpu)
                     if prev is not None and prev in live and prev != key:
-                        conflicts.append({"node": piece.node_id, "gpu": g, "held_by": list(prev),
-                                          "assigned_to": list(key), "at": e.event_id})
+                        conflicts.append(
+                            {
+                                "node": piece.node_id,
+                                "gpu": g,
+                                "held_by": list(prev),
+                                "assigned_to": list(key),
+                                "at": e.event_id,
+                            }
+                        )
                     holder[gpu] = key
             live.add(key)
         elif isinstance(e, (ev.JobRequeued, ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
@@ -420,38 +535,62 @@ def double_booked_on_nodes(ordered: Sequence[Any], scheduler_events: Sequence[An
     """Two runs started on one GPU of a node before the first one's final report
     from that node (or the node's next registration, which ends its processes)."""
     placed = placements(ordered)
-    occupant: dict[tuple[str, int], tuple[str, int, int]] = {}   # gpu -> (job, run, incarnation)
+    occupant: dict[tuple[str, int], tuple[str, int, int]] = {}  # gpu -> (job, run, incarnation)
     conflicts = []
     for e in unique(scheduler_events):
         if isinstance(e, ev.NodeRegistered):
-            for gpu in [k for k, v in occupant.items() if k[0] == e.node_id and v[2] < e.incarnation]:
+            for gpu in [
+                k for k, v in occupant.items() if k[0] == e.node_id and v[2] < e.incarnation
+            ]:
                 del occupant[gpu]
         elif isinstance(e, ev.RunStarted):
             assigned = placed.get((e.job_id, e.run))
-            gpus = [g for p in (assigned.placement if assigned else ()) if p.node_id == e.node_id
-                    for g in p.gpus]
+            gpus = [
+                g
+                for p in (assigned.placement if assigned else ())
+                if p.node_id == e.node_id
+                for g in p.gpus
+            ]
             for g in gpus:
                 prev = occupant.get((e.node_id, g))
                 if prev is not None and prev[:2] != (e.job_id, e.run):
-                    conflicts.append({"node": e.node_id, "gpu": g, "running": list(prev[:2]),
-                                      "started": [e.job_id, e.run]})
+                    conflicts.append(
+                        {
+                            "node": e.node_id,
+                            "gpu": g,
+                            "running": list(prev[:2]),
+                            "started": [e.job_id, e.run],
+                        }
+                    )
                 occupant[(e.node_id, g)] = (e.job_id, e.run, e.incarnation)
         elif isinstance(e, (ev.RunCompleted, ev.RunFailed, ev.RunStopped)):
-            for gpu in [k for k, v in occupant.items()
-                        if k[0] == e.node_id and v[:2] == (e.job_id, e.run)]:
+            for gpu in [
+                k for k, v in occupant.items() if k[0] == e.node_id and v[:2] == (e.job_id, e.run)
+            ]:
                 del occupant[gpu]
     return conflicts
 
 
-def leaked_gpus(ordered: Sequence[Any]) -> tuple[list[dict], Optional[str]]:
+def leaked_gpus(ordered: Sequence[Any]) -> tuple[list[dict], str | None]:
     """GPUs still held in the last CellStatus of each cell (every job being terminal)."""
     last: dict[str, ev.CellStatus] = {}
     for e in ordered:
         if isinstance(e, ev.CellStatus):
             last[e.cell] = e
-    leaks = [{"cell": c, "node": n.node_id, "gpu": g.index, "job_id": g.job_id, "run": g.run,
-              "state": g.state}
-             for c, status in last.items() for n in status.nodes for g in n.gpus if g.job_id]
+    leaks = [
+        {
+            "cell": c,
+            "node": n.node_id,
+            "gpu": g.index,
+            "job_id": g.job_id,
+            "run": g.run,
+            "state": g.state,
+        }
+        for c, status in last.items()
+        for n in status.nodes
+        for g in n.gpus
+        if g.job_id
+    ]
     return leaks, max((s.event_id for s in last.values()), default=None)
 
 
@@ -464,12 +603,21 @@ def reason_gist(reason: str) -> str:
 
 def ignored_reports(ordered: Sequence[Any]) -> dict[str, int]:
     """ReportIgnored counted by the gist of their reasons."""
-    return dict(Counter(reason_gist(e.reason) for e in ordered
-                        if isinstance(e, ev.ReportIgnored)).most_common())
+    return dict(
+        Counter(
+            reason_gist(e.reason) for e in ordered if isinstance(e, ev.ReportIgnored)
+        ).most_common()
+    )
 
 
-def classify_run_end(end: Any, preempted: bool, role: str, wedged: bool,
-                     nodes: Sequence[str], fault_log: Sequence[Mapping[str, Any]]) -> str:
+def classify_run_end(
+    end: Any,
+    preempted: bool,
+    role: str,
+    wedged: bool,
+    nodes: Sequence[str],
+    fault_log: Sequence[Mapping[str, Any]],
+) -> str:
     """Which fault kind cost a run, from the event that ended it and the fault log."""
     if preempted:
         return "preemption"
@@ -499,17 +647,28 @@ def classify_run_end(end: Any, preempted: bool, role: str, wedged: bool,
     # Anything else is blamed on the latest node fault on one of the run's nodes (a
     # stalled agent may also take a healthy generator for hung), if there is one.
     at = end.ts_ms
-    hits = [f for f in fault_log if f.get("node") in nodes and f["t_ms"] <= at + 1000
-            and at - f["t_ms"] <= 120_000 and f["kind"] in NODE_FAULTS + ("supervisor",)]
+    hits = [
+        f
+        for f in fault_log
+        if f.get("node") in nodes
+        and f["t_ms"] <= at + 1000
+        and at - f["t_ms"] <= 120_000
+        and f["kind"] in NODE_FAULTS + ("supervisor",)
+    ]
     if hits:
         return max(hits, key=lambda f: f["t_ms"])["kind"]
     return f"{cls or 'other'} (no injected fault)"
 
 
-def wasted_by_fault(ordered: Sequence[Any], scheduler_events: Sequence[Any],
-                    specs: Mapping[str, ev.JobSpec], roles: Mapping[str, str],
-                    wedged: Iterable[str], fault_log: Sequence[Mapping[str, Any]],
-                    time_scale: float) -> dict[str, dict[str, Any]]:
+def wasted_by_fault(
+    ordered: Sequence[Any],
+    scheduler_events: Sequence[Any],
+    specs: Mapping[str, ev.JobSpec],
+    roles: Mapping[str, str],
+    wedged: Iterable[str],
+    fault_log: Sequence[Mapping[str, Any]],
+    time_scale: float,
+) -> dict[str, dict[str, Any]]:
     """GPU-seconds each fault kind wasted: for every run that did not complete, its
     GPUs x the time from its last durable point (last checkpoint, else its start)
     to the event that ended it; compared with the job's checkpoint interval."""
@@ -535,10 +694,24 @@ def wasted_by_fault(ordered: Sequence[Any], scheduler_events: Sequence[Any],
         lost_s = max(0.0, (end.ts_ms - durable) / 1000)
         spec = specs.get(key[0])
         interval = (spec.checkpoint_interval_s / time_scale) if spec and time_scale > 0 else 0.0
-        kind = classify_run_end(end, key in preempted, roles.get(key[0], NORMAL), key[0] in wedged,
-                                [p.node_id for p in assigned.placement], fault_log)
-        row = rows.setdefault(kind, {"runs": 0, "gpu_s": 0.0, "checkpointable_runs": 0,
-                                     "intervals": [], "resumed_from_checkpoint": 0})
+        kind = classify_run_end(
+            end,
+            key in preempted,
+            roles.get(key[0], NORMAL),
+            key[0] in wedged,
+            [p.node_id for p in assigned.placement],
+            fault_log,
+        )
+        row = rows.setdefault(
+            kind,
+            {
+                "runs": 0,
+                "gpu_s": 0.0,
+                "checkpointable_runs": 0,
+                "intervals": [],
+                "resumed_from_checkpoint": 0,
+            },
+        )
         row["runs"] += 1
         row["gpu_s"] += assigned.gpus * lost_s
         if isinstance(end, ev.JobRequeued) and end.resume_from:
@@ -549,10 +722,13 @@ def wasted_by_fault(ordered: Sequence[Any], scheduler_events: Sequence[Any],
     out = {}
     for kind, row in sorted(rows.items()):
         iv = row.pop("intervals")
-        out[kind] = {**row, "gpu_s": round(row["gpu_s"], 1),
-                     "gpu_s_per_run": round(row["gpu_s"] / row["runs"], 2),
-                     "lost_intervals_mean": round(sum(iv) / len(iv), 2) if iv else None,
-                     "lost_intervals_max": round(max(iv), 2) if iv else None}
+        out[kind] = {
+            **row,
+            "gpu_s": round(row["gpu_s"], 1),
+            "gpu_s_per_run": round(row["gpu_s"] / row["runs"], 2),
+            "lost_intervals_mean": round(sum(iv) / len(iv), 2) if iv else None,
+            "lost_intervals_max": round(max(iv), 2) if iv else None,
+        }
     return out
 
 
@@ -565,21 +741,33 @@ def dead_letter_check(injected: Sequence[Malformed], dead: Sequence[Any]) -> dic
             reasons.setdefault(rec.value, reason.decode(errors="replace"))
     missing = [{"topic": m.topic, "kind": m.kind} for m in injected if m.value not in reasons]
     got = Counter(reasons[m.value] for m in injected if m.value in reasons)
-    return {"injected": len(injected), "dead_lettered": len(injected) - len(missing),
-            "missing": missing, "reasons": dict(got),
-            "by_topic": dict(Counter(m.topic for m in injected))}
+    return {
+        "injected": len(injected),
+        "dead_lettered": len(injected) - len(missing),
+        "missing": missing,
+        "reasons": dict(got),
+        "by_topic": dict(Counter(m.topic for m in injected)),
+    }
 
 
-def account(job_events: Sequence[Any], scheduler_events: Sequence[Any], dead: Sequence[Any],
-            submitted: Sequence[str], roles: Mapping[str, str], injected: Sequence[Malformed],
-            fault_log: Sequence[Mapping[str, Any]], wedged: Iterable[str],
-            time_scale: float) -> dict[str, Any]:
+def account(
+    job_events: Sequence[Any],
+    scheduler_events: Sequence[Any],
+    dead: Sequence[Any],
+    submitted: Sequence[str],
+    roles: Mapping[str, str],
+    injected: Sequence[Malformed],
+    fault_log: Sequence[Mapping[str, Any]],
+    wedged: Iterable[str],
+    time_scale: float,
+) -> dict[str, Any]:
     """The run's report from what the log says (see the module docstring)."""
     ordered = cell_ordered(job_events)
     report = terminal_summary(job_events, submitted)
     expected = {j for j, r in roles.items() if r != NORMAL}
-    report["failed_unexpected"] = {j: r for j, r in report["failed_reasons"].items()
-                                   if j not in expected}
+    report["failed_unexpected"] = {
+        j: r for j, r in report["failed_reasons"].items() if j not in expected
+    }
     report["failed_as_planned"] = sum(1 for j in report["failed_reasons"] if j in expected)
     sched = double_booked_by_scheduler(ordered)
     nodes = double_booked_on_nodes(ordered, scheduler_events)
@@ -590,10 +778,12 @@ def account(job_events: Sequence[Any], scheduler_events: Sequence[Any], dead: Se
     report["leaks"] = leaks[:50]
     report["final_cell_status"] = status_id
     specs = {e.spec.job_id: e.spec for e in unique(job_events) if isinstance(e, ev.JobAdmitted)}
-    report["wasted_by_fault"] = wasted_by_fault(ordered, scheduler_events, specs, roles, wedged,
-                                                fault_log, time_scale)
-    report["resumed_runs"] = sum(1 for e in ordered
-                                 if isinstance(e, ev.JobAssigned) and e.resume_from)
+    report["wasted_by_fault"] = wasted_by_fault(
+        ordered, scheduler_events, specs, roles, wedged, fault_log, time_scale
+    )
+    report["resumed_runs"] = sum(
+        1 for e in ordered if isinstance(e, ev.JobAssigned) and e.resume_from
+    )
     report["reports_ignored"] = ignored_reports(ordered)
     report["dead_letter"] = dead_letter_check(injected, dead)
     return report
@@ -601,9 +791,11 @@ def account(job_events: Sequence[Any], scheduler_events: Sequence[Any], dead: Se
 
 def failures(report: Mapping[str, Any]) -> list[str]:
     """What makes a run fail, in words (empty: it passed)."""
-    out = [f"{name} = {report[name]}" for name in
-           ("lost", "duplicate_terminal_events", "leaked_gpus", "double_booked_gpus")
-           if report.get(name)]
+    out = [
+        f"{name} = {report[name]}"
+        for name in ("lost", "duplicate_terminal_events", "leaked_gpus", "double_booked_gpus")
+        if report.get(name)
+    ]
     missing = report.get("dead_letter", {}).get("missing")
     if missing:
         out.append(f"{len(missing)} malformed record(s) never reached dead-letter")
@@ -620,15 +812,21 @@ def format_report(report: Mapping[str, Any]) -> str:
     """The human summary ``framespool chaos`` prints."""
     r = report
     cfg = r.get("config", {})
-    lines = [f"chaos seed {cfg.get('seed')}: {r['submitted']} jobs on {cfg.get('nodes')} nodes x "
-             f"{cfg.get('gpus_per_node')} GPUs, time scale {cfg.get('time_scale')}, "
-             f"wall {r.get('wall_s', 0):.0f} s"]
+    lines = [
+        f"chaos seed {cfg.get('seed')}: {r['submitted']} jobs on {cfg.get('nodes')} nodes x "
+        f"{cfg.get('gpus_per_node')} GPUs, time scale {cfg.get('time_scale')}, "
+        f"wall {r.get('wall_s', 0):.0f} s"
+    ]
     by_class = ", ".join(f"{k} {v}" for k, v in sorted(r["failed_by_class"].items())) or "none"
-    lines.append(f"  submitted {r['submitted']}  completed {r['completed']}  failed {r['failed']} "
-                 f"({by_class}; {r['failed_as_planned']} as planned)  cancelled {r['cancelled']}  "
-                 f"rejected {r['rejected']}")
-    lines.append(f"  lost {r['lost']}  duplicate terminal events {r['duplicate_terminal_events']}  "
-                 f"leaked GPUs {r['leaked_gpus']}  double-booked GPUs {r['double_booked_gpus']}")
+    lines.append(
+        f"  submitted {r['submitted']}  completed {r['completed']}  failed {r['failed']} "
+        f"({by_class}; {r['failed_as_planned']} as planned)  cancelled {r['cancelled']}  "
+        f"rejected {r['rejected']}"
+    )
+    lines.append(
+        f"  lost {r['lost']}  duplicate terminal events {r['duplicate_terminal_events']}  "
+        f"leaked GPUs {r['leaked_gpus']}  double-booked GPUs {r['double_booked_gpus']}"
+    )
     for job_id, reason in list(r["failed_unexpected"].items())[:5]:
         lines.append(f"  unplanned failure {job_id}: {reason.splitlines()[0][:160]}")
     for job_id, reason in list(r["failed_reasons"].items())[:3]:
@@ -639,29 +837,44 @@ def format_report(report: Mapping[str, Any]) -> str:
     if r.get("faults_skipped"):
         lines.append(f"  faults skipped: {r['faults_skipped']}")
     if r.get("supervisor_restarts"):
-        lines.append(f"  agents restarted by the supervisor (node out of service without a "
-                     f"fault of ours): {r['supervisor_restarts']}")
+        lines.append(
+            f"  agents restarted by the supervisor (node out of service without a "
+            f"fault of ours): {r['supervisor_restarts']}"
+        )
     dl = r["dead_letter"]
-    lines.append(f"  malformed records dead-lettered {dl['dead_lettered']}/{dl['injected']} "
-                 f"({', '.join(f'{k} {v}' for k, v in sorted(dl['reasons'].items()))})")
+    lines.append(
+        f"  malformed records dead-lettered {dl['dead_lettered']}/{dl['injected']} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(dl['reasons'].items()))})"
+    )
     ignored = ", ".join(f"{k} {v}" for k, v in list(r["reports_ignored"].items())[:6])
     lines.append(f"  reports ignored: {ignored or 'none'}")
-    lines.append(f"  runs resumed from a checkpoint: {r['resumed_runs']}; "
-                 f"terminal records redelivered with the same id: "
-                 f"{r['redelivered_terminal_records']}")
-    lines.append("  wasted GPU-seconds by fault (from each lost run's last checkpoint to the event "
-                 "that ended it; lost time in checkpoint intervals):")
+    lines.append(
+        f"  runs resumed from a checkpoint: {r['resumed_runs']}; "
+        f"terminal records redelivered with the same id: "
+        f"{r['redelivered_terminal_records']}"
+    )
+    lines.append(
+        "  wasted GPU-seconds by fault (from each lost run's last checkpoint to the event "
+        "that ended it; lost time in checkpoint intervals):"
+    )
     for kind, w in r["wasted_by_fault"].items():
-        iv = (f"mean {w['lost_intervals_mean']} max {w['lost_intervals_max']} intervals over "
-              f"{w['checkpointable_runs']} checkpointable" if w["lost_intervals_mean"] is not None
-              else "no checkpointable runs")
-        lines.append(f"    {kind:<34} runs {w['runs']:>3}  {w['gpu_s']:>8.1f} GPU-s  "
-                     f"({w['gpu_s_per_run']} per run; {iv})")
+        iv = (
+            f"mean {w['lost_intervals_mean']} max {w['lost_intervals_max']} intervals over "
+            f"{w['checkpointable_runs']} checkpointable"
+            if w["lost_intervals_mean"] is not None
+            else "no checkpointable runs"
+        )
+        lines.append(
+            f"    {kind:<34} runs {w['runs']:>3}  {w['gpu_s']:>8.1f} GPU-s  "
+            f"({w['gpu_s_per_run']} per run; {iv})"
+        )
     verdict = r.get("verify")
     if verdict is not None:
         state = {True: "OK", False: "VIOLATED", None: f"could not run ({verdict.get('error')})"}
-        lines.append(f"  framespool.processors.tools.verify: {state[verdict.get('ok')]}"
-                     + "".join(f"\n    {v}" for v in verdict.get("violation_counts", {}).items()))
+        lines.append(
+            f"  framespool.processors.tools.verify: {state[verdict.get('ok')]}"
+            + "".join(f"\n    {v}" for v in verdict.get("violation_counts", {}).items())
+        )
     problems = failures(r)
     lines.append("  result: " + ("OK" if not problems else "FAILED: " + "; ".join(problems)))
     return "\n".join(lines)

@@ -1,0 +1,7 @@
+"""The chaos drill: a seeded workload on the embedded stack under injected faults.
+
+``plan`` is pure (the fault plan, the malformed records, the report); ``drill``
+runs the stack, injects the plan's faults and collects the log for ``verify``.
+It is its own package, not part of the composition root: ``framespool chaos``
+(``framespool.commands.chaos``) only parses its flags and calls it.
+"""
