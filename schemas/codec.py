@@ -37,7 +37,7 @@ import copy
 import json
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from io import BytesIO
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -205,10 +205,16 @@ def _map_pair(values: _Pair) -> _Pair:
 class _ConverterBuilder:
     """Builds (and memoizes) one converter pair per named record."""
 
-    def __init__(self, definitions: dict[str, dict], classes: dict[str, type]) -> None:
+    def __init__(self, definitions: dict[str, dict], classes: Mapping[str, type]) -> None:
         self._definitions = definitions
         self._classes = classes
         self._records: dict[str, _Pair] = {}
+
+    def codec(self, full: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+        """The (encode, decode) pair of a top-level record: never a pass-through."""
+        encode, decode = self.record(full)
+        assert encode is not None and decode is not None, full
+        return encode, decode
 
     def record(self, full: str) -> _Pair:
         if full not in self._records:
@@ -258,22 +264,22 @@ class _ConverterBuilder:
 # --------------------------------------------------------------------------
 class _Encoder(NamedTuple):
     header: bytes
-    schema: dict  # parsed
-    to_dict: Callable[[Any], dict]
+    schema: Any  # parsed (fastavro's Schema)
+    to_dict: Callable[[Any], Any]
 
 
 class _Reader(NamedTuple):
     name: str
     label: str  # "SubmitJob" or "SubmitJob.v1"
-    writer: dict  # parsed
-    reader: dict | None  # parsed current schema when it differs from the writer
-    build: Callable[[dict], Any]
+    writer: Any  # parsed (fastavro's Schema)
+    reader: Any  # parsed current schema when it differs from the writer, else None
+    build: Callable[[Any], Any]
 
 
 def _build_registry():
     definitions = _load_current()
     classes = {f"{NAMESPACE}.{c.__name__}": c for c in (*EVENT_TYPES, *NESTED_TYPES)}
-    events_by_name = {c.__name__: c for c in EVENT_TYPES}
+    events_by_name: dict[str, type] = {c.__name__: c for c in EVENT_TYPES}
     missing = sorted(set(classes) - set(definitions))
     if missing:
         raise SchemaError(f"dataclasses without an .avsc in {AVRO_DIR}: {missing}")
@@ -286,13 +292,14 @@ def _build_registry():
         short = full.rpartition(".")[2]
         standalone[short] = _standalone(raw, definitions, set(), NAMESPACE, f"{short}.avsc")
         fingerprints[short] = schema_fingerprint(standalone[short])
+    cls: type | None
     for cls in EVENT_TYPES:
         name = cls.__name__
         parsed = parse_schema(standalone[name])
         fp = fingerprints[name].to_bytes(8, "little")
-        pair = converters.record(f"{NAMESPACE}.{name}")
-        encoders[cls] = _Encoder(MAGIC + fp, parsed, pair.encode)
-        readers[fp] = _Reader(name, name, parsed, None, pair.decode)
+        encode, decode = converters.codec(f"{NAMESPACE}.{name}")
+        encoders[cls] = _Encoder(MAGIC + fp, parsed, encode)
+        readers[fp] = _Reader(name, name, parsed, None, decode)
     for path in sorted(HISTORY_DIR.glob("*.avsc")):
         match = _HISTORY_FILE.match(path.name)
         cls = events_by_name.get(match["name"]) if match else None
