@@ -12,6 +12,25 @@ scheduler -> job-events), not generation's:
 
 Job events are read by the bench's own consumer of the job-events topic, so
 the figures include one consumer hop.
+
+3. the latency budget per hop (:func:`hop_split`): after the latency phase the
+   bench reads the log back and splits each latency-phase job's submit ->
+   assigned into the hops it crossed, from the producer timestamps (CreateTime,
+   ms) the records carry:
+
+   ============  ==============================================================
+   ``api``       client send -> SubmitJob on the commands topic (HTTP, validation)
+   ``admission`` SubmitJob -> JobAdmitted on the scheduler topic (commands hop,
+                 admission fold, produce)
+   ``decision``  JobAdmitted -> JobAssigned on job-events (scheduler-topic hop,
+                 the cell's fold, produce)
+   ``delivery``  JobAssigned -> RunStarted on the scheduler topic (assignments
+                 hop, the agent starts the run and reports it)
+   ``observe``   JobAssigned -> the bench's consumer saw it (job-events hop)
+   ============  ==============================================================
+
+   All processes run on one machine and share its clock, so differences of
+   their timestamps are meaningful to the millisecond.
 """
 
 from __future__ import annotations
@@ -44,6 +63,7 @@ class PipelineResult:
     nodes: int
     gpus: int
     failed: int = 0
+    hops_ms: dict[str, dict[str, float]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -60,6 +80,7 @@ class EventWatcher(threading.Thread):
         self.consumer = LogConsumer(bootstrap)
         self.consumer.assign(JOB_EVENTS.name, range(JOB_EVENTS.partitions), 0)
         self.assigned: dict[str, float] = {}
+        self.assigned_wall: dict[str, float] = {}  # ms since the epoch, for hop_split
         self.completed: dict[str, float] = {}
         self.failed: dict[str, float] = {}
         self.stopping = threading.Event()
@@ -77,6 +98,7 @@ class EventWatcher(threading.Thread):
                     continue
                 if isinstance(event, JobAssigned):
                     self.assigned.setdefault(event.job_id, now)
+                    self.assigned_wall.setdefault(event.job_id, time.time() * 1000)
                 elif isinstance(event, JobCompleted):
                     self.completed.setdefault(event.job_id, now)
                 elif isinstance(event, (JobFailed, JobRejected)):
@@ -89,7 +111,13 @@ class EventWatcher(threading.Thread):
 
 
 async def submit_many(
-    url: str, key: str, count: int, rate: float, concurrency: int, sent: dict[str, float]
+    url: str,
+    key: str,
+    count: int,
+    rate: float,
+    concurrency: int,
+    sent: dict[str, float],
+    sent_wall: dict[str, float] | None = None,
 ) -> None:
     import aiohttp
 
@@ -106,12 +134,14 @@ async def submit_many(
                 delay = start + i / rate - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time() * 1000
             async with session.post(f"{url}/v1/jobs", json=BODY, headers=headers) as resp:
                 doc = await resp.json()
                 if resp.status >= 300:
                     raise RuntimeError(f"submit refused: HTTP {resp.status} {doc}")
             sent[doc["job_id"]] = t0
+            if sent_wall is not None:
+                sent_wall[doc["job_id"]] = wall0
 
     for i in range(count):
         queue.put_nowait(i)
@@ -132,6 +162,73 @@ def percentiles(values: list[float]) -> dict[str, float]:
         else [ordered[0]] * 99
     )
     return {"p50": round(q[49], 2), "p99": round(q[98], 2), "max": round(ordered[-1], 2)}
+
+
+HOPS = ("api", "admission", "decision", "delivery", "observe")
+
+
+def hop_split(
+    sent_ms: dict[str, float],
+    stamps: dict[str, dict[str, float]],
+    observed_ms: dict[str, float],
+) -> dict[str, dict[str, float]]:
+    """p50/p99/max per hop (module docstring) over the jobs of ``sent_ms``.
+
+    ``stamps[kind][job_id]`` is the producer timestamp (ms) of the job's first
+    record of that kind: ``submit``, ``admitted``, ``assigned``, ``started``.
+    A job missing a stamp contributes to the hops it has both ends of.
+    Cost: O(jobs) plus the sort in :func:`percentiles`.
+    """
+    ends = {
+        "api": (sent_ms, stamps.get("submit", {})),
+        "admission": (stamps.get("submit", {}), stamps.get("admitted", {})),
+        "decision": (stamps.get("admitted", {}), stamps.get("assigned", {})),
+        "delivery": (stamps.get("assigned", {}), stamps.get("started", {})),
+        "observe": (stamps.get("assigned", {}), observed_ms),
+    }
+    out = {}
+    for hop in HOPS:
+        start, end = ends[hop]
+        # clocks are shared but ms-truncated: a hop can read as -1 ms, never less
+        out[hop] = percentiles(
+            [max(0.0, end[j] - start[j]) for j in sent_ms if j in start and j in end]
+        )
+    return out
+
+
+def log_stamps(bootstrap: str, job_ids: set[str]) -> dict[str, dict[str, float]]:
+    """The producer timestamps of each job's first SubmitJob, JobAdmitted,
+    JobAssigned and RunStarted, read back from the log (commands, scheduler and
+    job-events topics, from offset 0 to their high watermarks)."""
+    from framespool.producers.log import read_all
+    from framespool.schemas import codec
+    from framespool.schemas import events as ev
+    from framespool.schemas.topics import COMMANDS, JOB_EVENTS, SCHEDULER
+
+    stamps: dict[str, dict[str, float]] = {
+        k: {} for k in ("submit", "admitted", "assigned", "started")
+    }
+    kinds = {
+        ev.SubmitJob: "submit",
+        ev.JobAdmitted: "admitted",
+        ev.JobAssigned: "assigned",
+        ev.RunStarted: "started",
+    }
+    for topic in (COMMANDS, SCHEDULER, JOB_EVENTS):
+        for record in read_all(bootstrap, topic.name):
+            if record.value is None or record.timestamp_ms is None:
+                continue
+            try:
+                event = codec.decode(record.value)
+            except codec.DecodeError:
+                continue
+            kind = kinds.get(type(event))
+            if kind is None:
+                continue
+            job_id = event.spec.job_id if kind in ("submit", "admitted") else event.job_id
+            if job_id in job_ids:
+                stamps[kind].setdefault(job_id, float(record.timestamp_ms))
+    return stamps
 
 
 def wait_for(
@@ -188,12 +285,15 @@ def bench_pipeline(
             elapsed = (max(done) - t0) if done else float("inf")
             # 2. latency at a fixed offered rate
             lat: dict[str, float] = {}
+            lat_wall: dict[str, float] = {}
             n = int(rate * seconds)
             s0 = time.perf_counter()
-            asyncio.run(submit_many(stack.api_url, key, n, rate, concurrency, lat))
+            asyncio.run(submit_many(stack.api_url, key, n, rate, concurrency, lat, lat_wall))
             submit_elapsed = time.perf_counter() - s0
             wait_for(watcher.assigned, lat, 120, watcher.failed)
             wait_for(watcher.completed, lat, 120, watcher.failed)
+            # 3. the per-hop split of the latency phase, from the log's timestamps
+            stamps = log_stamps(stack.broker.bootstrap_servers, set(lat_wall))
         finally:
             watcher.stop()
     assigned = [1000 * (watcher.assigned[j] - t) for j, t in lat.items() if j in watcher.assigned]
@@ -211,4 +311,5 @@ def bench_pipeline(
         nodes=nodes,
         gpus=nodes * gpus_per_node,
         failed=len(watcher.failed),
+        hops_ms=hop_split(lat_wall, stamps, watcher.assigned_wall),
     )

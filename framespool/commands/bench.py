@@ -152,6 +152,9 @@ def handle_pipeline(args: argparse.Namespace) -> int:
         f"achieved; target p99 <= 50 ms)"
     )
     print(f"  submit->completed p50 {done['p50']} ms  p99 {done['p99']} ms")
+    print("  submit->assigned by hop (p50 / p99 ms):")
+    for hop, q in (result.get("hops_ms") or {}).items():
+        print(f"    {hop:<10} {q['p50']:>8} {q['p99']:>8}")
     return write_json(args.json, result)
 
 

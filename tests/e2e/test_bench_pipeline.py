@@ -38,4 +38,9 @@ def test_bench_pipeline_runs_end_to_end_and_writes_its_keys(tmp_path):
     result = _json.loads(out.read_text())
     assert result["completed"] == 20 and result["failed"] == 0
     assert set(result["submit_to_assigned_ms"]) >= {"p50", "p99"}
+    # the latency budget: every hop measured for the latency-phase jobs
+    hops = result["hops_ms"]
+    assert list(hops) == ["api", "admission", "decision", "delivery", "observe"]
+    for hop, q in hops.items():
+        assert q["p50"] == q["p50"] and q["p50"] >= 0, (hop, q)  # not NaN: the hop was seen
     assert result["jobs_per_s"] > 0

@@ -47,3 +47,22 @@ def test_placement_bench_fills_the_empty_fleet_from_the_queue() -> None:
     fill = result["fill"]
     assert fill["placements"] > 0 and fill["passes"] >= 1
     assert result["after_completions"]["placements"] > 0
+
+
+def test_hop_split_measures_each_hop_between_its_two_stamps():
+    from framespool.pipeline_bench import HOPS, hop_split
+
+    sent = {"a": 1000.0, "b": 2000.0}
+    stamps = {
+        "submit": {"a": 1004.0, "b": 2002.0},
+        "admitted": {"a": 1010.0, "b": 2003.0},
+        "assigned": {"a": 1030.0},  # b was never assigned
+        "started": {"a": 1031.0},
+    }
+    hops = hop_split(sent, stamps, {"a": 1029.0})
+    assert tuple(hops) == HOPS
+    assert hops["api"]["max"] == 4.0 and hops["api"]["p50"] == 3.0
+    assert hops["admission"]["max"] == 6.0
+    assert hops["decision"] == {"p50": 20.0, "p99": 20.0, "max": 20.0}
+    assert hops["delivery"]["max"] == 1.0
+    assert hops["observe"]["max"] == 0.0  # ms-truncated clocks: never negative
