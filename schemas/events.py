@@ -201,6 +201,8 @@ class JobRequeued:
     reason: str
     resume_from: str | None = None
     retries_left: int = 0
+    cause: str = ""  # a RunCause code (framespool.schemas.causes)
+    failure_class: str = ""  # the retry class charged; "" for a move or preemption
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,6 +232,7 @@ class JobFailed:
     run: int
     reason: str
     failure_class: str = ""
+    cause: str = ""  # a RunCause code (framespool.schemas.causes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,7 @@ from fastavro.read import SchemaResolutionError
 
 from framespool.schemas import codec
 from framespool.schemas import events as ev
+from framespool.schemas.causes import RunCause
 
 HISTORY_DIR = Path(codec.__file__).resolve().parent / "avro" / "history"
 HISTORY_FILES = sorted(HISTORY_DIR.glob("*.avsc"))
@@ -39,11 +40,13 @@ PUBLISHED: dict[int, str] = {
     410677305261948217: "JobAssigned",
     11590368638228278672: "JobCancelled",
     11409721385229893718: "JobCompleted",
-    14039620250252508977: "JobFailed",
+    14039620250252508977: "JobFailed",  # v1, before cause
+    11337470190741820709: "JobFailed",
     12655476728794218687: "JobPreempted",
     6330376819410712608: "JobQueued",
     3255541121579035984: "JobRejected",
-    4184484722552005384: "JobRequeued",
+    4184484722552005384: "JobRequeued",  # v1, before cause and failure_class
+    10664622816892659894: "JobRequeued",
     5600814957622728919: "JobWaitEstimated",
     10334197358283290359: "NodeHeartbeat",  # v1, before runs
     2097034915834626238: "NodeHeartbeat",
@@ -202,7 +205,12 @@ def event_name(path: Path) -> str:
 # The history files
 # --------------------------------------------------------------------------
 def test_there_is_history_to_test():
-    assert {p.name for p in HISTORY_FILES} >= {"SubmitJob.v1.avsc", "NodeHeartbeat.v1.avsc"}
+    assert {p.name for p in HISTORY_FILES} >= {
+        "SubmitJob.v1.avsc",
+        "NodeHeartbeat.v1.avsc",
+        "JobRequeued.v1.avsc",
+        "JobFailed.v1.avsc",
+    }
 
 
 @pytest.mark.parametrize("path", HISTORY_FILES, ids=lambda p: p.name)
@@ -290,6 +298,46 @@ def test_node_heartbeat_v1_reports_no_runs():
         gpus=(ev.GpuHealth(index=0, temperature_c=81.5, ecc_uncorrected=1),),
     )
     assert event.runs == ()
+
+
+def test_run_ends_written_before_causes_read_as_unrecorded():
+    requeued = {
+        "event_id": "q-1",
+        "ts_ms": 5,
+        "job_id": "job-1",
+        "run": 2,
+        "reason": "retry after node_lost: node n1 down: no heartbeat for 6.1s",
+        "resume_from": "s3://ck/1",
+        "retries_left": 3,
+    }
+    event = codec.decode(frame(load(HISTORY_DIR / "JobRequeued.v1.avsc"), requeued))
+    assert event == ev.JobRequeued(**requeued)
+    assert event.cause == RunCause.UNRECORDED and event.failure_class == ""
+    failed = {
+        "event_id": "f-1",
+        "ts_ms": 6,
+        "job_id": "job-1",
+        "run": 3,
+        "reason": "exit 1",
+        "failure_class": "generator_error",
+    }
+    event = codec.decode(frame(load(HISTORY_DIR / "JobFailed.v1.avsc"), failed))
+    assert event == ev.JobFailed(**failed) and event.cause == RunCause.UNRECORDED
+
+
+def test_a_cause_round_trips_as_its_code():
+    event = ev.JobRequeued(
+        event_id="q-2",
+        ts_ms=7,
+        job_id="job-1",
+        run=1,
+        reason="checkpoint-and-move: straggler on n2",
+        cause=RunCause.STRAGGLER,
+    )
+    back = codec.decode(codec.encode(event))
+    assert (
+        back == event and back.cause == "straggler" and RunCause(back.cause) is RunCause.STRAGGLER
+    )
 
 
 # --------------------------------------------------------------------------
