@@ -27,7 +27,9 @@ Submission protocol (``POST /v1/jobs``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import hmac
 import ipaddress
 import json
 import re
@@ -98,6 +100,12 @@ class ApiConfig:
     resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
     resolve_timeout_s: float = 2.0
     dashboard_dir: Path | None = dashboard.DIRECTORY  # None: no dashboard
+    # /metrics on this app only with this key ("Authorization: Bearer <key>"); without
+    # one, serve it on its own (private) address with ``metrics_app``
+    operator_key: str = ""
+    sse_max_per_key: int = 20  # open event streams one API key may hold
+    sse_max_per_tenant: int = 100  # ... and all of a tenant's keys together
+    sse_retry_after_s: int = 5
 
 
 class ApiError(Exception):
@@ -120,6 +128,7 @@ LOCKS = web.AppKey("submit_locks", dict)
 TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OPENAPI = web.AppKey("openapi", dict)
+STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
 
 
 def error_body(
@@ -389,11 +398,45 @@ async def cancel_job(request: web.Request) -> web.Response:
     )
 
 
+@contextlib.contextmanager
+def _stream_slot(request: web.Request, principal: Principal):
+    """Hold one of the caller's event-stream slots, or refuse with 429 when none is left."""
+    config, streams = request.app[CONFIG], request.app[STREAMS]
+    slots = (
+        (("key", principal.key_id), config.sse_max_per_key, "API key"),
+        (("tenant", principal.tenant), config.sse_max_per_tenant, f"tenant {principal.tenant!r}"),
+    )
+    for slot, cap, who in slots:
+        if streams.get(slot, 0) >= cap:
+            retry = str(config.sse_retry_after_s)
+            raise ApiError(
+                429,
+                "too_many_streams",
+                f"this {who} already has {cap} open event streams, the limit; close one "
+                f"(or poll GET /v1/jobs/{{id}}) and retry after {retry} s",
+                headers={"Retry-After": retry},
+            )
+    for slot, _, _ in slots:
+        streams[slot] = streams.get(slot, 0) + 1
+    try:
+        yield
+    finally:
+        for slot, _, _ in slots:
+            streams[slot] -= 1
+            if not streams[slot]:
+                del streams[slot]
+
+
 async def job_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events of a job, resumable with Last-Event-ID."""
-    config, metrics = request.app[CONFIG], request.app[METRICS]
     principal = _principal(request)
     view = _own_job(request, principal)
+    with _stream_slot(request, principal):
+        return await _stream_events(request, view)
+
+
+async def _stream_events(request: web.Request, view: JobView) -> web.StreamResponse:
+    config, metrics = request.app[CONFIG], request.app[METRICS]
     last = parse_last_event_id(
         request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
     )
@@ -480,11 +523,20 @@ async def get_artifact(request: web.Request) -> web.StreamResponse:
 async def get_cluster(request: web.Request) -> web.Response:
     """GPU map, totals and queue depths per cell."""
     config = request.app[CONFIG]
-    _principal(request)
+    principal = _principal(request)
     view = config.store.load_cluster()
+
+    def owns_job(job_id: str) -> bool:
+        job = config.store.get(job_id)
+        return job is not None and job.tenant == principal.tenant
+
     return web.json_response(
         cluster_view.to_dict(
-            view, int(config.clock() * 1000), detail=request.query.get("detail") != "0"
+            view,
+            int(config.clock() * 1000),
+            detail=request.query.get("detail") != "0",
+            tenant=principal.tenant,
+            owns_job=owns_job,
         )
     )
 
@@ -498,8 +550,20 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    """Prometheus metrics."""
-    data = generate_latest(request.app[METRICS].registry)
+    """Prometheus metrics, for the operator: they carry every tenant's figures."""
+    key = request.app[CONFIG].operator_key
+    token = token_from_headers(request.headers) or ""
+    if not key:
+        raise ApiError(404, "not_found", "metrics are served on the operator's metrics address")
+    if not hmac.compare_digest(token.encode(), key.encode()):
+        raise ApiError(
+            401, "unauthenticated", "send the operator key as 'Authorization: Bearer <key>'"
+        )
+    return _metrics_response(request.app)
+
+
+def _metrics_response(app: web.Application) -> web.Response:
+    data = generate_latest(app[METRICS].registry)
     return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -528,6 +592,17 @@ def _register_collectors(metrics: Metrics, config: ApiConfig) -> None:
     metrics.registry.register(ProjectionCollector(projection_parts(config.background), config.hub))
 
 
+def metrics_app(api: web.Application) -> web.Application:
+    """``GET /metrics`` of ``api`` alone, to bind on an address only the operator reaches."""
+
+    async def scrape(request: web.Request) -> web.Response:
+        return _metrics_response(api)
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape)
+    return app
+
+
 def make_app(config: ApiConfig) -> web.Application:
     app = web.Application(middlewares=[_errors_and_metrics], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
@@ -535,6 +610,7 @@ def make_app(config: ApiConfig) -> web.Application:
     _register_collectors(app[METRICS], config)
     app[LOCKS] = {}
     app[TASKS] = []
+    app[STREAMS] = {}
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OPENAPI] = openapi_doc.build(config.limits, max_body_bytes=config.max_body_bytes)
     app.cleanup_ctx.append(_background)

@@ -16,10 +16,16 @@ view; the cluster view is the set of cells, and totals are computed from it.
 
 GPU counting: a GPU of a node that is DOWN counts as down; a free GPU of a node
 that is DEGRADED or DRAINING counts as degraded (it takes no new work).
+
+Who sees what: ``to_dict(view, tenant=..., owns_job=...)`` is a tenant's view. It
+keeps every total (GPUs per bucket, queue depth per tier) but shows only the
+caller's row of the per-tenant queues, and a busy GPU's job id and run only
+when the caller owns that job; other tenants' names and job ids never appear.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -167,12 +173,27 @@ def queue_depths(view: ClusterView) -> dict[str, dict[str, dict[str, int]]]:
     return {"by_tier": dict(sorted(by_tier.items())), "by_tenant": dict(sorted(by_tenant.items()))}
 
 
-def to_dict(view: ClusterView, now_ms: int | None = None, *, detail: bool = True) -> dict:
-    """The ``GET /v1/cluster`` document."""
+def to_dict(
+    view: ClusterView,
+    now_ms: int | None = None,
+    *,
+    detail: bool = True,
+    tenant: str | None = None,
+    owns_job: Callable[[str], bool] | None = None,
+) -> dict:
+    """The ``GET /v1/cluster`` document; with ``tenant``, that tenant's view of it
+    (``owns_job(job_id)`` says whether a running job is the caller's)."""
+    queues = queue_depths(view)
+    if tenant is not None:
+        queues["by_tenant"] = {k: v for k, v in queues["by_tenant"].items() if k == tenant}
+
+    def visible(job_id: str) -> bool:
+        return tenant is None or (bool(job_id) and owns_job is not None and owns_job(job_id))
+
     doc: dict[str, Any] = {
         "updated_ms": view.updated_ms,
         "totals": totals(view),
-        "queues": queue_depths(view),
+        "queues": queues,
         "cells": [],
     }
     for name in sorted(view.cells):
@@ -194,8 +215,8 @@ def to_dict(view: ClusterView, now_ms: int | None = None, *, detail: bool = True
                             "index": g.index,
                             "state": g.state,
                             "bucket": gpu_bucket(n, g),
-                            "job_id": g.job_id,
-                            "run": g.run,
+                            "job_id": g.job_id if visible(g.job_id) else None,
+                            "run": g.run if visible(g.job_id) else 0,
                         }
                         for g in n.gpus
                     ],

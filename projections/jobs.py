@@ -366,16 +366,50 @@ def _progress_summary(e: RunProgress) -> str:
     )
 
 
+def _replace_named(text: str, prefix: str, end: str, keep: str, replacement: str) -> str:
+    """Each ``prefix<name><end>`` in ``text`` whose name is not ``keep`` becomes ``replacement``
+    (``end`` is kept; a missing ``end`` means the name runs to the next space)."""
+    out, i = [], 0
+    while (start := text.find(prefix, i)) >= 0:
+        name_at = start + len(prefix)
+        stop = text.find(end, name_at)
+        space = text.find(" ", name_at)
+        if stop < 0 or (0 <= space < stop):
+            stop = space if space >= 0 else len(text)
+            tail = ""
+        else:
+            tail = end
+        name = text[name_at:stop]
+        out.append(text[i:start])
+        out.append(text[start : stop + len(tail)] if name == keep else replacement + tail)
+        i = stop + len(tail)
+    return "".join(out) + text[i:]
+
+
+def _about_others(text: str, v: JobView, by_job_id: str = "") -> str:
+    """``text`` without the preempting job's id or another tenant's name: the view is
+    shown to the preempted job's tenant, who may learn that, not by whom."""
+    text = _replace_named(text, "preempted by ", ":", v.job_id, "preempted by another job")
+    if by_job_id and by_job_id != v.job_id:
+        text = text.replace(by_job_id, "another job")
+    own_capacity = f"capacity of {v.tenant}/"
+    if own_capacity in text:
+        return text
+    return _replace_named(text, "capacity of ", " ", "", "capacity of another tenant")
+
+
 def _preempted(v: JobView, e: JobPreempted):
-    by = f" by {e.by_job_id}" if e.by_job_id else ""
-    v = replace(v, state=QUEUED, phase="PREEMPTED", reason=f"preempted{by}: {e.reason}")
-    return v, f"run {e.run} preempted{by}: {e.reason}"
+    by = " by another job" if e.by_job_id else ""
+    why = _about_others(e.reason, v, e.by_job_id)
+    v = replace(v, state=QUEUED, phase="PREEMPTED", reason=f"preempted{by}: {why}")
+    return v, f"run {e.run} preempted{by}: {why}"
 
 
 def _requeued(v: JobView, e: JobRequeued):
-    v = replace(v, state=QUEUED, phase="REQUEUED", reason=f"requeued: {e.reason}")
+    why = _about_others(e.reason, v)
+    v = replace(v, state=QUEUED, phase="REQUEUED", reason=f"requeued: {why}")
     ckpt = f" from {e.resume_from}" if e.resume_from else ""
-    return v, f"run {e.run} requeued{ckpt}: {e.reason} ({e.retries_left} retries left)"
+    return v, f"run {e.run} requeued{ckpt}: {why} ({e.retries_left} retries left)"
 
 
 def _terminal(state: str, summary: Callable[[Any], str], reason: Callable[[Any], str]):

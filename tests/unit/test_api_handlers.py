@@ -322,7 +322,7 @@ def test_result_is_a_signed_expiring_url_and_tampering_is_refused(tmp_path):
 
 def test_cluster_health_metrics_and_openapi(tmp_path):
     async def go():
-        async with api(tmp_path) as c:
+        async with api(tmp_path, operator_key="ops-key") as c:
             cv = cluster.apply(None, cell_status("cell-0", 1_000, busy=3))
             c.store.commit(Batch(cells=dict(cv.cells)))
             doc = await (await c.client.get("/v1/cluster", headers=auth())).json()
@@ -330,7 +330,9 @@ def test_cluster_health_metrics_and_openapi(tmp_path):
             assert (await c.client.get("/v1/cluster")).status == 401
             assert (await (await c.client.get("/healthz")).json())["status"] == "ok"
             await c.client.post("/v1/jobs", json=BODY, headers=auth())
-            text = await (await c.client.get("/metrics")).text()
+            text = await (
+                await c.client.get("/metrics", headers={"Authorization": "Bearer ops-key"})
+            ).text()
             assert 'framespool_api_submits_total{outcome="accepted",tier="free"} 1.0' in text
             assert "framespool_api_requests_total" in text and "framespool_api_sse_clients" in text
             spec = await (await c.client.get("/openapi.json")).json()

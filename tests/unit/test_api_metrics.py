@@ -36,7 +36,10 @@ def test_cluster_queue_and_latency_metrics():
     async def go():
         store = InMemoryViewStore()
         config = ApiConfig(
-            auth=ApiKeys([record_for("k.s", "acme")]), store=store, producer=RecordingProducer()
+            auth=ApiKeys([record_for("k.s", "acme")]),
+            store=store,
+            producer=RecordingProducer(),
+            operator_key="ops-key",
         )
         view = cluster.apply(None, cell_status("cell-0", 1_000, busy=3))
         view = cluster.apply(
@@ -59,7 +62,9 @@ def test_cluster_queue_and_latency_metrics():
             await consumer.handle(records_for(events[:5]))  # through the first assignment
             await consumer.handle(records_for(events[5:]))  # the second run's assignment too
             await consumer.handle(records_for(lifecycle("job-2", ts0=20_000)))
-            text = await (await client.get("/metrics")).text()
+            text = await (
+                await client.get("/metrics", headers={"Authorization": "Bearer ops-key"})
+            ).text()
         assert sample(text, "framespool_gpus", cell="cell-0", state="busy") == 3
         assert sample(text, "framespool_gpus", cell="cell-0", state="free") == 5
         assert sample(text, "framespool_gpus", cell="cell-0", state="down") == 8

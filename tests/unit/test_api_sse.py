@@ -44,7 +44,12 @@ def setup(keepalive=15.0):
     store, hub = InMemoryViewStore(), Hub()
     keys = ApiKeys([record_for(ALICE, "acme"), record_for(BOB, "globex")])
     config = ApiConfig(
-        auth=keys, store=store, producer=RecordingProducer(), hub=hub, sse_keepalive_s=keepalive
+        auth=keys,
+        store=store,
+        producer=RecordingProducer(),
+        hub=hub,
+        sse_keepalive_s=keepalive,
+        operator_key="ops-key",
     )
     consumer = ProjectionConsumer(store, hub=hub, dead_letter_sender=RecordingProducer())
     return config, consumer
@@ -119,7 +124,9 @@ def test_keep_alive_comments_while_waiting_and_tenant_isolation():
             frames, comments = await read_events(resp, until_end=False, limit=2)
             more = await asyncio.wait_for(resp.content.readline(), 2)
             more += await asyncio.wait_for(resp.content.readline(), 2)
-            metrics = await (await client.get("/metrics")).text()
+            metrics = await (
+                await client.get("/metrics", headers={"Authorization": "Bearer ops-key"})
+            ).text()
             resp.close()
             return frames, more, metrics
 

@@ -96,6 +96,7 @@ def test_api_answers_429_with_retry_after_per_tenant():
             producer=RecordingProducer(),
             rate_limit=RateLimit(rate_per_s=0.5, burst=2),
             monotonic=lambda: now[0],
+            operator_key="ops-key",
         )
         async with TestClient(TestServer(make_app(config))) as client:
             alice = {"Authorization": f"Bearer {ALICE}"}
@@ -112,7 +113,9 @@ def test_api_answers_429_with_retry_after_per_tenant():
             assert (await client.get("/v1/jobs")).status == 401
             now[0] += 2.0
             assert (await client.get("/v1/jobs", headers=alice)).status == 200
-            metrics = await (await client.get("/metrics")).text()
+            metrics = await (
+                await client.get("/metrics", headers={"Authorization": "Bearer ops-key"})
+            ).text()
             assert 'framespool_api_rate_limited_total{tenant="acme"} 1.0' in metrics
 
     asyncio.run(go())
