@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from framespool.agents import reports
 from framespool.agents.artifacts import ArtifactStore, checkpoint_key, output_key
+from framespool.agents.builtin import BuiltinRunner
 from framespool.agents.ledger import ProgressThrottle, RunLedger, RunState
 from framespool.agents.profiles import ModelProfile
 from framespool.agents.runner import (
@@ -77,6 +78,30 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def make_runner(
+    profile: ModelProfile,
+    out: Path,
+    workdir: Path,
+    values: dict[str, Any],
+    *,
+    on_progress: Any = None,
+    on_checkpoint: Any = None,
+    **process: Any,
+) -> Runner | BuiltinRunner:
+    """A builtin profile runs in-process; any other is its command, spawned directly."""
+    if profile.builtin:
+        return BuiltinRunner(profile, output_path=out, on_progress=on_progress)
+    return Runner(
+        profile,
+        profile.argv(out=str(out), **values),
+        output_path=out,
+        cwd=workdir,
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        **process,
+    )
+
+
 class RunExecution:
     def __init__(
         self,
@@ -88,7 +113,7 @@ class RunExecution:
     ) -> None:
         self.host, self.cmd, self.profile, self.workdir = host, cmd, profile, workdir
         self.job_id, self.run = cmd.spec.job_id, cmd.run
-        self.runner: Runner | None = None
+        self.runner: Runner | BuiltinRunner | None = None
         self._throttle = ProgressThrottle(progress_interval_s)
         self._uploads: list[asyncio.Task] = []
         self._upload_lock = asyncio.Lock()
@@ -186,22 +211,20 @@ class RunExecution:
                 return
             out = self.workdir / "output" / profile.output_name
             gpus = ",".join(str(g) for g in cmd.gpus)
-            argv = profile.argv(
-                prompt=spec.prompt,
-                out=str(out),
-                params_json=json.dumps(dict(spec.params), sort_keys=True),
-                checkpoint_dir=str(self.workdir / "checkpoints"),
-                resume_from=resume,
-                time_scale=repr(float(host.time_scale)),
-                gpus=gpus,
-                job_id=job_id,
-                run=str(n),
-            )
-            runner = Runner(
+            runner = make_runner(
                 profile,
-                argv,
-                output_path=out,
-                cwd=self.workdir,
+                out,
+                self.workdir,
+                dict(
+                    prompt=spec.prompt,
+                    params_json=json.dumps(dict(spec.params), sort_keys=True),
+                    checkpoint_dir=str(self.workdir / "checkpoints"),
+                    resume_from=resume,
+                    time_scale=repr(float(host.time_scale)),
+                    gpus=gpus,
+                    job_id=job_id,
+                    run=str(n),
+                ),
                 env={
                     "CUDA_VISIBLE_DEVICES": gpus,
                     "FRAMESPOOL_JOB_ID": job_id,

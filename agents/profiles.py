@@ -8,12 +8,23 @@ JSON file or a TOML file, so operators add models without code changes.
 Placeholders in ``command`` and ``resume_args``: ``{python}``, ``{prompt}``,
 ``{out}``, ``{params_json}``, ``{checkpoint_dir}``, ``{resume_from}``,
 ``{time_scale}``, ``{gpus}`` (comma-separated indices), ``{job_id}``,
-``{run}``. ``resume_args`` are appended only when the run resumes.
+``{run}``, ``{rank}`` and ``{world_size}`` (this node's place in a multi-node
+gang). ``resume_args`` are appended only when the run resumes.
+
+The prompt and the params are a tenant's data, so a profile is refused at load
+when they could become anything else (:func:`check_user_data`): never handed to
+a shell or spliced into inline code, and never where a generator's option
+parser could read them as an option (``--prompt={prompt}``, or after ``--``).
+
+A profile with ``builtin`` instead of a command runs in the agent's process:
+``noop`` (report done, write an empty output) costs no process per job.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import string
 import sys
@@ -35,8 +46,17 @@ PLACEHOLDERS = frozenset(
         "gpus",
         "job_id",
         "run",
+        "rank",
+        "world_size",
     }
 )
+USER_DATA = frozenset({"prompt", "params_json"})  # what a tenant chose: data, never code
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "csh", "tcsh", "fish"})
+SHELLS |= {"busybox"}
+INTERPRETER = re.compile(r"^(\{python\}|python[0-9.]*|perl|ruby|node|php|lua[0-9.]*|Rscript)$")
+INLINE_CODE_FLAGS = frozenset({"-c", "-e", "-E", "--eval", "--command"})
+BUILTINS = frozenset({"noop"})
+GIB = 1 << 30
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -82,6 +102,14 @@ class ModelProfile:
     hang_timeout_s: float = 120.0
     stop_grace_s: float = 10.0
     env: Mapping[str, str] = field(default_factory=dict)
+    # Names of the agent's environment variables the generator may see besides
+    # the minimal set (the agent's own credentials never go unless named here).
+    inherit_env: tuple[str, ...] = ()
+    builtin: str = ""  # run in-process instead of a command (see BUILTINS)
+    max_output_bytes: int = 16 * GIB  # larger outputs are refused, not uploaded
+    max_checkpoint_bytes: int = 16 * GIB
+    max_checkpoints: int = 1000  # uploads per run; later checkpoints are dropped
+    result_rank: int = 0  # in a multi-node gang, whose output is the job's result
 
     @property
     def can_checkpoint(self) -> bool:
@@ -94,7 +122,7 @@ class ModelProfile:
     def argv(self, **values: Any) -> list[str]:
         """The command line for one run; ``resume_from`` None means a fresh start."""
         resume_from = values.get("resume_from")
-        values = {"python": sys.executable, "resume_from": "", **values}
+        values = {"python": sys.executable, "rank": "0", "world_size": "1", **values}
         values["resume_from"] = resume_from or ""
         missing = PLACEHOLDERS - values.keys()
         if missing:
@@ -108,14 +136,24 @@ class ModelProfile:
     def from_dict(cls, d: Mapping[str, Any]) -> ModelProfile:
         try:
             name = str(d["name"])
-            command = tuple(str(p) for p in d["command"])
         except KeyError as e:
             raise ProfileError(f"profile is missing required field {e.args[0]!r}") from None
-        if not command:
+        builtin = str(d.get("builtin", ""))
+        if builtin and builtin not in BUILTINS:
+            raise ProfileError(
+                f"profile {name!r}: unknown builtin {builtin!r}; known: {sorted(BUILTINS)}"
+            )
+        if "command" not in d and not builtin:
+            raise ProfileError(f"profile {name!r} is missing required field 'command'")
+        command = tuple(str(p) for p in d.get("command", ()))
+        if builtin and command:
+            raise ProfileError(f"profile {name!r}: give either 'builtin' or 'command', not both")
+        if not command and not builtin:
             raise ProfileError(f"profile {name!r}: 'command' must not be empty")
         resume_args = tuple(str(p) for p in d.get("resume_args", ()))
         for part in command + resume_args:
             _check_template(name, part)
+        check_user_data(name, command + resume_args)
         ckpt = d.get("checkpoint")
         checkpoint = None
         if ckpt:
@@ -126,6 +164,16 @@ class ModelProfile:
                 raise ProfileError(
                     f"profile {name!r}: unknown checkpoint signal {checkpoint.signal!r}"
                 )
+        limits = {
+            k: int(d.get(k, cls.__dataclass_fields__[k].default))
+            for k in ("max_output_bytes", "max_checkpoint_bytes", "max_checkpoints")
+        }
+        for k, v in limits.items():
+            if v <= 0:
+                raise ProfileError(f"profile {name!r}: {k} must be positive, got {v}")
+        result_rank = int(d.get("result_rank", 0))
+        if result_rank < 0:
+            raise ProfileError(f"profile {name!r}: result_rank must be >= 0, got {result_rank}")
         return cls(
             name=name,
             command=command,
@@ -137,6 +185,10 @@ class ModelProfile:
             hang_timeout_s=float(d.get("hang_timeout_s", 120.0)),
             stop_grace_s=float(d.get("stop_grace_s", 10.0)),
             env=dict(d.get("env", {})),
+            inherit_env=tuple(str(n) for n in d.get("inherit_env", ())),
+            builtin=builtin,
+            result_rank=result_rank,
+            **limits,
         )
 
 
@@ -149,6 +201,64 @@ def _check_template(name: str, part: str) -> None:
             )
 
 
+def _fields(part: str) -> list[str]:
+    return [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
+
+
+def _program(args: tuple[str, ...]) -> tuple[int, str]:
+    """Index and base name of the program ``args`` runs, looking through ``env``."""
+    i = 0
+    while i < len(args):
+        base = os.path.basename(args[i])
+        if i > 0 and (args[i].startswith("-") or "=" in args[i]):
+            i += 1  # env's options and VAR=value assignments
+            continue
+        if base != "env":
+            return i, base
+        i += 1
+    return 0, ""
+
+
+def check_user_data(name: str, args: tuple[str, ...]) -> None:
+    """Refuse a template where a tenant's prompt or params could become code or
+    an option; raises :class:`ProfileError` naming the argument and the fix.
+
+    1. A shell (``sh -c``, also through ``env``) never sees user data: a prompt
+       would be shell code.
+    2. Nor does an interpreter's inline code (``python -c``, ``perl -e``).
+    3. An argument that starts with user data must come after a ``--``
+       argument; otherwise a prompt such as ``--fail-at-step=0`` is an option.
+    """
+    at, program = _program(args)
+    separated = False
+    for i, part in enumerate(args):
+        used = USER_DATA.intersection(_fields(part))
+        if part == "--":
+            separated = True
+        if not used:
+            continue
+        ph = "{" + sorted(used)[0] + "}"
+        if program in SHELLS:
+            raise ProfileError(
+                f"profile {name!r}: its command runs a shell ({program}) and hands it {ph}"
+                f" in {part!r}: a tenant's text would run as shell code. Run the generator"
+                " directly (a list of arguments, no shell)"
+            )
+        if INTERPRETER.match(program) and i > at and args[i - 1] in INLINE_CODE_FLAGS:
+            raise ProfileError(
+                f"profile {name!r}: {part!r} after {args[i - 1]!r} is inline code for"
+                f" {program} and interpolates {ph}: a tenant's text would run as code."
+                f" Pass it as an argument of a script instead (--name={ph})"
+            )
+        starts_with_data = next(iter(string.Formatter().parse(part)))[0] == ""
+        if starts_with_data and not separated:
+            raise ProfileError(
+                f"profile {name!r}: argument {part!r} starts with {ph}, which could be"
+                f" read as an option (a prompt may start with '-'): attach it to its"
+                f" option (--name={ph}) or put it after a '--' argument"
+            )
+
+
 def demo_profile() -> ModelProfile:
     """The bundled demo generator (``python -m framespool.agents.demo_generator``)."""
     return ModelProfile.from_dict(
@@ -158,12 +268,10 @@ def demo_profile() -> ModelProfile:
                 "{python}",
                 "-m",
                 "framespool.agents.demo_generator",
-                "--prompt",
-                "{prompt}",
+                "--prompt={prompt}",
                 "--out",
                 "{out}",
-                "--params-json",
-                "{params_json}",
+                "--params-json={params_json}",
                 "--checkpoint-dir",
                 "{checkpoint_dir}",
                 "--time-scale",
@@ -181,19 +289,13 @@ def demo_profile() -> ModelProfile:
 
 
 def noop_profile() -> ModelProfile:
-    """A zero-work generator (a shell that reports done and writes an empty
-    file): what ``framespool bench pipeline`` runs to measure the pipeline
+    """A zero-work generator, run in the agent's process (no shell, no process
+    per job): what ``framespool bench pipeline`` runs to measure the pipeline
     itself rather than generation."""
     return ModelProfile.from_dict(
         {
             "name": "noop",
-            "command": [
-                "/bin/sh",
-                "-c",
-                "mkdir -p \"${{0%/*}}\" && : > \"$0\" && "
-                "echo '{{\"progress\": 1.0, \"step\": 1, \"total_steps\": 1}}'",
-                "{out}",
-            ],
+            "builtin": "noop",
             "output_name": "output.bin",
             "hang_timeout_s": 30.0,
             "stop_grace_s": 1.0,

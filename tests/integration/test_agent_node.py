@@ -570,3 +570,34 @@ def test_sigterm_stops_the_agent_and_its_generators(
                 proc.wait()
 
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
+
+
+def test_noop_runs_in_process_and_reports_like_a_generator(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path, monkeypatch
+):
+    async def no_processes(*a, **kw):
+        raise OSError(f"a noop run must not spawn {a}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_processes)
+
+    async def body(h: Harness):
+        agent = await h.start_agent()
+        await h.send(h.start_run(agent, "job-noop", model="noop"))
+        done = await h.observer.wait_for(
+            lambda o: o.of(RunCompleted, "job-noop"), what="RunCompleted"
+        )
+        assert not h.observer.of(RunFailed)
+        started = h.observer.of(RunStarted, "job-noop")
+        assert len(started) == 1
+        assert h.observer.scheduler.index(started[0]) < h.observer.scheduler.index(done[0])
+        assert done[0].artifact_uri == "local://jobs/job-noop/runs/1/output/output.bin"
+        assert done[0].size_bytes == 0 and local_store.exists(done[0].artifact_uri)
+        progress = await h.observer.wait_for(
+            lambda o: [p for p in o.progress if p.job_id == "job-noop"], what="progress"
+        )
+        assert [(p.progress, p.step, p.total_steps) for p in progress] == [(1.0, 1, 1)]
+        await h.observer.wait_for(
+            lambda o: not o.of(NodeHeartbeat)[-1].runs, what="heartbeat without the run"
+        )
+
+    scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)

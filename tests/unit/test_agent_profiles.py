@@ -51,7 +51,7 @@ def test_argv_fills_placeholders_and_appends_resume_args_only_when_resuming():
 def test_prompt_is_one_argument_never_a_shell_string():
     p = demo_profile()
     argv = p.argv(resume_from=None, **{**VALUES, "prompt": "x; rm -rf / `id` $(id)"})
-    assert "x; rm -rf / `id` $(id)" in argv
+    assert "--prompt=x; rm -rf / `id` $(id)" in argv  # one argument, its whole value
 
 
 def test_fields_load_from_dict():
@@ -87,7 +87,7 @@ def test_bad_profiles_name_the_problem(bad, message):
 def test_load_from_json_and_toml(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps({"profiles": [SORA_LIKE]}))
     (tmp_path / "p.toml").write_text(
-        '[[profiles]]\nname = "t2v"\ncommand = ["gen", "{prompt}"]\nhang_timeout_s = 5\n'
+        '[[profiles]]\nname = "t2v"\ncommand = ["gen", "--", "{prompt}"]\nhang_timeout_s = 5\n'
         '[profiles.checkpoint]\nsignal = "SIGUSR1"\n'
     )
     from_json = load_profiles(tmp_path / "p.json")
@@ -95,3 +95,66 @@ def test_load_from_json_and_toml(tmp_path):
     assert set(from_json) == {"demo", "noop", "vidgen-2"}
     assert from_toml["t2v"].hang_timeout_s == 5.0 and from_toml["t2v"].can_checkpoint
     assert not from_toml["t2v"].can_resume
+
+
+# -- hostile tenants: user data (prompt, params) is data, never options or code --
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["/bin/sh", "-c", "gen --prompt \"{prompt}\""],
+        ["bash", "-c", "gen --params '{params_json}'"],
+        ["/usr/bin/env", "sh", "-c", "exec gen \"$0\"", "--", "{prompt}"],
+        ["/bin/dash", "-c", "exec gen --prompt=\"$1\"", "gen", "--prompt={prompt}"],
+        ["{python}", "-c", "print('{prompt}')"],
+    ],
+)
+def test_shell_and_inline_code_templates_with_user_data_are_refused(command):
+    with pytest.raises(
+        ProfileError, match=r"profile 'evil'.*(shell|code).*\{(prompt|params_json)\}"
+    ):
+        ModelProfile.from_dict({"name": "evil", "command": command})
+
+
+def test_shell_templates_without_user_data_still_load():
+    p = ModelProfile.from_dict(
+        {"name": "wrapper", "command": ["/bin/sh", "-c", "exec gen --out \"$0\"", "{out}"]}
+    )
+    assert p.command[0] == "/bin/sh"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["gen", "{prompt}"],
+        ["gen", "--prompt", "{prompt}"],
+        ["gen", "--params-json", "{params_json}"],
+        ["gen", "{prompt}.txt", "--", "x"],
+    ],
+)
+def test_user_data_that_could_be_read_as_an_option_is_refused(command):
+    with pytest.raises(ProfileError, match=r"could be read as an option.*--name=\{"):
+        ModelProfile.from_dict({"name": "opt", "command": command})
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["gen", "--prompt={prompt}", "--params-json={params_json}"],
+        ["gen", "--out", "{out}", "--", "{prompt}"],
+        ["gen", "-p{prompt}"],
+    ],
+)
+def test_user_data_as_an_option_value_or_after_a_separator_loads(command):
+    assert ModelProfile.from_dict({"name": "ok", "command": command}).command == tuple(command)
+
+
+@pytest.mark.parametrize("prompt", ["--fail-at-step=0", "-h", "--", "--out=/etc/passwd"])
+def test_demo_profile_passes_a_dash_prompt_as_one_value(prompt):
+    argv = demo_profile().argv(resume_from=None, **{**VALUES, "prompt": prompt})
+    assert f"--prompt={prompt}" in argv and prompt not in argv
+    assert '--params-json={"a": "1"}' in argv
+
+
+def test_noop_profile_runs_in_process_without_a_shell():
+    noop = load_profiles()["noop"]
+    assert noop.builtin == "noop" and noop.command == ()

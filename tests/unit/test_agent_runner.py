@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -43,12 +44,13 @@ def demo_runner(
     steps: int = 10,
     time_scale: float = 1000.0,
     profile: ModelProfile | None = None,
+    prompt: str = "a test",
     **kw,
 ) -> Runner:
     profile = profile or demo_profile()
     out = tmp_path / "out.gif"
     argv = profile.argv(
-        prompt="a test",
+        prompt=prompt,
         out=str(out),
         params_json=f'{{"steps": "{steps}"}}',
         checkpoint_dir=str(tmp_path / "ck"),
@@ -281,3 +283,43 @@ def test_status_lines_keep_a_busy_generator_from_counting_as_hung(tmp_path):
         return await r.wait()
 
     assert asyncio.run(main()).kind == COMPLETED
+
+
+@pytest.mark.parametrize("prompt", ["--fail-at-step=0", "-h", "--hang-at-step=1 --ignore-sigterm"])
+def test_a_prompt_that_looks_like_an_option_is_only_a_prompt(tmp_path, prompt):
+    checkpoints = []
+
+    async def main():
+        r = demo_runner(
+            tmp_path, steps=40, time_scale=20, prompt=prompt, on_checkpoint=checkpoints.append
+        )
+        await r.start()
+        cp = await asyncio.wait_for(r.request_checkpoint(), 10)
+        return cp, await r.wait()
+
+    cp, outcome = asyncio.run(main())
+    assert outcome.kind == COMPLETED, outcome.reason
+    assert json.loads(cp.path.read_text())["prompt"] == prompt
+
+
+def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
+    from framespool.agents.execution import make_runner
+    from framespool.agents.profiles import noop_profile
+
+    async def no_processes(*a, **kw):
+        raise AssertionError(f"spawned {a}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_processes)
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", no_processes)
+    seen = []
+    out = tmp_path / "output" / "output.bin"
+
+    async def main():
+        r = make_runner(noop_profile(), out, tmp_path, {"prompt": "-x"}, on_progress=seen.append)
+        await r.start()
+        return r, await r.wait()
+
+    r, outcome = asyncio.run(main())
+    assert outcome.kind == COMPLETED and outcome.exit_code == 0 and outcome.output_path == out
+    assert out.read_bytes() == b"" and r.pid is None
+    assert [(p.progress, p.step, p.total_steps) for p in seen] == [(1.0, 1, 1)]

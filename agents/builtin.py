@@ -1,0 +1,94 @@
+"""Generators that run inside the agent's process: no shell, no process per job.
+
+A :class:`BuiltinRunner` has the :class:`~framespool.agents.runner.Runner`
+surface the run execution uses (start, wait, stop, kill, checkpoint requests,
+progress callbacks), so a run of a builtin profile reports exactly as a
+subprocess run does: ``RunStarted``, progress up to 1.0, then one final report.
+
+Builtins (``ModelProfile.builtin``):
+
+``noop``
+    Writes an empty output file and reports progress 1.0 (step 1 of 1): zero
+    work, for measuring the pipeline itself (``framespool bench pipeline``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from framespool.agents.profiles import ModelProfile
+from framespool.agents.runner import COMPLETED, FAILED, STOPPED, Checkpoint, Outcome, Progress
+
+log = logging.getLogger(__name__)
+
+
+class BuiltinRunner:
+    """One in-process run of a builtin profile."""
+
+    pid = None  # no process: nothing to signal, nothing to reap
+    step_rate = 0.0
+
+    def __init__(
+        self,
+        profile: ModelProfile,
+        *,
+        output_path: Path,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        if profile.builtin != "noop":
+            raise ValueError(f"profile {profile.name!r}: no builtin {profile.builtin!r}")
+        self.profile = profile
+        self.output_path = output_path
+        self._on_progress = on_progress
+        self._task: asyncio.Task[Outcome] | None = None
+        self._stopped = False
+        self.last = Progress(0.0, 0, 0)
+        self.checkpoints: list[Checkpoint] = []
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._noop(), name=f"builtin-{self.profile.name}")
+
+    async def _noop(self) -> Outcome:
+        await asyncio.sleep(0)  # like a process, it works after start() returns
+        try:
+            self.output_path.parent.mkdir(parents=True, exist_ok=True)
+            self.output_path.write_bytes(b"")
+        except OSError as e:
+            return Outcome(FAILED, 1, failure_class="generator_error", reason=str(e))
+        self.last = Progress(1.0, 1, 1)
+        if self._on_progress is not None:
+            try:
+                self._on_progress(self.last)
+            except Exception:  # a reporting bug must not fail the run
+                log.exception("builtin %s: progress callback failed", self.profile.name)
+        return Outcome(COMPLETED, 0, output_path=self.output_path)
+
+    async def wait(self) -> Outcome:
+        assert self._task is not None, "start() first"
+        try:
+            return await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if self._stopped and self._task.cancelled():
+                return Outcome(STOPPED, None, reason="stopped on request")
+            raise
+
+    def request_checkpoint(self) -> asyncio.Future[Checkpoint]:
+        raise ValueError(f"profile {self.profile.name!r} does not support checkpoints")
+
+    async def stop(self, grace_s: float | None = None) -> Outcome:
+        if self._task is None:
+            raise RuntimeError("stop() before start()")
+        self.kill()
+        return await self.wait()
+
+    def kill(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._stopped = True
+            self._task.cancel()
