@@ -150,6 +150,8 @@ def chaos_stack(
             data_dir=data_dir,
             port=free_port(),
             nodes=nodes,
+            cells=1,  # the drill's accounting follows one cell and one scheduler instance
+            schedulers=1,
             gpus_per_node=gpus_per_node,
             time_scale=time_scale,
             processor_config=config_path,
@@ -432,11 +434,11 @@ class ChaosRun:
                 p.popen.wait(5)
                 detail = f"killed with {len(killed)} generator(s)"
             elif a.op == "crash":
-                _, p = self._process("scheduler")
+                _, p = self._process("scheduler-0")
                 os.killpg(p.popen.pid, signal.SIGKILL)
                 p.popen.wait(5)
             elif a.op == "restart":
-                self._restart(agent if node else "scheduler")
+                self._restart(agent if node else "scheduler-0")
                 if node:
                     self.last_restart[node] = time.monotonic()
             elif a.op == "pause":
@@ -599,6 +601,7 @@ class ChaosRun:
         )
         dead = read_all(bootstrap, catalogue.DEAD_LETTER.name, timeout_s=60)
         submitted = [self.job_ids[i] for i in sorted(self.job_ids)]
+        verdict, verify_summary = run_verify(bootstrap, self.data_dir / "chaos-processors.json")
         report = chaos.account(
             job_events,
             scheduler,
@@ -609,6 +612,7 @@ class ChaosRun:
             self.fault_log,
             self.wedged,
             self.config.time_scale,
+            verdict=verdict,
         )
         c = self.config
         report["config"] = {
@@ -627,7 +631,7 @@ class ChaosRun:
         ]
         report["supervisor_restarts"] = len(self.supervisor_restarts)
         report["fault_log"] = self.fault_log
-        report["verify"] = run_verify(bootstrap, self.data_dir / "chaos-processors.json")
+        report["verify"] = verify_summary
         return report
 
     def _injected_counts(self) -> dict[str, int]:
@@ -652,23 +656,21 @@ def dump(path: Path, events: Any) -> None:
             out.write(json.dumps({"type": type(e).__name__, **asdict(e)}, default=str) + "\n")
 
 
-def run_verify(bootstrap: str, config_path: Path) -> dict | None:
-    """``framespool.processors.tools.verify`` over the same log (None where that tool is absent):
-    its own re-fold of every cell is a second opinion on the invariants above."""
-    try:
-        from framespool.processors.tools.reader import read_log
-        from framespool.processors.tools.verify import verify
-    except ImportError:
-        return None
+def run_verify(bootstrap: str, config_path: Path) -> tuple[Any, dict]:
+    """``framespool.processors.tools.verify`` over the same log: the one judge of the
+    log invariants (``chaos.invariants`` reads its report). Returns the report
+    (None if verify failed) and its summary for the JSON report."""
     from framespool.processors.config_file import load_cell_config
+    from framespool.processors.tools.reader import read_log
+    from framespool.processors.tools.verify import verify
 
     try:
         report = verify(read_log(bootstrap, timeout_s=120), load_cell_config(config_path))
     except Exception as e:  # the tool failing is reported, not taken for a verdict
         log.exception("verify failed")
-        return {"ok": None, "error": repr(e)}
+        return None, {"ok": None, "error": repr(e)}
     doc = report.to_dict()
-    return {
+    return report, {
         "ok": report.ok,
         "violation_counts": doc["violation_counts"],
         "violations": doc["violations"][:20],

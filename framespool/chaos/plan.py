@@ -25,13 +25,17 @@ DEGRADED or DRAINING without a fault of ours. It stops when every submitted
 job has a terminal event and every action has run (or at the timeout), waits
 for the GPUs to be released and the malformed records to be dead-lettered,
 then reads ``job-events``, the scheduler topic and ``dead-letter`` from offset
-0 and computes the report with pure functions over the decoded events
-(:func:`account`): lost jobs, duplicate terminal events, leaked GPUs (final
-``CellStatus``), double-booked GPUs (scheduler view: an assignment onto a GPU
-whose previous run has not ended; node view: two runs started on one GPU
-before the first one's final report), and GPU-seconds wasted per fault kind,
-measured from each lost run's last checkpoint and compared with its
-checkpoint interval.
+0 and computes the report with pure functions (:func:`account`).
+
+Chaos checks no log invariant itself: duplicate terminal events, double-booked
+GPUs (scheduler view and node view) and GPUs still held at the end are what
+:func:`framespool.processors.tools.verify.verify` found in the same log
+(:func:`invariants`; docs/design.md#tools-that-reuse-the-core), so a drill and
+``framespool verify`` can never disagree about what a run, a run's end or a
+leak is. What is chaos's own is the fault plan's accounting: what it injected,
+which submitted jobs never got a terminal event (lost), and the GPU-seconds
+wasted per fault kind, measured from each lost run's last checkpoint and
+compared with its checkpoint interval.
 """
 
 from __future__ import annotations
@@ -460,13 +464,10 @@ def terminal_summary(job_events: Iterable[Any], submitted: Iterable[str]) -> dic
     for e in job_events:
         if isinstance(e, TERMINAL_TYPES):
             records.setdefault(e.job_id, []).append(e)
-    duplicates, redelivered = {}, 0
+    redelivered = 0
     final: dict[str, Any] = {}
     for job_id, evs in records.items():
-        ids = list(dict.fromkeys(e.event_id for e in evs))
-        redelivered += len(evs) - len(ids)
-        if len(ids) > 1:
-            duplicates[job_id] = ids
+        redelivered += len(evs) - len(dict.fromkeys(e.event_id for e in evs))
         final[job_id] = evs[0]
     by_type = Counter(type(final[j]).__name__ for j in submitted if j in final)
     failed = [final[j] for j in submitted if isinstance(final.get(j), ev.JobFailed)]
@@ -480,8 +481,6 @@ def terminal_summary(job_events: Iterable[Any], submitted: Iterable[str]) -> dic
         "rejected": by_type.get("JobRejected", 0),
         "lost": sum(1 for j in submitted if j not in final),
         "lost_jobs": [j for j in submitted if j not in final][:50],
-        "duplicate_terminal_events": sum(len(v) - 1 for v in duplicates.values()),
-        "duplicate_terminal_jobs": duplicates,
         "redelivered_terminal_records": redelivered,
     }
 
@@ -502,96 +501,53 @@ def placements(ordered: Sequence[Any]) -> dict[tuple[str, int], ev.JobAssigned]:
     return {(e.job_id, e.run): e for e in ordered if isinstance(e, ev.JobAssigned)}
 
 
-def double_booked_by_scheduler(ordered: Sequence[Any]) -> list[dict]:
-    """Assignments onto a GPU whose previous run had not ended (in emission order)."""
-    holder: dict[tuple[str, int], tuple[str, int]] = {}
-    live: set[tuple[str, int]] = set()
-    conflicts = []
-    for e in ordered:
-        if isinstance(e, ev.JobAssigned):
-            key = (e.job_id, e.run)
-            for piece in e.placement:
-                for g in piece.gpus:
-                    gpu = (piece.node_id, g)
-                    prev = holder.get(gpu)
-                    if prev is not None and prev in live and prev != key:
-                        conflicts.append(
-                            {
-                                "node": piece.node_id,
-                                "gpu": g,
-                                "held_by": list(prev),
-                                "assigned_to": list(key),
-                                "at": e.event_id,
-                            }
-                        )
-                    holder[gpu] = key
-            live.add(key)
-        elif isinstance(e, (ev.JobRequeued, ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
-            live.discard((e.job_id, e.run))
-    return conflicts
+GPU_CONFLICTS = ("double_booked", "double_started")  # verify's kinds about one GPU, two runs
+INVARIANT_KEYS = (
+    "duplicate_terminal_events",
+    "duplicate_terminal_jobs",
+    "double_booked_gpus",
+    "double_booking",
+    "leaked_gpus",
+    "leaks",
+    "final_cell_status",
+)
 
 
-def double_booked_on_nodes(ordered: Sequence[Any], scheduler_events: Sequence[Any]) -> list[dict]:
-    """Two runs started on one GPU of a node before the first one's final report
-    from that node (or the node's next registration, which ends its processes)."""
-    placed = placements(ordered)
-    occupant: dict[tuple[str, int], tuple[str, int, int]] = {}  # gpu -> (job, run, incarnation)
-    conflicts = []
-    for e in unique(scheduler_events):
-        if isinstance(e, ev.NodeRegistered):
-            for gpu in [
-                k for k, v in occupant.items() if k[0] == e.node_id and v[2] < e.incarnation
-            ]:
-                del occupant[gpu]
-        elif isinstance(e, ev.RunStarted):
-            assigned = placed.get((e.job_id, e.run))
-            gpus = [
-                g
-                for p in (assigned.placement if assigned else ())
-                if p.node_id == e.node_id
-                for g in p.gpus
-            ]
-            for g in gpus:
-                prev = occupant.get((e.node_id, g))
-                if prev is not None and prev[:2] != (e.job_id, e.run):
-                    conflicts.append(
-                        {
-                            "node": e.node_id,
-                            "gpu": g,
-                            "running": list(prev[:2]),
-                            "started": [e.job_id, e.run],
-                        }
-                    )
-                occupant[(e.node_id, g)] = (e.job_id, e.run, e.incarnation)
-        elif isinstance(e, (ev.RunCompleted, ev.RunFailed, ev.RunStopped)):
-            for gpu in [
-                k for k, v in occupant.items() if k[0] == e.node_id and v[:2] == (e.job_id, e.run)
-            ]:
-                del occupant[gpu]
-    return conflicts
+def invariants(verdict: Any) -> dict[str, Any]:
+    """The report's log invariants as verify judged them (``verdict``: its
+    ``VerifyReport``; None when it could not run: then nothing is known and
+    every key is None, which :func:`failures` counts as a failure).
 
-
-def leaked_gpus(ordered: Sequence[Any]) -> tuple[list[dict], str | None]:
-    """GPUs still held in the last CellStatus of each cell (every job being terminal)."""
-    last: dict[str, ev.CellStatus] = {}
-    for e in ordered:
-        if isinstance(e, ev.CellStatus):
-            last[e.cell] = e
+    - duplicate terminal events: verify's ``duplicate_terminal`` violations;
+    - double-booked GPUs: the (node, GPU)s of its ``double_booked`` (an
+      assignment onto GPUs not yet released and confirmed) and
+      ``double_started`` (two runs started on one GPU) violations;
+    - leaked GPUs: every GPU a run still holds at the end of its re-fold of each
+      cell (the drill ends only once every job is terminal and every GPU free).
+    """
+    if verdict is None:
+        return dict.fromkeys(INVARIANT_KEYS)
+    duplicates = [v for v in verdict.violations if v.kind == "duplicate_terminal"]
+    jobs: dict[str, list[str]] = {}
+    for v in duplicates:
+        first = verdict.first_terminal.get(v.subject)
+        jobs.setdefault(v.subject, [first.event_id] if first is not None else []).append(v.where)
+    conflicts = [v for v in verdict.violations if v.kind in GPU_CONFLICTS]
     leaks = [
-        {
-            "cell": c,
-            "node": n.node_id,
-            "gpu": g.index,
-            "job_id": g.job_id,
-            "run": g.run,
-            "state": g.state,
-        }
-        for c, status in last.items()
-        for n in status.nodes
-        for g in n.gpus
-        if g.job_id
+        {"cell": cell, **held}
+        for cell, gpus in sorted(verdict.held_at_end.items())
+        for held in gpus
     ]
-    return leaks, max((s.event_id for s in last.values()), default=None)
+    last = sorted(info["last_input"] for info in verdict.cells.values() if info.get("last_input"))
+    return {
+        "duplicate_terminal_events": len(duplicates),
+        "duplicate_terminal_jobs": jobs,
+        "double_booked_gpus": len({gpu for v in conflicts for gpu in v.gpus}),
+        "double_booking": [v.to_dict() for v in conflicts[:20]],
+        "leaked_gpus": len(leaks),
+        "leaks": leaks[:50],
+        "final_cell_status": ", ".join(last) or None,
+    }
 
 
 def reason_gist(reason: str) -> str:
@@ -760,23 +716,19 @@ def account(
     fault_log: Sequence[Mapping[str, Any]],
     wedged: Iterable[str],
     time_scale: float,
+    *,
+    verdict: Any,
 ) -> dict[str, Any]:
-    """The run's report from what the log says (see the module docstring)."""
+    """The run's report from what the log says (see the module docstring);
+    ``verdict`` is verify's report on the same log (None: it could not run)."""
     ordered = cell_ordered(job_events)
     report = terminal_summary(job_events, submitted)
+    report.update(invariants(verdict))
     expected = {j for j, r in roles.items() if r != NORMAL}
     report["failed_unexpected"] = {
         j: r for j, r in report["failed_reasons"].items() if j not in expected
     }
     report["failed_as_planned"] = sum(1 for j in report["failed_reasons"] if j in expected)
-    sched = double_booked_by_scheduler(ordered)
-    nodes = double_booked_on_nodes(ordered, scheduler_events)
-    report["double_booked_gpus"] = len({(c["node"], c["gpu"]) for c in sched + nodes})
-    report["double_booking"] = (sched + nodes)[:20]
-    leaks, status_id = leaked_gpus(ordered)
-    report["leaked_gpus"] = len(leaks)
-    report["leaks"] = leaks[:50]
-    report["final_cell_status"] = status_id
     specs = {e.spec.job_id: e.spec for e in unique(job_events) if isinstance(e, ev.JobAdmitted)}
     report["wasted_by_fault"] = wasted_by_fault(
         ordered, scheduler_events, specs, roles, wedged, fault_log, time_scale
@@ -802,7 +754,12 @@ def failures(report: Mapping[str, Any]) -> list[str]:
     if report.get("submit_errors"):
         out.append(f"{len(report['submit_errors'])} job(s) could not be submitted")
     verdict = report.get("verify") or {}
-    if verdict.get("ok") is False:
+    if "verify" in report and verdict.get("ok") is None:
+        out.append(
+            f"verify could not run ({verdict.get('error', 'no verdict')}): the log invariants "
+            "are unknown"
+        )
+    elif verdict.get("ok") is False:
         counts = ", ".join(f"{k} {n}" for k, n in sorted(verdict["violation_counts"].items()))
         out.append(f"verify: {counts}")
     return out

@@ -18,6 +18,18 @@ of the core's state:
   re-registers (an accepted registration: one the cell did not answer with a
   ``ReportIgnored``). This is stricter than the core, which takes one node's
   ``RunCompleted`` as confirming every node of a gang.
+
+  ``JobPreempted`` ends its run: the core emits it from ``finish_exit`` after
+  ``end_run`` has released (or asked to stop) the run's GPUs, and then a
+  ``JobRequeued`` of the same run puts the *job* back in the queue
+  (docs/design.md#job-lifecycle-and-fencing). Either event alone is enough
+  here; the second one of a run changes nothing.
+- **What the nodes ran.** Seen from the agents' reports (each report id
+  counted once: a re-delivered report is the same report): a ``RunStarted`` on
+  a GPU of a node where another run started and has not yet sent its final
+  report from that node (``RunCompleted``/``RunFailed``/``RunStopped``), nor
+  has the node registered again since (a new incarnation's agent ended its old
+  processes), is a *double start*: two generators on one GPU.
 - **Fencing.** The job's current run is its latest ``JobAssigned``; a node's
   current incarnation is its latest accepted ``NodeRegistered``. A report of
   another run, of a finished job, or of an older incarnation is *stale*: its
@@ -47,6 +59,7 @@ class Violation:
     subject: str
     detail: str
     where: str = ""
+    gpus: tuple[tuple[str, int], ...] = ()  # the (node, GPU)s concerned, if any
 
     def to_dict(self) -> dict[str, str]:
         return {
@@ -79,6 +92,10 @@ class CellLedger:
     finished: set[str] = field(default_factory=set)
     ended: set[tuple[str, int]] = field(default_factory=set)
     confirmed: set[tuple[tuple[str, int], str]] = field(default_factory=set)
+    placed: dict[tuple[str, int], dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    # (node, GPU) -> (job, run, incarnation) started there and not yet ended there
+    occupant: dict[tuple[str, int], tuple[str, int, int]] = field(default_factory=dict)
+    reports_seen: set[str] = field(default_factory=set)
     assignments: int = 0
     stale_reports: int = 0
     unplaced: int = 0
@@ -111,6 +128,7 @@ class CellLedger:
                     )
             if event is not None:
                 self._input(event, accepted)
+                self._node_view(event, f"{self.cell}@{offset}")
             for out in outs:
                 self._output(out, offset)
         # Outputs of inputs read after this walk's inputs (the log grew) are left out.
@@ -158,6 +176,37 @@ class CellLedger:
                 if node == e.node_id and h.run not in listed and h.run in self.ended:
                     self._confirm(h.run, node)
 
+    def _node_view(self, e: Any, where: str) -> None:
+        """What the agents say ran where (the double-start check; first id wins)."""
+        if not isinstance(e, (ev.NodeRegistered, *RUN_REPORTS)) or e.event_id in self.reports_seen:
+            return
+        self.reports_seen.add(e.event_id)
+        if isinstance(e, ev.NodeRegistered):
+            for slot, held in list(self.occupant.items()):
+                if slot[0] == e.node_id and held[2] < e.incarnation:
+                    del self.occupant[slot]
+        elif isinstance(e, ev.RunStarted):
+            key = (e.job_id, e.run)
+            for gpu in self.placed.get(key, {}).get(e.node_id, ()):
+                prev = self.occupant.get((e.node_id, gpu))
+                if prev is not None and prev[:2] != key:
+                    self.violations.append(
+                        Violation(
+                            "double_started",
+                            f"{e.node_id}:{gpu}",
+                            f"{e.job_id}#{e.run} started on GPU {gpu} of {e.node_id} "
+                            f"({e.event_id}) while {prev[0]}#{prev[1]} (incarnation {prev[2]}) "
+                            "had not reported its end there",
+                            where,
+                            ((e.node_id, gpu),),
+                        )
+                    )
+                self.occupant[(e.node_id, gpu)] = (e.job_id, e.run, e.incarnation)
+        elif isinstance(e, (ev.RunCompleted, ev.RunFailed, ev.RunStopped)):
+            for slot, held in list(self.occupant.items()):
+                if slot[0] == e.node_id and held[:2] == (e.job_id, e.run):
+                    del self.occupant[slot]
+
     def _output(self, o: Any, offset: int) -> None:
         if isinstance(o, ev.JobAssigned):
             self._assign(o, offset)
@@ -179,6 +228,7 @@ class CellLedger:
         self.assignments += 1
         key = (o.job_id, o.run)
         self.current_run[o.job_id] = o.run
+        self.placed[key] = {p.node_id: tuple(p.gpus) for p in o.placement}
         where = f"{self.cell}@{offset}"
         for piece in o.placement:
             size = self.node_size.get(piece.node_id)
@@ -192,6 +242,7 @@ class CellLedger:
                             f"{o.event_id} places {o.job_id}#{o.run} on GPU {gpu} of a "
                             f"{size}-GPU node",
                             where,
+                            ((piece.node_id, gpu),),
                         )
                     )
                 holder = self.gpus.get((piece.node_id, gpu))
@@ -207,6 +258,7 @@ class CellLedger:
                         f"while {other[0]}#{other[1]} holds them (assigned by {since}, not yet "
                         "released and confirmed)",
                         where,
+                        tuple((piece.node_id, g) for g in gpus),
                     )
                 )
 

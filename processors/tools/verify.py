@@ -8,9 +8,12 @@ Theory of operation
    its ownership invariants are asserted after every input (every held GPU has
    one run, within its node, and the node's owner table agrees); and the
    emitted history is walked on its own (``ledger.CellLedger``): every emitted
-   ``JobAssigned`` must find its GPUs released by what the log says happened.
+   ``JobAssigned`` must find its GPUs released by what the log says happened;
+   and, from the agents' reports, no GPU runs two started runs at once.
 3. **Every allocation released**: at the end of each re-fold, a run holding
    GPUs is either its live job's current run, or stopping within the stop lease.
+   What is still held is listed per cell (``held_at_end``): a drill that waited
+   for every job to end and every GPU to come back reads leaks from it.
 4. **No state change from a stale run or incarnation** (``ledger``), and no
    input that made the fold raise (the runtime dead-letters it: a core bug).
 5. **Every submitted job accounted for**: admitted and then terminal, or still
@@ -73,6 +76,26 @@ def ownership_problems(cell: Cell) -> list[str]:
     return problems
 
 
+def held_gpus(cell: Cell) -> list[dict[str, Any]]:
+    """Every GPU a run holds in the cell now, in node and GPU order."""
+    return sorted(
+        (
+            {
+                "node": node_id,
+                "gpu": i,
+                "job_id": job_id,
+                "run": number,
+                "phase": run.phase,
+                "job_live": job_id in cell.jobs,
+            }
+            for (job_id, number), run in cell.runs.items()
+            for node_id, gpus in run.held.items()
+            for i in gpus
+        ),
+        key=lambda h: (h["node"], h["gpu"]),
+    )
+
+
 def allocation_problems(cell: Cell) -> tuple[list[Violation], Counter]:
     """Runs still holding GPUs at the end, and whether they may (item 3)."""
     violations: list[Violation] = []
@@ -122,6 +145,8 @@ class VerifyReport:
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)
     fairness: dict[str, Any] = field(default_factory=dict)
     in_flight: list[str] = field(default_factory=list)
+    first_terminal: dict[str, Any] = field(default_factory=dict)  # job -> its terminal event
+    held_at_end: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # per cell
 
     @property
     def ok(self) -> bool:
@@ -219,6 +244,7 @@ def verify(log: LogContents, config: CellConfig | None = None) -> VerifyReport:
         d.event for d in job_events if d.event is not None
     )
     report.violations.extend(violations)
+    report.first_terminal = first_terminal
     cells: dict[str, Cell] = {}
     finished_at: dict[str, tuple[int, int]] = {}  # job -> (partition, input offset)
     admitted_in_cell: dict[str, str] = {}
@@ -273,6 +299,8 @@ def verify(log: LogContents, config: CellConfig | None = None) -> VerifyReport:
             "assignments": ledger.assignments,
             "stale_reports": ledger.stale_reports,
             "outputs_beyond_inputs": ledger.unplaced,
+            "last_input": f"{refold.cell_id}@{records[-1].offset}" if records else None,
+            "gpus_held_at_end": len(report.held_at_end.setdefault(refold.cell_id, held_gpus(cell))),
         }
     _accounting(
         report, log, commands, job_events, first_terminal, cells, finished_at, admitted_in_cell

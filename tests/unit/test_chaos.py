@@ -8,9 +8,14 @@ from types import SimpleNamespace
 from framespool.agents.faults import FaultFileProbe, write_gpu_faults
 from framespool.agents.gpus import SimulatedProbe
 from framespool.chaos import plan as chaos
+from framespool.processors.core import CellConfig
+from framespool.processors.tools.ledger import check_cell_history, first_terminal_violations
+from framespool.processors.tools.verify import VerifyReport, verify
+from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.events import NodeSlice
+from tests.unit.test_tools_support import CellLog, clean_history
 
 
 # -- the plan -----------------------------------------------------------------------
@@ -124,7 +129,7 @@ def completed(pos, job, run, index=0):
     return ev.JobCompleted(event_id=f"cell-0@{pos}/{index}", ts_ms=pos * 1000, job_id=job, run=run)
 
 
-def test_terminal_summary_counts_lost_jobs_and_duplicates_but_not_redeliveries():
+def test_terminal_summary_counts_lost_jobs_and_redeliveries_and_verify_the_duplicates():
     events = [
         completed(5, "a", 1),
         completed(5, "a", 1),  # redelivered: same id
@@ -137,9 +142,14 @@ def test_terminal_summary_counts_lost_jobs_and_duplicates_but_not_redeliveries()
     s = chaos.terminal_summary(events, ["a", "b", "c", "d"])
     assert (s["submitted"], s["completed"], s["failed"], s["lost"]) == (4, 2, 1, 1)
     assert s["lost_jobs"] == ["d"]
-    assert s["duplicate_terminal_events"] == 1 and list(s["duplicate_terminal_jobs"]) == ["b"]
     assert s["redelivered_terminal_records"] == 1
     assert s["failed_by_class"] == {"hung": 1}
+    # the duplicate is verify's finding (one checker), reported under chaos's keys
+    violations, first = first_terminal_violations(events)
+    found = chaos.invariants(VerifyReport(violations=violations, first_terminal=first))
+    assert found["duplicate_terminal_events"] == 1
+    assert found["duplicate_terminal_jobs"] == {"b": ["cell-0@6/0", "cell-0@9/1"]}
+    assert chaos.failures({**s, **found}) == ["lost = 1", "duplicate_terminal_events = 1"]
 
 
 def test_cell_order_follows_input_positions_not_partitions():
@@ -160,56 +170,181 @@ def vars_of(e):
     return {f: getattr(e, f) for f in e.__slots__}
 
 
-def test_scheduler_double_booking_is_an_assignment_onto_a_gpu_of_a_live_run():
+# -- the log invariants are verify's ---------------------------------------------------
+def registered(node="n0", incarnation=1):
+    return ev.NodeRegistered(
+        event_id=f"{node}:{incarnation}:registered",
+        ts_ms=0,
+        node_id=node,
+        incarnation=incarnation,
+        cell="cell-0",
+        gpus=8,
+    )
+
+
+def agent(cls, job, run=1, node="n0", inc=1, tag=""):
+    name = cls.__name__.removeprefix("Run").lower()
+    return cls(
+        event_id=f"{node}:{job}:{run}:{name}{tag}",
+        ts_ms=0,
+        job_id=job,
+        run=run,
+        node_id=node,
+        incarnation=inc,
+    )
+
+
+def judged(inputs, outputs):
+    """chaos's invariant keys for one cell's history, as verify's ledger judges it."""
+    ledger = check_cell_history("cell-0", list(enumerate(inputs)), outputs)
+    return chaos.invariants(VerifyReport(violations=ledger.violations)), ledger.violations
+
+
+def test_scheduler_double_booking_is_an_assignment_onto_gpus_not_released_and_confirmed():
     ok = [
         assigned(1, "a", 1, gpus=(0, 1)),
         requeued(2, "a", 1, "retry after node_lost: x"),
         assigned(3, "b", 1, gpus=(1,)),
-        assigned(3, "a", 2, gpus=(0,)),
+        ev.JobAssigned(**{**vars_of(assigned(3, "a", 2, gpus=(0,))), "event_id": "cell-0@3/1"}),
     ]
-    assert chaos.double_booked_by_scheduler(chaos.cell_ordered(ok)) == []
+    # the agent confirms run a#1 is gone before its GPUs are given out again
+    inputs = [registered(), None, agent(ev.RunStopped, "a"), None]
+    found, violations = judged(inputs, ok)
+    assert violations == [] and found["double_booked_gpus"] == 0
+    # without the agent's word, the GPUs are still a#1's (the core waits for it too)
+    found, violations = judged([registered(), None, None, None], ok)
+    assert {v.kind for v in violations} == {"double_booked"} and found["double_booked_gpus"] == 2
     bad = [assigned(1, "a", 1, gpus=(0, 1)), assigned(2, "b", 1, gpus=(1,))]
-    (conflict,) = chaos.double_booked_by_scheduler(chaos.cell_ordered(bad))
-    assert (conflict["node"], conflict["gpu"], conflict["held_by"]) == ("n0", 1, ["a", 1])
+    found, (conflict,) = judged([registered(), None, None], bad)
+    assert (conflict.kind, conflict.subject, conflict.gpus) == (
+        "double_booked",
+        "n0:1",
+        (("n0", 1),),
+    )
+    assert "a#1" in conflict.detail and found["double_booked_gpus"] == 1
+    assert found["double_booking"] == [conflict.to_dict()]
 
 
 def test_node_double_booking_is_a_start_before_the_previous_runs_final_report():
-    placed = [assigned(1, "a", 1, gpus=(0,)), assigned(2, "b", 1, gpus=(0,))]
-    started = lambda job, inc=1: ev.RunStarted(
-        event_id=f"n0:{job}:1:started", ts_ms=0, job_id=job, run=1, node_id="n0", incarnation=inc
-    )
-    stopped = ev.RunStopped(
-        event_id="n0:a:1:stopped", ts_ms=0, job_id="a", run=1, node_id="n0", incarnation=1
-    )
-    reg = ev.NodeRegistered(
-        event_id="n0:2:registered", ts_ms=0, node_id="n0", incarnation=2, cell="cell-0", gpus=8
-    )
-    ordered = chaos.cell_ordered(placed)
-    assert chaos.double_booked_on_nodes(ordered, [started("a"), stopped, started("b")]) == []
-    assert chaos.double_booked_on_nodes(ordered, [started("a"), reg, started("b", 2)]) == []
+    outputs = [
+        assigned(1, "a", 1, gpus=(0,)),
+        requeued(3, "a", 1, "retry after hung: x"),
+        assigned(5, "b", 1, gpus=(0,)),
+    ]
+    # a heartbeat that no longer lists a#1 frees its GPU for the scheduler ...
+    beat = ev.NodeHeartbeat(event_id="n0:hb", ts_ms=0, node_id="n0", incarnation=1, runs=())
+
+    def history(*between, b_inc=1):
+        return [
+            registered(),
+            None,
+            agent(ev.RunStarted, "a"),
+            None,
+            beat,
+            *between,
+            None,
+            agent(ev.RunStarted, "b", inc=b_inc),
+        ]
+
+    def shifted(n):  # b's assignment follows whatever was inserted
+        return [
+            *outputs[:2],
+            ev.JobAssigned(**{**vars_of(outputs[2]), "event_id": f"cell-0@{5 + n}/0"}),
+        ]
+
+    # ... but only a#1's own final report (or the node's next registration) ends it on the node
+    found, violations = judged(history(agent(ev.RunStopped, "a")), shifted(1))
+    assert violations == []
+    found, violations = judged(history(registered(incarnation=2), b_inc=2), shifted(1))
+    assert violations == []
     # a re-delivered RunStarted of a finished run opens nothing (first id wins)
-    assert (
-        chaos.double_booked_on_nodes(ordered, [started("a"), stopped, started("b"), started("a")])
-        == []
+    again = history(agent(ev.RunStopped, "a")) + [agent(ev.RunStarted, "a")]
+    assert [v for v in judged(again, shifted(1))[1] if v.kind == "double_started"] == []
+    found, violations = judged(history(), shifted(0))
+    (conflict,) = violations
+    assert (conflict.kind, conflict.gpus) == ("double_started", (("n0", 0),))
+    assert "b#1" in conflict.detail and "a#1" in conflict.detail
+    assert found["double_booked_gpus"] == 1
+
+
+def test_leaks_are_the_gpus_runs_still_hold_at_the_end_of_verifys_refold():
+    log = clean_history()
+    found = chaos.invariants(verify(log.contents(), log.config))
+    # the gang's other node has not confirmed its stop yet: held (within the stop lease)
+    assert found["leaked_gpus"] == 8 and {leak["job_id"] for leak in found["leaks"]} == {"gang"}
+    for node in ("n0", "n1"):
+        log.heartbeat(node)  # nothing runs here any more
+    found = chaos.invariants(verify(log.contents(), log.config))
+    assert (found["leaked_gpus"], found["leaks"]) == (0, [])
+    assert found["final_cell_status"] == f"cell-0@{len(log.scheduler) - 1}"
+    log.admit("stuck", gpus=2)
+    log.tick()
+    log.start_all()
+    log.tick()
+    found = chaos.invariants(verify(log.contents(), log.config))
+    assert found["leaked_gpus"] == 2
+    assert {(leak["cell"], leak["job_id"], leak["run"]) for leak in found["leaks"]} == {
+        ("cell-0", "stuck", 1)
+    }
+
+
+def test_without_a_verdict_nothing_is_known_and_the_drill_fails():
+    found = chaos.invariants(None)
+    assert set(found) == set(chaos.INVARIANT_KEYS) and set(found.values()) == {None}
+    report = {**found, "lost": 0, "verify": {"ok": None, "error": "broker gone"}}
+    assert chaos.failures(report) == [
+        "verify could not run (broker gone): the log invariants are unknown"
+    ]
+
+
+# -- JobPreempted ends its run (the core's semantics; one definition, the ledger's) -----
+def test_a_preempted_run_has_ended_so_its_confirmed_gpus_may_go_to_the_preemptor():
+    preempted = ev.JobPreempted(
+        event_id="cell-0@2/0", ts_ms=0, job_id="a", run=1, reason="preempted", by_job_id="b"
     )
-    (conflict,) = chaos.double_booked_on_nodes(ordered, [started("a"), started("b")])
-    assert conflict["running"] == ["a", 1] and conflict["started"] == ["b", 1]
+    inputs = [registered(), None, agent(ev.RunStopped, "a"), None]
+    outputs = [assigned(1, "a", 1, gpus=(0, 1)), preempted, assigned(3, "b", 1, gpus=(0, 1))]
+    found, violations = judged(inputs, outputs)
+    assert violations == [] and found["double_booked_gpus"] == 0
+    # control: the same history without the JobPreempted: a#1 never ended
+    found, violations = judged(inputs, [outputs[0], outputs[2]])
+    assert {v.kind for v in violations} == {"double_booked"} and found["double_booked_gpus"] == 2
 
 
-def test_leaks_are_gpus_held_in_the_last_cell_status():
-    def status(pos, owner):
-        gpus = (ev.GpuStatus(index=0, state="busy" if owner else "free", job_id=owner, run=1),)
-        return ev.CellStatus(
-            event_id=f"cell-0@{pos}/0",
-            ts_ms=0,
-            cell="cell-0",
-            nodes=(ev.NodeStatus(node_id="n0", state="UP", gpus=gpus),),
-        )
-
-    assert chaos.leaked_gpus(chaos.cell_ordered([status(1, "a"), status(2, "")]))[0] == []
-    leaks, last = chaos.leaked_gpus(chaos.cell_ordered([status(1, ""), status(2, "a")]))
-    assert [(leak["node"], leak["gpu"], leak["job_id"]) for leak in leaks] == [("n0", 0, "a")]
-    assert last == "cell-0@2/0"
+def test_a_preemption_by_the_real_core_passes_verify_and_is_wasted_time_of_preemption():
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1000)
+    log = CellLog(config)
+    log.tick()
+    log.register("n0")
+    log.admit(
+        "batch", gpus=8, tier="batch", preemptible=True, checkpoint_interval_s=30, estimate_s=3600
+    )
+    log.tick()
+    log.start_all()
+    log.tick(100)
+    log.heartbeat("n0", (("batch", 1),))
+    log.admit("hurry", gpus=8, tier="interactive", estimate_s=30)
+    out = log.tick(31)
+    assert [o.job_id for o in out if isinstance(o, ev.CheckpointRun)] == ["batch"]
+    out = log.report(ev.RunCheckpointed, "batch", 1, "n0", checkpoint_uri="mem://batch/ck1")
+    assert [type(o).__name__ for o in out if isinstance(o, (ev.JobPreempted, ev.JobRequeued))] == [
+        "JobPreempted",
+        "JobRequeued",
+    ]
+    log.report(ev.RunStopped, "batch", 1, "n0")
+    log.tick()
+    log.start_all()
+    log.tick()
+    verdict = verify(log.contents(), config)
+    assert verdict.ok, verdict.render()
+    found = chaos.invariants(verdict)
+    assert (found["double_booked_gpus"], found["duplicate_terminal_events"]) == (0, 0)
+    assert {leak["job_id"] for leak in found["leaks"]} == {"hurry"}  # still running: held
+    job_events = [codec.decode(r.value) for r in log.contents().job_events]
+    spec = {"batch": ev.JobSpec(job_id="batch", tenant="acme", checkpoint_interval_s=30)}
+    sched = [codec.decode(r.value) for r in log.scheduler]
+    wasted = chaos.wasted_by_fault(chaos.cell_ordered(job_events), sched, spec, {}, (), [], 1.0)
+    assert list(wasted) == ["preemption"] and wasted["preemption"]["runs"] == 1
 
 
 def test_run_ends_are_blamed_on_the_fault_that_caused_them():
