@@ -46,7 +46,7 @@ from framespool.agents.execution import RunExecution, now_ms
 from framespool.agents.gpus import GpuProbe, with_warm_models
 from framespool.agents.ledger import Action, RunLedger
 from framespool.agents.profiles import ModelProfile
-from framespool.producers.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
+from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
 from framespool.schemas import topics as catalogue
 from framespool.schemas.codec import DecodeError, decode, encode
 from framespool.schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun

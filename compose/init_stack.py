@@ -83,7 +83,7 @@ def write_private(path: Path, doc: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from framespool.agents.artifacts import S3Store
-    from framespool.producers.log import create_topics
+    from framespool.log import create_topics
 
     try:
         created = retry("creating topics", lambda: create_topics(args.bootstrap), args.timeout_s)

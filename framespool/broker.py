@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from framespool.producers.log import LogError, create_topics
+from framespool.log import LogError, create_topics
 from framespool.schemas.topics import ALL_TOPICS, Topic
 
 log = logging.getLogger(__name__)

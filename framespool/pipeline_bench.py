@@ -74,7 +74,7 @@ class EventWatcher(threading.Thread):
 
     def __init__(self, bootstrap: str) -> None:
         super().__init__(daemon=True)
-        from framespool.producers.log import LogConsumer
+        from framespool.log import LogConsumer
         from framespool.schemas.topics import JOB_EVENTS
 
         self.consumer = LogConsumer(bootstrap)
@@ -200,7 +200,7 @@ def log_stamps(bootstrap: str, job_ids: set[str]) -> dict[str, dict[str, float]]
     """The producer timestamps of each job's first SubmitJob, JobAdmitted,
     JobAssigned and RunStarted, read back from the log (commands, scheduler and
     job-events topics, from offset 0 to their high watermarks)."""
-    from framespool.producers.log import read_all
+    from framespool.log import read_all
     from framespool.schemas import codec
     from framespool.schemas import events as ev
     from framespool.schemas.topics import COMMANDS, JOB_EVENTS, SCHEDULER

@@ -37,9 +37,9 @@ def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
 async def run_api(args: argparse.Namespace) -> None:
     from aiohttp import web
 
+    from framespool.log import LogProducer
     from framespool.producers.api import ApiConfig, make_app
     from framespool.producers.auth import ApiKeys
-    from framespool.producers.log import LogProducer
     from framespool.projections.service import ProjectionService
     from framespool.projections.webhooks import TargetPolicy, WebhookConfig
 

@@ -131,7 +131,7 @@ class Stack:
 
     # -- start ------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 60.0) -> dict:
-        from framespool.producers.log import create_topics
+        from framespool.log import create_topics
 
         self.reset_state()
         self.broker = EmbeddedBroker(log_path=self.log_dir / "broker.log")

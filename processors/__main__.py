@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from framespool.log import LogError, LogProducer
 from framespool.processors.app import (
     ProcessorFailed,
     ProcessorRunner,
@@ -33,7 +34,6 @@ from framespool.processors.config_file import (
 from framespool.processors.routing import RoutingError
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
 from framespool.producers.jsonlog import setup_logging
-from framespool.producers.log import LogError, LogProducer
 from framespool.schemas import topics as catalogue
 
 log = logging.getLogger("processors")

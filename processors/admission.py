@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from framespool.log import Record
 from framespool.processors.core.admission import ADMISSION_INPUTS, AdmissionConfig, AdmissionState
 from framespool.processors.routing import (
     Outgoing,
@@ -21,7 +22,6 @@ from framespool.processors.routing import (
     decode_input,
     encode_outputs,
 )
-from framespool.producers.log import Record
 from framespool.schemas import topics as catalogue
 
 log = logging.getLogger(__name__)

@@ -45,11 +45,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from confluent_kafka import TopicPartition
-
+from framespool.log import LogConsumer, LogError, LogProducer, TopicPartition
 from framespool.processors.routing import Outgoing
 from framespool.processors.snapshots import StatefulProcessor
-from framespool.producers.log import LogConsumer, LogError, LogProducer
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.topics import Topic

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from framespool.producers.log import LogError, LogProducer
+from framespool.log import LogError, LogProducer
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from framespool.log import Record, partition_for_key
 from framespool.processors.core import AGENT_COMMANDS
 from framespool.processors.core.admission import CellCommand
-from framespool.producers.log import Record, partition_for_key
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue

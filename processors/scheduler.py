@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from framespool.log import Record
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.routing import (
     WRONG_PARTITION,
@@ -21,7 +22,6 @@ from framespool.processors.routing import (
     decode_input,
     encode_outputs,
 )
-from framespool.producers.log import Record
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.topics import cell_of_partition

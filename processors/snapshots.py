@@ -52,8 +52,8 @@ from typing import Any, Protocol
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from framespool.log import Record
 from framespool.processors.routing import Outgoing
-from framespool.producers.log import Record
 
 log = logging.getLogger(__name__)
 

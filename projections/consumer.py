@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from framespool.producers.log import LogConsumer, Record
+from framespool.log import LogConsumer, Record
 from framespool.projections import cluster as cluster_fold
 from framespool.projections import jobs as job_fold
 from framespool.projections.cluster import ClusterView

@@ -2,7 +2,7 @@
 
 ``lifecycle`` writes the job-events and progress a well-behaved scheduler and
 agent would produce for one job; ``RecordingProducer`` is the fake log
-producer (the real one is ``framespool.producers.log.LogProducer``): it keeps what was sent.
+producer (the real one is ``framespool.log.LogProducer``): it keeps what was sent.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from framespool.producers.log import Record, partition_for_key
+from framespool.log import Record, partition_for_key
 from framespool.projections.jobs import job_id_of
 from framespool.schemas import codec
 from framespool.schemas.events import (

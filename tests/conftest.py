@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from framespool.broker import EmbeddedBroker, free_port
-from framespool.producers.log import create_topics
+from framespool.log import create_topics
 from framespool.schemas import topics as catalogue
 from framespool.schemas.topics import Topic
 

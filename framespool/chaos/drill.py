@@ -70,7 +70,7 @@ class Watcher(threading.Thread):
 
     def __init__(self, bootstrap: str, topics: Any = catalogue) -> None:
         super().__init__(name="chaos-watcher", daemon=True)
-        from framespool.producers.log import LogConsumer
+        from framespool.log import LogConsumer
 
         self._jobs = LogConsumer(bootstrap)
         self._jobs.assign(topics.JOB_EVENTS.name, range(topics.JOB_EVENTS.partitions), 0)
@@ -190,7 +190,7 @@ class LogTail:
             "ASSIGNMENTS",
         ),
     ) -> None:
-        from framespool.producers.log import LogConsumer
+        from framespool.log import LogConsumer
 
         self._consumers = []
         for name in names:
@@ -287,7 +287,7 @@ class ChaosRun:
             f"{self.data_dir}"
         )
         with self.stack:
-            from framespool.producers.log import LogProducer
+            from framespool.log import LogProducer
 
             bootstrap = self.stack.broker.bootstrap_servers
             self.watcher = Watcher(bootstrap)
@@ -573,7 +573,7 @@ class ChaosRun:
 
     # -- the report ----------------------------------------------------------------
     def _report(self, bootstrap: str) -> dict[str, Any]:
-        from framespool.producers.log import read_all
+        from framespool.log import read_all
         from framespool.schemas import codec
 
         def decoded(topic: str, partitions: list[int] | None = None) -> list[Any]:

@@ -80,9 +80,9 @@ def cell_config_for(args: argparse.Namespace) -> Any:
 def read_log_for(
     args: argparse.Namespace, cells: list[int] | None = None, commands: bool = True
 ) -> Any:
+    from framespool.log import LogError
     from framespool.processors.app import topics_with_suffix
     from framespool.processors.tools.reader import read_log
-    from framespool.producers.log import LogError
 
     bootstrap = bootstrap_for(args)
     try:

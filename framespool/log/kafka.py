@@ -1,10 +1,11 @@
-"""The Kafka IO adapter every shell uses: topic creation, a producer, a consumer.
+"""The Kafka adapter of the log port: topic creation, a producer, a consumer.
 
 Theory of operation
 -------------------
 This module moves bytes; it knows nothing about events (``framespool.schemas.codec`` turns
-events into bytes and back). It exists so that the broker's quirks are handled
-in one place (``/work/shared/BROKER-NOTES.md``; the embedded broker is Tansu):
+events into bytes and back). It implements ``framespool.log.port`` (the in-memory
+fake is ``framespool.log.memory``) and handles the broker's quirks in one place
+(``docs/broker-notes.md``; the embedded broker is Tansu):
 
 1. Topics are created explicitly with the catalogue's partition counts. Tansu
    cannot add partitions later and auto-creates unknown topics with 4, so the
@@ -14,7 +15,8 @@ in one place (``/work/shared/BROKER-NOTES.md``; the embedded broker is Tansu):
    list *all* topics.
 2. Keyed records are partitioned with Kafka's murmur2 (the Java client's and
    aiokafka's default), not librdkafka's default CRC32, so that
-   :func:`partition_for_key` and every producer agree on where a key lives.
+   ``framespool.log.partitioning.partition_for_key`` and every producer agree on
+   where a key lives.
 3. ListOffsets(latest) is wrong on Tansu, so nothing here asks for it: consumers
    start at explicit offsets or ``earliest``, and :func:`read_all` stops at the
    high watermark carried by Fetch responses.
@@ -33,8 +35,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -46,62 +47,24 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from framespool.log.port import (
+    Delivered,
+    DeliveryCallback,
+    DeliveryError,
+    Headers,
+    Key,
+    LogError,
+    PartitionsCallback,
+    Record,
+    TopicMismatch,
+)
 from framespool.schemas.topics import ALL_TOPICS, Topic
 
 log = logging.getLogger(__name__)
 
-Key = str | bytes | None
-Headers = Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]] | None
 
-
-class LogError(Exception):
-    """The log refused or lost something; the message says which topic and why."""
-
-
-class DeliveryError(LogError):
-    """A record was not written. ``error`` is librdkafka's ``KafkaError``."""
-
-    def __init__(self, topic: str, key: bytes | None, error: KafkaError) -> None:
-        self.topic = topic
-        self.key = key
-        self.error = error
-        super().__init__(
-            f"delivery to topic {topic!r} (key {key!r}) failed: {error.name()}: {error.str()}"
-        )
-
-
-class TopicMismatch(LogError):
-    """A topic exists with another partition count than the catalogue says."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """Where a record landed."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One consumed record. ``timestamp_ms`` is the broker/producer timestamp, if any."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    timestamp_ms: int | None = None
-
-    def header(self, name: str) -> bytes | None:
-        """The last value of header ``name``, or None."""
-        found = None
-        for k, v in self.headers:
-            if k == name:
-                found = v
-        return found
+def _delivery_error(topic: str, key: bytes | None, error: KafkaError) -> DeliveryError:
+    return DeliveryError(topic, key, f"{error.name()}: {error.str()}")
 
 
 # --------------------------------------------------------------------------
@@ -124,7 +87,7 @@ def create_topics(
     if not wanted:
         return []
     # The AdminClient must stay referenced until its futures resolve
-    # (BROKER-NOTES); ``admin`` lives until this function returns.
+    # (docs/broker-notes.md); ``admin`` lives until this function returns.
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **conf})
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=n) for name, n in wanted.items()],
@@ -171,48 +134,6 @@ def _check_partition_counts(admin: AdminClient, wanted: Mapping[str, int], timeo
             f"{detail}; partitions cannot be changed in place: recreate the topic "
             "(or the broker's storage) or fix schemas/topics.py"
         )
-
-
-# --------------------------------------------------------------------------
-# Partitioning
-# --------------------------------------------------------------------------
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 hash (``org.apache.kafka.common.utils.Utils.murmur2``), unsigned 32 bit."""
-    m = 0x5BD1E995
-    length = len(data)
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    tail = length & ~3
-    for i in range(0, tail, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> 24
-        k = (k * m) & 0xFFFFFFFF
-        h = ((h * m) & 0xFFFFFFFF) ^ k
-    rest = length & 3
-    if rest == 3:
-        h ^= data[tail + 2] << 16
-    if rest >= 2:
-        h ^= data[tail + 1] << 8
-    if rest >= 1:
-        h ^= data[tail]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
-def partition_for_key(key: str | bytes, partitions: int) -> int:
-    """The partition Kafka's default partitioner puts ``key`` in.
-
-    ``(murmur2(utf8(key)) & 0x7fffffff) % partitions``: the same as the Java client,
-    aiokafka (faust) and :class:`LogProducer` (``partitioner=murmur2_random``), so
-    a record produced without an explicit partition lands where this says.
-    """
-    if partitions <= 0:
-        raise ValueError(f"partitions must be positive, got {partitions}")
-    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
-    return (murmur2(raw) & 0x7FFFFFFF) % partitions
 
 
 # --------------------------------------------------------------------------
@@ -286,7 +207,7 @@ class LogProducer:
             self._record_failure(error, msg)
 
     def _record_failure(self, error: KafkaError, msg) -> None:
-        failure = DeliveryError(msg.topic(), msg.key(), error)
+        failure = _delivery_error(msg.topic(), msg.key(), error)
         log.error("%s", failure)
         with self._lock:
             self._failures.append(failure)
@@ -305,7 +226,7 @@ class LogProducer:
         value: bytes | None,
         partition: int | None = None,
         headers: Headers = None,
-        on_delivery: Callable[[DeliveryError | None, Delivered | None], None] | None = None,
+        on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Queue one record; returns at once.
 
@@ -322,7 +243,7 @@ class LogProducer:
 
             def callback(err, msg):
                 if err is not None:
-                    on_delivery(DeliveryError(msg.topic(), msg.key(), err), None)
+                    on_delivery(_delivery_error(msg.topic(), msg.key(), err), None)
                 else:
                     on_delivery(None, Delivered(msg.topic(), msg.partition(), msg.offset()))
 
@@ -359,7 +280,7 @@ class LogProducer:
             if future.done():  # the awaiting task was cancelled
                 return
             if err is not None:
-                future.set_exception(DeliveryError(msg.topic(), msg.key(), err))
+                future.set_exception(_delivery_error(msg.topic(), msg.key(), err))
             else:
                 future.set_result(Delivered(msg.topic(), msg.partition(), msg.offset()))
 
@@ -390,7 +311,7 @@ class LogProducer:
                 on_delivery=callback,
             )
         except KafkaException as exc:  # refused up front, e.g. a topic already known not to exist
-            raise DeliveryError(topic, raw_key, exc.args[0]) from None
+            raise _delivery_error(topic, raw_key, exc.args[0]) from None
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued record is delivered; raise the first failure since the last flush."""
@@ -567,8 +488,8 @@ class LogConsumer:
     def subscribe(
         self,
         topics: Sequence[str],
-        on_assign: Callable[[list[TopicPartition]], None] | None = None,
-        on_revoke: Callable[[list[TopicPartition]], None] | None = None,
+        on_assign: PartitionsCallback | None = None,
+        on_revoke: PartitionsCallback | None = None,
     ) -> None:
         """Join ``group_id`` and read what the group assigns; callbacks run inside :meth:`poll`."""
         if self._anonymous:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from framespool.log import Record
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.routing import PROCESSING_ERROR, Outgoing
 from framespool.processors.scheduler import SchedulerFold
-from framespool.producers.log import Record
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from framespool.log import LogConsumer, LogError, read_all
 from framespool.processors.tools.history import LogContents
-from framespool.producers.log import LogConsumer, LogError, read_all
 from framespool.schemas import topics as catalogue
 
 

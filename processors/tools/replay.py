@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from framespool.log import Record
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.history import (
     LogContents,
@@ -38,7 +39,6 @@ from framespool.processors.tools.history import (
     event_dict,
     parse_position,
 )
-from framespool.producers.log import Record
 from framespool.schemas import codec
 from framespool.schemas import topics as catalogue
 

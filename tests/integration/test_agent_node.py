@@ -26,7 +26,7 @@ from framespool.agents.agent import NodeAgent
 from framespool.agents.artifacts import LocalDirStore, S3Store
 from framespool.agents.gpus import SimulatedProbe
 from framespool.agents.profiles import load_profiles
-from framespool.producers.log import LogConsumer, LogProducer, Record, partition_for_key
+from framespool.log import LogConsumer, LogProducer, Record, partition_for_key
 from framespool.schemas.codec import decode, encode
 from framespool.schemas.events import (
     CheckpointRun,

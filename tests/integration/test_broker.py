@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from framespool.broker import BrokerError, EmbeddedBroker, free_port
-from framespool.producers.log import LogProducer, read_all
+from framespool.log import LogProducer, read_all
 from framespool.schemas.topics import ALL_TOPICS, Topic
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ import pytest
 
 from framespool.chaos.drill import LogTail, chaos_stack
 from framespool.chaos.plan import dead_letter_check, malformed_records
+from framespool.log import LogProducer
 from framespool.producers.client import Client
-from framespool.producers.log import LogProducer
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 

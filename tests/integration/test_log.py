@@ -1,4 +1,4 @@
-"""framespool.producers.log against a real broker: what goes in comes out, in order, where expected."""
+"""framespool.log against a real broker: what goes in comes out, in order, where expected."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from framespool.producers.log import (
+from framespool.log import (
     DeliveryError,
     LogConsumer,
     LogError,

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from framespool.log import LogProducer, read_all
 from framespool.processors.clock import Clock, ticks
-from framespool.producers.log import LogProducer, read_all
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 

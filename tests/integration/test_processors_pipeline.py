@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from framespool.log import LogConsumer, LogProducer, partition_for_key, read_all
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig, RateLimit
-from framespool.producers.log import LogConsumer, LogProducer, partition_for_key, read_all
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from tests.integration.test_processors_support import (

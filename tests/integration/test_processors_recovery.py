@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from framespool.log import read_all
 from framespool.processors.core import CellConfig
 from framespool.processors.snapshots import SnapshotStore
-from framespool.producers.log import read_all
 from tests.integration.test_processors_support import (
     REPO,
     InProcess,

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from framespool.log import LogProducer, Record, read_all
 from framespool.processors.admission import AdmissionFold
 from framespool.processors.app import ProcessorRunner
 from framespool.processors.core import Cell, CellConfig
@@ -26,7 +27,6 @@ from framespool.processors.core.admission import AdmissionConfig
 from framespool.processors.routing import encode_outputs
 from framespool.processors.scheduler import SchedulerFold
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
-from framespool.producers.log import LogProducer, Record, read_all
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue

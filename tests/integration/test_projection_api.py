@@ -9,9 +9,9 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from framespool.log import LogProducer, read_all
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
-from framespool.producers.log import LogProducer, read_all
 from framespool.projections.service import ProjectionService
 from framespool.projections.testing import key_of, lifecycle
 from framespool.schemas import codec

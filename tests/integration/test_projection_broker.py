@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from framespool.producers.log import LogProducer, read_all
+from framespool.log import LogProducer, read_all
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.jobs import COMPLETED, FAILED, fold
 from framespool.projections.store import RocksViewStore

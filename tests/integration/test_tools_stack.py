@@ -15,8 +15,8 @@ import pytest
 
 import framespool.cli as cli
 from framespool.broker import free_port
+from framespool.log import LogProducer, partition_for_key, read_all
 from framespool.producers.client import Client
-from framespool.producers.log import LogProducer, partition_for_key, read_all
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas.topics import JOB_EVENTS

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from framespool.producers.log import Record
+from framespool.log import Record
 from framespool.projections.consumer import UNEXPECTED_TYPE, ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.jobs import COMPLETED, fold

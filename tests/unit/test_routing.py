@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from framespool.log import Record, partition_for_key
 from framespool.processors.app import topics_with_suffix
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.admission import CellCommand
@@ -19,7 +20,6 @@ from framespool.processors.routing import (
     route,
 )
 from framespool.processors.scheduler import SCHEDULER_INPUTS, SchedulerFold
-from framespool.producers.log import Record, partition_for_key
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from framespool.log import Record
 from framespool.processors.routing import Outgoing
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
-from framespool.producers.log import Record
 
 TOPIC = "in"
 
@@ -294,7 +294,7 @@ class FakeProducer:
 
     def flush(self, timeout=None):
         if self.fail_flush:
-            from framespool.producers.log import LogError
+            from framespool.log import LogError
 
             raise LogError("broker gone")
         self.journal.append("flush")

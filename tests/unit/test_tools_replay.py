@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from framespool.log import Record
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.history import Until, parse_position, parse_until
 from framespool.processors.tools.replay import DIFFERING, MISSING, UNEXPECTED, replay
-from framespool.producers.log import Record
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue

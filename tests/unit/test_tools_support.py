@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from framespool.log import Record
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.history import LogContents, Refold
-from framespool.producers.log import Record
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
