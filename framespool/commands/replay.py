@@ -1,4 +1,5 @@
-"""``framespool replay``: re-fold the scheduler topic and compare with what was emitted.
+"""``framespool replay``: re-fold the scheduler and commands topics and compare with
+what was emitted.
 
 Also the log-reading options ``audit`` and ``verify`` share (:func:`log_arguments`,
 :func:`read_log_for`, :func:`cell_config_for`).
@@ -34,8 +35,8 @@ def log_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="the processors' JSON/TOML config (its [scheduler] section); "
-        "must be the one the scheduler ran with",
+        help="the processors' JSON/TOML config (its [scheduler] and [admission] "
+        "sections); must be the one the processors ran with",
     )
     parser.add_argument("--topic-suffix", default="", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -77,6 +78,18 @@ def cell_config_for(args: argparse.Namespace) -> Any:
         raise CommandError(str(exc)) from None
 
 
+def admission_config_for(args: argparse.Namespace) -> Any:
+    from framespool.processors.config_file import ConfigError, load_admission_config
+    from framespool.processors.core.admission import AdmissionConfig
+
+    if args.config is None:
+        return AdmissionConfig()
+    try:
+        return load_admission_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def read_log_for(
     args: argparse.Namespace, cells: list[int] | None = None, commands: bool = True
 ) -> Any:
@@ -103,13 +116,16 @@ def read_log_for(
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "replay",
-        help="re-fold the scheduler log with the core and compare with its outputs",
-        description="Re-fold the scheduler topic from offset 0 with the scheduler core and "
-        "compare every output with what was emitted on job-events and "
-        "assignments (same event id -> same bytes). Reports the first "
-        "divergence exactly. Exit status 1 on divergence, 2 on a usage error.",
+        help="re-fold the scheduler and commands log with the cores and compare with their outputs",
+        description="Re-fold the scheduler topic from offset 0 with the scheduler core, and "
+        "the commands topic with the admission core, and compare every output with "
+        "what was emitted on job-events, assignments and the scheduler topic (same "
+        "event id -> same bytes). Reports the first divergence exactly. Exit status "
+        "1 on divergence, 2 on a usage error.",
     )
-    p.add_argument("--cell", metavar="CELL", help="replay only this cell (e.g. cell-0)")
+    p.add_argument(
+        "--cell", metavar="CELL", help="replay only this cell (e.g. cell-0; admission is left out)"
+    )
     p.add_argument(
         "--until",
         metavar="OFFSET|TIME",
@@ -141,7 +157,8 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     config = cell_config_for(args)
-    log = read_log_for(args, cells=cells, commands=False)
-    report = replay(log, config, cells=cells, until=until)
+    admission = admission_config_for(args) if cells is None else None
+    log = read_log_for(args, cells=cells, commands=cells is None)
+    report = replay(log, config, cells=cells, until=until, admission_config=admission)
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
     return 0 if report.ok else 1

@@ -13,7 +13,10 @@ Theory of operation
 3. :class:`Refold` re-folds one scheduler partition with the processor's own
    fold (``SchedulerFold.step``), mirroring the runtime's handling of a fold
    that raises (dead letter ``processing_error``), so a re-fold emits exactly
-   what the processor would have.
+   what the processor would have. :class:`AdmissionRefold` does the same for
+   one commands partition with the admission processor's fold
+   (``AdmissionFold.step``), whose outputs are ``admission-<p>@<offset>/<i>``
+   (:func:`parse_admission_position`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from framespool.log import Record
+from framespool.processors.admission import AdmissionFold
 from framespool.processors.core import Cell, CellConfig
+from framespool.processors.core.admission import AdmissionConfig, AdmissionState
 from framespool.processors.routing import PROCESSING_ERROR, Outgoing
 from framespool.processors.scheduler import SchedulerFold
 from framespool.schemas import codec
@@ -34,11 +39,18 @@ from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 
 _POSITION = re.compile(r"^(cell-\d+)@(\d+)/(\d+)$")
+_ADMISSION_POSITION = re.compile(r"^(admission-\d+)@(\d+)/(\d+)$")
 
 
 def parse_position(event_id: str) -> tuple[str, int, int] | None:
     """``(cell, input offset, output index)`` of a cell output's event id, else None."""
     m = _POSITION.match(event_id or "")
+    return (m[1], int(m[2]), int(m[3])) if m else None
+
+
+def parse_admission_position(event_id: str) -> tuple[str, int, int] | None:
+    """``(admission-<p>, command offset, output index)`` of an admission output's id."""
+    m = _ADMISSION_POSITION.match(event_id or "")
     return (m[1], int(m[2]), int(m[3])) if m else None
 
 
@@ -126,6 +138,15 @@ class LogContents:
 
     def committed_offset(self, group: str, partition: int) -> int:
         return self.committed.get(group, {}).get(partition, 0)
+
+    def command_partitions(self) -> dict[int, list[Record]]:
+        """Commands records by partition, each in offset order."""
+        parts: dict[int, list[Record]] = {}
+        for r in self.commands:
+            parts.setdefault(r.partition, []).append(r)
+        for records in parts.values():
+            records.sort(key=lambda r: r.offset)
+        return dict(sorted(parts.items()))
 
 
 def as_records(
@@ -226,6 +247,33 @@ class Refold:
                 break
             self.step(r)
         return self
+
+
+class AdmissionRefold:
+    """One commands partition re-folded from offset 0 with the admission processor's fold."""
+
+    def __init__(
+        self, partition: int, config: AdmissionConfig | None = None, topics: Any = catalogue
+    ) -> None:
+        self.fold = AdmissionFold(config or AdmissionConfig(), topics)
+        self.partition = partition
+        self.state: AdmissionState = self.fold.new_state(partition)
+        self.last_offset = -1
+        self.processing_errors: list[tuple[int, str]] = []
+
+    @property
+    def source(self) -> str:
+        """The prefix of this partition's output ids (``admission-<p>``)."""
+        return f"admission-{self.partition}"
+
+    def step(self, record: Record) -> list[Outgoing]:
+        """What the admission processor emits for ``record`` (outputs, or a dead letter)."""
+        self.last_offset = record.offset
+        try:
+            return self.fold.step(self.state, record)
+        except Exception as exc:  # the runtime dead-letters a failing fold and goes on
+            self.processing_errors.append((record.offset, repr(exc)))
+            return [self.fold.dead_letter(record, PROCESSING_ERROR, repr(exc))]
 
 
 def _peek(record: Record) -> Any:

@@ -1,4 +1,5 @@
-"""``replay``: re-fold the scheduler topic with the core and compare with what was emitted.
+"""``replay``: re-fold the scheduler and commands topics with the cores and compare
+with what was emitted.
 
 Theory of operation
 -------------------
@@ -19,10 +20,21 @@ An emitted output of a replayed cell whose id the re-fold never produced is
 last one replayed); outputs of later inputs are left out (``beyond``).
 Differing, missing and unexpected are divergences; the first one, in input
 order, is reported exactly: input position, expected and emitted event.
+
+Admission promises the same determinism (docs/design.md#the-log), so the
+commands topic is re-folded too, one ``AdmissionState`` per partition through
+the admission processor's own fold, and its outputs (``admission-<p>@<offset>/<i>``:
+``JobAdmitted`` on the cell's scheduler partition and on job-events,
+``JobRejected``/``ReportIgnored`` on job-events, forwarded ``CancelJob`` on the
+scheduler topic) are held to the same rules, against the admission group's
+committed offsets. Its counts are kept apart (``admission``); its divergences
+join the cells' (position ``admission-<p>@<offset>``). ``until`` and ``cells``
+bound the cell replay only; a replay of chosen cells leaves admission out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,13 +42,17 @@ from typing import Any
 
 from framespool.log import Record
 from framespool.processors.core import CellConfig
+from framespool.processors.core.admission import AdmissionConfig
+from framespool.processors.routing import payload
 from framespool.processors.tools.history import (
+    AdmissionRefold,
     LogContents,
     Refold,
     Until,
     decode_all,
     diff_fields,
     event_dict,
+    parse_admission_position,
     parse_position,
 )
 from framespool.schemas import codec
@@ -122,6 +138,8 @@ class ReplayReport:
     divergences: list[Divergence] = field(default_factory=list)
     until: str = ""
     committed_known: bool = True
+    admission: dict[str, dict[str, Any]] = field(default_factory=dict)  # per commands partition
+    admission_counts: Counter = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -139,6 +157,10 @@ class ReplayReport:
             "committed_known": self.committed_known,
             "cells": self.cells,
             "counts": dict(sorted(self.counts.items())),
+            "admission": {
+                "partitions": self.admission,
+                "counts": dict(sorted(self.admission_counts.items())),
+            },
             "first_divergence": ordered[0].to_dict() if ordered else None,
             "divergences": [d.to_dict() for d in ordered[:limit]],
             "divergences_total": len(ordered),
@@ -162,6 +184,15 @@ class ReplayReport:
             f"(identical re-deliveries), dead letters {c['dead_letters']}, processing errors "
             f"{c['processing_errors']}, beyond the replay {c['beyond']}"
         )
+        if self.admission:
+            a = self.admission_counts
+            lines.append(
+                f"admission: replayed {a['inputs']} commands on {len(self.admission)} "
+                f"partition(s), outputs {a['outputs']}: matched {a['matched']}, missing "
+                f"{a['missing']}, unexpected {a['unexpected']}, differing {a['differing']}, "
+                f"pending {a['pending']}, duplicates {a['duplicates']}, dead letters "
+                f"{a['dead_letters']}, processing errors {a['processing_errors']}"
+            )
         if not self.committed_known:
             lines.append(
                 "warning: the scheduler's committed offsets could not be read; "
@@ -190,15 +221,16 @@ class _Emitted:
 
 
 def index_emitted(
-    records: Iterable[Record], cells: set[str], counts: Counter
+    records: Iterable[Record], cells: set[str], counts: Counter, parse: Any = parse_position
 ) -> dict[tuple[str, str], list[_Emitted]]:
-    """Emitted outputs of ``cells`` by (topic, event id); others are only counted."""
+    """Emitted outputs of ``cells`` (the sources ``parse`` finds in event ids) by
+    (topic, event id); others are only counted."""
     out: dict[tuple[str, str], list[_Emitted]] = {}
     for d in decode_all(records):
         if d.event is None:
             counts["emitted_undecodable"] += 1
             continue
-        pos = parse_position(d.event_id)
+        pos = parse(d.event_id)
         if pos is None or pos[0] not in cells:
             counts["emitted_by_others"] += 1
             continue
@@ -300,8 +332,9 @@ def _check_output(
     input_event: Any,
     index: int,
     committed_below: int,
+    counts: Counter | None = None,
 ) -> None:
-    counts = report.counts
+    counts = report.counts if counts is None else counts
     if not copies:
         if committed_below < 0 or record.offset >= committed_below:
             counts["pending"] += 1
@@ -348,6 +381,79 @@ def _check_output(
     )
 
 
+def compare_admission(
+    report: ReplayReport,
+    partitions: Mapping[int, list[Record]],
+    emitted_records: Iterable[Record],
+    config: AdmissionConfig | None = None,
+    topics: Any = None,
+    committed: Mapping[int, int] | None = None,
+) -> ReplayReport:
+    """Re-fold each commands partition with admission and compare with the emitted
+    records (job-events and scheduler), into ``report`` (see the module docstring)."""
+    topics = topics or catalogue
+    counts = report.admission_counts
+    refolds = {p: AdmissionRefold(p, config, topics) for p in partitions}
+    emitted = index_emitted(
+        emitted_records, {r.source for r in refolds.values()}, Counter(), parse_admission_position
+    )
+    expected_ids: set[tuple[str, str]] = set()
+    for p, records in partitions.items():
+        refold = refolds[p]
+        limit = (committed or {}).get(p, 0) if committed is not None else -1
+        for record in records:
+            counts["inputs"] += 1
+            for out in refold.step(record):
+                if out.event is None:
+                    counts["dead_letters"] += 1
+                    continue
+                counts["outputs"] += 1
+                out = dataclasses.replace(
+                    out, event=payload(out.event)
+                )  # a CellCommand's CancelJob
+                key = (out.topic, out.event.event_id)
+                expected_ids.add(key)
+                _check_output(
+                    report,
+                    key,
+                    out,
+                    emitted.get(key),
+                    refold.source,
+                    record,
+                    _decode_or_none(record),
+                    (parse_admission_position(out.event.event_id) or ("", 0, -1))[2],
+                    committed_below=limit,
+                    counts=counts,
+                )
+        counts["processing_errors"] += len(refold.processing_errors)
+        report.admission[refold.source] = {
+            "inputs": len(records),
+            "first_offset": records[0].offset if records else None,
+            "last_offset": refold.last_offset,
+            "committed": limit if committed is not None else None,
+        }
+    last = {r.source: r.last_offset for r in refolds.values()}
+    for key, copies in emitted.items():
+        source, offset, index = parse_admission_position(key[1]) or ("", -1, -1)
+        if key in expected_ids or offset > last.get(source, -1):
+            continue  # matched, or the output of a command read after this replay's
+        counts["unexpected"] += 1
+        first = copies[0]
+        report.divergences.append(
+            Divergence(
+                UNEXPECTED,
+                source,
+                offset,
+                index,
+                key[0],
+                key[1],
+                emitted=first.event,
+                emitted_at=(first.partition, first.offset),
+            )
+        )
+    return report
+
+
 def _decode_or_none(record: Record) -> Any:
     try:
         return codec.decode(record.value)
@@ -360,8 +466,10 @@ def replay(
     config: CellConfig | None = None,
     cells: Iterable[int] | None = None,
     until: Until | None = None,
+    admission_config: AdmissionConfig | None = None,
 ) -> ReplayReport:
-    """Replay the scheduler partitions in ``log`` (only ``cells`` if given)."""
+    """Replay the scheduler partitions in ``log`` (only ``cells`` if given) and,
+    unless ``cells`` is given, the commands partitions through admission."""
     partitions = log.scheduler_partitions()
     if cells is not None:
         wanted = set(cells)
@@ -369,7 +477,7 @@ def replay(
         for p in wanted - set(partitions):
             partitions[p] = []
     committed = log.committed.get("scheduler")
-    return compare(
+    report = compare(
         partitions,
         [*log.job_events, *log.assignments],
         config,
@@ -377,3 +485,13 @@ def replay(
         committed=committed,
         until=until,
     )
+    if cells is None:
+        compare_admission(
+            report,
+            log.command_partitions(),
+            [*log.job_events, *log.scheduler],
+            admission_config,
+            log.topics,
+            committed=log.committed.get("admission"),
+        )
+    return report

@@ -112,3 +112,20 @@ def test_the_config_file_is_the_scheduler_policy(main, fake_log, tmp_path):
     config.write_text("[scheduler]\nstatus_interval_s = 0\n")  # no CellStatus
     status, out, _ = main("replay", "--bootstrap", "b:1", "--config", str(config))
     assert status == 1 and "unexpected output" in out and "CellStatus" in out
+
+
+def test_replay_refolds_admission_too_and_exits_one_on_its_divergence(main, fake_log, tmp_path):
+    contents, calls = fake_log
+    status, out, _ = main("replay", "--bootstrap", "b:1")
+    assert status == 0 and "admission: replayed 4 commands" in out
+    assert calls[-1][1]["commands"] is True
+    config = tmp_path / "fs.toml"
+    config.write_text('[admission]\ntiers = ["interactive"]\n')  # the jobs' tier unknown there
+    status, out, _ = main("replay", "--bootstrap", "b:1", "--config", str(config))
+    assert status == 1 and "at admission-0@0 output #0" in out and "JobRejected" in out
+    forged = ev.JobRejected(
+        event_id="admission-0@0/1", ts_ms=1, job_id="a", tenant="acme", reason="forged"
+    )
+    contents.job_events.append(record(catalogue.JOB_EVENTS.name, 0, 999, forged))
+    status, out, _ = main("replay", "--bootstrap", "b:1")
+    assert status == 1 and "unexpected output at admission-0@0 output #1" in out

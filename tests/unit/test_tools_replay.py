@@ -8,12 +8,18 @@ import pytest
 
 from framespool.log import Record
 from framespool.processors.core import CellConfig
-from framespool.processors.tools.history import Until, parse_position, parse_until
+from framespool.processors.core.admission import AdmissionConfig
+from framespool.processors.tools.history import (
+    Until,
+    parse_admission_position,
+    parse_position,
+    parse_until,
+)
 from framespool.processors.tools.replay import DIFFERING, MISSING, UNEXPECTED, replay
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from tests.unit.test_tools_support import T0, clean_history, record
+from tests.unit.test_tools_support import T0, CellLog, clean_history, record
 
 
 def emitted_index(records: list[Record], event_id: str) -> int:
@@ -152,3 +158,130 @@ def test_parse_until(text, until):
 def test_parse_until_refuses_nonsense():
     with pytest.raises(ValueError, match="ISO-8601"):
         parse_until("yesterday")
+
+
+# --------------------------------------------------------------------------
+# Admission: the commands topic re-folded with the admission core
+# --------------------------------------------------------------------------
+def admission_outputs(records: list[Record]) -> list[int]:
+    """Indexes of the records that are admission's outputs."""
+    return [
+        i for i, r in enumerate(records) if parse_admission_position(codec.decode(r.value).event_id)
+    ]
+
+
+def test_admission_replays_an_honest_log_output_for_output():
+    log = clean_history()
+    report = replay(log.contents(), log.config)
+    assert report.ok, report.render()
+    a = report.admission_counts
+    # four SubmitJobs, each a JobAdmitted on job-events and on the cell's partition
+    assert (a["inputs"], a["outputs"], a["matched"]) == (4, 8, 8)
+    assert a["missing"] == a["unexpected"] == a["differing"] == 0
+    assert report.admission["admission-0"]["last_offset"] == 3
+    assert report.to_dict()["admission"]["counts"]["matched"] == 8
+    assert "admission: replayed 4 commands" in report.render()
+
+
+def test_a_tampered_admission_decision_is_pinpointed():
+    log = clean_history()
+    contents = log.contents()
+    i = admission_outputs(contents.job_events)[1]  # the second command's JobAdmitted
+    honest = codec.decode(contents.job_events[i].value)
+    tampered = replace(honest, spec=replace(honest.spec, tenant="mallory"))
+    contents.job_events[i] = replace(contents.job_events[i], value=codec.encode(tampered))
+    report = replay(contents, log.config)
+    assert not report.ok
+    d = report.first
+    assert (d.kind, d.position, d.index) == (DIFFERING, "admission-0@1", 0)
+    assert (d.topic, d.event_id) == (catalogue.JOB_EVENTS.name, honest.event_id)
+    assert d.expected == honest and d.emitted == tampered and d.fields == ["spec"]
+    assert isinstance(d.input, ev.SubmitJob) and d.input.spec.job_id == honest.spec.job_id
+    assert "emitted output differs at admission-0@1 output #0" in report.render()
+    assert report.counts["differing"] == 0  # the cells' own replay is not blamed
+
+
+def test_admission_outputs_missing_forged_or_pending_are_told_apart():
+    log = clean_history()
+    contents = log.contents()
+    i = admission_outputs(contents.job_events)[2]
+    gone = codec.decode(contents.job_events[i].value)
+    del contents.job_events[i]
+    forged = ev.JobRejected(
+        event_id="admission-0@0/1", ts_ms=T0, job_id="a", tenant="acme", reason="forged"
+    )
+    later = ev.JobRejected(
+        event_id="admission-0@9/0", ts_ms=T0, job_id="zz", tenant="acme", reason="later"
+    )
+    n = len(contents.job_events)
+    contents.job_events += [
+        record(catalogue.JOB_EVENTS.name, 0, n, forged),
+        record(catalogue.JOB_EVENTS.name, 0, n + 1, later),  # a command not read yet
+    ]
+    report = replay(contents, log.config)
+    kinds = [
+        (d.kind, d.position, d.event_id)
+        for d in sorted(report.divergences, key=lambda d: d.sort_key())
+    ]
+    assert kinds == [
+        (UNEXPECTED, "admission-0@0", "admission-0@0/1"),
+        (MISSING, "admission-0@2", gone.event_id),
+    ]
+    # the same command not yet committed by admission: pending, not missing
+    contents.committed = {**contents.committed, "admission": {0: 2}}
+    report = replay(contents, log.config)
+    assert [d.kind for d in report.divergences] == [UNEXPECTED]
+    assert report.admission_counts["pending"] == 1
+
+
+def test_another_admission_policy_diverges():
+    log = clean_history()
+    strict = AdmissionConfig(tiers=("interactive",))  # the jobs' tier is unknown to it
+    report = replay(log.contents(), log.config, admission_config=strict)
+    assert not report.ok
+    d = report.first
+    assert d.position == "admission-0@0" and d.kind in (DIFFERING, MISSING)
+    assert any(isinstance(x.expected, ev.JobRejected) for x in report.divergences)
+
+
+def test_a_replay_of_chosen_cells_leaves_admission_out():
+    log = clean_history()
+    contents = log.contents()
+    i = admission_outputs(contents.job_events)[0]
+    del contents.job_events[i]
+    assert not replay(contents, log.config).ok
+    report = replay(contents, log.config, cells=[0])
+    assert report.ok and report.admission == {} and not report.admission_counts
+
+
+def test_a_forwarded_cancel_is_replayed_and_a_tampered_one_caught_on_the_scheduler_topic():
+    log = CellLog()
+    log.tick()
+    log.register("n0")
+    log.admit("a", gpus=8)
+    log.admit("b", gpus=8)  # waits behind a
+    out = log.cancel("b")
+    assert [type(o).__name__ for o in out if isinstance(o, ev.JobCancelled)] == ["JobCancelled"]
+    report = replay(log.contents(), log.config)
+    assert report.ok, report.render()
+    a = report.admission_counts
+    assert (a["inputs"], a["outputs"], a["matched"]) == (3, 5, 5)
+    contents = log.contents()
+    i = next(
+        i
+        for i, r in enumerate(contents.scheduler)
+        if isinstance(codec.decode(r.value), ev.CancelJob)
+    )
+    honest = codec.decode(contents.scheduler[i].value)
+    tampered = replace(honest, job_id="a")
+    contents.scheduler[i] = replace(contents.scheduler[i], value=codec.encode(tampered))
+    report = replay(contents, log.config)
+    d = report.first
+    assert (d.kind, d.position, d.index, d.topic) == (
+        DIFFERING,
+        "admission-0@2",
+        0,
+        catalogue.SCHEDULER.name,
+    )
+    assert d.expected == honest and d.emitted == tampered and d.fields == ["job_id"]
+    assert isinstance(d.input, ev.CancelJob)

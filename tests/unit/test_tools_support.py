@@ -1,8 +1,9 @@
 """A log built in memory for the tools' unit tests (this module holds no tests).
 
 :class:`CellLog` plays one cell exactly as the processors would write it: a
-``SubmitJob`` on commands, the admission's ``JobAdmitted`` on job-events and
-the scheduler topic, and every scheduler input folded by the scheduler's own
+``SubmitJob`` on commands (all tenants on partition 0), folded by the admission
+processor's own fold (``AdmissionRefold``) into its ``JobAdmitted`` on job-events
+and the scheduler topic, and every scheduler input folded by the scheduler's own
 fold (``Refold``), whose outputs become the job-events and assignments records.
 Agents are played by hand (``start_all``, ``complete``...).
 """
@@ -13,7 +14,8 @@ from typing import Any
 
 from framespool.log import Record
 from framespool.processors.core import CellConfig
-from framespool.processors.tools.history import LogContents, Refold
+from framespool.processors.routing import payload
+from framespool.processors.tools.history import AdmissionRefold, LogContents, Refold
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
@@ -35,6 +37,7 @@ class CellLog:
     def __init__(self, config: CellConfig | None = None, partition: int = 0) -> None:
         self.config = config or CellConfig(status_interval_s=0, estimate_interval_s=0)
         self.refold = Refold(partition, self.config)
+        self.admission = AdmissionRefold(0)
         self.partition = partition
         self.cell = f"cell-{partition}"
         self.now = T0
@@ -111,21 +114,27 @@ class CellLog:
             estimate_s=estimate_s,
             **spec,
         )
-        n = len(self.commands)
-        self.commands.append(
-            record(
-                catalogue.COMMANDS.name,
-                0,
-                n,
-                ev.SubmitJob(event_id=f"{job_id}/submit", ts_ms=self.now, spec=body),
-                tenant,
-            )
-        )
-        admitted = ev.JobAdmitted(
-            event_id=f"admission-0@{n}/0", ts_ms=self.now, spec=body, cell=self.cell
-        )
-        self.emit(catalogue.JOB_EVENTS.name, 0, admitted)
+        submit = ev.SubmitJob(event_id=f"{job_id}/submit", ts_ms=self.now, spec=body)
+        (admitted,) = self.command(submit, tenant)
+        assert admitted.cell == self.cell, f"admission routed {job_id} to {admitted.cell}"
         return self.feed(admitted)
+
+    def cancel(self, job_id: str, tenant: str = "acme") -> list[Any]:
+        cancel = ev.CancelJob(
+            event_id=f"{job_id}/cancel", ts_ms=self.now, job_id=job_id, tenant=tenant
+        )
+        return [out for forwarded in self.command(cancel, tenant) for out in self.feed(forwarded)]
+
+    def command(self, command: Any, tenant: str) -> list[Any]:
+        """Append ``command`` to commands and fold it with admission; its job-events
+        outputs are written, its scheduler-topic ones returned for :meth:`feed`."""
+        rec = record(catalogue.COMMANDS.name, 0, len(self.commands), command, tenant)
+        self.commands.append(rec)
+        outs = self.admission.step(rec)
+        for out in outs:
+            if out.topic == catalogue.JOB_EVENTS.name:
+                self.emit(out.topic, out.partition, out.event)
+        return [payload(o.event) for o in outs if o.topic == catalogue.SCHEDULER.name]
 
     def report(
         self,
