@@ -1,13 +1,12 @@
 """Sample event streams and fakes for tests, demos and the embedded dashboard.
 
 ``lifecycle`` writes the job-events and progress a well-behaved scheduler and
-agent would produce for one job; ``RecordingProducer`` is the fake log
-producer (the real one is ``framespool.log.LogProducer``): it keeps what was sent.
+agent would produce for one job. The fake log producer is
+``framespool.log.memory.MemoryProducer``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from framespool.log import Record, partition_for_key
@@ -263,52 +262,3 @@ def records_for(
         next_offset[(topic, p)] = off + 1
         out.append(Record(topic, p, off, key.encode(), codec.encode(e)))
     return out
-
-
-@dataclass
-class Sent:
-    topic: str
-    key: Any
-    value: bytes | None
-    headers: Any = None
-    partition: int | None = None
-
-
-@dataclass
-class RecordingProducer:
-    """Fake ``LogProducer``: records every send; ``fail_with`` makes the next sends fail."""
-
-    sent: list[Sent] = field(default_factory=list)
-    fail_with: Exception | None = None
-
-    async def send(
-        self,
-        topic: str,
-        key: Any,
-        value: bytes | None,
-        partition: int | None = None,
-        headers: Any = None,
-    ) -> Sent:
-        self.produce(topic, key, value, partition, headers)
-        return self.sent[-1]
-
-    def produce(
-        self,
-        topic: str,
-        key: Any,
-        value: bytes | None,
-        partition: int | None = None,
-        headers: Any = None,
-    ) -> None:
-        if self.fail_with is not None:
-            raise self.fail_with
-        self.sent.append(Sent(topic, key, value, headers, partition))
-
-    def flush(self, timeout: float = 30.0) -> None:
-        pass
-
-    def close(self, timeout: float = 30.0) -> None:
-        pass
-
-    def on(self, topic: str) -> list[Sent]:
-        return [s for s in self.sent if s.topic == topic]

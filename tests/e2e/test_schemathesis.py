@@ -33,13 +33,14 @@ from schemathesis.specs.openapi.checks import (
 
 from framespool.agents.artifacts import LocalDirStore
 from framespool.broker import free_port
+from framespool.log.memory import MemoryProducer
 from framespool.producers import openapi
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, cell_status, lifecycle
+from framespool.projections.testing import cell_status, lifecycle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -82,7 +83,7 @@ class ApiServer:
         self.config = ApiConfig(
             auth=keys,
             store=store,
-            producer=RecordingProducer(),
+            producer=MemoryProducer(),
             artifacts=artifacts,
             resolve_host=_public_resolver,
             sse_keepalive_s=1.0,

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from framespool.log import LogProducer, read_all
+from framespool.log.memory import MemoryProducer
 from framespool.processors.clock import Clock, ticks
 from framespool.schemas import codec
 from framespool.schemas import events as ev
@@ -21,26 +22,15 @@ def test_a_round_has_one_tick_per_cell_with_a_deterministic_id():
     ]
 
 
-class FakeProducer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, int, ev.Tick]] = []
-
-    def produce(self, topic, key, value, partition=None, headers=None) -> None:
-        self.sent.append((topic, key, partition, codec.decode(value)))
-
-    def flush(self, timeout=None) -> None:
-        pass
-
-
 def test_time_never_goes_backwards_even_if_the_wall_clock_does():
     wall = iter([100.0, 99.0, 100.5])
-    clock = Clock(FakeProducer(), interval_s=0.25, wall=lambda: next(wall))
+    clock = Clock(MemoryProducer(), interval_s=0.25, wall=lambda: next(wall))
     assert [clock.tick_once() for _ in range(3)] == [100_000, 100_000, 100_500]
 
 
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval_s"):
-        Clock(FakeProducer(), interval_s=0)
+        Clock(MemoryProducer(), interval_s=0)
 
 
 @pytest.mark.integration

@@ -10,13 +10,14 @@ import pytest
 from aiohttp import web
 
 from framespool.agents.artifacts import LocalDirStore
+from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
 from framespool.producers.client import ApiError, Client
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, lifecycle, records_for
+from framespool.projections.testing import lifecycle, records_for
 from framespool.schemas import codec
 from framespool.schemas.events import JobAdmitted, SubmitJob
 
@@ -27,7 +28,7 @@ class Server:
     def __init__(self, tmp_path):
         self.loop = asyncio.new_event_loop()
         self.store, self.hub = InMemoryViewStore(), Hub()
-        self.producer = RecordingProducer()
+        self.producer = MemoryProducer()
         self.artifacts = LocalDirStore(tmp_path / "a", url_base="http://pending", secret=b"s")
         self.config = ApiConfig(
             auth=ApiKeys([record_for(KEY, "acme", "alice")]),
@@ -38,7 +39,7 @@ class Server:
             sse_keepalive_s=0.2,
         )
         self.consumer = ProjectionConsumer(
-            self.store, hub=self.hub, dead_letter_sender=RecordingProducer()
+            self.store, hub=self.hub, dead_letter_sender=MemoryProducer()
         )
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 

@@ -12,13 +12,14 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from framespool.agents.artifacts import LocalDirStore
+from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, cell_status, lifecycle, records_for
+from framespool.projections.testing import cell_status, lifecycle, records_for
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobAdmitted, JobQueued, SubmitJob
 from framespool.schemas.topics import COMMANDS
@@ -39,7 +40,7 @@ def auth(token=ALICE):
 class Ctx:
     client: TestClient
     store: InMemoryViewStore
-    producer: RecordingProducer
+    producer: MemoryProducer
     artifacts: LocalDirStore
     config: ApiConfig
     now: list
@@ -76,7 +77,7 @@ async def api(tmp_path, **overrides):
     config = ApiConfig(
         auth=keys,
         store=InMemoryViewStore(),
-        producer=RecordingProducer(),
+        producer=MemoryProducer(),
         artifacts=artifacts,
         clock=lambda: now[0],
         **overrides,
@@ -367,7 +368,7 @@ def test_projection_consumer_wires_into_the_app(tmp_path):
     async def go():
         async with api(tmp_path) as c:
             consumer = ProjectionConsumer(
-                c.store, hub=c.config.hub, dead_letter_sender=RecordingProducer()
+                c.store, hub=c.config.hub, dead_letter_sender=MemoryProducer()
             )
             job = await (await c.client.post("/v1/jobs", json=BODY, headers=auth())).json()
             cmd = c.commands(SubmitJob)[0]

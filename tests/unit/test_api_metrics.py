@@ -9,6 +9,7 @@ import re
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
+from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
 from framespool.producers.metrics import ProjectionCollector, PublishTap, projection_parts
@@ -16,7 +17,7 @@ from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, cell_status, lifecycle, records_for
+from framespool.projections.testing import cell_status, lifecycle, records_for
 from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
 from framespool.schemas.events import NodeStateChanged
 
@@ -38,7 +39,7 @@ def test_cluster_queue_and_latency_metrics():
         config = ApiConfig(
             auth=ApiKeys([record_for("k.s", "acme")]),
             store=store,
-            producer=RecordingProducer(),
+            producer=MemoryProducer(),
             operator_key="ops-key",
         )
         view = cluster.apply(None, cell_status("cell-0", 1_000, busy=3))
@@ -56,7 +57,7 @@ def test_cluster_queue_and_latency_metrics():
         store.commit(Batch(cells=dict(view.cells)))
         async with TestClient(TestServer(make_app(config))) as client:
             consumer = ProjectionConsumer(
-                store, hub=config.hub, dead_letter_sender=RecordingProducer()
+                store, hub=config.hub, dead_letter_sender=MemoryProducer()
             )
             events = lifecycle("job-1", ts0=10_000, runs=2)
             await consumer.handle(records_for(events[:5]))  # through the first assignment
@@ -85,7 +86,7 @@ def test_cluster_queue_and_latency_metrics():
 
 def test_projection_counters_from_the_background_parts():
     store, hub = InMemoryViewStore(), Hub()
-    consumer = ProjectionConsumer(store, hub=hub, dead_letter_sender=RecordingProducer())
+    consumer = ProjectionConsumer(store, hub=hub, dead_letter_sender=MemoryProducer())
     dispatcher = WebhookDispatcher(store, WebhookConfig(secret=b"s"))
     assert projection_parts([consumer.run, dispatcher.run, consumer.run, lambda: None]) == [
         consumer,

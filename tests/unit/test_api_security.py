@@ -18,12 +18,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from framespool.agents.artifacts import LocalDirStore
+from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.producers.jsonlog import JsonFormatter
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, lifecycle
+from framespool.projections.testing import lifecycle
 from framespool.projections.webhooks import TargetPolicy
 from framespool.schemas.topics import COMMANDS
 
@@ -55,7 +56,7 @@ async def api(tmp_path, server=None, **overrides):
     config = ApiConfig(
         auth=keys,
         store=InMemoryViewStore(),
-        producer=RecordingProducer(),
+        producer=MemoryProducer(),
         artifacts=artifacts,
         resolve_host=fake_resolve,
         resolve_timeout_s=0.2,

@@ -7,12 +7,13 @@ import json
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, lifecycle, records_for
+from framespool.projections.testing import lifecycle, records_for
 
 ALICE, BOB = "acme-key.alice", "globex-key.bob"
 H = {"Authorization": f"Bearer {ALICE}"}
@@ -46,12 +47,12 @@ def setup(keepalive=15.0):
     config = ApiConfig(
         auth=keys,
         store=store,
-        producer=RecordingProducer(),
+        producer=MemoryProducer(),
         hub=hub,
         sse_keepalive_s=keepalive,
         operator_key="ops-key",
     )
-    consumer = ProjectionConsumer(store, hub=hub, dead_letter_sender=RecordingProducer())
+    consumer = ProjectionConsumer(store, hub=hub, dead_letter_sender=MemoryProducer())
     return config, consumer
 
 

@@ -12,12 +12,13 @@ import contextlib
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, lifecycle, spec
+from framespool.projections.testing import lifecycle, spec
 from framespool.schemas.events import (
     CellStatus,
     GpuStatus,
@@ -49,9 +50,7 @@ async def api(**overrides):
         ],
         {"acme": TenantPolicy(("free",)), "globex": TenantPolicy(("paid", "free"), "paid")},
     )
-    config = ApiConfig(
-        auth=keys, store=InMemoryViewStore(), producer=RecordingProducer(), **overrides
-    )
+    config = ApiConfig(auth=keys, store=InMemoryViewStore(), producer=MemoryProducer(), **overrides)
     async with TestClient(TestServer(make_app(config))) as client:
         yield client, config
 

@@ -10,6 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
+from framespool.log.memory import MemoryProducer
 from framespool.producers import openapi
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
@@ -18,7 +19,7 @@ from framespool.projections import cluster
 from framespool.projections.jobs import STATES, fold
 from framespool.projections.serde import public_job
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, cell_status, lifecycle
+from framespool.projections.testing import cell_status, lifecycle
 
 KEY = "acme-key.alice-secret"
 
@@ -27,7 +28,7 @@ def app_config(**kw) -> ApiConfig:
     keys = ApiKeys(
         [record_for(KEY, "acme", "alice")], {"acme": TenantPolicy(("enterprise", "free"), "free")}
     )
-    return ApiConfig(auth=keys, store=InMemoryViewStore(), producer=RecordingProducer(), **kw)
+    return ApiConfig(auth=keys, store=InMemoryViewStore(), producer=MemoryProducer(), **kw)
 
 
 def served_doc(**kw) -> dict:

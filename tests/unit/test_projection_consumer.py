@@ -7,11 +7,12 @@ import asyncio
 import pytest
 
 from framespool.log import Record
+from framespool.log.memory import MemoryProducer
 from framespool.projections.consumer import UNEXPECTED_TYPE, ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.jobs import COMPLETED, fold
 from framespool.projections.store import InMemoryViewStore, RocksViewStore
-from framespool.projections.testing import RecordingProducer, cell_status, lifecycle, records_for
+from framespool.projections.testing import cell_status, lifecycle, records_for
 from framespool.schemas import codec
 from framespool.schemas.events import Tick
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS
@@ -50,7 +51,7 @@ def make_store(request, tmp_path):
 
 
 def consumer_for(store, **kw):
-    kw.setdefault("dead_letter_sender", RecordingProducer())
+    kw.setdefault("dead_letter_sender", MemoryProducer())
     return ProjectionConsumer(store, **kw)
 
 
@@ -111,7 +112,7 @@ def test_truncate_and_replay_rebuilds_the_same_views(make_store):
 
 def test_undecodable_and_unexpected_records_are_dead_lettered_and_skipped(make_store):
     store = make_store()
-    dlq = RecordingProducer()
+    dlq = MemoryProducer()
     good = to_records(lifecycle("j1"))
     other = (good[0].partition + 1) % JOB_EVENTS.partitions  # another partition, same poll
     bad = Record(JOB_EVENTS.name, other, 100, b"j1", b"\xc3\x01garbage")
@@ -136,7 +137,7 @@ def test_undecodable_and_unexpected_records_are_dead_lettered_and_skipped(make_s
 
 def test_dead_letter_send_failure_commits_nothing(make_store):
     store = make_store()
-    dlq = RecordingProducer(fail_with=RuntimeError("broker down"))
+    dlq = MemoryProducer(fail_with=RuntimeError("broker down"))
     records = to_records(lifecycle("j1"))
     bad = Record(JOB_EVENTS.name, 0, 50, b"x", b"nope")
     c = consumer_for(store, dead_letter_sender=dlq)

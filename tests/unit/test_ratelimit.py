@@ -10,11 +10,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.producers.ratelimit import RateLimit, RateLimiter, retry_after_header
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import RecordingProducer
 from framespool.schemas.topics import COMMANDS
 
 ALICE, BOB = "acme-key.alice-secret", "globex-key.bob-secret"
@@ -93,7 +93,7 @@ def test_api_answers_429_with_retry_after_per_tenant():
         config = ApiConfig(
             auth=keys,
             store=InMemoryViewStore(),
-            producer=RecordingProducer(),
+            producer=MemoryProducer(),
             rate_limit=RateLimit(rate_per_s=0.5, burst=2),
             monotonic=lambda: now[0],
             operator_key="ops-key",

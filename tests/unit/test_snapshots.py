@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from framespool.log import Record
+from framespool.log import LogError, Record
+from framespool.log.memory import MemoryConsumer, MemoryLog, MemoryProducer
 from framespool.processors.routing import Outgoing
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
 
@@ -238,68 +239,59 @@ class Journal(list):
     pass
 
 
-class FakeConsumer:
-    """The LogConsumer port: one partition, scripted polls; closing revokes (like leaving)."""
+class JournalConsumer(MemoryConsumer):
+    """The memory log's consumer, journaling what the runner asks of it. Each consume
+    first appends the next scripted batch to the log; none left stops the runner."""
 
-    def __init__(self, journal: Journal, polls: list[list[Record]], stop, committed=None):
+    def __init__(self, log: MemoryLog, journal: Journal, polls: list[list[Record]], stop, group):
+        super().__init__(log, group)
         self.journal, self.polls, self.stop = journal, polls, stop
-        self._committed = committed or {}
-        self.callbacks = None
 
-    def __call__(self, *args, **kwargs):  # the factory
-        return self
-
-    def partitions_of(self, topic):
-        return 1
-
-    def subscribe(self, topics, on_assign, on_revoke):
-        self.callbacks = (on_assign, on_revoke)
-
-    def consume(self, max_records, timeout):
-        if self.callbacks and "assigned" not in self.journal:
+    def subscribe(self, topics, on_assign=None, on_revoke=None):
+        def assigned(parts):
             self.journal.append("assigned")
-            from confluent_kafka import TopicPartition
+            on_assign(parts)
 
-            self.callbacks[0]([TopicPartition(TOPIC, 0)])
+        super().subscribe(topics, assigned, on_revoke)
+
+    def consume(self, max_records=500, timeout=1.0):
         if not self.polls:
             self.stop.set()
             return []
-        return self.polls.pop(0)
+        for r in self.polls.pop(0):
+            landed = self.log.append(r.topic, r.key, r.value, r.partition, r.headers)
+            assert landed.offset == r.offset, "the script's offsets follow the log's"
+        return super().consume(max_records, timeout)
 
-    def committed(self, topic, partitions):
-        return {p: self._committed.get(p) for p in partitions}
-
-    def assign(self, topic, partitions, offsets):
+    def assign(self, topic, partitions, offsets=0):
         self.journal.append(f"seek {offsets}")
+        super().assign(topic, partitions, offsets)
 
     def commit(self, positions):
         self.journal.append(f"commit {positions[(TOPIC, 0)]}")
+        super().commit(positions)
 
     def close(self):
-        from confluent_kafka import TopicPartition
-
-        self.callbacks[1]([TopicPartition(TOPIC, 0)])
+        super().close()  # revokes, like leaving the group
         self.journal.append("closed")
 
 
-class FakeProducer:
-    def __init__(self, journal: Journal, fail_flush: bool = False):
+class JournalProducer(MemoryProducer):
+    def __init__(self, log: MemoryLog, journal: Journal, fail_flush: bool = False):
+        super().__init__(log)
         self.journal, self.fail_flush = journal, fail_flush
 
-    def __call__(self, *args, **kwargs):
-        return self
-
-    def produce(self, topic, key, value, partition=None, headers=None):
+    def produce(self, topic, key, value, partition=None, headers=None, on_delivery=None):
         self.journal.append(f"produce {value.decode()}")
+        super().produce(topic, key, value, partition, headers, on_delivery)
 
-    def flush(self, timeout=None):
+    def flush(self, timeout=30.0):
         if self.fail_flush:
-            from framespool.log import LogError
-
             raise LogError("broker gone")
         self.journal.append("flush")
 
-    def close(self, timeout=None):
+    def close(self, timeout=30.0):
+        super().close(timeout)
         self.journal.append("producer closed")
 
 
@@ -321,13 +313,17 @@ def run_fake(tmp_path, polls, fail_flush=False, committed=None):
 
     journal, stop = Journal(), threading.Event()
     store = JournalStore(tmp_path / "j", journal)
+    log = MemoryLog([Topic(TOPIC, 1, "x"), Topic("out", 1, "x"), Topic("dlq", 1, "x")])
+    log.commit("g", {(TOPIC, p): offset for p, offset in (committed or {}).items()})
+    consumer = JournalConsumer(log, journal, polls, stop, "g")
+    producer = JournalProducer(log, journal, fail_flush)
     runner = ProcessorRunner(
         StatefulProcessor(ListFold(), store, TOPIC),
         "fake:9092",
         "g",
         input_topic=Topic(TOPIC, 1, "x"),
-        consumer_factory=FakeConsumer(journal, polls, stop, committed),
-        producer_factory=FakeProducer(journal, fail_flush),
+        consumer_factory=lambda *args, **kwargs: consumer,
+        producer_factory=lambda *args, **kwargs: producer,
     )
     try:
         runner.run(stop)

@@ -11,9 +11,10 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from framespool.log.memory import MemoryProducer
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.store import DELIVERED, FAILED, Batch, Delivery, InMemoryViewStore
-from framespool.projections.testing import RecordingProducer, lifecycle, records_for
+from framespool.projections.testing import lifecycle, records_for
 from framespool.projections.webhooks import TargetPolicy, WebhookConfig, WebhookDispatcher, verify
 
 SECRET = b"whsec-acme"
@@ -224,7 +225,7 @@ def test_job_state_changes_reach_the_receiver_once_each_in_order():
             store = InMemoryViewStore()
             dispatcher = WebhookDispatcher(store, config())
             consumer = ProjectionConsumer(
-                store, on_deliveries=dispatcher.notify, dead_letter_sender=RecordingProducer()
+                store, on_deliveries=dispatcher.notify, dead_letter_sender=MemoryProducer()
             )
             now = int(time.time() * 1000)
             events = lifecycle("j1", ts0=now, runs=2, callback_url=str(server.make_url("/hook")))
