@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -70,6 +71,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="seconds between snapshots of a partition (0: every batch)",
     )
+    parser.add_argument(
+        "--shared-snapshots",
+        default=os.environ.get("FRAMESPOOL_SHARED_SNAPSHOTS", ""),
+        metavar="LOCATION",
+        help="where every instance publishes and finds snapshots, so any instance takes over a "
+        "partition from its latest state: s3://BUCKET/PREFIX (endpoint from AWS_ENDPOINT_URL) or "
+        "a directory all instances share (default: none; a moved partition is re-folded from 0)",
+    )
+    parser.add_argument(
+        "--publish-interval",
+        type=float,
+        default=5.0,
+        help="seconds between shared snapshots of a partition (always on revoke and shutdown)",
+    )
     parser.add_argument("--interval", type=float, default=0.25, help="clock: seconds between Ticks")
     parser.add_argument(
         "--metrics-port",
@@ -112,8 +127,23 @@ def build_runner(args: argparse.Namespace, topics: Any) -> ProcessorRunner:
         raise ConfigError(
             f"cannot open the state store in {args.data_dir / store_name}: {exc}"
         ) from None
+    shared = None
+    if args.shared_snapshots:
+        from framespool.processors.shared_snapshots import open_shared_snapshots
+
+        shared = open_shared_snapshots(args.shared_snapshots)
+        log.info("shared snapshots: %s", shared.describe())
     processor = StatefulProcessor(
-        fold, store, input_topic.name, snapshot_interval_s=args.snapshot_interval
+        fold,
+        store,
+        input_topic.name,
+        snapshot_interval_s=args.snapshot_interval,
+        shared=shared,
+        instance=args.instance or f"{socket.gethostname()}-{os.getpid()}",
+        publish_interval_s=args.publish_interval,
+        # nobody can take a partition over sooner than a session timeout after our
+        # last heartbeat: checking twice per timeout catches a pause longer than that
+        verify_after_s=args.session_timeout_ms / 2000,
     )
     return ProcessorRunner(
         processor,

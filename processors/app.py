@@ -5,12 +5,15 @@ Theory of operation
 One thread does everything, so a rebalance callback (which librdkafka runs
 inside ``poll``) never sees a batch half done. Each turn of :meth:`run`:
 
-1. poll up to ``max_batch`` records (waiting at most ``poll_timeout_s`` for the
-   first) and fold them (``StatefulProcessor.fold``);
+0. poll up to ``max_batch`` records (waiting at most ``poll_timeout_s`` for the
+   first); with a shared snapshot store, drop the partitions another instance
+   has claimed meanwhile (``StatefulProcessor.verify``: a zombie stops here);
+1. fold the records (``StatefulProcessor.fold``);
 2. produce every output and dead letter, then ``flush``: wait until the broker
    acknowledged all of them;
-3. write the due snapshots (state + offset, one ``WriteBatch``);
-4. commit the consumer offsets. A failed commit is only logged: it costs
+3. write the due snapshots (state + offset, one ``WriteBatch``), then publish
+   the due shared ones (a refused publish fences that partition);
+4. commit the consumer offsets of the partitions still owned. A failed commit is only logged: it costs
    replay, never correctness (see ``framespool.processors.snapshots``).
 
 A failure in 2 or 3 is fatal (:class:`ProcessorFailed`): librdkafka has
@@ -20,7 +23,8 @@ unsaved (they may be ahead of what was delivered), the process exits
 non-zero, its partitions move to another instance (or to it, restarted), and
 the batch is replayed from the snapshot with the same event ids.
 
-On assignment each partition is loaded from its snapshot and read from its
+On assignment each partition is claimed (a new owner epoch, with a shared
+store), loaded from the newer of its shared and local snapshots and read from its
 offset + 1 (0 without one); inputs below the group's committed offset are
 folded without re-sending. On revocation a partition's state is snapshotted
 and dropped. :meth:`run` returns when ``stop`` is set, after finishing the
@@ -41,12 +45,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
 from framespool.log import LogConsumer, LogError, LogProducer, TopicPartition
 from framespool.processors.routing import Outgoing
+from framespool.processors.shared_snapshots import SharedStoreError
 from framespool.processors.snapshots import StatefulProcessor
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
@@ -84,7 +89,7 @@ def topics_with_suffix(suffix: str = "") -> Any:
     if not suffix:
         return catalogue
     renamed = {
-        attr: Topic(f"{t.name}.{suffix}", t.partitions, t.key)
+        attr: replace(t, name=f"{t.name}.{suffix}")
         for attr, t in vars(catalogue).items()
         if isinstance(t, Topic)
     }
@@ -101,6 +106,7 @@ class Counters:
     dead_letters: int = 0
     snapshots: int = 0
     commit_failures: int = 0
+    fenced: int = 0
 
 
 class ProcessorRunner:
@@ -147,7 +153,10 @@ class ProcessorRunner:
         except LogError as exc:  # without it every input is re-sent: duplicates, never loss
             log.warning("cannot read committed offsets (%s); replayed outputs will be re-sent", exc)
             committed = {}
-        starts = {p: self.processor.assign(p, committed.get(p)) for p in numbers}
+        try:
+            starts = {p: self.processor.assign(p, committed.get(p)) for p in numbers}
+        except SharedStoreError as exc:  # no owner epoch, no fencing: do not process
+            raise ProcessorFailed(f"cannot claim partitions {numbers}: {exc}") from exc
         consumer.assign(self.input_topic.name, numbers, starts)
         log.info("assigned %s partitions %s", self.input_topic.name, numbers)
         self.assigned.set()
@@ -205,9 +214,10 @@ class ProcessorRunner:
 
     def turn(self, consumer: LogConsumer, producer: LogProducer) -> None:
         """One poll-fold-produce-snapshot-commit cycle."""
-        records = consumer.consume(self.max_batch, self.poll_timeout_s)
+        records = consumer.consume(self.max_batch, self.poll_timeout_s)  # 0
         if not records:
             return
+        self.processor.verify(r.partition for r in records)
         batch = self.processor.fold(records)  # 1
         c = self.counters
         c.batches += 1
@@ -232,6 +242,7 @@ class ProcessorRunner:
             raise ProcessorFailed(
                 f"cannot write snapshots to {self.processor.store.path}: {exc!r}"
             ) from exc
+        c.fenced = len(self.processor.fenced)
         try:
             consumer.commit(self.processor.commit_positions(batch))  # 4
         except LogError as exc:

@@ -38,6 +38,33 @@ fails in 2 or 3 never reaches a snapshot (:meth:`StatefulProcessor.abandon`).
 Quiet replay rebuilds exactly what was decided only if the fold code and its
 configuration are unchanged since; after a policy change, a partition replayed
 from an older snapshot (or from 0) rebuilds its history under the new policy.
+
+Takeover and fencing (with a shared store, ``framespool.processors.shared_snapshots``)
+---------------------------------------------------------------------------------
+The local store lives on one instance; a partition that moves would be re-folded
+from offset 0. With ``shared`` set, step 3 also **publishes** the snapshot to a
+store every instance reads (at most every ``publish_interval_s`` per partition,
+always on revoke and shutdown), and :meth:`StatefulProcessor.assign`:
+
+a. **claims** the partition: the shared store bumps its owner epoch (a
+   compare-and-swap, so two instances never hold the same epoch);
+b. loads the newer of the shared and the local snapshot (higher offset) and
+   reads only the suffix after it.
+
+A zombie (paused past its session timeout while another instance took over) is
+fenced three ways, each enough for correctness on its own terms:
+
+1. before folding a batch (step 0, :meth:`StatefulProcessor.verify`), an instance
+   whose last ownership check is older than ``verify_after_s`` (half the session
+   timeout: no one can take over sooner) re-reads the owner epoch and drops every
+   partition someone else has claimed: it neither produces, snapshots nor commits;
+2. the shared store refuses a publish from a lower epoch (:class:`StaleEpoch`);
+   the instance then drops the partition and does not commit its offsets;
+3. every output carries the owner epoch and its input position in record headers
+   (``framespool.schemas.fencing``); output ids are already derived from the
+   input position, so a zombie that slips past 1 (paused between the check and
+   the produce) can only repeat ids the new owner also writes, and readers keep
+   the record with the highest epoch per input position (``EpochFence``).
 """
 
 from __future__ import annotations
@@ -46,7 +73,7 @@ import logging
 import pickle
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,6 +81,13 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.log import Record
 from framespool.processors.routing import Outgoing
+from framespool.processors.shared_snapshots import (
+    SharedSnapshots,
+    SharedStoreError,
+    SnapshotMeta,
+    StaleEpoch,
+)
+from framespool.schemas.fencing import fencing_headers
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +135,11 @@ class SnapshotStore:
             return None
         return state, int(raw_offset)
 
+    def offset(self, partition: int) -> int | None:
+        """The input offset of ``partition``'s snapshot, without loading its state."""
+        raw = self._db.get(self._keys(partition)[1])
+        return None if raw is None else int(raw)
+
     def save(self, snapshots: Mapping[int, tuple[Any, int]]) -> None:
         """Write ``{partition: (state, offset)}`` atomically, in one ``WriteBatch``."""
         if not snapshots:
@@ -147,6 +186,10 @@ class _Partition:
     quiet_below: int  # inputs below this were delivered before: fold, don't emit
     snapshot_offset: int  # offset of the last snapshot written or loaded; -1 = none
     snapshot_at: float
+    epoch: int = 0  # owner epoch claimed from the shared store; 0 = no shared store
+    published_offset: int = -1  # offset of the newest shared snapshot known; -1 = none
+    published_at: float = 0.0
+    verified_at: float = 0.0  # when the owner epoch was last confirmed
 
 
 @dataclass
@@ -161,7 +204,7 @@ class Batch:
 
 
 class StatefulProcessor:
-    """Per-partition fold states of one input topic, and steps 1 and 3 of the protocol."""
+    """Per-partition fold states of one input topic, and steps 0, 1 and 3 of the protocol."""
 
     def __init__(
         self,
@@ -171,13 +214,26 @@ class StatefulProcessor:
         *,
         snapshot_interval_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        shared: SharedSnapshots | None = None,
+        instance: str = "default",
+        publish_interval_s: float = 0.0,
+        verify_after_s: float = 1.0,
+        namespace: str | None = None,
     ) -> None:
         self.fold_ = fold
         self.store = store
         self.topic = topic
         self.snapshot_interval_s = snapshot_interval_s
         self._clock = clock
+        self.shared = shared
+        self.instance = instance
+        self.publish_interval_s = publish_interval_s
+        self.verify_after_s = verify_after_s
+        # the shared snapshots' key; another topic's name to seed a fresh topic from them
+        self.namespace = namespace or topic
         self._parts: dict[int, _Partition] = {}
+        self.published = 0  # shared snapshots written
+        self.fenced: list[tuple[int, int, int]] = []  # (partition, my epoch, owner epoch)
 
     @property
     def partitions(self) -> list[int]:
@@ -189,27 +245,65 @@ class StatefulProcessor:
     def offset(self, partition: int) -> int:
         return self._parts[partition].offset
 
+    def epoch(self, partition: int) -> int:
+        return self._parts[partition].epoch
+
     # -- assignment -----------------------------------------------------------
     def assign(self, partition: int, committed: int | None = None) -> int:
-        """Load ``partition``'s snapshot; return the offset to start reading at.
+        """Claim and load ``partition``'s newest snapshot; return the offset to start at.
 
         ``committed`` is the group's committed next offset (None if none):
-        inputs below it are folded quietly (see the module docstring).
+        inputs below it are folded quietly (see the module docstring). Raises
+        :class:`SharedStoreError` if the shared store cannot be reached: without
+        an epoch the instance could not be fenced.
         """
-        loaded = self.store.load(partition)
+        epoch, shared_meta, payload = 0, None, None
+        if self.shared is not None:
+            epoch = self.shared.claim(self.namespace, partition, self.instance)
+            try:
+                found = self.shared.load(self.namespace, partition)
+            except SharedStoreError as exc:  # a corrupt body: the local snapshot or the log
+                log.warning("%s: %s; not using the shared snapshot", self.fold_.name, exc)
+                found = None
+            if found is not None:
+                shared_meta, payload = found
+        local_offset = self.store.offset(partition)
+        source, loaded = "none", None
+        if shared_meta is not None and (local_offset is None or shared_meta.offset > local_offset):
+            try:
+                loaded = (pickle.loads(payload), shared_meta.offset)
+                source = f"shared ({shared_meta.instance}, epoch {shared_meta.epoch})"
+            except Exception as exc:  # written by other code: fall back to local / the log
+                log.warning("%s: shared snapshot unreadable (%r)", self.fold_.name, exc)
+        if loaded is None and local_offset is not None:
+            loaded = self.store.load(partition)
+            source = "local" if loaded is not None else "none"
         if loaded is None:
             state, offset = self.fold_.new_state(partition), -1
         else:
             state, offset = self.fold_.adopt(loaded[0], partition), loaded[1]
-        self._parts[partition] = _Partition(state, offset, committed or 0, offset, self._clock())
+        now = self._clock()
+        self._parts[partition] = _Partition(
+            state,
+            offset,
+            committed or 0,
+            offset,
+            now,
+            epoch=epoch,
+            published_offset=shared_meta.offset if shared_meta is not None else -1,
+            published_at=now,
+            verified_at=now,
+        )
         start = offset + 1
         log.info(
-            "%s: partition %d from offset %d (snapshot %s, committed %s)",
+            "%s: partition %d from offset %d (snapshot %s %s, committed %s, owner epoch %d)",
             self.fold_.name,
             partition,
             start,
-            "none" if loaded is None else offset,
+            source,
+            "-" if loaded is None else offset,
             committed,
+            epoch,
             extra={"partition": partition, "offset": start},
         )
         return start
@@ -218,7 +312,8 @@ class StatefulProcessor:
         """Snapshot ``partition`` if it moved since the last snapshot, then drop it."""
         if partition in self._parts:
             self._write(self._due([partition], force=True))
-            del self._parts[partition]
+            self._publish([partition], force=True)
+            self._parts.pop(partition, None)
 
     def abandon(self) -> None:
         """Forget every partition without snapshotting it: after a failed batch the
@@ -230,6 +325,44 @@ class StatefulProcessor:
                 self.partitions,
             )
         self._parts.clear()
+
+    def _fence(self, partition: int, owner_epoch: int, by: str) -> None:
+        mine = self._parts.pop(partition).epoch
+        self.fenced.append((partition, mine, owner_epoch))
+        log.warning(
+            "%s: fenced off partition %d: my owner epoch %d, %r claimed epoch %d; dropping it "
+            "without producing, snapshotting or committing more",
+            self.fold_.name,
+            partition,
+            mine,
+            by,
+            owner_epoch,
+            extra={"partition": partition},
+        )
+
+    # -- step 0 ---------------------------------------------------------------
+    def verify(self, partitions: Iterable[int]) -> list[int]:
+        """Drop the partitions another instance has claimed since we last looked
+        (checked at most every ``verify_after_s``); return them."""
+        if self.shared is None:
+            return []
+        now = self._clock()
+        fenced = []
+        for p in sorted(set(partitions)):
+            part = self._parts.get(p)
+            if part is None or now - part.verified_at < self.verify_after_s:
+                continue
+            try:
+                owner = self.shared.owner(self.namespace, p)
+            except SharedStoreError as exc:  # unverified: the headers still fence it
+                log.warning("%s: cannot verify ownership of %d: %s", self.fold_.name, p, exc)
+                continue
+            if owner.epoch != part.epoch:
+                self._fence(p, owner.epoch, owner.instance)
+                fenced.append(p)
+            else:
+                part.verified_at = now
+        return fenced
 
     # -- step 1 ---------------------------------------------------------------
     def fold(self, records: Iterable[Record]) -> Batch:
@@ -257,19 +390,29 @@ class StatefulProcessor:
             if record.offset < part.quiet_below:
                 batch.quiet += len(outgoing)
                 continue
+            if part.epoch:
+                stamp = fencing_headers(
+                    f"{record.topic}[{record.partition}]@{record.offset}", part.epoch
+                )
+                outgoing = [replace(o, headers=(*o.headers, *stamp)) for o in outgoing]
             batch.dead_letters += sum(1 for o in outgoing if o.event is None)
             batch.outgoing.extend(outgoing)
         return batch
 
     def commit_positions(self, batch: Batch) -> dict[tuple[str, int], int]:
-        """Step 4's offsets: the next offset to read of each partition the batch advanced."""
-        return {(self.topic, p): offset + 1 for p, offset in batch.advanced.items()}
+        """Step 4's offsets: the next offset to read of each partition the batch
+        advanced and this instance still owns."""
+        return {
+            (self.topic, p): offset + 1 for p, offset in batch.advanced.items() if p in self._parts
+        }
 
     # -- step 3 ---------------------------------------------------------------
     def snapshot(self, force: bool = False) -> int:
-        """Write the snapshots that are due (all that moved, if ``force``); return how many."""
+        """Write the local snapshots that are due (all that moved, if ``force``), then
+        publish the shared ones that are due; return how many local ones were written."""
         due = self._due(self.partitions, force)
         self._write(due)
+        self._publish(self.partitions, force)
         return len(due)
 
     def _due(self, partitions: Iterable[int], force: bool) -> list[int]:
@@ -289,3 +432,33 @@ class StatefulProcessor:
         for p in partitions:
             self._parts[p].snapshot_offset = self._parts[p].offset
             self._parts[p].snapshot_at = now
+
+    def _publish(self, partitions: Iterable[int], force: bool) -> None:
+        """Publish due snapshots to the shared store; a refused one fences its partition.
+
+        Other failures are logged, not raised: the local snapshot is written and the
+        log holds every input, so a missing shared snapshot costs replay, never
+        correctness.
+        """
+        if self.shared is None:
+            return
+        now = self._clock()
+        for p in list(partitions):
+            part = self._parts.get(p)
+            if part is None or part.offset <= part.published_offset:
+                continue
+            if not force and now - part.published_at < self.publish_interval_s:
+                continue
+            meta = SnapshotMeta(self.namespace, p, part.offset, part.epoch, self.instance)
+            try:
+                payload = pickle.dumps(part.state, protocol=pickle.HIGHEST_PROTOCOL)
+                self.shared.publish(meta, payload)
+            except StaleEpoch as exc:
+                self._fence(p, exc.owner, exc.by)
+                continue
+            except SharedStoreError as exc:
+                log.warning("%s: shared snapshot of %d not published: %s", self.fold_.name, p, exc)
+                continue
+            part.published_offset = part.offset
+            part.published_at = now
+            self.published += 1
