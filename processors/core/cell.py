@@ -78,7 +78,10 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         self.claims: dict[str, tuple[tuple[str, ...], int]] = {}  # job -> (nodes, expiry)
         self.preempt_times: list[int] = []
         self.breakers: dict[tuple[str, str, str], int] = {}  # (model, scope, key) -> until
-        self.failure_log: dict[tuple[str, str, str], list[int]] = {}
+        # (model, scope, key) -> [(ts, tenant, node)] within the breaker window
+        self.failure_log: dict[tuple[str, str, str], list[tuple[int, str, str]]] = {}
+        self.breaker_probes: dict[tuple[str, str, str], RunKey] = {}  # half-open probe runs
+        self.breaker_trips: dict[tuple[str, str, str], int] = {}  # consecutive trips (backoff)
         self.model_rates: dict[str, dict[RunKey, float]] = {}
         self.model_median: dict[str, float] = {}
         self.last_status_ms = -1

@@ -100,11 +100,19 @@ class CellConfig:
     straggler_strikes: int = 3
     healthy_samples_to_recover: int = 5
 
-    # Failure containment
+    # Failure containment (processors/core/accounting.py). A breaker trips on
+    # ``breaker_*_failures`` generator errors within the window that come from
+    # at least ``breaker_min_tenants`` tenants (one tenant's failures only burn
+    # its own jobs' retry budgets; set 1 for a single-tenant cell). A tripped
+    # breaker is open for ``breaker_probe_after_s``, then half-open: one probe
+    # run; its success closes the breaker, its failure reopens it for twice as
+    # long, up to ``breaker_cooldown_s``.
     breaker_node_failures: int = 3
     breaker_type_failures: int = 5
     breaker_window_s: float = 600.0
     breaker_cooldown_s: float = 1800.0
+    breaker_min_tenants: int = 2
+    breaker_probe_after_s: float = 60.0
 
     # Read-model cadence
     status_interval_s: float = 5.0

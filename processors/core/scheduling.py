@@ -210,6 +210,8 @@ class Scheduling:
         )
         run = Run(job, job.run, placement.slices, estimate, self.now_ms, limit_ms, charged)
         self.runs[run.key] = run
+        if self.breakers:  # past a half-open breaker, this run is its probe
+            self.note_placement(run)
         nodes_needed = len(placement.slices)
         for piece in placement.slices:
             node = self.index.nodes[piece.node_id]
@@ -288,6 +290,8 @@ class Scheduling:
 
     def settle(self: Cell, run: Run) -> None:
         """Correct the fair-share charge to the GPU-time really used, once."""
+        if self.breaker_probes:
+            self.settle_probe(run)
         used = run.gpus * max(0, self.now_ms - run.started_ms) / 1000
         self.fair.charge_end(self.leaf_of(run), run.charged, used)
         org, user = self.use_of(run)

@@ -170,7 +170,8 @@ class JobEvents:
             self.recorder.count(f"node_state:{o.state}")
 
     def _breaker(self: Simulation, o: ev.BreakerTripped) -> None:
-        self.recorder.count("breakers_tripped")
+        if o.until_ms > o.ts_ms:  # a close (probe succeeded) is until_ms == ts_ms
+            self.recorder.count("breakers_tripped")
 
     def _terminal(self: Simulation, job_id: str, state: str) -> None:
         try:

@@ -164,7 +164,12 @@ def test_retries_are_bounded_per_failure_class_and_end_failed_with_reason():
 def test_breaker_stops_placing_a_failing_model_on_a_node():
     h = Harness(
         nodes=2,
-        config=cfg(breaker_node_failures=2, default_retries=10, retries=(("generator_error", 10),)),
+        config=cfg(
+            breaker_node_failures=2,
+            breaker_min_tenants=1,  # a single-tenant cell: its own failures are the evidence
+            default_retries=10,
+            retries=(("generator_error", 10),),
+        ),
     )
     h.submit("j", gpus=8)
     for _ in range(2):

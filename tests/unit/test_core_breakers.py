@@ -1,0 +1,182 @@
+"""Failure containment that one tenant cannot turn against the others.
+
+A breaker stops placing a model version on a node or a GPU type only on the
+evidence of several tenants (one tenant's failing jobs burn their own retry
+budgets), and a tripped breaker probes (half-open) instead of halting the cell.
+"""
+
+from __future__ import annotations
+
+from framespool.processors.core import CellConfig
+from framespool.schemas import events as ev
+from tests.unit.core_harness import Harness
+
+
+def of(out, cls):
+    return [o for o in out if isinstance(o, cls)]
+
+
+def cfg(**kw):
+    return CellConfig(status_interval_s=0, estimate_interval_s=0, **kw)
+
+
+def fail_current(h: Harness, job_id: str) -> list:
+    """Start the job's current run and fail it with a generator error."""
+    h.start_all()
+    run = h.cell.jobs[job_id].run
+    node = next(iter(h.cell.runs[(job_id, run)].held))
+    out = h.report(
+        ev.RunFailed, job_id, run, node, failure_class="generator_error", reason="exit 1"
+    )
+    h.confirm_stops()
+    return out
+
+
+def fail_until_terminal(h: Harness, job_id: str) -> None:
+    for _ in range(20):
+        if job_id not in h.cell.jobs:
+            return
+        if h.cell.jobs[job_id].state == "QUEUED":
+            h.tick(1)
+            continue
+        fail_current(h, job_id)
+        h.tick(1)
+    raise AssertionError(f"{job_id} never ended")
+
+
+def test_one_tenants_failing_jobs_do_not_halt_the_model_for_another_tenant():
+    # The reported incident: two 8-GPU jobs of one tenant fail on every run
+    # (3 runs each, 6 generator errors on the cell's one GPU type); another
+    # tenant's job of the same model must still be placed at once.
+    h = Harness(nodes=2, nodes_per_rail=2)
+    h.submit("bad-1", tenant="hostile", gpus=8, model="video", model_version="v1")
+    h.submit("bad-2", tenant="hostile", gpus=8, model="video", model_version="v1")
+    fail_until_terminal(h, "bad-1")
+    fail_until_terminal(h, "bad-2")
+    assert "bad-1" in h.cell.finished and "bad-2" in h.cell.finished
+    assert of(h.log, ev.JobFailed), "the hostile jobs end FAILED on their own retry budget"
+    assert not of(h.log, ev.BreakerTripped)
+    out = h.submit("good", tenant="victim", gpus=8, model="video", model_version="v1")
+    assert of(out, ev.JobAssigned), "the other tenant's job is placed on the idle GPUs"
+
+
+def test_type_breaker_needs_distinct_tenants_on_distinct_nodes():
+    h = Harness(
+        nodes=4,
+        nodes_per_rail=4,
+        config=cfg(breaker_type_failures=3, breaker_node_failures=100, breaker_min_tenants=2),
+    )
+    # three failures of one tenant (three jobs, spread over nodes): no trip
+    for i in range(3):
+        h.submit(f"a{i}", tenant="a", gpus=8, model="m", model_version="1")
+    for i in range(3):
+        fail_current(h, f"a{i}")
+    assert not of(h.log, ev.BreakerTripped)
+    # a second tenant's failure makes the evidence several tenants': trip
+    h.submit("b0", tenant="b", gpus=8, model="m", model_version="1")
+    h.tick(1)
+    out = fail_current(h, "b0")
+    [tripped] = of(out, ev.BreakerTripped)
+    assert tripped.scope == "gpu_type" and tripped.model_version == "m@1"
+    assert "2 tenants" in tripped.reason
+    # while open, nothing of that model is placed; another model is
+    h.tick(1)
+    assert not of(h.submit("c0", tenant="c", gpus=1, model="m", model_version="1"), ev.JobAssigned)
+    assert of(h.submit("d0", tenant="c", gpus=1, model="other", model_version="1"), ev.JobAssigned)
+
+
+def test_node_breaker_needs_distinct_tenants():
+    h = Harness(nodes=1, config=cfg(breaker_node_failures=2, breaker_type_failures=100))
+    h.submit("a", tenant="a", gpus=8, model="m", model_version="1")
+    fail_current(h, "a")
+    h.tick(1)
+    fail_current(h, "a")  # same tenant twice on the node: its own failure
+    assert not of(h.log, ev.BreakerTripped)
+    h.tick(1)
+    fail_until_terminal(h, "a")
+    h.submit("b", tenant="b", gpus=8, model="m", model_version="1")
+    out = fail_current(h, "b")
+    [tripped] = of(out, ev.BreakerTripped)
+    assert tripped.scope == "node" and tripped.key == "n0"
+
+
+def trip_type_breaker(h: Harness) -> ev.BreakerTripped:
+    for t in ("a", "b"):
+        h.submit(f"{t}-trip", tenant=t, gpus=8, model="m", model_version="1")
+    h.start_all()
+    for t in ("a", "b"):
+        fail_current(h, f"{t}-trip")
+    [tripped] = of(h.log, ev.BreakerTripped)
+    return tripped
+
+
+def half_open_harness() -> Harness:
+    return Harness(
+        nodes=2,
+        nodes_per_rail=2,
+        config=cfg(
+            breaker_type_failures=2,
+            breaker_node_failures=100,
+            breaker_probe_after_s=60,
+            breaker_cooldown_s=1800,
+            retries=(("generator_error", 0),),
+            # no agents here: nodes and runs must outlive the minutes these tests tick
+            heartbeat_timeout_s=3600,
+            start_lease_s=3600,
+            report_lease_s=3600,
+        ),
+    )
+
+
+def test_open_breaker_probes_with_one_run_and_a_successful_probe_closes_it():
+    h = half_open_harness()
+    tripped = trip_type_breaker(h)
+    assert tripped.until_ms == h.now_ms + 60_000, "open only until the first probe"
+    h.submit("p1", tenant="c", gpus=1, model="m", model_version="1")
+    h.submit("p2", tenant="c", gpus=1, model="m", model_version="1")
+    h.tick(30)
+    assert not [s for s in h.assigned() if s.spec.job_id in ("p1", "p2")]
+    h.tick(31)  # past the open period: half-open, exactly one probe
+    probes = [s for s in h.assigned() if s.spec.job_id in ("p1", "p2")]
+    assert [s.spec.job_id for s in probes] == ["p1"]
+    h.tick(1)
+    assert not [s for s in h.assigned() if s.spec.job_id == "p2"], "one probe at a time"
+    h.start_all()
+    out = h.complete(("p1", 1))
+    [closed] = of(out, ev.BreakerTripped)
+    assert closed.until_ms == h.now_ms and "closed" in closed.reason
+    assert [s.spec.job_id for s in h.assigned()][-1] == "p2" or (
+        of(h.tick(1), ev.JobAssigned)[0].job_id == "p2"
+    )
+    assert not h.cell.breakers
+
+
+def test_failed_probe_opens_the_breaker_again_for_longer():
+    h = half_open_harness()
+    trip_type_breaker(h)
+    h.submit("p1", tenant="c", gpus=1, model="m", model_version="1")
+    h.submit("p2", tenant="c", gpus=1, model="m", model_version="1")
+    h.tick(61)
+    assert [s.spec.job_id for s in h.assigned()][-1] == "p1"
+    out = fail_current(h, "p1")
+    [reopened] = of(out, ev.BreakerTripped)
+    assert "probe" in reopened.reason and reopened.until_ms == h.now_ms + 120_000
+    h.tick(61)
+    assert not [s for s in h.assigned() if s.spec.job_id == "p2"]
+    h.tick(60)
+    assert [s.spec.job_id for s in h.assigned()][-1] == "p2", "probes again after the backoff"
+
+
+def test_probe_lost_to_something_else_leaves_the_breaker_half_open():
+    h = half_open_harness()
+    trip_type_breaker(h)
+    h.submit("p1", tenant="c", gpus=1, model="m", model_version="1")
+    h.submit("p2", tenant="c", gpus=1, model="m", model_version="1")
+    h.tick(61)
+    h.start_all()
+    run = h.cell.runs[("p1", 1)]
+    h.feed(ev.CancelJob(event_id=h.next_id(), ts_ms=h.now_ms, job_id="p1", tenant="c", reason="x"))
+    h.confirm_stops()
+    assert run.key not in h.cell.runs
+    h.tick(1)
+    assert [s.spec.job_id for s in h.assigned()][-1] == "p2", "the next job probes"
