@@ -4,12 +4,9 @@ One file serves both processors::
 
     [admission]                      # framespool.processors.core.admission.AdmissionConfig
     cells = ["cell-0", "cell-1"]
-    rate = { rate_per_s = 5, burst = 10 }
+    idempotency_horizon_s = 600
     [admission.cell_gpu_types]
     cell-1 = ["H100"]
-    [admission.tenant_rates.acme]
-    rate_per_s = 50
-    burst = 100
 
     [scheduler]                      # framespool.processors.core.CellConfig
     heartbeat_timeout_s = 10
@@ -24,13 +21,16 @@ entirely (``retries = { node_lost = 5 }`` leaves only that class with a
 budget; the others get ``default_retries``). An unknown name or a value of the wrong
 type raises :class:`ConfigError` naming the path (``scheduler.tenants[0].weight``)
 and what was expected. Admission's ``tiers`` default to the scheduler's tier
-names, so the two agree unless told otherwise.
+names, so the two agree unless told otherwise. Admission no longer rate-limits
+(the API's edge limit does, at submit time): an old file's ``admission.rate``
+and ``admission.tenant_rates`` are dropped with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import tomllib
 import types
 import typing
@@ -40,6 +40,8 @@ from typing import Any
 
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -78,6 +80,13 @@ def cell_config(doc: Mapping[str, Any]) -> CellConfig:
 def admission_config(doc: Mapping[str, Any]) -> AdmissionConfig:
     """The ``admission`` section as an :class:`AdmissionConfig`."""
     section = dict(doc.get("admission", {}))
+    for legacy in ("rate", "tenant_rates"):
+        if section.pop(legacy, None) is not None:
+            log.warning(
+                "admission.%s is ignored: admission no longer rate-limits; "
+                "set the API's rate limit instead (it answers 429 at submit time)",
+                legacy,
+            )
     if "tiers" not in section and "scheduler" in doc:
         section["tiers"] = [t.name for t in cell_config(doc).tiers]
     return _build(AdmissionConfig, section, "admission")
@@ -172,10 +181,7 @@ def _tuple(value: Any, args: tuple[Any, ...], where: str) -> tuple[Any, ...]:
 def describe(config: object | None) -> str:
     """A one-line summary for the start-up log."""
     if isinstance(config, AdmissionConfig):
-        return (
-            f"cells={list(config.cells)} rate={config.rate.rate_per_s:g}/s "
-            f"burst={config.rate.burst:g} tenant_rates={sorted(config.tenant_rates)}"
-        )
+        return f"cells={list(config.cells)} idempotency_horizon_s={config.idempotency_horizon_s:g}"
     if isinstance(config, CellConfig):
         return f"tiers={[t.name for t in config.tiers]} tenants={[t.name for t in config.tenants]}"
     return repr(config)

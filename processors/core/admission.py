@@ -6,73 +6,73 @@ The commands topic is keyed by tenant, so one partition holds all of a
 tenant's commands, in order, and one ``AdmissionState`` per partition decides
 them. ``apply(command, position)`` returns the events to publish; it reads no
 clock (time is the command's ``ts_ms``), draws no randomness and iterates
-only insertion-ordered dicts, so the same log replays to the same decisions.
+only insertion-ordered containers, so the same log replays to the same
+decisions, and the same snapshots.
 
 For a ``SubmitJob``, in this order:
 
 1. **Idempotency.** A job id, and a (tenant, idempotency key), is decided
-   once: a repeat of either produces nothing new, only a ``ReportIgnored``
-   that says which earlier decision stands (the API derives the job id from
-   the key, so a retry with the same key is the same job).
-2. **Rate limit.** A token bucket per tenant, refilled by the commands' own
-   ``ts_ms`` (a timestamp older than the bucket's refills nothing; time never
-   runs backwards). An empty bucket rejects with ``rate_limited``, naming the
-   limit and how long to wait.
-3. **Validation** the API cannot do: the tier must be one the cells know.
-4. **Routing.** Among the cells that offer the job's GPU type (a cell with no
+   once within the idempotency horizon: a repeat of either produces nothing
+   new, only a ``ReportIgnored`` that says which earlier decision stands (the
+   API derives the job id from the key, so a retry with the same key is the
+   same job). Rejections are remembered too (for the same horizon), so a job
+   has one terminal event; with no asynchronous rate limit they are rare
+   (an unknown tier or GPU type), not one per over-eager submit.
+2. **Validation** the API cannot do: the tier must be one the cells know.
+3. **Routing.** Among the cells that offer the job's GPU type (a cell with no
    listed types offers any), the job goes to the one with the highest
    rendezvous hash of (cell, job id): stable for a job, spread evenly, and
    adding a cell moves only the jobs that now hash to it.
-5. ``JobAdmitted(spec, cell)``: the shell sends it to the cell's partition of
+4. ``JobAdmitted(spec, cell)``: the shell sends it to the cell's partition of
    the scheduler topic and to job-events.
 
-A decision is remembered whatever it was, so "exactly one terminal event per
-job" holds: a rejected job stays rejected. A ``CancelJob`` goes to the cell
-that holds the job (wrapped in :class:`CellCommand`); a cancel of an unknown,
-rejected or foreign job becomes a ``ReportIgnored``. Output event ids are
+Admission does not rate-limit. Limits are synchronous: the API refuses what a
+tenant may not submit (its rate limit, its queue cap) at submit time with 429
+and ``Retry-After`` (``framespool.producers.ratelimit``); whatever reaches the
+log is queued, and a burst is the fair-share order's problem, not a reason to
+reject later. The cell enforces a tenant's ``max_queued`` deterministically as
+the backstop (``JobRejected(reason="queue_cap")``).
+
+Bounded state. A decision (and its idempotency key) is remembered for
+``AdmissionConfig.idempotency_horizon_s`` of command time after it was made
+(default 10 minutes: the API answers a retry from its read model, so this
+only has to outlast re-sends of one command). Time here is the highest command
+``ts_ms`` seen, so expiry is a pure function of the log and replay stays
+byte-identical. A ``CancelJob`` for a job whose decision has expired is still
+forwarded, to each cell its id can have been routed to; the cell that holds it
+acts, the others record it as ignored. Output event ids are
 ``f"{position}/{i}"``, as in the cell core.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from framespool.schemas import events as ev
 
 from .config import DEFAULT_TIERS
 
-RATE_LIMITED = "rate_limited"
 INVALID_TIER = "invalid_tier"
 NO_MATCHING_CELL = "no_matching_cell"
 
 
 @dataclass(frozen=True, slots=True)
-class RateLimit:
-    """A token bucket: ``rate_per_s`` submissions a second on average, bursts of
-    up to ``burst``. ``rate_per_s == 0`` means unlimited."""
-
-    rate_per_s: float = 10.0
-    burst: float = 20.0
-
-    def __post_init__(self) -> None:
-        if self.rate_per_s < 0:
-            raise ValueError(f"rate_per_s={self.rate_per_s} must be >= 0 (0 = unlimited)")
-        if self.rate_per_s > 0 and self.burst < 1:
-            raise ValueError(f"burst={self.burst} must be >= 1 when a rate is set")
-
-
-@dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """Where jobs may go and how fast a tenant may submit them."""
+    """Where jobs may go, and how long a decision is remembered.
+
+    ``idempotency_horizon_s``: seconds of command time a job id and its
+    idempotency key stay decided; a repeat after that is a new submission
+    (default 10 minutes; it only has to outlast re-sends of one command).
+    """
 
     cells: tuple[str, ...] = ("cell-0",)
     cell_gpu_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     tiers: tuple[str, ...] = tuple(t.name for t in DEFAULT_TIERS)
-    rate: RateLimit = RateLimit()
-    tenant_rates: Mapping[str, RateLimit] = field(default_factory=dict)
+    idempotency_horizon_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.cells:
@@ -86,9 +86,8 @@ class AdmissionConfig:
             )
         if not self.tiers:
             raise ValueError("tiers must name at least one tier")
-
-    def limit_for(self, tenant: str) -> RateLimit:
-        return self.tenant_rates.get(tenant, self.rate)
+        if self.idempotency_horizon_s <= 0:
+            raise ValueError(f"idempotency_horizon_s={self.idempotency_horizon_s} must be positive")
 
     def cells_for(self, gpu_type: str) -> tuple[str, ...]:
         """The cells that can run ``gpu_type`` ("" = any GPU type), in config order."""
@@ -109,18 +108,14 @@ class CellCommand:
     command: Any
 
 
-@dataclass(slots=True)
-class Decision:
-    """What admission decided about one job; ``cell == ""`` means rejected."""
+class Decision(NamedTuple):
+    """What admission decided about one job; ``cell == ""`` means rejected.
+    A tuple: it never changes, and pickles small (snapshots hold many)."""
 
     tenant: str
     cell: str
-
-
-@dataclass(slots=True)
-class Bucket:
-    tokens: float
-    last_ms: int
+    ts_ms: int = 0  # the state's clock when decided (never behind): expires a horizon later
+    key: str | None = None  # the idempotency key it was submitted under
 
 
 def rendezvous(job_id: str, cells: tuple[str, ...]) -> str:
@@ -132,22 +127,6 @@ def rendezvous(job_id: str, cells: tuple[str, ...]) -> str:
     return max(cells, key=weight)
 
 
-def take_token(bucket: Bucket, limit: RateLimit, now_ms: int) -> int:
-    """Take one token; return 0, or the milliseconds until one is available."""
-    if limit.rate_per_s <= 0:
-        return 0
-    if now_ms > bucket.last_ms:
-        bucket.tokens = min(
-            limit.burst, bucket.tokens + (now_ms - bucket.last_ms) * limit.rate_per_s / 1000.0
-        )
-        bucket.last_ms = now_ms
-    if bucket.tokens >= 1.0:
-        bucket.tokens -= 1.0
-        return 0
-    missing = 1.0 - bucket.tokens
-    return max(1, -int(-missing * 1000.0 // limit.rate_per_s))  # ceil, at least 1 ms
-
-
 class AdmissionState:
     """The admission state of one commands partition; picklable for snapshots."""
 
@@ -155,7 +134,9 @@ class AdmissionState:
         self.config = config or AdmissionConfig()
         self.jobs: dict[str, Decision] = {}
         self.keys: dict[tuple[str, str], str] = {}  # (tenant, idempotency key) -> job id
-        self.buckets: dict[str, Bucket] = {}
+        self.expiry: deque[tuple[int, str]] = deque()  # (decided ts, job id), oldest first
+        self.clock_ms = 0  # highest command ts_ms seen: the state's notion of now
+        self.forgotten_ms = -1  # decision time of the newest expired decision
         self.counters: dict[str, int] = {}
         self._out: list[Any] = []
         self._pos = ""
@@ -167,6 +148,9 @@ class AdmissionState:
         self._out = []
         self._pos = position if position is not None else getattr(command, "event_id", "?")
         self._ts = getattr(command, "ts_ms", 0)
+        if self._ts > self.clock_ms:
+            self.clock_ms = self._ts
+            self._expire()
         handler: Callable[[AdmissionState, Any], None] | None = _HANDLERS.get(type(command))
         if handler is None:
             self._ignore(
@@ -194,6 +178,28 @@ class AdmissionState:
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
+
+    def _remember(self, job_id: str, decision: Decision) -> None:
+        self.jobs[job_id] = decision
+        if decision.key is not None:
+            self.keys[(decision.tenant, decision.key)] = job_id
+        self.expiry.append((decision.ts_ms, job_id))
+
+    def _expire(self) -> None:
+        """Forget decisions made more than the horizon before ``clock_ms``."""
+        cutoff = self.clock_ms - int(self.config.idempotency_horizon_s * 1000)
+        expiry = self.expiry
+        while expiry and expiry[0][0] < cutoff:
+            ts_ms, job_id = expiry.popleft()
+            decision = self.jobs.pop(job_id, None)
+            if decision is None:
+                continue
+            self.forgotten_ms = max(self.forgotten_ms, ts_ms)
+            if (
+                decision.key is not None
+                and self.keys.get((decision.tenant, decision.key)) == job_id
+            ):
+                del self.keys[(decision.tenant, decision.key)]
 
     # -- SubmitJob ---------------------------------------------------------
     def on_submit(self, command: ev.SubmitJob) -> None:
@@ -224,11 +230,11 @@ class AdmissionState:
                 command,
             )
             return
-        if key is not None:
-            self.keys[key] = spec.job_id
         problem = self._problem(spec)
         if problem is not None:
-            self.jobs[spec.job_id] = Decision(spec.tenant, "")
+            self._remember(
+                spec.job_id, Decision(spec.tenant, "", self.clock_ms, command.idempotency_key)
+            )
             self._count(f"rejected_{problem[0]}")
             self._emit(
                 ev.JobRejected,
@@ -239,22 +245,13 @@ class AdmissionState:
             )
             return
         cell = rendezvous(spec.job_id, self.config.cells_for(spec.gpu_type))
-        self.jobs[spec.job_id] = Decision(spec.tenant, cell)
+        self._remember(
+            spec.job_id, Decision(spec.tenant, cell, self.clock_ms, command.idempotency_key)
+        )
         self._count("admitted")
         self._emit(ev.JobAdmitted, spec=spec, cell=cell)
 
     def _problem(self, spec: ev.JobSpec) -> tuple[str, str] | None:
-        limit = self.config.limit_for(spec.tenant)
-        bucket = self.buckets.get(spec.tenant)
-        if bucket is None:
-            bucket = self.buckets[spec.tenant] = Bucket(limit.burst, self._ts)
-        wait_ms = take_token(bucket, limit, self._ts)
-        if wait_ms:
-            return RATE_LIMITED, (
-                f"tenant {spec.tenant!r} is over its submission rate limit of "
-                f"{limit.rate_per_s:g}/s (burst {limit.burst:g}); retry in {wait_ms} ms "
-                f"(at ts_ms {self._ts + wait_ms}) with a new Idempotency-Key"
-            )
         if spec.tier not in self.config.tiers:
             return INVALID_TIER, (
                 f"tier {spec.tier!r} is unknown; use one of: {', '.join(self.config.tiers)}"
@@ -270,22 +267,41 @@ class AdmissionState:
     # -- CancelJob ---------------------------------------------------------
     def on_cancel(self, command: ev.CancelJob) -> None:
         decided = self.jobs.get(command.job_id)
-        if decided is None:
+        if decided is None and self.forgotten_ms >= 0:
+            # Perhaps decided before the horizon: let the cell that holds it act.
+            for cell in self._cells_that_may_hold(command.job_id):
+                self._forward_cancel(cell, command)
+        elif decided is None:
             self._ignore(command.job_id, "cancel refused: unknown job", command)
         elif decided.tenant != command.tenant:
             self._ignore(command.job_id, "cancel refused: job belongs to another tenant", command)
         elif not decided.cell:
             self._ignore(command.job_id, "cancel refused: job was rejected at admission", command)
         else:
-            self._count("cancels_forwarded")
-            forwarded = ev.CancelJob(
-                event_id=f"{self._pos}/{len(self._out)}",
-                ts_ms=self._ts,
-                job_id=command.job_id,
-                tenant=command.tenant,
-                reason=command.reason,
-            )
-            self._out.append(CellCommand(decided.cell, forwarded))
+            self._forward_cancel(decided.cell, command)
+
+    def _forward_cancel(self, cell: str, command: ev.CancelJob) -> None:
+        self._count("cancels_forwarded")
+        forwarded = ev.CancelJob(
+            event_id=f"{self._pos}/{len(self._out)}",
+            ts_ms=self._ts,
+            job_id=command.job_id,
+            tenant=command.tenant,
+            reason=command.reason,
+        )
+        self._out.append(CellCommand(cell, forwarded))
+
+    def _cells_that_may_hold(self, job_id: str) -> list[str]:
+        """Every cell routing can have sent ``job_id`` to, whatever its GPU type
+        was, in config order."""
+        listed = sorted({t for types in self.config.cell_gpu_types.values() for t in types})
+        unlisted = "\x00unlisted"  # a type no cell lists: only the untyped cells offer it
+        found = set()
+        for gpu_type in ["", unlisted, *listed]:
+            cells = self.config.cells_for(gpu_type)
+            if cells:
+                found.add(rendezvous(job_id, cells))
+        return [c for c in self.config.cells if c in found]
 
 
 _HANDLERS: dict[type, Callable[[AdmissionState, Any], None]] = {

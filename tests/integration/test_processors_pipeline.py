@@ -9,7 +9,7 @@ import pytest
 
 from framespool.log import LogConsumer, LogProducer, partition_for_key, read_all
 from framespool.processors.core import CellConfig
-from framespool.processors.core.admission import AdmissionConfig, RateLimit
+from framespool.processors.core.admission import AdmissionConfig
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from tests.integration.test_processors_support import (
@@ -177,7 +177,7 @@ def test_two_instances_share_the_cells_and_take_over(kafka_bootstrap, fresh_topi
 
 def test_submit_to_assigned_latency(kafka_bootstrap, fresh_topics, tmp_path):
     t = fresh_topics
-    config = AdmissionConfig(rate=RateLimit(rate_per_s=0))
+    config = AdmissionConfig()
     key_partition = partition_for_key("acme", t.COMMANDS.partitions)
     with (
         in_process("admission", kafka_bootstrap, t, tmp_path, config=config),
