@@ -11,16 +11,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from framespool.producers.jsonlog import setup_logging
 
 
 def stack_secrets(stack_dir: Path) -> dict:
-    return json.loads((stack_dir / "stack-secrets.json").read_text())
+    """``<stack-dir>/stack-secrets.json``, checked: errors name the file, the key and
+    what was expected (the shared loader, :mod:`framespool.configfile`)."""
+    from framespool.configfile import optional, read_document, require
+
+    doc = read_document(stack_dir / "stack-secrets.json")
+    require(doc, "auth", dict)
+    require(doc, "signing_secret", str)
+    s3 = optional(doc, "s3", dict, None)
+    if s3 is not None:
+        require(s3, "bucket", str, where="s3", file=doc.source)
+        optional(s3, "endpoint_url", str, None, where="s3", file=doc.source)
+    return doc
+
+
+def api_keys(secrets: Mapping[str, Any]) -> Any:
+    """The API key table of the stack's settings (its ``auth`` table)."""
+    from framespool.configfile import source_of
+    from framespool.producers.auth import ApiKeys
+
+    return ApiKeys.from_config(secrets["auth"], key="auth", file=source_of(secrets))
 
 
 def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
@@ -39,7 +59,6 @@ async def run_api(args: argparse.Namespace) -> None:
 
     from framespool.log import LogProducer
     from framespool.producers.api import ApiConfig, make_app
-    from framespool.producers.auth import ApiKeys
     from framespool.projections.service import ProjectionService
     from framespool.projections.webhooks import TargetPolicy, WebhookConfig
 
@@ -47,7 +66,7 @@ async def run_api(args: argparse.Namespace) -> None:
     secrets = stack_secrets(stack_dir)
     api_url = f"http://127.0.0.1:{args.port}"
     producer = LogProducer(args.bootstrap)
-    keys = ApiKeys.from_config(secrets["auth"])
+    keys = api_keys(secrets)
     policy = TargetPolicy(allow_private=args.allow_private_webhooks)
     webhooks = WebhookConfig.for_tenants(
         secrets["signing_secret"].encode(), keys.tenants, policy=policy

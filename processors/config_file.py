@@ -18,63 +18,51 @@ One file serves both processors::
 
 Field names are the dataclasses' own; a field given replaces its default
 entirely (``retries = { node_lost = 5 }`` leaves only that class with a
-budget; the others get ``default_retries``). An unknown name or a value of the wrong
-type raises :class:`ConfigError` naming the path (``scheduler.tenants[0].weight``)
-and what was expected. Admission's ``tiers`` default to the scheduler's tier
-names, so the two agree unless told otherwise. Admission no longer rate-limits
-(the API's edge limit does, at submit time): an old file's ``admission.rate``
-and ``admission.tenant_rates`` are dropped with a warning.
+budget; the others get ``default_retries``). An unknown name or a value of the
+wrong type raises :class:`ConfigError` naming the file, the key
+(``scheduler.tenants[0].weight``) and what was expected; the loader is
+:mod:`framespool.configfile`, shared with the stack's and the API's files.
+Admission's ``tiers`` default to the scheduler's tier names, so the two agree
+unless told otherwise. Admission no longer rate-limits (the API's edge limit
+does, at submit time): an old file's ``admission.rate`` and
+``admission.tenant_rates`` are dropped with a warning.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from framespool.configfile import ConfigError, Document, build, read_document, source_of
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "ConfigError",
+    "admission_config",
+    "cell_config",
+    "describe",
+    "load_admission_config",
+    "load_cell_config",
+    "read_config_file",
+]
 
-class ConfigError(ValueError):
-    """The configuration file is unreadable or says something impossible; the message says where."""
+SECTIONS = ("admission", "scheduler")
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The file's top-level table (``.toml`` is TOML, anything else JSON)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        doc = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(
-            f"config file {path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}"
-        ) from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"config file {path}: the top level must be a table/object")
-    unknown = sorted(set(doc) - {"admission", "scheduler"})
-    if unknown:
-        raise ConfigError(
-            f"config file {path}: unknown section(s) {unknown}; "
-            "expected 'admission' and/or 'scheduler'"
-        )
-    return doc
+def read_config_file(path: str | Path) -> Document:
+    """The file's top-level table (``.toml`` is TOML, anything else JSON), which
+    remembers the file so that later errors name it."""
+    return read_document(path, sections=SECTIONS)
 
 
 def cell_config(doc: Mapping[str, Any]) -> CellConfig:
     """The ``scheduler`` section as a :class:`CellConfig` (defaults where absent)."""
-    return _build(CellConfig, doc.get("scheduler", {}), "scheduler")
+    return build(CellConfig, doc.get("scheduler", {}), "scheduler", file=source_of(doc))
 
 
 def admission_config(doc: Mapping[str, Any]) -> AdmissionConfig:
@@ -89,7 +77,7 @@ def admission_config(doc: Mapping[str, Any]) -> AdmissionConfig:
             )
     if "tiers" not in section and "scheduler" in doc:
         section["tiers"] = [t.name for t in cell_config(doc).tiers]
-    return _build(AdmissionConfig, section, "admission")
+    return build(AdmissionConfig, section, "admission", file=source_of(doc))
 
 
 def load_cell_config(path: str | Path) -> CellConfig:
@@ -98,84 +86,6 @@ def load_cell_config(path: str | Path) -> CellConfig:
 
 def load_admission_config(path: str | Path) -> AdmissionConfig:
     return admission_config(read_config_file(path))
-
-
-# --------------------------------------------------------------------------
-# value -> typed value
-# --------------------------------------------------------------------------
-def _build(cls: type, value: Any, where: str) -> Any:
-    if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"{where}: expected a table/object of {cls.__name__} fields, got {type(value).__name__}"
-        )
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(value) - fields)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown field(s) {unknown}; {cls.__name__} has: {', '.join(sorted(fields))}"
-        )
-    kwargs = {name: _coerce(v, hints[name], f"{where}.{name}") for name, v in value.items()}
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(value, inner, where)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    if origin is tuple:
-        return _tuple(value, args, where)
-    if origin in (Mapping, dict):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a table/object, got {value!r}")
-        return {
-            _coerce(k, args[0], where): _coerce(v, args[1], f"{where}.{k}")
-            for k, v in value.items()
-        }
-    raise ConfigError(f"{where}: unsupported field type {hint!r}")  # a new field type: extend me
-
-
-def _tuple(value: Any, args: tuple[Any, ...], where: str) -> tuple[Any, ...]:
-    if len(args) == 2 and args[1] is Ellipsis:
-        item = args[0]
-        # tuple[tuple[str, X], ...] (e.g. retries, user_weights): a table or a list of pairs
-        pair = (
-            typing.get_origin(item) is tuple
-            and len(typing.get_args(item)) == 2
-            and typing.get_args(item)[1] is not Ellipsis
-        )
-        if pair and isinstance(value, Mapping):
-            value = list(value.items())
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
-    if not isinstance(value, (list, tuple)) or len(value) != len(args):
-        raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
-    return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
 
 
 def describe(config: object | None) -> str:

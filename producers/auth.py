@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from framespool.configfile import ConfigError, optional, read_document, require, source_of, table
 
 DEFAULT_TIERS = ("free",)
 _DUMMY_SALT = b"\x00" * 16
@@ -107,35 +108,73 @@ class ApiKeys:
         self.tenants: dict[str, TenantPolicy] = dict(tenants or {})
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | str | Path) -> ApiKeys:
+    def from_config(
+        cls,
+        config: Mapping[str, Any] | str | Path,
+        *,
+        key: str = "",
+        file: str | Path | None = None,
+    ) -> ApiKeys:
+        """The key table from a JSON/TOML file or a table (``key``: where that table
+        sits in its file, e.g. ``auth``); errors name the file, the key and what
+        was expected (:mod:`framespool.configfile`)."""
         if isinstance(config, (str, Path)):
-            config = json.loads(Path(config).read_text())
+            config = read_document(config)
+        file = file if file is not None else source_of(config)
+        at = lambda name: f"{key}.{name}" if key else name
         tenants = {}
-        for name, t in (config.get("tenants") or {}).items():
-            tiers = tuple(t.get("tiers") or DEFAULT_TIERS)
-            default = t.get("default_tier") or tiers[0]
+        for name, t in table(config.get("tenants"), key=at("tenants"), file=file).items():
+            where = at(f"tenants.{name}")
+            t = table(t, key=where, file=file)
+            tiers = tuple(
+                optional(t, "tiers", (list, tuple), None, where=where, file=file) or DEFAULT_TIERS
+            )
+            default = optional(t, "default_tier", str, None, where=where, file=file) or tiers[0]
             if default not in tiers:
-                raise ValueError(
-                    f"tenant {name!r}: default_tier {default!r} is not in its tiers {tiers}"
+                raise ConfigError(
+                    f"default_tier {default!r} is not in its tiers {tiers}; expected one of them",
+                    key=f"{where}.default_tier",
+                    file=file,
                 )
-            tenants[name] = TenantPolicy(tiers, default, t.get("webhook_secret", ""))
+            secret = optional(t, "webhook_secret", str, "", where=where, file=file)
+            tenants[name] = TenantPolicy(tiers, default, secret)
         records = []
-        for i, k in enumerate(config.get("keys") or ()):
-            if "tenant" not in k:
-                raise ValueError(f"keys[{i}] has no tenant")
-            if "key" in k:
-                records.append(record_for(k["key"], k["tenant"], k.get("user", "")))
-            else:
-                records.append(
-                    KeyRecord(
-                        k["id"],
-                        k["tenant"],
-                        k.get("user", ""),
-                        bytes.fromhex(k["salt"]),
-                        bytes.fromhex(k["sha256"]),
-                        bool(k.get("disabled", False)),
-                    )
+        keys = optional(config, "keys", (list, tuple), (), where=key, file=file)
+        for i, k in enumerate(keys):
+            where = at(f"keys[{i}]")
+            k = table(k, key=where, file=file)
+            if k.get("tenant") is None:
+                raise ConfigError(
+                    "no tenant: expected the tenant (a string) this key belongs to",
+                    key=f"{where}.tenant",
+                    file=file,
                 )
+            tenant = require(k, "tenant", str, where=where, file=file)
+            user = optional(k, "user", str, "", where=where, file=file)
+            if "key" in k:
+                records.append(
+                    record_for(require(k, "key", str, where=where, file=file), tenant, user)
+                )
+                continue
+            try:
+                salt = bytes.fromhex(require(k, "salt", str, where=where, file=file))
+                digest = bytes.fromhex(require(k, "sha256", str, where=where, file=file))
+            except ValueError as exc:
+                if isinstance(exc, ConfigError):
+                    raise
+                raise ConfigError(
+                    f"salt and sha256 must be hex strings ({exc})", key=where, file=file
+                ) from None
+            records.append(
+                KeyRecord(
+                    require(k, "id", str, where=where, file=file),
+                    tenant,
+                    user,
+                    salt,
+                    digest,
+                    optional(k, "disabled", bool, False, where=where, file=file),
+                )
+            )
         return cls(records, tenants)
 
     def policy(self, tenant: str) -> TenantPolicy:

@@ -1,0 +1,109 @@
+"""One config loader (framespool.configfile) for the processors' file, the stack's
+settings and the API key table: every error names the file, the key and what was
+expected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from framespool import configfile
+from framespool.processors import config_file
+from framespool.processors.core import CellConfig
+from framespool.producers.auth import ApiKeys
+from framespool.services import api_keys, stack_secrets
+
+
+def error(call, *args, **kwargs) -> configfile.ConfigError:
+    with pytest.raises(configfile.ConfigError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+# -- the processors' file ---------------------------------------------------------------
+def test_a_processor_config_error_names_the_file_the_key_and_what_was_expected(tmp_path):
+    path = tmp_path / "fs.toml"
+    path.write_text('[scheduler]\n[[scheduler.tenants]]\nname = "acme"\nweight = "heavy"\n')
+    e = error(config_file.load_cell_config, path)
+    assert (e.file, e.key) == (str(path), "scheduler.tenants[0].weight")
+    assert e.detail == "expected a number, got 'heavy'"
+    assert (
+        str(e) == f"config file {path}: scheduler.tenants[0].weight: expected a number, got 'heavy'"
+    )
+    # read once, built later (as the processors' entry point does): still the file
+    doc = config_file.read_config_file(path)
+    assert error(config_file.cell_config, doc).file == str(path)
+
+
+def test_unknown_fields_sections_and_bad_syntax_name_the_file(tmp_path):
+    path = tmp_path / "fs.json"
+    path.write_text(json.dumps({"admission": {"cels": ["cell-0"]}}))
+    e = error(config_file.load_admission_config, path)
+    assert e.file == str(path) and e.key == "admission"
+    assert "unknown field(s) ['cels']" in e.detail and "cells" in e.detail
+    path.write_text(json.dumps({"schedular": {}}))
+    e = error(config_file.read_config_file, path)
+    assert e.file == str(path) and "'schedular'" in e.detail and "'scheduler'" in e.detail
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[scheduler\n")
+    e = error(config_file.read_config_file, bad)
+    assert e.file == str(bad) and "not valid TOML" in e.detail
+    e = error(config_file.read_config_file, tmp_path / "missing.toml")
+    assert "cannot read config file" in str(e) and "missing.toml" in str(e)
+
+
+def test_a_valid_file_builds_the_cores_config(tmp_path):
+    path = tmp_path / "fs.toml"
+    path.write_text(
+        '[scheduler]\nheartbeat_timeout_s = 10\nretries = { node_lost = 5 }\n'
+        '[[scheduler.tenants]]\nname = "acme"\nweight = 2\n'
+    )
+    config = config_file.load_cell_config(path)
+    assert isinstance(config, CellConfig) and config.heartbeat_timeout_s == 10.0
+    assert config.tenant("acme").weight == 2.0 and config.retries == (("node_lost", 5),)
+    admission = config_file.load_admission_config(path)
+    assert admission.tiers == tuple(t.name for t in config.tiers)
+
+
+# -- the stack's settings and the API key table ---------------------------------------------
+def secrets_file(tmp_path, doc) -> None:
+    (tmp_path / "stack-secrets.json").write_text(json.dumps(doc))
+
+
+def test_the_stack_settings_and_key_table_use_the_same_loader(tmp_path):
+    path = tmp_path / "stack-secrets.json"
+    secrets_file(tmp_path, {"auth": {"keys": []}})
+    e = error(stack_secrets, tmp_path)
+    assert (e.file, e.key) == (str(path), "signing_secret")
+    assert e.detail == "missing: expected a string"
+    secrets_file(tmp_path, {"auth": {}, "signing_secret": "x", "s3": {"bucket": 7}})
+    e = error(stack_secrets, tmp_path)
+    assert (e.file, e.key, e.detail) == (str(path), "s3.bucket", "expected a string, got 7")
+    keys = [{"key": "k1", "tenant": "acme"}, {"key": "k2", "tenant": ["acme"]}]
+    secrets_file(tmp_path, {"auth": {"keys": keys}, "signing_secret": "x"})
+    e = error(api_keys, stack_secrets(tmp_path))
+    assert (e.file, e.key) == (str(path), "auth.keys[1].tenant")
+    assert e.detail == "expected a string, got ['acme']"
+    keys[1]["tenant"] = "acme"
+    secrets_file(tmp_path, {"auth": {"keys": keys}, "signing_secret": "x"})
+    assert api_keys(stack_secrets(tmp_path)).authenticate("k2").tenant == "acme"
+
+
+def test_api_key_files_name_the_file_and_the_key(tmp_path):
+    path = tmp_path / "keys.toml"
+    path.write_text('[tenants.acme]\ntiers = ["free"]\ndefault_tier = "paid"\n')
+    e = error(ApiKeys.from_config, path)
+    assert (e.file, e.key) == (str(path), "tenants.acme.default_tier")
+    assert "'paid' is not in its tiers" in e.detail
+    path.write_text('[[keys]]\nkey = "k"\n')
+    e = error(ApiKeys.from_config, path)
+    assert (e.file, e.key) == (str(path), "keys[0].tenant") and "no tenant" in e.detail
+    path.write_text('[[keys]]\ntenant = "acme"\nid = "x"\nsalt = "zz"\nsha256 = "00"\n')
+    e = error(ApiKeys.from_config, path)
+    assert (e.file, e.key) == (str(path), "keys[0]") and "hex" in e.detail
+
+
+def test_there_is_one_error_type_and_it_is_still_a_value_error():
+    assert config_file.ConfigError is configfile.ConfigError
+    assert issubclass(configfile.ConfigError, ValueError)
