@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from framespool.callbacks.targets import TargetPolicy, check_address
 from framespool.producers import openapi as openapi_doc
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
 from framespool.producers.metrics import (
@@ -64,7 +65,6 @@ from framespool.projections.jobs import COMPLETED, STATES, JobView, spec_fingerp
 from framespool.projections.serde import public_job
 from framespool.projections.sse import parse_last_event_id, stream_job
 from framespool.projections.store import ViewStore
-from framespool.projections.webhooks import TargetPolicy, check_address
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
 from framespool.schemas.topics import COMMANDS
@@ -214,7 +214,7 @@ async def _check_callback_host(config: ApiConfig, url: str | None) -> None:
 
     IP literals were checked by the validation. A name that does not resolve
     now is accepted: delivery resolves it again and checks every address it
-    connects to (``framespool.projections.webhooks.PolicyResolver``).
+    connects to (``framespool.callbacks.targets.PolicyResolver``).
     """
     if not url:
         return

@@ -18,10 +18,34 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from framespool.projections.sse import parse_stream
+
+def parse_stream(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Yield ``{"id", "event", "data"}`` dicts from decoded SSE lines (the frames
+    ``framespool.projections.sse.format_event`` writes)."""
+    event: dict[str, Any] = {}
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line:
+            if data:
+                yield {
+                    "id": event.get("id"),
+                    "event": event.get("event", "message"),
+                    "data": "\n".join(data),
+                }
+            event, data = {}, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name in ("id", "event", "retry"):
+            event[name] = value
 
 
 class ApiError(Exception):

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from framespool.callbacks.targets import TargetPolicy, check_target
 from framespool.producers.auth import TenantPolicy
-from framespool.projections.webhooks import TargetPolicy, check_target
 from framespool.schemas.events import Shape
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -46,31 +46,6 @@ def parse_last_event_id(value: str | None) -> int:
         return 0
 
 
-def parse_stream(lines) -> Any:
-    """Client side: yield ``{"id", "event", "data"}`` dicts from decoded SSE lines."""
-    event: dict[str, Any] = {}
-    data: list[str] = []
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if not line:
-            if data:
-                yield {
-                    "id": event.get("id"),
-                    "event": event.get("event", "message"),
-                    "data": "\n".join(data),
-                }
-            event, data = {}, []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            data.append(value)
-        elif name in ("id", "event", "retry"):
-            event[name] = value
-
-
 def _done(view: JobView, sent: int) -> bool:
     return view.state in TERMINAL_STATES and sent >= view.seq
 

@@ -14,11 +14,10 @@ Theory of operation
    5xx are retried with exponential backoff and full jitter up to
    ``max_attempts``; other 4xx, refused targets and notifications older than
    ``max_age_s`` (a full replay re-creates the outbox) fail at once.
-3. Targets: ``check_url`` (syntax) and ``check_address`` (each resolved address)
-   are pure. The HTTP session resolves hosts through ``PolicyResolver``, which
-   applies the same check to the very addresses it connects to, so a DNS answer
-   that changes between the check and the connection cannot reach a private,
-   loopback, link-local, multicast or reserved address unless allowed.
+3. Targets: the policy is ``framespool.callbacks.targets`` (shared with request
+   validation). Each attempt re-checks the URL, and the HTTP session resolves
+   hosts through its ``PolicyResolver``, which checks the very addresses it
+   connects to.
 """
 
 from __future__ import annotations
@@ -26,21 +25,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 
+from framespool.callbacks.targets import PolicyResolver, TargetPolicy, TargetRefused, check_target
 from framespool.projections.jobs import (
     ASSIGNED,
     CANCELLED,
@@ -57,7 +52,6 @@ from framespool.projections.store import FAILED as DELIVERY_FAILED
 log = logging.getLogger(__name__)
 
 NOTIFY_STATES = frozenset({QUEUED, ASSIGNED, RUNNING, COMPLETED, FAILED, CANCELLED, REJECTED})
-MAX_URL_LEN = 2048
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 
 
@@ -84,110 +78,6 @@ def verify(secret: bytes, header: str, body: bytes, now_s: int, tolerance_s: int
         return False
     expected = sign(secret, timestamp, body).split("v1=", 1)[1]
     return any(hmac.compare_digest(expected, v) for v in parts.get("v1", []))
-
-
-# --------------------------------------------------------------------------
-# Target policy (pure)
-# --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TargetPolicy:
-    allow_private: bool = False
-    allow_hosts: frozenset[str] = frozenset()  # exact host names exempt from the IP check
-    allow_networks: tuple[str, ...] = ()  # CIDRs allowed although not public
-    schemes: frozenset[str] = frozenset({"https", "http"})
-
-
-class TargetRefused(Exception):
-    """The callback target is not allowed by the policy (the tenant's fault)."""
-
-
-def check_url(url: str, policy: TargetPolicy = TargetPolicy()) -> str:
-    """'' if the URL is acceptable as a callback, else why not."""
-    if len(url) > MAX_URL_LEN:
-        return f"URL is longer than {MAX_URL_LEN} characters"
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        return f"URL is malformed: {exc}"
-    if parts.scheme.lower() not in policy.schemes:
-        return f"scheme must be one of {sorted(policy.schemes)}, not {parts.scheme or 'none'!r}"
-    if not parts.hostname:
-        return "URL has no host"
-    if parts.username or parts.password:
-        return "URL must not contain credentials"
-    if port == 0:
-        return "port 0 is not a valid port"
-    return ""
-
-
-def address_problem(address: str) -> str:
-    """'' for a public unicast address, else which kind of non-public address it is."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if embedded is not None:
-            inner = address_problem(str(embedded))
-            if inner:
-                return inner
-    for attr, name in (
-        ("is_loopback", "loopback"),
-        ("is_link_local", "link-local"),
-        ("is_multicast", "multicast"),
-        ("is_unspecified", "unspecified"),
-        ("is_reserved", "reserved"),
-        ("is_private", "private"),
-    ):
-        if getattr(ip, attr):
-            return name
-    return "" if ip.is_global else "not globally routable"
-
-
-def check_address(host: str, address: str, policy: TargetPolicy = TargetPolicy()) -> str:
-    """'' if the policy lets us connect to ``address`` (resolved from ``host``)."""
-    if policy.allow_private or host.lower().rstrip(".") in policy.allow_hosts:
-        return ""
-    problem = address_problem(address)
-    if not problem:
-        return ""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if any(ip in ipaddress.ip_network(net, strict=False) for net in policy.allow_networks):
-        return ""
-    return f"{host} resolves to {address}, a {problem} address; callbacks must be public"
-
-
-def check_target(url: str, policy: TargetPolicy = TargetPolicy()) -> str:
-    """``check_url`` plus the address check for IP-literal hosts, which no resolver sees."""
-    problem = check_url(url, policy)
-    if problem:
-        return problem
-    host = urlsplit(url).hostname or ""
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return ""  # a name: PolicyResolver checks every address it resolves to
-    return check_address(host, host, policy)
-
-
-class PolicyResolver(AbstractResolver):
-    """aiohttp resolver that refuses every answer the target policy forbids."""
-
-    def __init__(self, policy: TargetPolicy, inner: AbstractResolver | None = None) -> None:
-        self._policy = policy
-        self._inner = inner or DefaultResolver()
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        for r in results:
-            problem = check_address(host, r["host"], self._policy)
-            if problem:
-                raise TargetRefused(problem)
-        return results
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 # --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from framespool.agents.artifacts import LocalDirStore
+from framespool.callbacks.targets import TargetPolicy
 from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
@@ -25,7 +26,6 @@ from framespool.producers.jsonlog import JsonFormatter
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
 from framespool.projections.testing import lifecycle
-from framespool.projections.webhooks import TargetPolicy
 from framespool.schemas.topics import COMMANDS
 
 KEY = "acme-key.alice-secret-do-not-log"

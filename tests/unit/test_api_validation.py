@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from framespool.callbacks.targets import TargetPolicy
 from framespool.producers.auth import TenantPolicy
 from framespool.producers.validation import Limits, ValidationError, validate_submit
-from framespool.projections.webhooks import TargetPolicy
 from framespool.schemas.events import JobSpec, Shape
 
 POLICY = TenantPolicy(("enterprise", "free"), "free")

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from framespool.producers.client import parse_stream
 from framespool.projections.hub import Hub, SlowSubscriber
 from framespool.projections.jobs import fold
-from framespool.projections.sse import format_event, parse_last_event_id, parse_stream, stream_job
+from framespool.projections.sse import format_event, parse_last_event_id, stream_job
 from framespool.projections.testing import lifecycle
 
 

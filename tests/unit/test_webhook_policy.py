@@ -9,21 +9,18 @@ import json
 
 import pytest
 
-from framespool.projections.jobs import apply, fold
-from framespool.projections.testing import lifecycle
-from framespool.projections.webhooks import (
+from framespool.callbacks.targets import (
     PolicyResolver,
     TargetPolicy,
     TargetRefused,
     address_problem,
-    backoff_delay,
     check_address,
     check_target,
     check_url,
-    delivery_for,
-    sign,
-    verify,
 )
+from framespool.projections.jobs import apply, fold
+from framespool.projections.testing import lifecycle
+from framespool.projections.webhooks import backoff_delay, delivery_for, sign, verify
 
 SECRET = b"whsec-test"
 

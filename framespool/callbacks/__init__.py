@@ -1,0 +1,1 @@
+"""Job callbacks: the target policy shared by request validation and webhook delivery."""
