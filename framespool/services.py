@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from framespool.producers.jsonlog import setup_logging
+from framespool.telemetry.jsonlog import setup_logging
 
 
 def stack_secrets(stack_dir: Path) -> dict:

@@ -34,8 +34,8 @@ from framespool.processors.config_file import (
 )
 from framespool.processors.routing import RoutingError
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
-from framespool.producers.jsonlog import setup_logging
 from framespool.schemas import topics as catalogue
+from framespool.telemetry.jsonlog import setup_logging
 
 log = logging.getLogger("processors")
 
