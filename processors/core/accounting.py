@@ -35,12 +35,16 @@ import statistics
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
+from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState
 
 from .fairshare import Flow
 from .model import Job, Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
+
+
+_DOWN = NodeState.DOWN  # bound once: these sums run on every admission
 
 
 class Accounting:
@@ -63,15 +67,15 @@ class Accounting:
 
     @property
     def capacity_gpus(self: Cell) -> int:
-        return sum(n.total for n in self.index.nodes.values() if n.state != "DOWN")
+        return sum(n.total for n in self.index.nodes.values() if n.state != _DOWN)
 
     @property
     def capacity_cpus(self: Cell) -> float:
-        return sum(n.cpus for n in self.index.nodes.values() if n.state != "DOWN")
+        return sum(n.cpus for n in self.index.nodes.values() if n.state != _DOWN)
 
     @property
     def capacity_mem(self: Cell) -> float:
-        return sum(n.mem_gb for n in self.index.nodes.values() if n.state != "DOWN")
+        return sum(n.mem_gb for n in self.index.nodes.values() if n.state != _DOWN)
 
     def leaf_of(self: Cell, job: Job | Run) -> Flow:
         """The fair-share flow a job (or one of its runs) is charged to (cached:
@@ -247,11 +251,11 @@ class Accounting:
             gpus = []
             for i in range(node.total):
                 owner = node.owner[i]
-                state = node.gpu_state[i] if node.state != "DOWN" else "down"
+                state = node.gpu_state[i] if node.state != NodeState.DOWN else GpuSlot.DOWN
                 if owner is not None:
-                    state = "busy" if state == "ok" else state
-                elif state == "ok":
-                    state = "free"
+                    state = GpuSlot.BUSY if state == GpuState.OK else state
+                elif state == GpuState.OK:
+                    state = GpuSlot.FREE
                 gpus.append(
                     ev.GpuStatus(
                         index=i,
@@ -275,7 +279,7 @@ class Accounting:
         depth: dict[tuple[str, str], list[int]] = {}
         for job in self.jobs.values():
             row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
-            if job.state == "QUEUED":
+            if job.state == JobState.QUEUED:
                 row[0] += 1
                 row[1] += job.shape[0]
         for run in self.runs.values():

@@ -26,6 +26,7 @@ from typing import Any
 
 from framespool.schemas import events as ev
 
+from . import lifecycle as lc
 from .accounting import Accounting
 from .config import CellConfig
 from .fairshare import FairTree
@@ -90,12 +91,14 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         # per-apply output buffer
         self._out: list[Any] = []
         self._pos = ""
+        self._input: Any = None
 
     # ------------------------------------------------------------------
     def apply(self, event: Any, position: str | None = None) -> list[Any]:
         """Fold one input event; return the events to publish, in order."""
         self._out = []
         self._pos = position if position is not None else event.event_id
+        self._input = event
         handler: Callable[[Any], None] | None = self._HANDLERS.get(type(event))
         if handler is None:
             self._count("unknown_event")
@@ -106,6 +109,7 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
             )
         else:
             handler(self, event)
+        self._input = None  # only a refusal during this fold names it
         return self._out
 
     # -- outputs ----------------------------------------------------------
@@ -123,6 +127,17 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
             reason=reason,
             source_event_id=getattr(source, "event_id", ""),
         )
+
+    def refused(self, job: Job, action: str, source: Any = None) -> bool:
+        """Whether the lifecycle table refuses ``action`` for ``job`` now. Callers ask
+        before they change anything; a refusal is recorded (a ``ReportIgnored``
+        naming the transition, ``source`` defaulting to the input being folded)
+        and the caller must then leave the cell as it was."""
+        if lc.allowed(job.state, action):
+            return False
+        self._count("illegal_transition")
+        self.ignore(job.job_id, lc.refusal(job.state, action), source or self._input)
+        return True
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1

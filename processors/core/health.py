@@ -9,45 +9,56 @@ flapping GPU does not take and drop work).
 
 from __future__ import annotations
 
+from framespool.schemas.causes import RunCause
 from framespool.schemas.events import GpuHealth
+from framespool.schemas.states import GpuState
 
 from .config import CellConfig
-from .model import GPU_DEGRADED, GPU_FAILED, GPU_OK
 
 
-def classify(sample: GpuHealth, config: CellConfig) -> tuple[str, str]:
-    """The state this one sample points to, and why."""
+def classify(sample: GpuHealth, config: CellConfig) -> tuple[GpuState, str, RunCause]:
+    """The state this one sample points to, why, and the cause code a run moved
+    off this GPU carries."""
     if sample.ecc_uncorrected > 0:
-        return GPU_FAILED, f"uncorrectable ECC errors: {sample.ecc_uncorrected}"
+        return (
+            GpuState.FAILED,
+            f"uncorrectable ECC errors: {sample.ecc_uncorrected}",
+            RunCause.GPU_ECC,
+        )
     if sample.ecc_corrected > config.ecc_corrected_limit:
-        return GPU_DEGRADED, (
-            f"corrected ECC errors {sample.ecc_corrected} > {config.ecc_corrected_limit}"
+        return (
+            GpuState.DEGRADED,
+            f"corrected ECC errors {sample.ecc_corrected} > {config.ecc_corrected_limit}",
+            RunCause.GPU_ECC,
         )
     if sample.temperature_c >= config.throttle_temp_c:
         return (
-            GPU_DEGRADED,
+            GpuState.DEGRADED,
             f"thermal: {sample.temperature_c:.0f}C >= {config.throttle_temp_c:.0f}C",
+            RunCause.GPU_THROTTLED,
         )
     if (
         sample.max_sm_clock_mhz > 0
         and sample.sm_clock_mhz < config.throttle_clock_ratio * sample.max_sm_clock_mhz
     ):
-        return GPU_DEGRADED, (
-            f"clock throttled: {sample.sm_clock_mhz}/{sample.max_sm_clock_mhz} MHz"
+        return (
+            GpuState.DEGRADED,
+            f"clock throttled: {sample.sm_clock_mhz}/{sample.max_sm_clock_mhz} MHz",
+            RunCause.GPU_THROTTLED,
         )
-    return GPU_OK, "healthy"
+    return GpuState.OK, "healthy", RunCause.UNRECORDED
 
 
 def next_gpu_state(current: str, sample_state: str, healthy_streak: int, config: CellConfig) -> str:
     """Apply hysteresis: failure is sticky, degradation clears only after
     ``healthy_samples_to_recover`` healthy samples."""
-    if current == GPU_FAILED:
-        return GPU_FAILED
-    if sample_state != GPU_OK:
+    if current == GpuState.FAILED:
+        return GpuState.FAILED
+    if sample_state != GpuState.OK:
         return sample_state
-    if current == GPU_DEGRADED and healthy_streak < config.healthy_samples_to_recover:
-        return GPU_DEGRADED
-    return GPU_OK
+    if current == GpuState.DEGRADED and healthy_streak < config.healthy_samples_to_recover:
+        return GpuState.DEGRADED
+    return GpuState.OK
 
 
 def is_straggler(step_rate: float, median_rate: float, config: CellConfig) -> bool:

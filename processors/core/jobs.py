@@ -3,6 +3,10 @@
 Every agent report is fenced before it may change anything: the run must be
 the job's current attempt, held on the reporting node, under the node's
 current incarnation; otherwise it is recorded as ignored and changes nothing.
+A fenced report then asks the lifecycle table (``Cell.refused``) before it
+changes anything; a transition the table refuses is recorded the same way.
+Every run that ends other than by completion or cancellation carries a
+``RunCause`` code in its ``JobRequeued``/``JobFailed``.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from framespool.schemas import events as ev
+from framespool.schemas.causes import NODE_LOST, RETRY_CLASS, RunCause, of_failure_class
+from framespool.schemas.states import JobState, RunPhase
 
 from . import lifecycle as lc
-from .model import ASSIGNED, EXITING, RUNNING, STOPPING, Job, Run
+from .model import Job, Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -101,7 +107,7 @@ class JobHandlers:
         return False
 
     def reject(self: Cell, spec: ev.JobSpec, reason: str, detail: str) -> None:
-        self.finished[spec.job_id] = lc.REJECTED
+        self.finished[spec.job_id] = JobState.REJECTED
         self.emit(
             ev.JobRejected, job_id=spec.job_id, tenant=spec.tenant, reason=reason, detail=detail
         )
@@ -120,10 +126,12 @@ class JobHandlers:
         if job.tenant != event.tenant:
             self.ignore(event.job_id, "cancel refused: job belongs to another tenant", event)
             return
-        run = self.runs.get((job.job_id, job.run)) if job.state != lc.QUEUED else None
-        if job.state == lc.QUEUED:
+        if self.refused(job, "cancel", event):
+            return
+        run = self.runs.get((job.job_id, job.run)) if job.state != JobState.QUEUED else None
+        if job.state == JobState.QUEUED:
             self.dequeue(job)
-        self.finish(job, lc.CANCELLED, "cancel")
+        self.finish(job, JobState.CANCELLED, "cancel")
         self.emit(ev.JobCancelled, job_id=job.job_id, run=job.run, reason=event.reason)
         if run is not None:
             self.end_run(run, confirmed=(), reason="job cancelled")
@@ -150,7 +158,7 @@ class JobHandlers:
                 event,
             )
             return None
-        if run.phase == STOPPING:
+        if run.phase == RunPhase.STOPPING:
             # The run is over for the scheduler (even if the job has not been
             # placed again yet): an exit report only confirms this node's
             # processes are gone; anything else is stale.
@@ -174,9 +182,11 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs[run.job_id]
+        if self.refused(job, "start", event):
+            return
         job.state = lc.next_state(job.job_id, job.state, "start")
-        if run.phase == ASSIGNED:
-            run.phase = RUNNING
+        if run.phase == RunPhase.ASSIGNED:
+            run.phase = RunPhase.RUNNING
             run.started_ms = self.now_ms
             run.last_report_ms = self.now_ms
             self.assigned_unstarted.pop(run.key, None)
@@ -190,7 +200,7 @@ class JobHandlers:
             job.checkpoint = event.checkpoint_uri
             job.checkpoint_progress = event.progress
         run.last_report_ms = self.now_ms
-        if run.phase == EXITING:
+        if run.phase == RunPhase.EXITING:
             self.finish_exit(run)
 
     def on_run_completed(self: Cell, event: ev.RunCompleted) -> None:
@@ -198,12 +208,9 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs[run.job_id]
-        try:
-            lc.next_state(job.job_id, job.state, "complete")
-        except lc.IllegalTransition as refused:
-            self.ignore(job.job_id, refused.reason, event)
+        if self.refused(job, "complete", event):
             return
-        self.finish(job, lc.COMPLETED, "complete")
+        self.finish(job, JobState.COMPLETED, "complete")
         self.emit(
             ev.JobCompleted,
             job_id=job.job_id,
@@ -220,33 +227,56 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs[run.job_id]
+        if self.refused(job, self.end_action(job, event.failure_class), event):
+            return
         self.note_failure(run, event.node_id, event.failure_class)
         self.end_run(run, confirmed=(event.node_id,), reason=f"failed: {event.failure_class}")
-        self.retry_or_fail(job, event.failure_class, event.reason or event.failure_class)
+        self.retry_or_fail(
+            job,
+            of_failure_class(event.failure_class),
+            event.reason or event.failure_class,
+            event.failure_class,
+        )
 
     def on_run_stopped(self: Cell, event: ev.RunStopped) -> None:
         run = self.fenced_run(event, allow_terminal=True)
         if run is None:
             return
         job = self.jobs.get(run.job_id)
+        current = job is not None and job.run == run.run
+        if current and self.refused(job, self.end_action(job, NODE_LOST), event):
+            return
         self.release_slice(run, event.node_id)
-        if job is not None and job.run == run.run:
+        if current:
             # The agent stopped a run nobody asked it to stop (it shut down):
             # the run is lost; resume it elsewhere from its last checkpoint.
             self.end_run(run, confirmed=(), reason="stopped by agent")
             self.retry_or_fail(
                 job,
-                "node_lost",
+                RunCause.AGENT_STOPPED,
                 f"run stopped by node {event.node_id}: {event.reason or 'no reason given'}",
             )
 
     # -- shared job transitions --------------------------------------------
-    def retry_or_fail(self: Cell, job: Job, failure_class: str, reason: str) -> None:
+    def end_action(self: Cell, job: Job, failure_class: str) -> str:
+        """``fail`` if one more failure of ``failure_class`` spends the job's
+        retry budget, else ``requeue``: the transition to check before a run ends."""
+        used = job.failures.get(failure_class, 0) + 1
+        return "fail" if used > self.config.retry_budget(failure_class) else "requeue"
+
+    def retry_or_fail(
+        self: Cell, job: Job, cause: RunCause, reason: str, failure_class: str | None = None
+    ) -> None:
+        """Charge a failure to its retry class (``RETRY_CLASS[cause]`` unless the
+        agent named one) and requeue the job, or fail it once the budget is spent.
+        The caller has checked ``end_action`` against the lifecycle table."""
+        if failure_class is None:
+            failure_class = RETRY_CLASS[cause]
         used = job.failures.get(failure_class, 0) + 1
         job.failures[failure_class] = used
         budget = self.config.retry_budget(failure_class)
         if used > budget:
-            self.finish(job, lc.FAILED, "fail")
+            self.finish(job, JobState.FAILED, "fail")
             self.emit(
                 ev.JobFailed,
                 job_id=job.job_id,
@@ -254,11 +284,22 @@ class JobHandlers:
                 failure_class=failure_class,
                 reason=f"{reason} (failed {used} times with {failure_class}; "
                 f"retry budget {budget})",
+                cause=cause,
             )
             return
-        self.requeue(job, f"retry after {failure_class}: {reason}", budget - used)
+        self.requeue(
+            job, f"retry after {failure_class}: {reason}", budget - used, cause, failure_class
+        )
 
-    def requeue(self: Cell, job: Job, reason: str, retries_left: int = -1) -> None:
+    def requeue(
+        self: Cell,
+        job: Job,
+        reason: str,
+        retries_left: int = -1,
+        cause: RunCause = RunCause.UNRECORDED,
+        failure_class: str = "",
+    ) -> None:
+        """Back to the queue; the caller has checked ``requeue`` against the table."""
         job.state = lc.next_state(job.job_id, job.state, "requeue")
         job.queued_ms = self.now_ms
         job.reason = reason
@@ -272,9 +313,12 @@ class JobHandlers:
             reason=reason,
             resume_from=job.checkpoint,
             retries_left=retries_left,
+            cause=cause,
+            failure_class=failure_class,
         )
 
-    def finish(self: Cell, job: Job, state: str, action: str) -> None:
+    def finish(self: Cell, job: Job, state: JobState, action: str) -> None:
+        """Terminal; the caller has checked ``action`` against the table."""
         job.state = lc.next_state(job.job_id, job.state, action)
         del self.jobs[job.job_id]
         self.finished[job.job_id] = state
@@ -283,7 +327,7 @@ class JobHandlers:
         self.claims.pop(job.job_id, None)
 
     def enqueue(self: Cell, job: Job, requeued: bool) -> None:
-        job.state = lc.QUEUED
+        job.state = JobState.QUEUED
         self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
         self.queued_count += 1
         org, user = self.use_of(job)
@@ -297,9 +341,15 @@ class JobHandlers:
             org.queued -= 1
             user.queued -= 1
 
-    def on_node_lost_run(self: Cell, run: Run, reason: str) -> None:
-        """A run's node went away: requeue its job from the last checkpoint."""
+    def on_node_lost_run(self: Cell, run: Run, reason: str, cause: RunCause) -> None:
+        """A run's node went away: requeue its job from the last checkpoint. The
+        run ends whatever the table says (its node is gone); a job transition the
+        table refuses is recorded instead of applied."""
         job = self.jobs.get(run.job_id)
+        # A run already over (its job requeued, not yet placed again) costs nothing more.
+        current = job is not None and job.run == run.run and job.state in lc.ACTIVE
+        if current and self.refused(job, self.end_action(job, RETRY_CLASS[cause])):
+            current = False
         self.end_run(run, confirmed=(), reason=reason)
-        if job is not None and job.run == run.run and job.state in lc.ACTIVE:
-            self.retry_or_fail(job, "node_lost", reason)
+        if current:
+            self.retry_or_fail(job, cause, reason)

@@ -23,23 +23,12 @@ import heapq
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
+from framespool.schemas.causes import NODE_LOST, RunCause
+from framespool.schemas.states import GpuState, NodeState, RunPhase
 
 from . import lifecycle as lc
 from .health import classify, is_straggler, next_gpu_state
-from .model import (
-    ASSIGNED,
-    DEGRADED,
-    DOWN,
-    DRAINING,
-    EXITING,
-    GPU_FAILED,
-    GPU_OK,
-    RUNNING,
-    STOPPING,
-    UP,
-    Node,
-    Run,
-)
+from .model import Node, Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -59,12 +48,13 @@ class NodeHandlers:
             )
             return
         if old is not None:
-            old.state = DOWN
+            old.state = NodeState.DOWN
             for run in self.runs_on(old):
                 self.release_slice(run, old.node_id)
                 self.on_node_lost_run(
                     run,
                     f"node {old.node_id} re-registered (incarnation {event.incarnation}); run lost",
+                    RunCause.NODE_REREGISTERED,
                 )
         node = Node(
             event.node_id,
@@ -83,7 +73,7 @@ class NodeHandlers:
             ev.NodeStateChanged,
             node_id=node.node_id,
             incarnation=node.incarnation,
-            state=UP,
+            state=NodeState.UP,
             reason=f"registered: {node.total} x {node.gpu_type} in {node.rail}",
         )
         if self.queued_count:
@@ -113,7 +103,7 @@ class NodeHandlers:
         if node is None:
             self.ignore(event.node_id, "heartbeat from an unregistered node: register first", event)
             return
-        if event.incarnation != node.incarnation or node.state == DOWN:
+        if event.incarnation != node.incarnation or node.state == NodeState.DOWN:
             why = (
                 f"stale incarnation {event.incarnation} (node is at {node.incarnation})"
                 if event.incarnation != node.incarnation
@@ -153,8 +143,8 @@ class NodeHandlers:
                 continue
             if sample.warm_models:
                 node.warm[i] = sample.warm_models[0]
-            state, why = classify(sample, self.config)
-            node.healthy_streak[i] = node.healthy_streak[i] + 1 if state == GPU_OK else 0
+            state, why, cause = classify(sample, self.config)
+            node.healthy_streak[i] = node.healthy_streak[i] + 1 if state == GpuState.OK else 0
             new = next_gpu_state(node.gpu_state[i], state, node.healthy_streak[i], self.config)
             if new == node.gpu_state[i]:
                 continue
@@ -168,16 +158,18 @@ class NodeHandlers:
                 gpu=i,
                 reason=why,
             )
-            if new != GPU_OK and node.owner[i] is not None:
-                to_move[node.owner[i]] = why
-            if new == GPU_FAILED and node.state == UP:
-                self.set_node_state(node, DRAINING, f"GPU {i} failed: {why}")
+            if new != GpuState.OK and node.owner[i] is not None:
+                to_move[node.owner[i]] = (why, cause)
+            if new == GpuState.FAILED and node.state == NodeState.UP:
+                self.set_node_state(node, NodeState.DRAINING, f"GPU {i} failed: {why}", cause)
         if changed:
             self.index.refresh(node)
-        for key, why in to_move.items():
+        for key, (why, cause) in to_move.items():
             run = self.runs.get(key)
             if run is not None:
-                self.move_run(run, f"checkpoint-and-move: GPU unhealthy on {node.node_id} ({why})")
+                self.move_run(
+                    run, f"checkpoint-and-move: GPU unhealthy on {node.node_id} ({why})", cause
+                )
 
     def reconcile(self: Cell, node: Node, event: ev.NodeHeartbeat) -> None:
         listed: dict = {}
@@ -196,14 +188,18 @@ class NodeHandlers:
                 )
                 continue
             run.last_report_ms = self.now_ms
-            if run.phase == ASSIGNED:
+            if run.phase == RunPhase.ASSIGNED:
                 job = self.jobs.get(run.job_id)
-                if job is not None and job.run == run.run:
-                    job.state = lc.next_state(job.job_id, job.state, "start")
-                run.phase = RUNNING
-                run.started_ms = self.now_ms
-                self.assigned_unstarted.pop(key, None)
-            elif run.phase == STOPPING and self.now_ms - run.stop_sent_ms >= STOP_RESEND_MS:
+                current = job is not None and job.run == run.run
+                if not (current and self.refused(job, "start", event)):
+                    if current:
+                        job.state = lc.next_state(job.job_id, job.state, "start")
+                    run.phase = RunPhase.RUNNING
+                    run.started_ms = self.now_ms
+                    self.assigned_unstarted.pop(key, None)
+            elif (
+                run.phase == RunPhase.STOPPING and self.now_ms - run.stop_sent_ms >= STOP_RESEND_MS
+            ):
                 run.stop_sent_ms = self.now_ms
                 self.emit(
                     ev.StopRun,
@@ -218,9 +214,9 @@ class NodeHandlers:
         for run in self.runs_on(node):
             if run.key in listed:
                 continue
-            if run.phase == STOPPING:
+            if run.phase == RunPhase.STOPPING:
                 self.release_slice(run, node.node_id)
-            elif run.phase == ASSIGNED:
+            elif run.phase == RunPhase.ASSIGNED:
                 continue  # the start lease (on Tick) covers assignments in flight
             elif self.now_ms - run.last_report_ms > self.config.report_lease_s * 1000:
                 self.on_lease_lost(
@@ -234,17 +230,26 @@ class NodeHandlers:
         median = self.model_median.get(run.model_version, 0.0)
         if is_straggler(rate, median, self.config):
             run.slow_strikes += 1
-            if run.slow_strikes == self.config.straggler_strikes and node.state == UP:
+            if run.slow_strikes == self.config.straggler_strikes and node.state == NodeState.UP:
                 self.set_node_state(
                     node,
-                    DEGRADED,
+                    NodeState.DEGRADED,
                     f"straggler: {run.job_id} at {rate:.2f} steps/s vs median {median:.2f}",
                 )
-                self.move_run(run, f"checkpoint-and-move: straggler on {node.node_id}")
+                self.move_run(
+                    run, f"checkpoint-and-move: straggler on {node.node_id}", RunCause.STRAGGLER
+                )
         else:
             run.slow_strikes = 0
 
-    def set_node_state(self: Cell, node: Node, state: str, reason: str) -> None:
+    def set_node_state(
+        self: Cell,
+        node: Node,
+        state: NodeState,
+        reason: str,
+        cause: RunCause = RunCause.NODE_DRAINING,
+    ) -> None:
+        """``cause`` is what a run moved off a DRAINING node carries."""
         if node.state == state:
             return
         node.state = state
@@ -257,14 +262,18 @@ class NodeHandlers:
             state=state,
             reason=reason,
         )
-        if state == DRAINING:
+        if state == NodeState.DRAINING:
             for run in self.runs_on(node):
-                self.move_run(run, f"checkpoint-and-move: node {node.node_id} draining ({reason})")
-        elif state == DOWN:
+                self.move_run(
+                    run, f"checkpoint-and-move: node {node.node_id} draining ({reason})", cause
+                )
+        elif state == NodeState.DOWN:
             self.node_seen.pop(node.node_id, None)
             for run in self.runs_on(node):
                 self.release_slice(run, node.node_id)
-                self.on_node_lost_run(run, f"node {node.node_id} down: {reason}")
+                self.on_node_lost_run(
+                    run, f"node {node.node_id} down: {reason}", RunCause.NODE_DOWN
+                )
 
     # -- lease expiry (on Tick) --------------------------------------------
     def expire_nodes(self: Cell) -> None:
@@ -277,7 +286,9 @@ class NodeHandlers:
         for node_id in expired:
             node = self.index.nodes[node_id]
             self.set_node_state(
-                node, DOWN, f"no heartbeat for {(self.now_ms - node.last_seen_ms) / 1000:.1f}s"
+                node,
+                NodeState.DOWN,
+                f"no heartbeat for {(self.now_ms - node.last_seen_ms) / 1000:.1f}s",
             )
 
     def expire_runs(self: Cell) -> None:
@@ -292,7 +303,7 @@ class NodeHandlers:
         for key in late:
             self.assigned_unstarted.pop(key, None)
             run = self.runs.get(key)
-            if run is not None and run.phase == ASSIGNED:
+            if run is not None and run.phase == RunPhase.ASSIGNED:
                 self.on_lease_lost(
                     run, f"run never started within {self.config.start_lease_s:.0f}s"
                 )
@@ -305,10 +316,10 @@ class NodeHandlers:
                 continue
             for node_id in tuple(run.held):
                 node = self.index.nodes[node_id]
-                if node.state != DOWN:
+                if node.state != NodeState.DOWN:
                     self.set_node_state(
                         node,
-                        DOWN,
+                        NodeState.DOWN,
                         f"stop of {run.job_id}#{run.run} unconfirmed "
                         f"for {self.config.stop_lease_s:.0f}s",
                     )
@@ -322,53 +333,59 @@ class NodeHandlers:
                 run is None
                 or job is None
                 or job.run != number
-                or run.phase not in (ASSIGNED, RUNNING)
+                or run.phase not in (RunPhase.ASSIGNED, RunPhase.RUNNING)
             ):
+                continue
+            if self.refused(job, self.end_action(job, "timeout")):
                 continue
             self.end_run(run, confirmed=(), reason="time limit")
             self.retry_or_fail(
                 job,
-                "timeout",
+                RunCause.TIMEOUT,
                 f"ran past its limit of "
                 f"{(run.limit_ms - run.started_ms) / 1000:.0f}s "
                 f"(estimate {run.estimate_s:.0f}s)",
             )
 
     def on_lease_lost(self: Cell, run: Run, reason: str) -> None:
-        job = self.jobs.get(run.job_id)
-        self.end_run(run, confirmed=(), reason=reason)
-        if job is not None and job.run == run.run and job.state in lc.ACTIVE:
-            self.retry_or_fail(job, "lease_expired", reason)
+        self.on_node_lost_run(run, reason, RunCause.LEASE_EXPIRED)
 
     # -- moving work off bad hardware --------------------------------------
-    def move_run(self: Cell, run: Run, reason: str) -> None:
+    def move_run(self: Cell, run: Run, reason: str, cause: RunCause) -> None:
         """Checkpoint-and-move when the run can checkpoint; otherwise a run on a
         failed GPU restarts elsewhere and one on a merely degraded GPU finishes."""
-        if run.phase not in (ASSIGNED, RUNNING):
+        if run.phase not in (RunPhase.ASSIGNED, RunPhase.RUNNING):
             return
         job = self.jobs.get(run.job_id)
         if job is None or job.run != run.run:
             return
-        if run.checkpointable and run.phase == RUNNING:
-            self.request_exit(run, "move", "", reason)
+        if run.checkpointable and run.phase == RunPhase.RUNNING:
+            self.request_exit(run, cause, "", reason)
             return
         if any(
-            self.index.nodes[n].gpu_state[i] == GPU_FAILED
-            or self.index.nodes[n].state in (DRAINING, DOWN)
+            self.index.nodes[n].gpu_state[i] == GpuState.FAILED
+            or self.index.nodes[n].state in (NodeState.DRAINING, NodeState.DOWN)
             for n, gpus in run.held.items()
             for i in gpus
         ):
+            if self.refused(job, "requeue"):
+                return
             self.end_run(run, confirmed=(), reason=reason)
             self.requeue(
                 job,
                 reason + " (not checkpointable: restarts from scratch)",
-                self.config.retry_budget("node_lost") - job.failures.get("node_lost", 0),
+                self.config.retry_budget(NODE_LOST) - job.failures.get(NODE_LOST, 0),
+                cause,
             )
 
-    def request_exit(self: Cell, run: Run, intent: str, by_job: str, reason: str) -> None:
+    def request_exit(self: Cell, run: Run, cause: RunCause, by_job: str, reason: str) -> bool:
+        """Ask the run to checkpoint and leave (``cause``: ``PREEMPTED`` or why it
+        moves); False, with nothing changed, if the table refuses it."""
         job = self.jobs[run.job_id]
-        run.phase = EXITING
-        run.exit_intent = intent
+        if self.refused(job, "checkpoint"):
+            return False
+        run.phase = RunPhase.EXITING
+        run.exit_intent = cause
         run.exit_by = by_job
         run.exit_deadline_ms = self.now_ms + int(self.config.checkpoint_grace_s * 1000)
         self.exiting[run.key] = None
@@ -384,17 +401,21 @@ class NodeHandlers:
                 run=run.run,
                 reason=reason,
             )
+        return True
 
     def finish_exit(self: Cell, run: Run) -> None:
         """The exiting run checkpointed (or its grace ran out): stop it and requeue
         its job to resume from the latest checkpoint."""
-        self.exiting.pop(run.key, None)
         job = self.jobs.get(run.job_id)
+        current = job is not None and job.run == run.run
+        if current and self.refused(job, "requeue"):
+            return
+        self.exiting.pop(run.key, None)
         reason = job.reason if job else "exit"
         self.end_run(run, confirmed=(), reason=reason)
-        if job is None or job.run != run.run:
+        if not current:
             return
-        if run.exit_intent == "preempt":
+        if run.exit_intent == RunCause.PREEMPTED:
             job.preemptions += 1
             self.emit(
                 ev.JobPreempted,
@@ -404,5 +425,8 @@ class NodeHandlers:
                 by_job_id=run.exit_by,
             )
         self.requeue(
-            job, reason, self.config.retry_budget("node_lost") - job.failures.get("node_lost", 0)
+            job,
+            reason,
+            self.config.retry_budget(NODE_LOST) - job.failures.get(NODE_LOST, 0),
+            run.exit_intent,
         )

@@ -21,8 +21,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
+from framespool.schemas.causes import RunCause
+from framespool.schemas.states import GpuState, RunPhase
 
-from .model import RUNNING, Job, Node, Run
+from .model import Job, Node, Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -136,8 +138,9 @@ class Reservations:
             self.now_ms + int((self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000),
         )
         for run in victims:
-            self.preempt_times.append(self.now_ms)
-            self.request_exit(run, "preempt", job.job_id, f"preempted by {job.job_id}: {why}")
+            reason = f"preempted by {job.job_id}: {why}"
+            if self.request_exit(run, RunCause.PREEMPTED, job.job_id, reason):
+                self.preempt_times.append(self.now_ms)
         job.reason = f"preempting {len(victims)} run(s): {why}"
 
     def plan_victims(
@@ -163,7 +166,7 @@ class Reservations:
                 if free >= per_node:
                     break
                 chosen.append(run)
-                free += sum(1 for i in run.held[node.node_id] if node.gpu_state[i] == "ok")
+                free += sum(1 for i in run.held[node.node_id] if node.gpu_state[i] == GpuState.OK)
             if free >= per_node:
                 options.append((sum(r.gpus for r in chosen), node.node_id, chosen))
         if len(options) < nodes_needed:
@@ -181,7 +184,7 @@ class Reservations:
     def eligible_victim(self: Cell, run: Run, node: Node, min_run_ms: int) -> bool:
         job = self.jobs.get(run.job_id)
         return (
-            run.phase == RUNNING
+            run.phase == RunPhase.RUNNING
             and run.preemptible
             and run.checkpointable
             and self.now_ms - run.started_ms >= min_run_ms

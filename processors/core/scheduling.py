@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
+from framespool.schemas.states import JobState, NodeState, RunPhase
 
 from . import lifecycle as lc
 from .fairshare import Flow
-from .model import STOPPING, Job, Node, Run
+from .model import Job, Node, Run
 from .placement import Placement
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,11 +51,11 @@ class Scheduling:
         self.expire_claims()
         for job_id in list(self.claims):
             job = self.jobs.get(job_id)
-            if job is not None and job.state == lc.QUEUED:
+            if job is not None and job.state == JobState.QUEUED:
                 self.try_start(job, "preemption claim", claim_only=True)
         if self.reservation_job:
             holder = self.jobs.get(self.reservation_job)
-            if holder is None or holder.state != lc.QUEUED:
+            if holder is None or holder.state != JobState.QUEUED:
                 self.clear_reservation()
             elif not self.try_start(holder, "reservation holder", holder=True) and full:
                 self.reserve(holder)
@@ -151,8 +152,7 @@ class Scheduling:
                 best = (placement, shape)
         if best is None:
             return False
-        self.commit(job, best[0], best[1], why)
-        return True
+        return self.commit(job, best[0], best[1], why)
 
     def node_filter(
         self: Cell, job: Job, estimate_s: float, holder: bool, claim_only: bool
@@ -196,7 +196,10 @@ class Scheduling:
 
     def commit(
         self: Cell, job: Job, placement: Placement, shape: tuple[int, int, float], why: str
-    ) -> None:
+    ) -> bool:
+        """Place ``job`` (False, with nothing changed, if the table refuses ``assign``)."""
+        if self.refused(job, "assign"):
+            return False
         gpus, per_node, estimate = shape
         self.dequeue(job)
         job.run += 1
@@ -261,22 +264,23 @@ class Scheduling:
                 estimate_s=estimate,
                 resume_from=job.checkpoint,
             )
+        return True
 
     # -- ending runs ------------------------------------------------------------
     def end_run(self: Cell, run: Run, confirmed: tuple[str, ...], reason: str) -> None:
         """The run is over for the scheduler: release the GPUs of nodes whose
         processes are known gone, and tell the others to stop (their GPUs stay
         held until they confirm)."""
-        if run.phase != STOPPING:
+        if run.phase != RunPhase.STOPPING:
             self.settle(run)
-            run.phase = STOPPING
+            run.phase = RunPhase.STOPPING
             run.stop_sent_ms = self.now_ms
             self.exiting.pop(run.key, None)
             self.assigned_unstarted.pop(run.key, None)
             self.stopping[run.key] = None
         for node_id in tuple(run.held):
             node = self.index.nodes[node_id]
-            if node_id in confirmed or node.state == "DOWN":
+            if node_id in confirmed or node.state == NodeState.DOWN:
                 self.release_slice(run, node_id)
             else:
                 self.emit(
@@ -316,9 +320,9 @@ class Scheduling:
         org.gpus -= len(gpus)
         user.gpus -= len(gpus)
         self.tier_use[run.tier] -= len(gpus)
-        if run.phase != STOPPING:
+        if run.phase != RunPhase.STOPPING:
             self.settle(run)
-            run.phase = STOPPING
+            run.phase = RunPhase.STOPPING
             self.stopping[run.key] = None
         if not run.held:
             self.stopping.pop(run.key, None)

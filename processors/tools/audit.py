@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.core import lifecycle as lc
-from framespool.processors.core.model import DOWN, GPU_OK, Job, Node
+from framespool.processors.core.model import Job, Node
 from framespool.processors.tools.history import (
     LogContents,
     Refold,
@@ -26,6 +25,7 @@ from framespool.processors.tools.history import (
 )
 from framespool.processors.tools.timeline import Entry, job_timeline
 from framespool.schemas import events as ev
+from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState
 
 
 # --------------------------------------------------------------------------
@@ -40,14 +40,14 @@ def explain_wait(cell: Cell, job_id: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "job_id": job_id,
         "state": job.state,
-        "waiting": job.state == lc.QUEUED,
+        "waiting": job.state == JobState.QUEUED,
         "cell": cell.cell_id,
         "now_ms": cell.now_ms,
         "queued_for_s": round((cell.now_ms - job.queued_ms) / 1000, 3),
         "cell_reason": job.reason,
         "wait_estimate_s": round(job.wait_estimate_s, 3),
     }
-    if job.state != lc.QUEUED:
+    if job.state != JobState.QUEUED:
         out["run"] = run_status(cell, job)
         return out
     out["fair_share"] = fair_position(cell, job)
@@ -204,7 +204,7 @@ def shape_view(cell: Cell, job: Job, shape: tuple[int, int, float]) -> dict[str,
     exists = sum(
         1
         for n in cell.index.nodes.values()
-        if n.state != DOWN
+        if n.state != NodeState.DOWN
         and n.total >= per
         and (not job.spec.gpu_type or n.gpu_type == job.spec.gpu_type)
     )
@@ -238,19 +238,19 @@ def capacity(cell: Cell) -> dict[str, Any]:
     unhealthy = []
     for node in cell.index.nodes.values():
         nodes[node.state] += 1
-        if node.state != "UP":
+        if node.state != NodeState.UP:
             unhealthy.append(
                 {"node": node.node_id, "state": node.state, "reason": node.state_reason}
             )
         for i in range(node.total):
-            if node.state == DOWN:
-                gpus["down"] += 1
+            if node.state == NodeState.DOWN:
+                gpus[GpuSlot.DOWN] += 1
             elif node.owner[i] is not None:
-                gpus["busy"] += 1
-            elif node.gpu_state[i] != GPU_OK:
+                gpus[GpuSlot.BUSY] += 1
+            elif node.gpu_state[i] != GpuState.OK:
                 gpus[node.gpu_state[i]] += 1
             else:
-                gpus["free" if node.schedulable else "idle_not_schedulable"] += 1
+                gpus[GpuSlot.FREE if node.schedulable else "idle_not_schedulable"] += 1
     return {
         "free_schedulable": cell.index.free_total,
         "gpus": dict(gpus),

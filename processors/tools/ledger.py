@@ -45,6 +45,7 @@ from typing import Any
 
 from framespool.processors.tools.history import parse_position
 from framespool.schemas import events as ev
+from framespool.schemas.states import NodeState
 
 RUN_REPORTS = (ev.RunStarted, ev.RunCheckpointed, ev.RunCompleted, ev.RunFailed, ev.RunStopped)
 RUN_ENDS = (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobRequeued, ev.JobPreempted)
@@ -221,7 +222,7 @@ class CellLedger:
                         self._release(key, node)
         elif isinstance(o, ev.JobRejected):
             self.finished.add(o.job_id)
-        elif isinstance(o, ev.NodeStateChanged) and o.gpu == -1 and o.state == "DOWN":
+        elif isinstance(o, ev.NodeStateChanged) and o.gpu == -1 and o.state == NodeState.DOWN:
             self._release_node(o.node_id)
 
     def _assign(self, o: ev.JobAssigned, offset: int) -> None:

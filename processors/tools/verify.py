@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.core.model import STOPPING
 from framespool.processors.tools.history import LogContents, Refold, decode_all, parse_position
 from framespool.processors.tools.ledger import (
     RUN_ENDS,
@@ -40,6 +39,7 @@ from framespool.processors.tools.ledger import (
     first_terminal_violations,
 )
 from framespool.schemas import events as ev
+from framespool.schemas.states import RunPhase
 
 EXAMPLES_PER_KIND = 20
 
@@ -105,7 +105,7 @@ def allocation_problems(cell: Cell) -> tuple[list[Violation], Counter]:
         job = cell.jobs.get(job_id)
         current = job is not None and job.run == number
         subject = f"{job_id}#{number}"
-        if run.phase != STOPPING:
+        if run.phase != RunPhase.STOPPING:
             if current:
                 status["running"] += 1
             else:
