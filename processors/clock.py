@@ -1,4 +1,4 @@
-"""The clock: the only source of time for the cells' folds (DESIGN.md §2).
+"""The clock: the only source of time for the cells' folds (docs/design.md#the-log).
 
 Every ``interval_s`` it appends ``Tick(now_ms=<wall clock>)`` to every
 partition of the scheduler topic (partition p is cell ``cell-<p>``), keyed by

@@ -1,6 +1,6 @@
 """Where each output of a fold goes: topic, key and partition (pure).
 
-The rules (DESIGN.md §2):
+The rules (docs/design.md#the-log):
 
 - ``StartRun``/``StopRun``/``CheckpointRun`` (``framespool.processors.core.AGENT_COMMANDS``)
   go to the assignments topic, keyed by ``node_id``, at the partition the

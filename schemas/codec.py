@@ -1,4 +1,4 @@
-"""Avro single-object encoding of framespool events (DESIGN.md §2).
+"""Avro single-object encoding of framespool events (docs/design.md#encoding-and-schema-evolution).
 
 Theory of operation
 -------------------

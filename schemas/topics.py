@@ -1,7 +1,7 @@
 """The topic catalogue: every topic, consumer group and store name in one place.
 
 Partition counts are fixed up front because the embedded broker cannot add
-partitions later (BROKER-NOTES.md); topics are created explicitly.
+partitions later (docs/broker-notes.md#tansu-what-is-broken); topics are created explicitly.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Theory of operation
 This module moves bytes; it knows nothing about events (``framespool.schemas.codec`` turns
 events into bytes and back). It implements ``framespool.log.port`` (the in-memory
 fake is ``framespool.log.memory``) and handles the broker's quirks in one place
-(``docs/broker-notes.md``; the embedded broker is Tansu):
+(``docs/broker-notes.md#tansu-what-is-broken``; the embedded broker is Tansu):
 
 1. Topics are created explicitly with the catalogue's partition counts. Tansu
    cannot add partitions later and auto-creates unknown topics with 4, so the
@@ -87,7 +87,7 @@ def create_topics(
     if not wanted:
         return []
     # The AdminClient must stay referenced until its futures resolve
-    # (docs/broker-notes.md); ``admin`` lives until this function returns.
+    # (docs/broker-notes.md#confluent-kafka); ``admin`` lives until this function returns.
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **conf})
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=n) for name, n in wanted.items()],

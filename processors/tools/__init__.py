@@ -1,4 +1,5 @@
-"""Tools that reuse the core on the log (DESIGN.md §6): ``replay``, ``audit``, ``verify``.
+"""Tools that reuse the core on the log: ``replay``, ``audit``, ``verify``
+(docs/design.md#tools-that-reuse-the-core).
 
 Each tool is pure logic over records and decoded events (``history``,
 ``replay``, ``audit``, ``verify``, ``ledger``) plus one thin reader

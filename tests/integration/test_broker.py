@@ -68,7 +68,7 @@ def test_broker_on_a_given_port_refuses_a_taken_one(tmp_path):
 
 
 def test_s3_storage_keeps_the_log_across_a_restart(tmp_path, s3_endpoint):
-    """The durable variant (BROKER-NOTES): same cluster id and bucket → same log."""
+    """The durable variant (docs/broker-notes.md#durable-storage-on-s3): same cluster id and bucket → same log."""
     bucket = f"tansu-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
     env = {"AWS_ENDPOINT": s3_endpoint, "AWS_ALLOW_HTTP": "true"}  # credentials: inherited

@@ -33,7 +33,7 @@ from framespool.log.memory import MemoryLog
 from framespool.schemas.topics import Topic
 
 N = 40
-# Short group timeouts: the broker holds a join for half the session (docs/broker-notes.md).
+# Short group timeouts: the broker holds a join for half the session (docs/broker-notes.md#consumer-groups).
 FAST_GROUP = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
 # An unknown topic fails after 1 s rather than 10 (the producer's metadata wait).
 FAST_FAIL = {"topic.metadata.propagation.max.ms": 1000}

@@ -1,5 +1,5 @@
 """A test harness around one Cell: feeds events, plays the agents, and checks
-the DESIGN.md invariants after every single step."""
+the invariants (docs/design.md#invariants) after every single step."""
 
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ NESTED_EXPANDED = parse_nested_expanded()
 
 @pytest.mark.parametrize("cls", ev.EVENT_TYPES, ids=lambda c: c.__name__)
 def test_fingerprint_matches_fastavro_expand_true(cls):
-    """BROKER-NOTES' recipe, with every level expanded, gives the codec's fingerprint."""
+    """The recipe of docs/broker-notes.md#fastavro-single-object-encoding, with every level expanded, gives the codec's fingerprint."""
     raw = json.loads((AVRO_DIR / f"{cls.__name__}.avsc").read_text())
     expanded = parse_schema(raw, dict(NESTED_EXPANDED), expand=True)
     hex_le = fastavro_fingerprint(to_parsing_canonical_form(expanded), "CRC-64-AVRO")

@@ -1,4 +1,5 @@
-"""The lifecycle table is asked before anything changes (STYLE.md rule 5), and every
+"""The lifecycle table is asked before anything changes
+(docs/design.md#job-lifecycle-and-fencing), and every
 run the core ends carries a machine-readable cause (``framespool.schemas.causes``).
 
 Fencing keeps illegal transitions out of reach of well-formed inputs, so these

@@ -1,4 +1,4 @@
-"""Property-based tests of the cell core's invariants (DESIGN.md §3-§4).
+"""Property-based tests of the cell core's invariants (docs/design.md#invariants).
 
 Random action sequences drive a Cell through a harness that plays the agents
 (sometimes badly: stale, duplicated, late reports; silent and returning

@@ -24,7 +24,7 @@ NO_DEFAULT = object()
 
 
 def expected_avro_type(hint: typing.Any) -> typing.Any:
-    """The Avro type a Python annotation maps to (DESIGN.md §2, schemas/codec.py)."""
+    """The Avro type a Python annotation maps to (docs/design.md#encoding-and-schema-evolution, schemas/codec.py)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is str:
         return "string"

@@ -1,4 +1,5 @@
-"""Old writer schemas stay readable (DESIGN.md §2, STYLE.md rule 3: schemas only grow).
+"""Old writer schemas stay readable (docs/design.md#encoding-and-schema-evolution:
+schemas only grow).
 
 ``schemas/avro/history/<Name>.v<N>.avsc`` freezes what an event looked like
 before it changed. Messages framed with such a fingerprint decode into today's
