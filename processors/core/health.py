@@ -49,7 +49,9 @@ def classify(sample: GpuHealth, config: CellConfig) -> tuple[GpuState, str, RunC
     return GpuState.OK, "healthy", RunCause.UNRECORDED
 
 
-def next_gpu_state(current: str, sample_state: str, healthy_streak: int, config: CellConfig) -> str:
+def next_gpu_state(
+    current: GpuState, sample_state: GpuState, healthy_streak: int, config: CellConfig
+) -> GpuState:
     """Apply hysteresis: failure is sticky, degradation clears only after
     ``healthy_samples_to_recover`` healthy samples."""
     if current == GpuState.FAILED:

@@ -243,11 +243,12 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs.get(run.job_id)
-        current = job is not None and job.run == run.run
-        if current and self.refused(job, self.end_action(job, NODE_LOST), event):
+        if job is not None and job.run != run.run:
+            job = None  # an old run's exit: it only confirms this node's processes are gone
+        if job is not None and self.refused(job, self.end_action(job, NODE_LOST), event):
             return
         self.release_slice(run, event.node_id)
-        if current:
+        if job is not None:
             # The agent stopped a run nobody asked it to stop (it shut down):
             # the run is lost; resume it elsewhere from its last checkpoint.
             self.end_run(run, confirmed=(), reason="stopped by agent")
@@ -296,7 +297,7 @@ class JobHandlers:
         job: Job,
         reason: str,
         retries_left: int = -1,
-        cause: RunCause = RunCause.UNRECORDED,
+        cause: str = RunCause.UNRECORDED,
         failure_class: str = "",
     ) -> None:
         """Back to the queue; the caller has checked ``requeue`` against the table."""
@@ -347,9 +348,10 @@ class JobHandlers:
         table refuses is recorded instead of applied."""
         job = self.jobs.get(run.job_id)
         # A run already over (its job requeued, not yet placed again) costs nothing more.
-        current = job is not None and job.run == run.run and job.state in lc.ACTIVE
-        if current and self.refused(job, self.end_action(job, RETRY_CLASS[cause])):
-            current = False
+        if job is not None and (job.run != run.run or job.state not in lc.ACTIVE):
+            job = None
+        if job is not None and self.refused(job, self.end_action(job, RETRY_CLASS[cause])):
+            job = None
         self.end_run(run, confirmed=(), reason=reason)
-        if current:
+        if job is not None:
             self.retry_or_fail(job, cause, reason)

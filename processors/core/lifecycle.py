@@ -46,7 +46,7 @@ TRANSITIONS: dict[tuple[JobState, str], JobState] = {
 }
 
 
-def allowed(state: str, action: str) -> bool:
+def allowed(state: JobState, action: str) -> bool:
     """Whether the table lists ``action`` from ``state``: ask before changing anything."""
     return (state, action) in TRANSITIONS
 
@@ -65,7 +65,7 @@ class IllegalTransition(Exception):
         self.reason = refusal(state, action)
 
 
-def next_state(job_id: str, state: str, action: str) -> JobState:
+def next_state(job_id: str, state: JobState, action: str) -> JobState:
     try:
         return TRANSITIONS[(state, action)]
     except KeyError:

@@ -190,9 +190,10 @@ class NodeHandlers:
             run.last_report_ms = self.now_ms
             if run.phase == RunPhase.ASSIGNED:
                 job = self.jobs.get(run.job_id)
-                current = job is not None and job.run == run.run
-                if not (current and self.refused(job, "start", event)):
-                    if current:
+                if job is not None and job.run != run.run:
+                    job = None
+                if job is None or not self.refused(job, "start", event):
+                    if job is not None:
                         job.state = lc.next_state(job.job_id, job.state, "start")
                     run.phase = RunPhase.RUNNING
                     run.started_ms = self.now_ms
@@ -407,13 +408,14 @@ class NodeHandlers:
         """The exiting run checkpointed (or its grace ran out): stop it and requeue
         its job to resume from the latest checkpoint."""
         job = self.jobs.get(run.job_id)
-        current = job is not None and job.run == run.run
-        if current and self.refused(job, "requeue"):
+        reason = job.reason if job else "exit"
+        if job is not None and job.run != run.run:
+            job = None
+        if job is not None and self.refused(job, "requeue"):
             return
         self.exiting.pop(run.key, None)
-        reason = job.reason if job else "exit"
         self.end_run(run, confirmed=(), reason=reason)
-        if not current:
+        if job is None:
             return
         if run.exit_intent == RunCause.PREEMPTED:
             job.preemptions += 1
