@@ -210,6 +210,7 @@ class ProcessorRunner:
                     producer.close(timeout=self.flush_timeout_s if clean else 1.0)
                 except LogError as exc:
                     log.error("producer close: %s", exc)
+            self.counters.fenced = len(self.processor.fenced)
             log.info("stopped (%s): %s", "clean" if clean else "failed", self.counters)
 
     def turn(self, consumer: LogConsumer, producer: LogProducer) -> None:

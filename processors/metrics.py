@@ -21,6 +21,7 @@ HELP = {
     "dead_letters": "records sent to the dead-letter topic",
     "snapshots": "state+offset snapshots written",
     "commit_failures": "offset commits that failed",
+    "fenced": "partitions dropped because another instance claimed them (zombie fencing)",
 }
 
 

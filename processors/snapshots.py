@@ -326,14 +326,15 @@ class StatefulProcessor:
             )
         self._parts.clear()
 
-    def _fence(self, partition: int, owner_epoch: int, by: str) -> None:
+    def _fence(self, partition: int, owner_epoch: int, by: str, why: str) -> None:
         mine = self._parts.pop(partition).epoch
         self.fenced.append((partition, mine, owner_epoch))
         log.warning(
-            "%s: fenced off partition %d: my owner epoch %d, %r claimed epoch %d; dropping it "
-            "without producing, snapshotting or committing more",
+            "%s: fenced off partition %d (%s): my owner epoch %d, %r claimed epoch %d; "
+            "dropping it without producing, snapshotting or committing more",
             self.fold_.name,
             partition,
+            why,
             mine,
             by,
             owner_epoch,
@@ -358,7 +359,7 @@ class StatefulProcessor:
                 log.warning("%s: cannot verify ownership of %d: %s", self.fold_.name, p, exc)
                 continue
             if owner.epoch != part.epoch:
-                self._fence(p, owner.epoch, owner.instance)
+                self._fence(p, owner.epoch, owner.instance, "ownership check")
                 fenced.append(p)
             else:
                 part.verified_at = now
@@ -454,7 +455,9 @@ class StatefulProcessor:
                 payload = pickle.dumps(part.state, protocol=pickle.HIGHEST_PROTOCOL)
                 self.shared.publish(meta, payload)
             except StaleEpoch as exc:
-                self._fence(p, exc.owner, exc.by)
+                self._fence(
+                    p, exc.owner, exc.by, f"its snapshot at offset {part.offset} was refused"
+                )
                 continue
             except SharedStoreError as exc:
                 log.warning("%s: shared snapshot of %d not published: %s", self.fold_.name, p, exc)

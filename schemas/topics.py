@@ -11,13 +11,43 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Topic:
+    """A topic as created: name, partition count, and how long the broker keeps records.
+
+    ``retention_ms``/``retention_bytes`` (None: the broker's default) become the
+    topic configs ``retention.ms``/``retention.bytes``. Kafka honours them; the
+    embedded broker (Tansu) accepts and ignores them. Bounded retention is safe
+    for a stateful processor's input only because recovery starts from the newest
+    shared snapshot (``framespool.processors.shared_snapshots``), published every
+    few seconds: keep retention far above the publish interval plus the longest
+    outage to survive.
+    """
+
     name: str
     partitions: int
     key: str  # what the record key is, for readers of the catalogue
+    retention_ms: int | None = None
+    retention_bytes: int | None = None  # per partition, as Kafka counts it
+
+    def configs(self) -> dict[str, str]:
+        """The topic configs to create it with."""
+        out = {}
+        if self.retention_ms is not None:
+            out["retention.ms"] = str(self.retention_ms)
+        if self.retention_bytes is not None:
+            out["retention.bytes"] = str(self.retention_bytes)
+        return out
 
 
-COMMANDS = Topic("framespool.commands", 4, "tenant")
-SCHEDULER = Topic("framespool.scheduler", 4, "cell id; partition p is cell 'cell-<p>'")
+# The processors' inputs are folded into snapshots, so they need not be kept forever.
+INPUT_RETENTION_MS = 7 * 24 * 3600 * 1000
+
+COMMANDS = Topic("framespool.commands", 4, "tenant", retention_ms=INPUT_RETENTION_MS)
+SCHEDULER = Topic(
+    "framespool.scheduler",
+    4,
+    "cell id; partition p is cell 'cell-<p>'",
+    retention_ms=INPUT_RETENTION_MS,
+)
 ASSIGNMENTS = Topic("framespool.assignments", 8, "node id")
 JOB_EVENTS = Topic("framespool.job-events", 4, "job id")
 PROGRESS = Topic("framespool.progress", 4, "job id")

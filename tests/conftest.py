@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ class TopicSet:
         mine = []
         for attr, topic in vars(catalogue).items():
             if isinstance(topic, Topic):
-                copy = Topic(f"{topic.name}.{suffix}", topic.partitions, topic.key)
+                copy = replace(topic, name=f"{topic.name}.{suffix}")  # retention too
                 setattr(self, attr, copy)
                 mine.append(copy)
         self.all: tuple[Topic, ...] = tuple(mine)

@@ -81,16 +81,19 @@ def create_topics(
     Idempotent: a topic that already exists with the same partition count is fine;
     one with a different count raises :class:`TopicMismatch` (partitions cannot be
     added on Tansu, and keyed placement depends on the count). The replication
-    factor is the broker's default.
+    factor is the broker's default; ``Topic.configs()`` (retention) goes along
+    with the creation only (an existing topic keeps its configs).
     """
+    topics = list(topics)
     wanted = {t.name: t.partitions for t in topics}
     if not wanted:
         return []
+    configs = {t.name: t.configs() for t in topics}
     # The AdminClient must stay referenced until its futures resolve
     # (docs/broker-notes.md#confluent-kafka); ``admin`` lives until this function returns.
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **conf})
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=n) for name, n in wanted.items()],
+        [NewTopic(name, num_partitions=n, config=configs[name]) for name, n in wanted.items()],
         operation_timeout=timeout,
         request_timeout=timeout,
     )

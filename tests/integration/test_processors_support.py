@@ -50,6 +50,7 @@ class InProcess:
         instance: str = "",
         max_batch: int = 500,
         store: SnapshotStore | None = None,
+        **processor_options: Any,  # StatefulProcessor's keywords (shared=, namespace=, ...)
     ) -> None:
         if role == "scheduler":
             fold: Any = SchedulerFold(config or CellConfig(), topics)
@@ -58,7 +59,8 @@ class InProcess:
             fold = AdmissionFold(config or AdmissionConfig(), topics)
             topic, group = topics.COMMANDS, catalogue.ADMISSION_GROUP
         self.store = store or SnapshotStore(data_dir / role, topic.name)
-        processor = StatefulProcessor(fold, self.store, topic.name)
+        processor_options.setdefault("instance", instance or "default")
+        processor = StatefulProcessor(fold, self.store, topic.name, **processor_options)
         self.runner = ProcessorRunner(
             processor,
             bootstrap,
