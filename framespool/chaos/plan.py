@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framespool.schemas import events as ev
+from framespool.schemas.causes import MOVES, RunCause
 
 # -- fault kinds ------------------------------------------------------------------
 KILL_AGENT = "kill_agent"  # SIGKILL agent + its generators, restart later
@@ -566,6 +567,15 @@ def ignored_reports(ordered: Sequence[Any]) -> dict[str, int]:
     )
 
 
+# A checkpoint-and-move's cause -> the fault kind that cost the run.
+MOVE_KINDS = {
+    RunCause.GPU_ECC: ECC_GPU,
+    RunCause.GPU_THROTTLED: THROTTLE_GPU,
+    RunCause.STRAGGLER: "straggler",
+    RunCause.NODE_DRAINING: "move",
+}
+
+
 def classify_run_end(
     end: Any,
     preempted: bool,
@@ -574,31 +584,23 @@ def classify_run_end(
     nodes: Sequence[str],
     fault_log: Sequence[Mapping[str, Any]],
 ) -> str:
-    """Which fault kind cost a run, from the event that ended it and the fault log."""
-    if preempted:
+    """Which fault kind cost a run, from the cause code of the event that ended it
+    (``framespool.schemas.causes``) and the fault log."""
+    cause = getattr(end, "cause", RunCause.UNRECORDED)
+    if preempted or cause == RunCause.PREEMPTED:
         return "preemption"
     if isinstance(end, ev.JobCancelled):
         return "cancel"
-    reason = end.reason if hasattr(end, "reason") else ""
-    cls = end.failure_class if isinstance(end, ev.JobFailed) else ""
-    m = re.match(r"retry after (\w+):", reason or "")
-    if m:
-        cls = m.group(1)
-    if "checkpoint-and-move" in reason or "draining" in reason:
-        if "ECC" in reason:
-            return ECC_GPU
-        if "thermal" in reason or "clock throttled" in reason:
-            return THROTTLE_GPU
-        if "straggler" in reason:
-            return "straggler"
-        return "move"
-    if cls == "hung" and role == HANG:
+    cls = getattr(end, "failure_class", "")
+    if cause in MOVES:
+        return MOVE_KINDS[cause]
+    if cause == RunCause.HUNG and role == HANG:
         return HANG_GENERATOR
-    if cls == "hung" and wedged:
+    if cause == RunCause.HUNG and wedged:
         return WEDGE_GENERATOR
-    if cls == "generator_error" and role == CRASH:
+    if cause == RunCause.GENERATOR_ERROR and role == CRASH:
         return CRASH_GENERATOR
-    if cls == "timeout":
+    if cause == RunCause.TIMEOUT:
         return "timeout"
     # Anything else is blamed on the latest node fault on one of the run's nodes (a
     # stalled agent may also take a healthy generator for hung), if there is one.

@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
+from framespool.schemas.causes import MOVES, RunCause
+from framespool.schemas.states import JobState
 
 from .fleet import SimJob, SimRun
 from .workload import idx_of
@@ -30,13 +32,16 @@ def placement_text(placement: tuple[ev.NodeSlice, ...]) -> str:
     return ";".join(f"{s.node_id}:{'+'.join(str(g) for g in s.gpus)}" for s in placement)
 
 
-def requeue_outcome(reason: str) -> str:
-    if reason.startswith("retry after "):
-        return "requeued:" + reason[len("retry after ") :].split(":", 1)[0]
-    if reason.startswith("checkpoint-and-move"):
-        return "moved"
-    if reason.startswith("preempted"):
-        return "preempted"
+def requeue_outcome(event: ev.JobRequeued) -> str:
+    """How runs.csv names a run that ended in ``event``, from its cause code:
+    ``moved:<cause>`` off bad hardware, ``preempted``, ``requeued:<retry class>``
+    after a failure, or plain ``requeued`` when the cause was not recorded."""
+    if event.cause in MOVES:
+        return f"moved:{event.cause}"
+    if event.cause == RunCause.PREEMPTED:
+        return RunCause.PREEMPTED
+    if event.failure_class:
+        return "requeued:" + event.failure_class
     return "requeued"
 
 
@@ -87,7 +92,7 @@ class JobEvents:
 
     def _rejected(self: Simulation, o: ev.JobRejected) -> None:
         self.recorder.count("rejected:" + o.reason)
-        self._terminal(o.job_id, "REJECTED")
+        self._terminal(o.job_id, JobState.REJECTED)
 
     def _assigned(self: Simulation, o: ev.JobAssigned) -> None:
         job = self._job(o.job_id, o)
@@ -129,13 +134,13 @@ class JobEvents:
         job = self._job(o.job_id, o)
         if job is not None:
             self.recorder.count("preemptions")
-            self._close_run(job, o.run, "preempted")
+            self._close_run(job, o.run, RunCause.PREEMPTED)
 
     def _requeued(self: Simulation, o: ev.JobRequeued) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
             self.recorder.count("requeues")
-            self._close_run(job, o.run, requeue_outcome(o.reason))
+            self._close_run(job, o.run, requeue_outcome(o))
             self._enqueue(job)
 
     def _completed(self: Simulation, o: ev.JobCompleted) -> None:
@@ -146,21 +151,21 @@ class JobEvents:
                     "completed_without_work",
                     f"{o.job_id}#{o.run} completed, but its processes never finished that run",
                 )
-            self._close_run(job, o.run, "completed")
-        self._terminal(o.job_id, "COMPLETED")
+            self._close_run(job, o.run, RunCause.COMPLETED)
+        self._terminal(o.job_id, JobState.COMPLETED)
 
     def _failed(self: Simulation, o: ev.JobFailed) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
             self._close_run(job, o.run, f"failed:{o.failure_class}")
             self.recorder.count("failed:" + o.failure_class)
-        self._terminal(o.job_id, "FAILED")
+        self._terminal(o.job_id, JobState.FAILED)
 
     def _cancelled(self: Simulation, o: ev.JobCancelled) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
-            self._close_run(job, o.run, "cancelled")
-        self._terminal(o.job_id, "CANCELLED")
+            self._close_run(job, o.run, RunCause.CANCELLED)
+        self._terminal(o.job_id, JobState.CANCELLED)
 
     def _ignored(self: Simulation, o: ev.ReportIgnored) -> None:
         self.recorder.count("ignored_reports")

@@ -14,6 +14,7 @@ from framespool.processors.tools.verify import VerifyReport, verify
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.causes import MOVES, RunCause
 from framespool.schemas.events import NodeSlice
 from tests.unit.test_tools_support import CellLog, clean_history
 
@@ -114,7 +115,7 @@ def assigned(pos, job, run, node="n0", gpus=(0,), resume=None):
     )
 
 
-def requeued(pos, job, run, reason, resume=None):
+def requeued(pos, job, run, reason, resume=None, cause=RunCause.UNRECORDED, failure_class=""):
     return ev.JobRequeued(
         event_id=f"cell-0@{pos}/0",
         ts_ms=pos * 1000,
@@ -122,6 +123,8 @@ def requeued(pos, job, run, reason, resume=None):
         run=run,
         reason=reason,
         resume_from=resume,
+        cause=cause,
+        failure_class=failure_class,
     )
 
 
@@ -360,10 +363,24 @@ def test_run_ends_are_blamed_on_the_fault_that_caused_them():
         kw.get("nodes", ["n1"]),
         log,
     )
-    down = requeued(8, "a", 1, "retry after node_lost: node n1 down: no heartbeat for 6.1s")
+    down = requeued(
+        8,
+        "a",
+        1,
+        "retry after node_lost: node n1 down: no heartbeat for 6.1s",
+        cause=RunCause.NODE_DOWN,
+        failure_class="node_lost",
+    )
     assert blame(down) == chaos.KILL_AGENT
     assert blame(down, nodes=["n3"]) == "node_lost (no injected fault)"
-    stalled = requeued(12, "a", 1, "retry after hung: no progress for 3s (last step 9)")
+    stalled = requeued(
+        12,
+        "a",
+        1,
+        "retry after hung: no progress for 3s (last step 9)",
+        cause=RunCause.HUNG,
+        failure_class="hung",
+    )
     assert blame(stalled, nodes=["n2"]) == chaos.PAUSE_AGENT  # its agent was stopped
     assert blame(stalled, wedged=True) == chaos.WEDGE_GENERATOR
     assert blame(stalled, role=chaos.HANG) == chaos.HANG_GENERATOR
@@ -374,6 +391,7 @@ def test_run_ends_are_blamed_on_the_fault_that_caused_them():
         run=3,
         reason="x",
         failure_class="generator_error",
+        cause=RunCause.GENERATOR_ERROR,
     )
     assert blame(crash, role=chaos.CRASH) == chaos.CRASH_GENERATOR
     move = requeued(
@@ -381,11 +399,40 @@ def test_run_ends_are_blamed_on_the_fault_that_caused_them():
         "a",
         1,
         "checkpoint-and-move: node n1 draining (GPU 2 failed: uncorrectable ECC errors: 1)",
+        cause=RunCause.GPU_ECC,
     )
     assert blame(move) == chaos.ECC_GPU
-    hot = requeued(4, "a", 1, "checkpoint-and-move: GPU unhealthy on n1 (thermal: 92C >= 87C)")
+    hot = requeued(
+        4,
+        "a",
+        1,
+        "checkpoint-and-move: GPU unhealthy on n1 (thermal: 92C >= 87C)",
+        cause=RunCause.GPU_THROTTLED,
+    )
     assert blame(hot) == chaos.THROTTLE_GPU
     assert blame(down, pre=True) == "preemption"
+
+
+def test_run_ends_are_classified_by_their_cause_code_not_their_wording():
+    blame = lambda end, **kw: chaos.classify_run_end(
+        end, False, kw.get("role", chaos.NORMAL), kw.get("wedged", False), ["n1"], []
+    )
+    prose = "checkpoint-and-move: node n1 draining (GPU 2 failed: uncorrectable ECC errors: 1)"
+    for cause, kind in [
+        (RunCause.GPU_ECC, chaos.ECC_GPU),
+        (RunCause.GPU_THROTTLED, chaos.THROTTLE_GPU),
+        (RunCause.STRAGGLER, "straggler"),
+        (RunCause.NODE_DRAINING, "move"),
+        (RunCause.TIMEOUT, "timeout"),
+        (RunCause.PREEMPTED, "preemption"),
+    ]:
+        assert blame(requeued(4, "a", 1, prose, cause=cause)) == kind, cause
+    # the same words with no code (an event written before causes) are not parsed
+    assert blame(requeued(4, "a", 1, prose)) == "other (no injected fault)"
+    hung = requeued(4, "a", 1, "retry after generator_error: x", cause=RunCause.HUNG)
+    assert blame(hung, role=chaos.HANG) == chaos.HANG_GENERATOR
+    assert blame(hung, role=chaos.CRASH) == "other (no injected fault)"
+    assert set(chaos.MOVE_KINDS) == set(MOVES)
 
 
 def test_waste_is_gpu_time_from_the_last_checkpoint_to_the_end_of_the_run():
