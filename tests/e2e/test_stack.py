@@ -1,8 +1,8 @@
 """The whole embedded stack, through its CLI and HTTP API.
 
-One stack per module (starting it takes seconds): broker, processors, clock,
-API with projections, and four agents with 8 simulated GPUs each, in two
-rails. The demo generator runs sped up.
+One stack per module (starting it takes seconds): broker, processors (two
+scheduler instances sharing the cells), clock, API with projections, and four
+agents with 8 simulated GPUs each, in two rails of one cell. The demo generator runs sped up.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def stack(tmp_path_factory):
         data_dir=tmp_path_factory.mktemp("stack"),
         port=free_port(),
         nodes=4,
+        cells=1,  # one 32-GPU cell: the gang and cancel tests need all four nodes in it
         gpus_per_node=8,
         time_scale=20.0,
         allow_private_webhooks=True,
