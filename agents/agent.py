@@ -50,7 +50,7 @@ from framespool.log import LogConsumer, LogError, LogProducer, Record, partition
 from framespool.schemas import topics as catalogue
 from framespool.schemas.codec import DecodeError, decode, encode
 from framespool.schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun
-from framespool.schemas.topics import agent_group, partition_of_cell
+from framespool.schemas.topics import Topics, agent_group, partition_of_cell
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class NodeAgent:
         incarnation: int | None = None,
         *,
         rail: str = "rail-0",
-        topics: Any = catalogue,
+        topics: Topics = catalogue,
         progress_interval_s: float = 0.2,
     ) -> None:
         self.progress_interval_s = progress_interval_s

@@ -35,6 +35,7 @@ from framespool.processors.config_file import (
 from framespool.processors.routing import RoutingError
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
 from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topics
 from framespool.telemetry.jsonlog import setup_logging
 
 log = logging.getLogger("processors")
@@ -96,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_runner(args: argparse.Namespace, topics: Any) -> ProcessorRunner:
+def build_runner(args: argparse.Namespace, topics: Topics) -> ProcessorRunner:
     """Wire one stateful processor instance (raises ConfigError/RoutingError when it can't)."""
     from framespool.processors.admission import AdmissionFold
     from framespool.processors.scheduler import SchedulerFold

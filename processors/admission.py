@@ -11,7 +11,6 @@ of the scheduler topic and to job-events (``framespool.processors.routing.destin
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from framespool.log import Record
 from framespool.processors.core.admission import ADMISSION_INPUTS, AdmissionConfig, AdmissionState
@@ -23,6 +22,7 @@ from framespool.processors.routing import (
     encode_outputs,
 )
 from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def position(partition: int, offset: int) -> str:
 class AdmissionFold:
     name = "admission"
 
-    def __init__(self, config: AdmissionConfig | None = None, topics: Any = catalogue) -> None:
+    def __init__(self, config: AdmissionConfig | None = None, topics: Topics = catalogue) -> None:
         self.config = config or AdmissionConfig()
         self.topics = topics
         for cell in self.config.cells:  # fail at start-up, not on the first job

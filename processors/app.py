@@ -44,18 +44,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
-from typing import Any
 
-from framespool.log import LogConsumer, LogError, LogProducer, TopicPartition
+from framespool.log import (
+    Consumer,
+    ConsumerFactory,
+    LogConsumer,
+    LogError,
+    LogProducer,
+    Producer,
+    ProducerFactory,
+    TopicPartition,
+)
 from framespool.processors.routing import Outgoing
 from framespool.processors.shared_snapshots import SharedStoreError
 from framespool.processors.snapshots import StatefulProcessor
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from framespool.schemas.topics import Topic
+from framespool.schemas.topics import Topic, Topics, TopicSet
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +89,7 @@ class SetupError(RuntimeError):
     """The input topic is missing or has another partition count than the catalogue."""
 
 
-def topics_with_suffix(suffix: str = "") -> Any:
+def topics_with_suffix(suffix: str = "") -> Topics:
     """The catalogue's topics, named ``<name>.<suffix>`` when a suffix is given (as the
     tests' ``fresh_topics`` does); same attribute names and partition counts."""
     if not suffix:
@@ -93,7 +99,7 @@ def topics_with_suffix(suffix: str = "") -> Any:
         for attr, t in vars(catalogue).items()
         if isinstance(t, Topic)
     }
-    return SimpleNamespace(**renamed)
+    return TopicSet(**renamed)
 
 
 @dataclass
@@ -125,8 +131,8 @@ class ProcessorRunner:
         max_batch: int = 500,
         poll_timeout_s: float = 0.1,
         flush_timeout_s: float = 60.0,
-        consumer_factory: Callable[..., Any] | None = None,
-        producer_factory: Callable[..., Any] | None = None,
+        consumer_factory: ConsumerFactory | None = None,
+        producer_factory: ProducerFactory | None = None,
     ) -> None:
         self.processor = processor
         self.bootstrap = bootstrap
@@ -138,11 +144,11 @@ class ProcessorRunner:
         self.max_batch = max_batch
         self.poll_timeout_s = poll_timeout_s
         self.flush_timeout_s = flush_timeout_s
-        self._new_consumer = consumer_factory or LogConsumer  # fakes in unit tests
-        self._new_producer = producer_factory or LogProducer
+        self._new_consumer: ConsumerFactory = consumer_factory or LogConsumer  # fakes in tests
+        self._new_producer: ProducerFactory = producer_factory or LogProducer
         self.counters = Counters()
         self.assigned = threading.Event()  # set after the first assignment (tests, readiness)
-        self._consumer: LogConsumer | None = None
+        self._consumer: Consumer | None = None
 
     # -- rebalance callbacks (run inside poll, in this thread) -------------------
     def _on_assign(self, parts: list[TopicPartition]) -> None:
@@ -213,7 +219,7 @@ class ProcessorRunner:
             self.counters.fenced = len(self.processor.fenced)
             log.info("stopped (%s): %s", "clean" if clean else "failed", self.counters)
 
-    def turn(self, consumer: LogConsumer, producer: LogProducer) -> None:
+    def turn(self, consumer: Consumer, producer: Producer) -> None:
         """One poll-fold-produce-snapshot-commit cycle."""
         records = consumer.consume(self.max_batch, self.poll_timeout_s)  # 0
         if not records:

@@ -15,13 +15,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from framespool.log import LogError, LogProducer
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from framespool.schemas.topics import cell_of_partition
+from framespool.schemas.topics import Topics, cell_of_partition
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class Clock:
     def __init__(
         self,
         producer: LogProducer,
-        topics: Any = catalogue,
+        topics: Topics = catalogue,
         interval_s: float = 0.25,
         wall: Callable[[], float] = time.time,
     ) -> None:

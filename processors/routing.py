@@ -30,7 +30,7 @@ from framespool.processors.core.admission import CellCommand
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from framespool.schemas.topics import partition_of_cell
+from framespool.schemas.topics import Topics, partition_of_cell
 
 # Dead-letter reasons a shell adds to the codec's own (truncated, bad_magic,
 # unknown_fingerprint, malformed_body).
@@ -55,7 +55,7 @@ def _keyed(topic: Any, key: str) -> Destination:
     return Destination(topic.name, key, partition_for_key(key, topic.partitions))
 
 
-def cell_destination(cell: str, topics: Any = catalogue) -> Destination:
+def cell_destination(cell: str, topics: Topics = catalogue) -> Destination:
     """The scheduler topic's partition for ``cell`` (``cell-<p>`` lives in partition p)."""
     try:
         partition = partition_of_cell(cell)
@@ -88,7 +88,7 @@ def job_event_key(output: Any) -> str:
     return job_id
 
 
-def route(output: Any, topics: Any = catalogue) -> Destination:
+def route(output: Any, topics: Topics = catalogue) -> Destination:
     """The one destination of a cell output (``Cell.apply``)."""
     if isinstance(output, AGENT_COMMANDS):
         return _keyed(topics.ASSIGNMENTS, output.node_id)
@@ -97,7 +97,7 @@ def route(output: Any, topics: Any = catalogue) -> Destination:
     return _keyed(topics.JOB_EVENTS, job_event_key(output))
 
 
-def destinations(output: Any, topics: Any = catalogue) -> tuple[Destination, ...]:
+def destinations(output: Any, topics: Topics = catalogue) -> tuple[Destination, ...]:
     """Every destination of an output of either fold (admission or cell)."""
     if isinstance(output, CellCommand):
         return (cell_destination(output.cell, topics),)
@@ -130,7 +130,7 @@ class Outgoing:
     reason: str = ""  # why a dead letter was dead-lettered
 
 
-def encode_outputs(outputs: list[Any], topics: Any = catalogue) -> list[Outgoing]:
+def encode_outputs(outputs: list[Any], topics: Topics = catalogue) -> list[Outgoing]:
     """Every record the outputs of one input become, in output order."""
     records = []
     for output in outputs:
@@ -141,7 +141,7 @@ def encode_outputs(outputs: list[Any], topics: Any = catalogue) -> list[Outgoing
 
 
 def dead_letter(
-    record: Record, reason: str, detail: str, processor: str, topics: Any = catalogue
+    record: Record, reason: str, detail: str, processor: str, topics: Topics = catalogue
 ) -> Outgoing:
     """``record`` for the dead-letter topic: original key and value, its own headers
     plus why (``reason``, ``detail``), who and where it was dead-lettered."""
@@ -157,7 +157,7 @@ def dead_letter(
 
 
 def decode_input(
-    record: Record, accepted: tuple[type, ...], processor: str, topics: Any = catalogue
+    record: Record, accepted: tuple[type, ...], processor: str, topics: Topics = catalogue
 ) -> tuple[Any, Outgoing | None]:
     """``(event, None)`` for a record ``processor`` folds, else ``(None, dead letter)``."""
     if record.value is None:

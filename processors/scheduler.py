@@ -11,7 +11,6 @@ the outputs are routed by :func:`framespool.processors.routing.route`.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from framespool.log import Record
 from framespool.processors.core import Cell, CellConfig
@@ -24,7 +23,7 @@ from framespool.processors.routing import (
 )
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from framespool.schemas.topics import cell_of_partition
+from framespool.schemas.topics import Topics, cell_of_partition
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ def position(cell: str, offset: int) -> str:
 class SchedulerFold:
     name = "scheduler"
 
-    def __init__(self, config: CellConfig | None = None, topics: Any = catalogue) -> None:
+    def __init__(self, config: CellConfig | None = None, topics: Topics = catalogue) -> None:
         self.config = config or CellConfig()
         self.topics = topics
 

@@ -46,6 +46,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from framespool.callbacks.targets import TargetPolicy, check_address
+from framespool.log import Sender
 from framespool.producers import openapi as openapi_doc
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
 from framespool.producers.metrics import (
@@ -83,7 +84,7 @@ async def resolve_host(host: str) -> list[str]:
 class ApiConfig:
     auth: ApiKeys
     store: ViewStore
-    producer: Any  # has ``async send(topic, key, value, ...)``
+    producer: Sender  # the commands topic is written through it (a LogProducer)
     artifacts: Any = None  # framespool.agents.artifacts.ArtifactStore
     hub: Hub = field(default_factory=Hub)
     commands_topic: str = COMMANDS.name

@@ -29,9 +29,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from framespool.log import LogConsumer, Record
+from framespool.log import Consumer, LogConsumer, Record, Sender
 from framespool.projections import cluster as cluster_fold
 from framespool.projections import jobs as job_fold
 from framespool.projections.cluster import ClusterView
@@ -45,17 +44,6 @@ log = logging.getLogger(__name__)
 
 UNEXPECTED_TYPE = "unexpected_type"
 NO_VALUE = "no_value"
-
-
-class Sender(Protocol):
-    async def send(
-        self,
-        topic: str,
-        key: Any,
-        value: bytes | None,
-        partition: int | None = None,
-        headers: Any = None,
-    ) -> Any: ...
 
 
 @dataclass
@@ -106,7 +94,7 @@ class ProjectionConsumer:
         dead_letter_sender: Sender | None = None,
         hub: Hub | None = None,
         on_deliveries: Callable[[], None] | None = None,
-        consumer_factory: Callable[[], LogConsumer] | None = None,
+        consumer_factory: Callable[[], Consumer] | None = None,
         max_records: int = 500,
         poll_timeout_s: float = 0.5,
     ) -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from framespool.log import Sender
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.store import RocksViewStore, ViewStore
@@ -35,7 +35,7 @@ class ProjectionService:
         cls,
         data_dir: str | Path,
         bootstrap_servers: str,
-        producer: Any,
+        producer: Sender,
         *,
         webhooks: WebhookConfig | None = None,
         store: ViewStore | None = None,
@@ -43,7 +43,7 @@ class ProjectionService:
         progress: str = PROGRESS.name,
         dead_letter: str = DEAD_LETTER.name,
     ) -> ProjectionService:
-        """``producer`` (a ``LogProducer``) sends dead letters; ``webhooks=None`` disables them."""
+        """``producer`` (a ``LogProducer``, or the memory fake) sends dead letters; ``webhooks=None`` disables them."""
         if store is None:
             path = Path(data_dir) / PROJECTION_STORE
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ partitions later (docs/broker-notes.md#tansu-what-is-broken); topics are created
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,59 @@ PROGRESS = Topic("framespool.progress", 4, "job id")
 DEAD_LETTER = Topic("framespool.dead-letter", 1, "original key")
 
 ALL_TOPICS = (COMMANDS, SCHEDULER, ASSIGNMENTS, JOB_EVENTS, PROGRESS, DEAD_LETTER)
+
+
+class Topics(Protocol):
+    """The catalogue's shape, for code that takes its topics as a parameter: this
+    module itself (the default everywhere) or a :class:`TopicSet` of renamed copies."""
+
+    @property
+    def COMMANDS(self) -> Topic: ...
+
+    @property
+    def SCHEDULER(self) -> Topic: ...
+
+    @property
+    def ASSIGNMENTS(self) -> Topic: ...
+
+    @property
+    def JOB_EVENTS(self) -> Topic: ...
+
+    @property
+    def PROGRESS(self) -> Topic: ...
+
+    @property
+    def DEAD_LETTER(self) -> Topic: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSet:
+    """The catalogue's topics under other names, same partition counts and configs:
+    how tests (``fresh_topics``) and ``--topic-suffix`` runs share one broker."""
+
+    COMMANDS: Topic
+    SCHEDULER: Topic
+    ASSIGNMENTS: Topic
+    JOB_EVENTS: Topic
+    PROGRESS: Topic
+    DEAD_LETTER: Topic
+
+    @classmethod
+    def with_suffix(cls, suffix: str) -> TopicSet:
+        """Every catalogue topic renamed ``<name>.<suffix>``."""
+        return cls(*(replace(t, name=f"{t.name}.{suffix}") for t in ALL_TOPICS))
+
+    @property
+    def all(self) -> tuple[Topic, ...]:
+        return (
+            self.COMMANDS,
+            self.SCHEDULER,
+            self.ASSIGNMENTS,
+            self.JOB_EVENTS,
+            self.PROGRESS,
+            self.DEAD_LETTER,
+        )
+
 
 # Consumer groups
 ADMISSION_GROUP = "framespool-admission"

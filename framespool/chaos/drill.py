@@ -41,6 +41,7 @@ from framespool.broker import free_port
 from framespool.chaos import plan as chaos
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topics
 from framespool.stack import Process, Stack, StackConfig
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class ChaosConfig:
 class Watcher(threading.Thread):
     """Follows job-events, the cell-0 scheduler partition and dead-letter from offset 0."""
 
-    def __init__(self, bootstrap: str, topics: Any = catalogue) -> None:
+    def __init__(self, bootstrap: str, topics: Topics = catalogue) -> None:
         super().__init__(name="chaos-watcher", daemon=True)
         from framespool.log import LogConsumer
 
@@ -181,7 +182,7 @@ class LogTail:
     def __init__(
         self,
         bootstrap: str,
-        topics: Any = catalogue,
+        topics: Topics = catalogue,
         names: tuple[str, ...] = (
             "JOB_EVENTS",
             "SCHEDULER",

@@ -49,6 +49,7 @@ from typing import Any
 
 from framespool.schemas import events as ev
 from framespool.schemas.causes import MOVES, RunCause
+from framespool.schemas.topics import Topics
 
 # -- fault kinds ------------------------------------------------------------------
 KILL_AGENT = "kill_agent"  # SIGKILL agent + its generators, restart later
@@ -336,7 +337,7 @@ class Malformed:
     kind: str
 
 
-def malformed_records(topics: Any, node: str, marker: str) -> list[Malformed]:
+def malformed_records(topics: Topics, node: str, marker: str) -> list[Malformed]:
     """One undecodable record of each kind per consumed topic (the assignments one
     keyed for ``node``, whose agent reads it), plus misplaced valid events where a
     consumer can tell (wrong type, wrong cell). ``marker`` makes every value

@@ -49,6 +49,7 @@ from framespool.log.port import (
     PartitionsCallback,
     Record,
     TopicMismatch,
+    TopicPartition,
 )
 from framespool.schemas.topics import ALL_TOPICS, Topic
 
@@ -192,12 +193,14 @@ class MemoryLog:
         with self.changed:
             return self._groups[group].generation
 
-    def share(self, group: str, member: MemoryConsumer, topics: Sequence[str]) -> list[Assigned]:
+    def share(
+        self, group: str, member: MemoryConsumer, topics: Sequence[str]
+    ) -> list[TopicPartition]:
         """``member``'s range assignment of ``topics`` in the group's current generation."""
         with self.changed:
             members = self._groups[group].members
             n, i = len(members), members.index(member)
-            out = []
+            out: list[TopicPartition] = []
             for topic in topics:
                 count = len(self._partitions.get(topic, ()))
                 per, extra = divmod(count, n)
@@ -208,17 +211,15 @@ class MemoryLog:
             return out
 
     # -- factories with the real adapters' signatures -----------------------------
-    def producer(self, *_bootstrap: str, **_conf: object) -> MemoryProducer:
-        """A producer on this log; accepts (and ignores) ``LogProducer``'s arguments."""
+    def producer(self, bootstrap_servers: str = "", **conf: object) -> MemoryProducer:
+        """A producer on this log; takes (and ignores) ``LogProducer``'s arguments."""
         return MemoryProducer(self)
 
     def consumer(
-        self, *_bootstrap: str, group_id: str | None = None, **_conf: object
+        self, bootstrap_servers: str = "", group_id: str | None = None, **conf: object
     ) -> MemoryConsumer:
-        """A consumer on this log; accepts ``LogConsumer``'s arguments (a positional
-        group id too) and ignores the broker settings."""
-        if len(_bootstrap) > 1:
-            group_id = _bootstrap[1]
+        """A consumer on this log; takes ``LogConsumer``'s arguments and ignores the
+        broker settings."""
         return MemoryConsumer(self, group_id)
 
 
@@ -370,7 +371,7 @@ class MemoryConsumer:
         self._on_assign, self._on_revoke = on_assign, on_revoke
         self.log.join(self.group_id, self)
 
-    def _assignment(self) -> list[Assigned]:
+    def _assignment(self) -> list[TopicPartition]:
         return [Assigned(t, p) for t, p in self._positions]
 
     def _rebalance(self) -> None:
@@ -386,7 +387,7 @@ class MemoryConsumer:
         share = self.log.share(self.group_id, self, self._subscribed)
         self._assigned_by_callback = False
         if self._on_assign is not None:
-            self._on_assign(list(share))
+            self._on_assign(share)
         if not self._assigned_by_callback:  # as librdkafka: assign the share itself
             for a in share:
                 committed = self.log.committed(self.group_id, a.topic, a.partition)

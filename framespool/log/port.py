@@ -162,12 +162,18 @@ class Consumer(Protocol):
 class ProducerFactory(Protocol):
     """How shells make producers: ``LogProducer(bootstrap, **conf)`` or a fake's factory."""
 
-    def __call__(self, bootstrap_servers: str, /, **conf: object) -> Producer: ...
+    def __call__(self, bootstrap_servers: str, **conf: object) -> Producer: ...
 
 
 class ConsumerFactory(Protocol):
     """How shells make consumers: ``LogConsumer(bootstrap, group_id, **conf)`` or a fake's."""
 
     def __call__(
-        self, bootstrap_servers: str, /, group_id: str | None = None, **conf: object
+        self,
+        bootstrap_servers: str,
+        group_id: str | None = None,
+        *,
+        session_timeout_ms: int = ...,
+        heartbeat_interval_ms: int = ...,
+        **conf: object,
     ) -> Consumer: ...

@@ -37,6 +37,7 @@ from framespool.processors.scheduler import SchedulerFold
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topics
 
 _POSITION = re.compile(r"^(cell-\d+)@(\d+)/(\d+)$")
 _ADMISSION_POSITION = re.compile(r"^(admission-\d+)@(\d+)/(\d+)$")
@@ -125,7 +126,7 @@ class LogContents:
     assignments: list[Record] = field(default_factory=list)
     commands: list[Record] = field(default_factory=list)
     committed: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
-    topics: Any = catalogue
+    topics: Topics = catalogue
 
     def scheduler_partitions(self) -> dict[int, list[Record]]:
         """Scheduler records by partition, each in offset order."""
@@ -217,7 +218,7 @@ class Refold:
     """One scheduler partition re-folded from offset 0 with the processor's own fold."""
 
     def __init__(
-        self, partition: int, config: CellConfig | None = None, topics: Any = catalogue
+        self, partition: int, config: CellConfig | None = None, topics: Topics = catalogue
     ) -> None:
         self.fold = SchedulerFold(config or CellConfig(), topics)
         self.partition = partition
@@ -253,7 +254,7 @@ class AdmissionRefold:
     """One commands partition re-folded from offset 0 with the admission processor's fold."""
 
     def __init__(
-        self, partition: int, config: AdmissionConfig | None = None, topics: Any = catalogue
+        self, partition: int, config: AdmissionConfig | None = None, topics: Topics = catalogue
     ) -> None:
         self.fold = AdmissionFold(config or AdmissionConfig(), topics)
         self.partition = partition

@@ -13,11 +13,11 @@ Order matters, because the log keeps growing while it is read:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from framespool.log import LogConsumer, LogError, read_all
 from framespool.processors.tools.history import LogContents
 from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topics
 
 
 def committed_positions(
@@ -32,7 +32,7 @@ def committed_positions(
 
 def read_log(
     bootstrap: str,
-    topics: Any = catalogue,
+    topics: Topics = catalogue,
     *,
     cells: Iterable[int] | None = None,
     commands: bool = True,

@@ -57,6 +57,7 @@ from framespool.processors.tools.history import (
 )
 from framespool.schemas import codec
 from framespool.schemas import topics as catalogue
+from framespool.schemas.topics import Topics
 
 MISSING, DIFFERING, UNEXPECTED = "missing", "differing", "unexpected"
 
@@ -244,7 +245,7 @@ def compare(
     partitions: Mapping[int, list[Record]],
     emitted_records: Iterable[Record],
     config: CellConfig | None = None,
-    topics: Any = None,
+    topics: Topics | None = None,
     committed: Mapping[int, int] | None = None,
     until: Until | None = None,
 ) -> ReplayReport:
@@ -386,7 +387,7 @@ def compare_admission(
     partitions: Mapping[int, list[Record]],
     emitted_records: Iterable[Record],
     config: AdmissionConfig | None = None,
-    topics: Any = None,
+    topics: Topics | None = None,
     committed: Mapping[int, int] | None = None,
 ) -> ReplayReport:
     """Re-fold each commands partition with admission and compare with the emitted
