@@ -36,7 +36,8 @@ def log_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="the processors' JSON/TOML config (its [scheduler] and [admission] "
-        "sections); must be the one the processors ran with",
+        "sections); must be the one the processors ran with (default: the one "
+        "'framespool up' wrote in --data-dir, if any)",
     )
     parser.add_argument("--topic-suffix", default="", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -66,14 +67,26 @@ def bootstrap_for(args: argparse.Namespace) -> str:
         raise CommandError(f"{path} has no bootstrap_servers ({exc}); pass --bootstrap") from None
 
 
+def config_path_for(args: argparse.Namespace) -> Path | None:
+    """``--config``; else, when the log is found through a data dir (as in
+    :func:`bootstrap_for`), the processors' config ``framespool up`` wrote there."""
+    if args.config is not None:
+        return args.config
+    if args.bootstrap or (os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and args.data_dir is None):
+        return None
+    path = Path(args.data_dir or ".framespool") / "processors-config.json"
+    return path if path.is_file() else None
+
+
 def cell_config_for(args: argparse.Namespace) -> Any:
     from framespool.processors.config_file import ConfigError, load_cell_config
     from framespool.processors.core import CellConfig
 
-    if args.config is None:
+    path = config_path_for(args)
+    if path is None:
         return CellConfig()
     try:
-        return load_cell_config(args.config)
+        return load_cell_config(path)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
@@ -82,10 +95,11 @@ def admission_config_for(args: argparse.Namespace) -> Any:
     from framespool.processors.config_file import ConfigError, load_admission_config
     from framespool.processors.core.admission import AdmissionConfig
 
-    if args.config is None:
+    path = config_path_for(args)
+    if path is None:
         return AdmissionConfig()
     try:
-        return load_admission_config(args.config)
+        return load_admission_config(path)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 

@@ -129,3 +129,18 @@ def test_replay_refolds_admission_too_and_exits_one_on_its_divergence(main, fake
     contents.job_events.append(record(catalogue.JOB_EVENTS.name, 0, 999, forged))
     status, out, _ = main("replay", "--bootstrap", "b:1")
     assert status == 1 and "unexpected output at admission-0@0 output #1" in out
+
+
+def test_a_stacks_data_dir_supplies_the_policy_its_processors_ran_with(main, fake_log, tmp_path):
+    (tmp_path / "stack.json").write_text(json.dumps({"bootstrap_servers": "127.0.0.1:1234"}))
+    status, out, _ = main("replay", "--data-dir", str(tmp_path))
+    assert status == 0
+    # 'framespool up' writes the processors' config beside stack.json; replay uses it
+    (tmp_path / "processors-config.json").write_text(
+        json.dumps({"admission": {"cells": ["cell-0"], "tiers": ["interactive"]}})
+    )
+    status, out, _ = main("replay", "--data-dir", str(tmp_path))
+    assert status == 1 and "at admission-0@0 output #0" in out
+    # an explicit --bootstrap names no stack: the defaults apply
+    status, _, _ = main("replay", "--bootstrap", "127.0.0.1:1234")
+    assert status == 0
