@@ -1,4 +1,4 @@
-"""``framespool bench core``: throughput and latency of the pure scheduling core."""
+"""``framespool bench core|pipeline|takeover``: the core, the pipeline, a cell takeover."""
 
 from __future__ import annotations
 
@@ -67,6 +67,30 @@ def register(subparsers: Any) -> None:
     pipe.add_argument("--gpus-per-node", type=int, default=8)
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.set_defaults(handler=handle_pipeline)
+    take = targets.add_parser(
+        "takeover",
+        help="time for a new scheduler instance to take a cell over from its shared snapshot",
+        description="Build a cell's log (Ticks, heartbeats, jobs) on a broker, publish the "
+        "cell's snapshot before the last --suffix records, then time a new instance from "
+        "partition assigned to its first decision delivered (target <= 5 s).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    take.add_argument(
+        "--records",
+        type=int,
+        default=100_000,
+        help="records in the cell's log (1000000: the 1 M case)",
+    )
+    take.add_argument("--suffix", type=int, default=500, help="records after the snapshot")
+    take.add_argument("--nodes", type=int, default=16)
+    take.add_argument("--bootstrap", help="an existing broker (default: start an embedded one)")
+    take.add_argument(
+        "--shared-snapshots",
+        metavar="LOCATION",
+        help="s3://BUCKET/PREFIX or a directory (default: a temporary directory)",
+    )
+    take.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    take.set_defaults(handler=handle_takeover)
 
 
 def handle_core(args: argparse.Namespace) -> int:
@@ -156,6 +180,43 @@ def handle_pipeline(args: argparse.Namespace) -> int:
     for hop, q in (result.get("hops_ms") or {}).items():
         print(f"    {hop:<10} {q['p50']:>8} {q['p99']:>8}")
     return write_json(args.json, result)
+
+
+def handle_takeover(args: argparse.Namespace) -> int:
+    from framespool.commands import end_progress, progress_bar
+    from framespool.processors.takeover_bench import bench_takeover
+
+    if args.suffix < 1 or args.records <= args.suffix + args.nodes:
+        raise CommandError(
+            f"--records={args.records} must exceed --suffix={args.suffix} + --nodes={args.nodes}"
+        )
+    bar = progress_bar(True)
+    try:
+        r = bench_takeover(
+            records=args.records,
+            suffix=args.suffix,
+            nodes=args.nodes,
+            bootstrap=args.bootstrap,
+            shared_location=args.shared_snapshots,
+            progress=bar,
+        )
+    finally:
+        end_progress(bar)
+    print(
+        f"takeover of a cell with {r['records']:,} records ({r['jobs']:,} jobs, {r['nodes']} "
+        f"nodes), snapshot at offset {r['snapshot_offset']:,} ({r['snapshot_bytes']:,} bytes, "
+        f"{r['shared_store']})"
+    )
+    print(
+        f"  assigned -> first decision  {r['takeover_s']} s  (target {r['target_s']} s: "
+        f"{'met' if r['meets_target'] else 'MISSED'}); claim+load {r['load_s']} s, then "
+        f"{r['first_decision_after_load_s']} s to fold and deliver"
+    )
+    print(
+        f"  suffix decisions match an uninterrupted run: {r['decisions_match']} "
+        f"({r['decisions']:,} outputs); folding the whole log instead: {r['replay_s']} s of CPU"
+    )
+    return write_json(args.json, r)
 
 
 def write_json(target: str | None, result: dict) -> int:

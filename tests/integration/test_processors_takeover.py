@@ -16,8 +16,7 @@ from framespool.processors.shared_snapshots import DirSharedSnapshots, S3SharedS
 from framespool.schemas import codec
 from framespool.schemas import topics as catalogue
 from framespool.schemas.fencing import EpochFence, read_fencing
-from framespool.schemas.topics import Topic
-from tests.conftest import TopicSet
+from framespool.schemas.topics import Topic, TopicSet
 from tests.integration.test_processors_support import (
     cell_workload,
     expected_outputs,
@@ -100,7 +99,7 @@ def test_takeover_from_the_shared_snapshot_when_the_log_before_it_is_gone(
     assert (snapshot.offset, snapshot.instance, snapshot.epoch) == (k - 1, "a", 1)
 
     # the log after retention: offsets 0..k-1 hold nothing readable
-    second = TopicSet(uuid.uuid4().hex[:10])
+    second = TopicSet.with_suffix(uuid.uuid4().hex[:10])
     create_topics(kafka_bootstrap, second.all)
     produce(kafka_bootstrap, second.SCHEDULER.name, 0, "cell-0", [b"gone"] * k + inputs[k:])
     with in_process(
@@ -207,3 +206,18 @@ def test_a_paused_instance_is_fenced_off_after_another_took_over(
         if fence.admit(headers):
             counted[(topic, event_id)] = (partition, value)
     assert counted == uninterrupted(inputs, t)
+
+
+def test_the_takeover_bench_decides_like_an_uninterrupted_run(kafka_bootstrap, tmp_path):
+    from framespool.processors.takeover_bench import bench_takeover
+
+    result = bench_takeover(
+        records=3000,
+        suffix=300,
+        nodes=4,
+        bootstrap=kafka_bootstrap,
+        shared_location=str(tmp_path / "shared"),
+    )
+    assert result["decisions_match"] and result["decisions"] > 0
+    assert result["snapshot_offset"] == 2699 and result["snapshot_bytes"] > 0
+    assert result["takeover_s"] >= 0  # a figure for the report, not a limit
