@@ -91,11 +91,12 @@ class TopicSet:
     JOB_EVENTS: Topic
     PROGRESS: Topic
     DEAD_LETTER: Topic
+    suffix: str = ""
 
     @classmethod
     def with_suffix(cls, suffix: str) -> TopicSet:
         """Every catalogue topic renamed ``<name>.<suffix>``."""
-        return cls(*(replace(t, name=f"{t.name}.{suffix}") for t in ALL_TOPICS))
+        return cls(*(replace(t, name=f"{t.name}.{suffix}") for t in ALL_TOPICS), suffix=suffix)
 
     @property
     def all(self) -> tuple[Topic, ...]:

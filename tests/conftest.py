@@ -27,32 +27,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from framespool.broker import EmbeddedBroker, free_port
 from framespool.log import create_topics
-from framespool.schemas import topics as catalogue
-from framespool.schemas.topics import Topic
-
-
-class TopicSet:
-    """The catalogue's topics under other names: same attributes, same partition counts."""
-
-    def __init__(self, suffix: str) -> None:
-        self.suffix = suffix
-        mine = []
-        for attr, topic in vars(catalogue).items():
-            if isinstance(topic, Topic):
-                copy = replace(topic, name=f"{topic.name}.{suffix}")  # retention too
-                setattr(self, attr, copy)
-                mine.append(copy)
-        self.all: tuple[Topic, ...] = tuple(mine)
-
-    def __repr__(self) -> str:
-        return f"TopicSet(suffix={self.suffix!r})"
+from framespool.schemas.topics import TopicSet
 
 
 def _docker_answers() -> bool:
@@ -96,7 +77,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def fresh_topics(kafka_bootstrap: str) -> TopicSet:
     """Empty copies of the catalogue's topics, created for this test only."""
-    topic_set = TopicSet(uuid.uuid4().hex[:10])
+    topic_set = TopicSet.with_suffix(uuid.uuid4().hex[:10])
     create_topics(kafka_bootstrap, topic_set.all)
     return topic_set
 
