@@ -30,9 +30,10 @@ def stack(tmp_path_factory):
     config = StackConfig(
         data_dir=tmp_path_factory.mktemp("tools-stack"),
         port=free_port(),
-        nodes=2,
+        nodes=4,  # two cells of two nodes: the 16-GPU gang fits in either
         gpus_per_node=8,
         time_scale=50.0,
+        cells=2,
     )
     with Stack(config) as running:
         yield running
@@ -92,6 +93,10 @@ def test_replay_verify_and_audit_on_a_real_log_then_a_forged_terminal(stack, fra
     counts = replayed["counts"]
     assert counts["matched"] >= 4 * 3 and counts.get("missing", 0) == 0
     assert counts.get("unexpected", 0) == 0 and counts.get("differing", 0) == 0
+    # admission re-folded too, under the config the stack's processors ran with
+    admission = replayed["admission"]["counts"]
+    assert admission["inputs"] == 4 and admission["matched"] == 2 * 4  # both topics
+    assert {"cell-0", "cell-1"} <= set(replayed["cells"])
 
     status, verified = framespool("verify")
     assert status == 0, verified["violations"]
