@@ -38,6 +38,7 @@ from framespool.projections.hub import Hub
 from framespool.projections.store import Batch, ViewStore
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import codec
+from framespool.schemas.fencing import EpochFence
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Counters:
     skipped_replays: int = 0
     dead_lettered: int = 0
     commits: int = 0
+    fenced: int = 0  # a zombie processor's records, superseded by a newer owner's
 
 
 class ProjectionConsumer:
@@ -111,6 +113,7 @@ class ProjectionConsumer:
         self.counters = Counters()
         self._progress = asyncio.Condition()
         self._lock = asyncio.Lock()  # one fold-and-commit at a time across topics
+        self._fence = EpochFence()
 
     # -- the pure-ish part ------------------------------------------------------
     def prepare(self, records: Sequence[Record]) -> Step:
@@ -123,6 +126,9 @@ class ProjectionConsumer:
                 self.counters.skipped_replays += 1
                 continue
             step.batch.advance(rec.topic, rec.partition, rec.offset)
+            if not self._fence.admit(rec.headers):  # see framespool.schemas.fencing
+                self.counters.fenced += 1
+                continue
             if rec.value is None:
                 self._dead_letter(step, rec, NO_VALUE, "record has no value")
                 continue

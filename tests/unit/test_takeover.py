@@ -176,3 +176,36 @@ def test_the_epoch_fence_keeps_the_highest_epoch_per_input():
     assert fence.admit(h("t[0]@6", 1)) and fence.admit(h("t[0]@7", 1))
     assert fence.admit(h("t[0]@5", 1))  # forgotten beyond the limit
     assert read_fencing([(OWNER_EPOCH, b"x"), (INPUT_POSITION, b"p")]) is None
+
+
+def test_projections_ignore_a_zombies_record_for_an_input_a_newer_owner_decided():
+    import asyncio
+    from dataclasses import replace as with_
+
+    from framespool.log.memory import MemoryProducer
+    from framespool.projections.consumer import ProjectionConsumer
+    from framespool.projections.store import InMemoryViewStore
+    from framespool.projections.testing import lifecycle, records_for
+    from framespool.schemas.fencing import fencing_headers
+
+    done = lifecycle("j1", progress_steps=0)
+    failed = lifecycle("j1", progress_steps=0, outcome="FAILED")[-1]
+    # the new owner (epoch 2) decided input @k: COMPLETED; a zombie (epoch 1) FAILED it
+    k = len(done) - 1
+    records = [
+        with_(r, headers=fencing_headers(f"sched[0]@{i}", 2))
+        for i, r in enumerate(records_for(done))
+    ]
+    zombie = records_for([failed])[0]
+    zombie = with_(
+        zombie,
+        offset=records[-1].offset + 1,
+        partition=records[-1].partition,
+        headers=fencing_headers(f"sched[0]@{k}", 1),
+    )
+    store = InMemoryViewStore()
+    consumer = ProjectionConsumer(store, dead_letter_sender=MemoryProducer())
+    asyncio.run(consumer.handle([*records, zombie]))
+    assert store.get("j1").state == "COMPLETED"
+    assert consumer.counters.fenced == 1
+    assert store.offset(zombie.topic, zombie.partition) == zombie.offset  # consumed, not folded
