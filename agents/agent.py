@@ -47,8 +47,10 @@ from framespool.agents.gpus import GpuProbe, with_warm_models
 from framespool.agents.ledger import Action, RunLedger
 from framespool.agents.profiles import ModelProfile
 from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
+from framespool.schemas import deadletter
 from framespool.schemas import topics as catalogue
 from framespool.schemas.codec import DecodeError, decode, encode
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun
 from framespool.schemas.topics import Topics, agent_group, partition_of_cell
 
@@ -268,7 +270,7 @@ class NodeAgent:
         if record.key is not None and record.key != self._key:
             return  # another node's instruction shares this partition
         if record.value is None:
-            return await self._dead_letter(record, "empty_value", "record has no value")
+            return await self._dead_letter(record, DeadLetterReason.NO_VALUE, "record has no value")
         try:
             cmd = decode(record.value)
         except DecodeError as e:
@@ -276,7 +278,7 @@ class NodeAgent:
         if not isinstance(cmd, (StartRun, StopRun, CheckpointRun)):
             return await self._dead_letter(
                 record,
-                "unexpected_event_type",
+                DeadLetterReason.UNEXPECTED_TYPE,
                 f"{type(cmd).__name__} does not belong on assignments",
             )
         decision = self.ledger.decide(cmd)
@@ -320,12 +322,17 @@ class NodeAgent:
             detail,
         )
         assert self._producer is not None
-        headers = {
-            "reason": reason,
-            "detail": detail[:500],
-            "source": f"{record.topic}[{record.partition}]@{record.offset}",
-            "consumer": agent_group(self.node_id),
-        }
+        headers = (
+            *record.headers,
+            *deadletter.headers(
+                reason,
+                detail,
+                agent_group(self.node_id),
+                record.topic,
+                record.partition,
+                record.offset,
+            ),
+        )
         while True:
             try:
                 await self._producer.send(

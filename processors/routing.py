@@ -27,17 +27,11 @@ from typing import Any
 from framespool.log import Record, partition_for_key
 from framespool.processors.core import AGENT_COMMANDS
 from framespool.processors.core.admission import CellCommand
-from framespool.schemas import codec
+from framespool.schemas import codec, deadletter
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.topics import Topics, partition_of_cell
-
-# Dead-letter reasons a shell adds to the codec's own (truncated, bad_magic,
-# unknown_fingerprint, malformed_body).
-NO_VALUE = "no_value"
-UNEXPECTED_TYPE = "unexpected_type"
-WRONG_PARTITION = "wrong_partition"
-PROCESSING_ERROR = "processing_error"
 
 
 class RoutingError(ValueError):
@@ -144,14 +138,9 @@ def dead_letter(
     record: Record, reason: str, detail: str, processor: str, topics: Topics = catalogue
 ) -> Outgoing:
     """``record`` for the dead-letter topic: original key and value, its own headers
-    plus why (``reason``, ``detail``), who and where it was dead-lettered."""
-    headers = tuple(record.headers) + (
-        ("reason", reason.encode()),
-        ("detail", detail[:500].encode()),
-        ("processor", processor.encode()),
-        ("source_topic", record.topic.encode()),
-        ("source_partition", str(record.partition).encode()),
-        ("source_offset", str(record.offset).encode()),
+    plus the dead-letter headers (``framespool.schemas.deadletter``)."""
+    headers = tuple(record.headers) + deadletter.headers(
+        reason, detail, processor, record.topic, record.partition, record.offset
     )
     return Outgoing(topics.DEAD_LETTER.name, record.key, None, record.value, headers, reason=reason)
 
@@ -161,7 +150,9 @@ def decode_input(
 ) -> tuple[Any, Outgoing | None]:
     """``(event, None)`` for a record ``processor`` folds, else ``(None, dead letter)``."""
     if record.value is None:
-        return None, dead_letter(record, NO_VALUE, "record has no value", processor, topics)
+        return None, dead_letter(
+            record, DeadLetterReason.NO_VALUE, "record has no value", processor, topics
+        )
     try:
         event = codec.decode(record.value)
     except codec.DecodeError as exc:
@@ -169,7 +160,7 @@ def decode_input(
     if not isinstance(event, accepted):
         return None, dead_letter(
             record,
-            UNEXPECTED_TYPE,
+            DeadLetterReason.UNEXPECTED_TYPE,
             f"{type(event).__name__} is not an input of the {processor} processor",
             processor,
             topics,

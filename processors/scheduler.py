@@ -15,7 +15,6 @@ import logging
 from framespool.log import Record
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.routing import (
-    WRONG_PARTITION,
     Outgoing,
     dead_letter,
     decode_input,
@@ -23,6 +22,7 @@ from framespool.processors.routing import (
 )
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.topics import Topics, cell_of_partition
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class SchedulerFold:
             return [
                 self.dead_letter(
                     record,
-                    WRONG_PARTITION,
+                    DeadLetterReason.WRONG_PARTITION,
                     f"{type(event).__name__} for {claimed!r} arrived on "
                     f"partition {record.partition}, which is {cell.cell_id!r}",
                 )

@@ -87,6 +87,7 @@ from framespool.processors.shared_snapshots import (
     SnapshotMeta,
     StaleEpoch,
 )
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.fencing import fencing_headers
 
 log = logging.getLogger(__name__)
@@ -385,7 +386,9 @@ class StatefulProcessor:
                     record.offset,
                     extra={"partition": record.partition, "offset": record.offset},
                 )
-                outgoing = [self.fold_.dead_letter(record, "processing_error", repr(exc))]
+                outgoing = [
+                    self.fold_.dead_letter(record, DeadLetterReason.PROCESSING_ERROR, repr(exc))
+                ]
             part.offset = record.offset
             batch.advanced[record.partition] = record.offset
             if record.offset < part.quiet_below:

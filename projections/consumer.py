@@ -37,14 +37,14 @@ from framespool.projections.cluster import ClusterView
 from framespool.projections.hub import Hub
 from framespool.projections.store import Batch, ViewStore
 from framespool.projections.webhooks import delivery_for
-from framespool.schemas import codec
+from framespool.schemas import codec, deadletter
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.fencing import EpochFence
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS
 
 log = logging.getLogger(__name__)
 
-UNEXPECTED_TYPE = "unexpected_type"
-NO_VALUE = "no_value"
+PROCESSOR = "projections"  # the ``processor`` header of its dead letters
 
 
 @dataclass
@@ -130,7 +130,7 @@ class ProjectionConsumer:
                 self.counters.fenced += 1
                 continue
             if rec.value is None:
-                self._dead_letter(step, rec, NO_VALUE, "record has no value")
+                self._dead_letter(step, rec, DeadLetterReason.NO_VALUE, "record has no value")
                 continue
             try:
                 event = codec.decode(rec.value)
@@ -160,7 +160,7 @@ class ProjectionConsumer:
                 self._dead_letter(
                     step,
                     rec,
-                    UNEXPECTED_TYPE,
+                    DeadLetterReason.UNEXPECTED_TYPE,
                     f"{type(event).__name__} does not belong on {rec.topic}",
                 )
         return step
@@ -175,14 +175,10 @@ class ProjectionConsumer:
             reason,
             detail,
         )
-        headers = [
-            ("reason", reason.encode()),
-            ("detail", detail[:500].encode()),
-            ("source_topic", rec.topic.encode()),
-            ("source_partition", str(rec.partition).encode()),
-            ("source_offset", str(rec.offset).encode()),
-        ]
-        step.dead_letters.append(DeadLetter(rec.key, rec.value, list(rec.headers) + headers))
+        headers = deadletter.headers(
+            reason, detail, PROCESSOR, rec.topic, rec.partition, rec.offset
+        )
+        step.dead_letters.append(DeadLetter(rec.key, rec.value, [*rec.headers, *headers]))
 
     async def finish(self, step: Step) -> None:
         if step.empty:

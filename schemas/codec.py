@@ -46,6 +46,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.events import EVENT_TYPES, NESTED_TYPES
 
 AVRO_DIR = Path(__file__).resolve().parent / "avro"
@@ -54,10 +55,11 @@ NAMESPACE = "framespool"
 MAGIC = b"\xc3\x01"
 HEADER_LEN = len(MAGIC) + 8
 
-TRUNCATED = "truncated"
-BAD_MAGIC = "bad_magic"
-UNKNOWN_FINGERPRINT = "unknown_fingerprint"
-MALFORMED_BODY = "malformed_body"
+# DecodeError reasons: the codec's part of the dead-letter vocabulary.
+TRUNCATED = DeadLetterReason.TRUNCATED
+BAD_MAGIC = DeadLetterReason.BAD_MAGIC
+UNKNOWN_FINGERPRINT = DeadLetterReason.UNKNOWN_FINGERPRINT
+MALFORMED_BODY = DeadLetterReason.MALFORMED_BODY
 
 _PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
 _HISTORY_FILE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[0-9]+)\.avsc$")

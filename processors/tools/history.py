@@ -32,11 +32,12 @@ from framespool.log import Record
 from framespool.processors.admission import AdmissionFold
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.admission import AdmissionConfig, AdmissionState
-from framespool.processors.routing import PROCESSING_ERROR, Outgoing
+from framespool.processors.routing import Outgoing
 from framespool.processors.scheduler import SchedulerFold
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.topics import Topics
 
 _POSITION = re.compile(r"^(cell-\d+)@(\d+)/(\d+)$")
@@ -237,7 +238,7 @@ class Refold:
             return self.fold.step(self.cell, record)
         except Exception as exc:  # the runtime dead-letters a failing fold and goes on
             self.processing_errors.append((record.offset, repr(exc)))
-            return [self.fold.dead_letter(record, PROCESSING_ERROR, repr(exc))]
+            return [self.fold.dead_letter(record, DeadLetterReason.PROCESSING_ERROR, repr(exc))]
 
     def run(self, records: Iterable[Record], until: Until | None = None) -> Refold:
         """Fold ``records`` (in offset order), stopping where ``until`` says."""
@@ -274,7 +275,7 @@ class AdmissionRefold:
             return self.fold.step(self.state, record)
         except Exception as exc:  # the runtime dead-letters a failing fold and goes on
             self.processing_errors.append((record.offset, repr(exc)))
-            return [self.fold.dead_letter(record, PROCESSING_ERROR, repr(exc))]
+            return [self.fold.dead_letter(record, DeadLetterReason.PROCESSING_ERROR, repr(exc))]
 
 
 def _peek(record: Record) -> Any:

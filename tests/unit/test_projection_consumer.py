@@ -8,12 +8,13 @@ import pytest
 
 from framespool.log import Record
 from framespool.log.memory import MemoryProducer
-from framespool.projections.consumer import UNEXPECTED_TYPE, ProjectionConsumer
+from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.jobs import COMPLETED, fold
 from framespool.projections.store import InMemoryViewStore, RocksViewStore
 from framespool.projections.testing import cell_status, lifecycle, records_for
 from framespool.schemas import codec
+from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.events import Tick
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS
 
@@ -129,7 +130,7 @@ def test_undecodable_and_unexpected_records_are_dead_lettered_and_skipped(make_s
     assert store.get("j1").state == COMPLETED
     letters = dlq.on(DEAD_LETTER.name)
     reasons = [dict(s.headers)["reason"] for s in letters]
-    assert reasons == [b"truncated", UNEXPECTED_TYPE.encode(), b"no_value"]
+    assert reasons == [b"truncated", DeadLetterReason.UNEXPECTED_TYPE.encode(), b"no_value"]
     assert dict(letters[0].headers)["source_offset"] == b"100"
     assert letters[0].key == b"j1" and letters[0].value == bad.value
     assert store.offset(JOB_EVENTS.name, other) == 102

@@ -9,9 +9,6 @@ from framespool.processors.app import topics_with_suffix
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.admission import CellCommand
 from framespool.processors.routing import (
-    NO_VALUE,
-    UNEXPECTED_TYPE,
-    WRONG_PARTITION,
     RoutingError,
     cell_destination,
     decode_input,
@@ -23,6 +20,7 @@ from framespool.processors.scheduler import SCHEDULER_INPUTS, SchedulerFold
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.deadletter import DeadLetterReason
 
 SPEC = ev.JobSpec(job_id="job-1", tenant="acme")
 
@@ -146,13 +144,13 @@ def test_undecodable_records_become_dead_letters_with_their_key_and_a_reason():
     assert (headers["source_partition"], headers["source_offset"]) == (b"0", b"5")
     assert headers["processor"] == b"scheduler"
     _, empty = decode_input(record(None), SCHEDULER_INPUTS, "scheduler")
-    assert empty.reason == NO_VALUE
+    assert empty.reason == DeadLetterReason.NO_VALUE
 
 
 def test_events_of_another_processor_are_dead_lettered():
     submit = ev.SubmitJob(event_id="s", ts_ms=0, spec=SPEC)
     event, dl = decode_input(record(codec.encode(submit)), SCHEDULER_INPUTS, "scheduler")
-    assert event is None and dl.reason == UNEXPECTED_TYPE
+    assert event is None and dl.reason == DeadLetterReason.UNEXPECTED_TYPE
     assert b"SubmitJob is not an input of the scheduler" in dict(dl.headers)["detail"]
 
 
@@ -165,7 +163,7 @@ def test_scheduler_fold_dead_letters_an_event_for_another_cell():
     cell = fold.new_state(0)
     tick = ev.Tick(event_id="t", ts_ms=1, cell="cell-1", now_ms=1)
     (dl,) = fold.step(cell, record(codec.encode(tick)))
-    assert dl.reason == WRONG_PARTITION and dl.event is None
+    assert dl.reason == DeadLetterReason.WRONG_PARTITION and dl.event is None
     assert cell.now_ms == 0  # not folded
 
 
