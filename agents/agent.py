@@ -52,6 +52,7 @@ from framespool.schemas import topics as catalogue
 from framespool.schemas.codec import DecodeError, decode, encode
 from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun
+from framespool.schemas.fencing import EpochFence
 from framespool.schemas.topics import Topics, agent_group, partition_of_cell
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class NodeAgent:
             )
         self.assignment_partition = partition_for_key(node_id, topics.ASSIGNMENTS.partitions)
         self._key = node_id.encode()
+        self._fence = EpochFence()  # drops a superseded scheduler instance's instructions
         self._runs: dict[tuple[str, int], RunExecution] = {}
         self._warm: dict[int, str] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -269,6 +271,15 @@ class NodeAgent:
     async def _handle_record(self, record: Record) -> None:
         if record.key is not None and record.key != self._key:
             return  # another node's instruction shares this partition
+        if not self._fence.admit(record.headers):
+            log.info(
+                "agent %s ignores %s[%d]@%d: from a scheduler instance a newer owner superseded",
+                self.node_id,
+                record.topic,
+                record.partition,
+                record.offset,
+            )
+            return
         if record.value is None:
             return await self._dead_letter(record, DeadLetterReason.NO_VALUE, "record has no value")
         try:

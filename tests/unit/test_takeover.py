@@ -209,3 +209,39 @@ def test_projections_ignore_a_zombies_record_for_an_input_a_newer_owner_decided(
     assert store.get("j1").state == "COMPLETED"
     assert consumer.counters.fenced == 1
     assert store.offset(zombie.topic, zombie.partition) == zombie.offset  # consumed, not folded
+
+
+def test_agents_ignore_a_zombies_instruction_for_an_input_a_newer_owner_decided(tmp_path):
+    import asyncio
+    from types import SimpleNamespace
+
+    from framespool.agents.agent import NodeAgent
+    from framespool.agents.ledger import Action
+    from framespool.log import Record
+    from framespool.schemas import codec
+    from framespool.schemas import events as ev
+    from framespool.schemas.fencing import fencing_headers
+
+    agent = NodeAgent("n0", "cell-0", "unused:9092", None, None, {}, tmp_path)
+    decided: list[str] = []
+
+    def decide(cmd):
+        decided.append(cmd.event_id)
+        return SimpleNamespace(job_id=cmd.job_id, run=cmd.run, action=Action.IGNORE, reason="t")
+
+    agent.ledger = SimpleNamespace(decide=decide)
+
+    def stop(event_id: str, epoch: int, offset: int) -> Record:
+        cmd = ev.StopRun(
+            event_id=event_id, ts_ms=1, job_id="j1", run=1, node_id="n0", incarnation=1
+        )
+        return Record(
+            "assignments", 0, offset, b"n0", codec.encode(cmd), fencing_headers("s[0]@7", epoch)
+        )
+
+    async def feed() -> None:
+        for record in (stop("cell-0@7/0", 2, 0), stop("cell-0@7/0", 1, 1)):
+            await agent._handle_record(record)
+
+    asyncio.run(feed())
+    assert decided == ["cell-0@7/0"]  # the epoch-1 copy never reached the ledger
