@@ -204,7 +204,7 @@ class Accounting:
             if probe != run.key:
                 continue
             del self.breaker_probes[log_key]
-            if self.finished.get(run.job_id) != "COMPLETED":
+            if self.finished.get(run.job_id) != JobState.COMPLETED:
                 self.breakers[log_key] = self.now_ms
                 continue
             del self.breakers[log_key]

@@ -40,6 +40,7 @@ from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.schemas import events as ev
+from framespool.schemas.states import JobState
 
 from .agents import Agents
 from .fleet import SimJob, SimNode, SimRun
@@ -389,10 +390,10 @@ class Simulation(Agents, JobEvents):
             },
             "jobs_submitted": rec.submitted,
             "jobs_in_workload": self.workload.total,
-            "jobs_completed": states.get("COMPLETED", 0),
-            "jobs_failed": states.get("FAILED", 0),
-            "jobs_rejected": states.get("REJECTED", 0),
-            "jobs_cancelled": states.get("CANCELLED", 0),
+            "jobs_completed": states.get(JobState.COMPLETED, 0),
+            "jobs_failed": states.get(JobState.FAILED, 0),
+            "jobs_rejected": states.get(JobState.REJECTED, 0),
+            "jobs_cancelled": states.get(JobState.CANCELLED, 0),
             "jobs_unfinished": sum(
                 v for k, v in states.items() if k in ("UNFINISHED", "NOT_ADMITTED", "NOT_SUBMITTED")
             ),
