@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framespool.broker import EmbeddedBroker
+from framespool.schemas.states import NodeState
 
 DEFAULT_TENANTS = (("acme", "enterprise"), ("studio", "paid"), ("hobby", "free"))
 RESTART_BACKOFF_S = (0.5, 10.0)  # first delay, cap; doubled after each quick death
@@ -358,7 +359,7 @@ class Stack:
                     n
                     for cell in view.get("cells", ())
                     for n in cell.get("nodes", ())
-                    if n["state"] == "UP"
+                    if n["state"] == NodeState.UP
                 ]
                 if len(up) >= self.config.nodes:
                     return

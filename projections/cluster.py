@@ -36,10 +36,11 @@ from framespool.schemas.events import (
     NodeStateChanged,
     NodeStatus,
 )
+from framespool.schemas.states import GpuSlot, NodeState
 
 CLUSTER_EVENT_TYPES = frozenset({"CellStatus", "NodeStateChanged", "BreakerTripped"})
-GPU_BUCKETS = ("busy", "free", "degraded", "down")
-_NOT_SCHEDULABLE = frozenset({"degraded", "draining"})
+GPU_BUCKETS = (GpuSlot.BUSY, GpuSlot.FREE, GpuSlot.DEGRADED, GpuSlot.DOWN)
+_NODE_OUT = frozenset({NodeState.DEGRADED, NodeState.DRAINING})  # up, but takes no new work
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,14 +137,13 @@ def _node_changed(view: ClusterView, e: NodeStateChanged) -> ClusterView:
 # --------------------------------------------------------------------------
 def gpu_bucket(node: NodeStatus, gpu: GpuStatus) -> str:
     """Which of busy/free/degraded/down a GPU counts as."""
-    node_state, gpu_state = node.state.lower(), gpu.state.lower()
-    if node_state == "down" or gpu_state in ("down", "failed"):
-        return "down"
-    if gpu_state == "busy":
-        return "busy"
-    if gpu_state in _NOT_SCHEDULABLE or node_state in _NOT_SCHEDULABLE:
-        return "degraded"
-    return "free" if gpu_state == "free" else "degraded"
+    if node.state == NodeState.DOWN or gpu.state in (GpuSlot.DOWN, GpuSlot.FAILED):
+        return GpuSlot.DOWN
+    if gpu.state == GpuSlot.BUSY:
+        return GpuSlot.BUSY
+    if gpu.state == GpuSlot.FREE and node.state not in _NODE_OUT:
+        return GpuSlot.FREE
+    return GpuSlot.DEGRADED
 
 
 def totals(view: ClusterView) -> dict[str, int]:

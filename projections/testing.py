@@ -12,6 +12,7 @@ from typing import Any
 from framespool.log import Record, partition_for_key
 from framespool.projections.jobs import job_id_of
 from framespool.schemas import codec
+from framespool.schemas.causes import RunCause
 from framespool.schemas.events import (
     CellStatus,
     GpuStatus,
@@ -31,6 +32,7 @@ from framespool.schemas.events import (
     QueueDepth,
     RunProgress,
 )
+from framespool.schemas.states import GpuSlot, JobState, NodeState
 from framespool.schemas.topics import JOB_EVENTS, PROGRESS
 
 
@@ -56,7 +58,7 @@ def lifecycle(
     ts0: int = 1_000,
     runs: int = 1,
     progress_steps: int = 3,
-    outcome: str = "COMPLETED",
+    outcome: str = JobState.COMPLETED,
     stale_progress: bool = True,
     callback_url: str | None = None,
     node: str = "node-1",
@@ -70,7 +72,7 @@ def lifecycle(
     def ts() -> int:
         return ts0 + 10 * len(out)
 
-    if outcome == "REJECTED":
+    if outcome == JobState.REJECTED:
         return [
             JobRejected(
                 event_id=eid(),
@@ -166,9 +168,10 @@ def lifecycle(
                     reason="preempted",
                     resume_from=f"ckpt-{run}",
                     retries_left=3,
+                    cause=RunCause.PREEMPTED,
                 )
             )
-    if outcome == "COMPLETED":
+    if outcome == JobState.COMPLETED:
         out.append(
             JobCompleted(
                 event_id=eid(),
@@ -179,7 +182,7 @@ def lifecycle(
                 gpu_seconds=42.0,
             )
         )
-    elif outcome == "FAILED":
+    elif outcome == JobState.FAILED:
         out.append(
             JobFailed(
                 event_id=eid(),
@@ -188,9 +191,10 @@ def lifecycle(
                 run=runs,
                 reason="generator exited 1",
                 failure_class="crash",
+                cause=RunCause.RUN_FAILED,
             )
         )
-    elif outcome == "CANCELLED":
+    elif outcome == JobState.CANCELLED:
         out.append(
             JobCancelled(
                 event_id=eid(), ts_ms=ts(), job_id=job_id, run=runs, reason="cancelled by alice"
@@ -211,19 +215,19 @@ def cell_status(
     """A cell with ``busy`` busy GPUs on its first node and the rest free."""
     node_list = []
     for n in range(nodes):
-        states = ["busy" if n == 0 and g < busy else "free" for g in range(gpus)]
+        states = [GpuSlot.BUSY if n == 0 and g < busy else GpuSlot.FREE for g in range(gpus)]
         node_list.append(
             NodeStatus(
                 node_id=f"{cell}-node-{n}",
-                state="UP",
+                state=NodeState.UP,
                 gpu_type="H100",
                 rail="rail-0",
                 gpus=tuple(
                     GpuStatus(
                         index=g,
                         state=s,
-                        job_id="job-1" if s == "busy" else "",
-                        run=1 if s == "busy" else 0,
+                        job_id="job-1" if s == GpuSlot.BUSY else "",
+                        run=1 if s == GpuSlot.BUSY else 0,
                     )
                     for g, s in enumerate(states)
                 ),

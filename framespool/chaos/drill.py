@@ -41,12 +41,13 @@ from framespool.broker import free_port
 from framespool.chaos import plan as chaos
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
+from framespool.schemas.states import NodeState
 from framespool.schemas.topics import Topics
 from framespool.stack import Process, Stack, StackConfig
 
 log = logging.getLogger(__name__)
 
-OUT_OF_SERVICE = ("DOWN", "DEGRADED", "DRAINING")
+OUT_OF_SERVICE = (NodeState.DOWN, NodeState.DEGRADED, NodeState.DRAINING)
 SUPERVISOR_GRACE_S = 3.0
 SUPERVISOR_MIN_GAP_S = 15.0
 
@@ -555,7 +556,7 @@ class ChaosRun:
                 continue
             if time.monotonic() - self.last_restart.get(node, -1e9) < SUPERVISOR_MIN_GAP_S:
                 continue
-            state, since, why = states.get(node, ("UP", 0.0, ""))
+            state, since, why = states.get(node, (NodeState.UP, 0.0, ""))
             dead = not self._process(f"agent-{node}")[1].alive()
             if dead or (state in OUT_OF_SERVICE and time.monotonic() - since > SUPERVISOR_GRACE_S):
                 why = "agent process exited" if dead else f"{state}: {why}"

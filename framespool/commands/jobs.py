@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from framespool.commands import CommandError
+from framespool.schemas.states import JobState
 
 NAMES = ("submit", "status", "watch", "cancel", "jobs", "result")
 
@@ -151,7 +152,7 @@ def watch(args: argparse.Namespace) -> int:
     state = last.get("data", {}).get("state", "")
     if not args.json:
         print(f"{args.job_id} ended {state}")
-    return 0 if state in ("COMPLETED", "") else 1
+    return 0 if state in (JobState.COMPLETED, "") else 1
 
 
 def cancel(args: argparse.Namespace) -> int:

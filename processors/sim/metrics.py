@@ -29,6 +29,8 @@ from array import array
 from pathlib import Path
 from typing import IO, Any
 
+from framespool.schemas.states import JobState
+
 from .fleet import SimJob
 
 MAX_SAMPLES = 4000
@@ -267,7 +269,7 @@ class Recorder:
     def finished(self, job: SimJob, state: str, now: int) -> None:
         self.states[state] = self.states.get(state, 0) + 1
         self.end_ms = max(self.end_ms, now)
-        if state == "COMPLETED":
+        if state == JobState.COMPLETED:
             self.goodput_gpu_ms += job.trace.gpus * job.trace.duration_s * 1000
         if self.jobs_csv is not None:
             trace = job.trace

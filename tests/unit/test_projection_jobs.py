@@ -260,6 +260,7 @@ ALLOWED = {
     "collections.abc",
     "json",
     "framespool.schemas.events",
+    "framespool.schemas.states",  # StrEnums only: the contract's state vocabulary
     "framespool.projections.jobs",
     "framespool.projections.cluster",
 }
