@@ -8,6 +8,7 @@ from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.schemas import events as ev
+from framespool.schemas.states import NodeState, RunPhase
 
 TERMINAL = (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobRejected)
 
@@ -187,7 +188,7 @@ class Harness:
                 key = (o.job_id, o.run)
                 for piece in o.placement:
                     node = cell.index.nodes[piece.node_id]
-                    if node.state != "UP":
+                    if node.state != NodeState.UP:
                         raise InvariantBroken(f"{o.job_id} placed on {node.state} node")
                     for i in piece.gpus:
                         if key in cell.runs and node.owner[i] != key:
@@ -212,7 +213,7 @@ class Harness:
         return [
             k
             for k, r in self.cell.runs.items()
-            if r.phase != "stopping"
+            if r.phase != RunPhase.STOPPING
             and self.cell.jobs.get(k[0]) is not None
             and self.cell.jobs[k[0]].run == k[1]
         ]
@@ -235,7 +236,7 @@ class Harness:
 
     def confirm_stops(self) -> None:
         for key, run in list(self.cell.runs.items()):
-            if run.phase == "stopping":
+            if run.phase == RunPhase.STOPPING:
                 for node_id in list(run.held):
                     self.report(ev.RunStopped, key[0], key[1], node_id)
 
@@ -251,7 +252,7 @@ class Harness:
                     self.complete(key)
             for node_id in list(self.cell.index.nodes):
                 node = self.cell.index.nodes[node_id]
-                if node.state == "DOWN":
+                if node.state == NodeState.DOWN:
                     self.register(node_id, node.total, node.rail)
                 else:
                     self.heartbeat(

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framespool.schemas import events as ev
+from framespool.schemas.states import NodeState, RunPhase
 from tests.unit.core_harness import Harness, state_digest
 
 SHAPES = [(1, 8), (2, 8), (4, 8), (8, 8), (16, 8), (3, 4)]
@@ -83,11 +84,11 @@ def play(h: Harness, actions) -> None:
                 assert [type(o) for o in out] == [ev.ReportIgnored]
         elif kind == "heartbeat":
             node_id = f"n{a[1]}"
-            if h.cell.index.nodes[node_id].state != "DOWN":
+            if h.cell.index.nodes[node_id].state != NodeState.DOWN:
                 h.heartbeat(node_id, runs=None if a[2] else ())
         elif kind == "hot":
             node_id = f"n{a[1]}"
-            if h.cell.index.nodes[node_id].state != "DOWN":
+            if h.cell.index.nodes[node_id].state != NodeState.DOWN:
                 h.heartbeat(node_id, gpus=(ev.GpuHealth(index=a[2], temperature_c=95.0),))
         elif kind == "reregister":
             node = h.cell.index.nodes[f"n{a[1]}"]
@@ -119,7 +120,7 @@ def test_invariants_hold_and_every_job_ends_exactly_once(actions):
     h.drain()
     assert set(h.terminal) == set(h.admitted)
     assert all(count == 1 for count in h.terminal.values())
-    assert not h.cell.runs or all(r.phase == "stopping" for r in h.cell.runs.values())
+    assert not h.cell.runs or all(r.phase == RunPhase.STOPPING for r in h.cell.runs.values())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
