@@ -113,6 +113,7 @@ class Counters:
     snapshots: int = 0
     commit_failures: int = 0
     fenced: int = 0
+    gaps: int = 0
 
 
 class ProcessorRunner:
@@ -217,6 +218,7 @@ class ProcessorRunner:
                 except LogError as exc:
                     log.error("producer close: %s", exc)
             self.counters.fenced = len(self.processor.fenced)
+            self.counters.gaps = len(self.processor.gaps)
             log.info("stopped (%s): %s", "clean" if clean else "failed", self.counters)
 
     def turn(self, consumer: Consumer, producer: Producer) -> None:
@@ -249,7 +251,7 @@ class ProcessorRunner:
             raise ProcessorFailed(
                 f"cannot write snapshots to {self.processor.store.path}: {exc!r}"
             ) from exc
-        c.fenced = len(self.processor.fenced)
+        c.fenced, c.gaps = len(self.processor.fenced), len(self.processor.gaps)
         try:
             consumer.commit(self.processor.commit_positions(batch))  # 4
         except LogError as exc:

@@ -22,6 +22,7 @@ HELP = {
     "snapshots": "state+offset snapshots written",
     "commit_failures": "offset commits that failed",
     "fenced": "partitions dropped because another instance claimed them (zombie fencing)",
+    "gaps": "input ranges gone from the log (retention) before a snapshot covered them",
 }
 
 

@@ -235,6 +235,7 @@ class StatefulProcessor:
         self._parts: dict[int, _Partition] = {}
         self.published = 0  # shared snapshots written
         self.fenced: list[tuple[int, int, int]] = []  # (partition, my epoch, owner epoch)
+        self.gaps: list[tuple[int, int, int]] = []  # (partition, first missing, first read)
 
     @property
     def partitions(self) -> list[int]:
@@ -375,6 +376,8 @@ class StatefulProcessor:
             if part is None or record.topic != self.topic or record.offset <= part.offset:
                 batch.skipped += 1
                 continue
+            if record.offset > part.offset + 1:
+                self._gap(record.partition, part.offset + 1, record.offset)
             try:
                 outgoing = self.fold_.step(part.state, record)
             except Exception as exc:  # a bug in the fold: keep going, visibly
@@ -402,6 +405,22 @@ class StatefulProcessor:
             batch.dead_letters += sum(1 for o in outgoing if o.event is None)
             batch.outgoing.extend(outgoing)
         return batch
+
+    def _gap(self, partition: int, missing: int, found: int) -> None:
+        """Inputs between the state's offset and the next record are gone: the log's
+        retention deleted them before any snapshot covered them (or the snapshot was
+        unreadable). Nothing can bring them back; say so loudly and go on."""
+        self.gaps.append((partition, missing, found))
+        log.error(
+            "%s: partition %d: inputs %d..%d are no longer in the log and no snapshot "
+            "covers them; the state goes on from a partial history (raise the topic's "
+            "retention or publish shared snapshots more often)",
+            self.fold_.name,
+            partition,
+            missing,
+            found - 1,
+            extra={"partition": partition, "offset": missing},
+        )
 
     def commit_positions(self, batch: Batch) -> dict[tuple[str, int], int]:
         """Step 4's offsets: the next offset to read of each partition the batch

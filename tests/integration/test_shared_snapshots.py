@@ -135,3 +135,25 @@ def test_locations_open_the_right_adapter(tmp_path, s3_endpoint, monkeypatch):
     assert (s3.bucket, s3.prefix) == ("some-bucket", "cells/snaps")
     with pytest.raises(ValueError, match="bucket"):
         open_shared_snapshots("s3:///x")
+
+
+def bodies(shared) -> list[str]:
+    """The snapshot bodies the adapter holds, whatever its medium."""
+    if isinstance(shared, MemorySharedSnapshots):
+        return sorted(shared._bodies)
+    if isinstance(shared, DirSharedSnapshots):
+        return sorted(p.name for p in shared.root.rglob("*.snap"))
+    listed = shared._client.list_objects_v2(Bucket=shared.bucket, Prefix=shared.prefix + "/")
+    return sorted(o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".snap"))
+
+
+def test_replaced_and_refused_snapshots_leave_no_bodies_behind(shared):
+    a = shared.claim(NS, 0, "a")
+    for offset in (1, 2, 3):
+        assert shared.publish(meta(offset, a), b"x" * offset)
+    assert not shared.publish(meta(2, a), b"old")
+    shared.claim(NS, 0, "b")
+    with pytest.raises(StaleEpoch):
+        shared.publish(meta(4, a), b"zombie")
+    assert len(bodies(shared)) == 1
+    assert shared.load(NS, 0)[1] == b"xxx"

@@ -245,3 +245,14 @@ def test_agents_ignore_a_zombies_instruction_for_an_input_a_newer_owner_decided(
 
     asyncio.run(feed())
     assert decided == ["cell-0@7/0"]  # the epoch-1 copy never reached the ledger
+
+
+def test_inputs_missing_between_the_snapshot_and_the_log_are_reported(shared, stores, caplog):
+    a = instance("a", shared, stores)
+    a.assign(0)
+    a.fold(records(0, 0, [b"x"]))
+    a.fold(records(0, 1, [b"y"]))
+    assert a.gaps == []
+    a.fold(records(0, 5, [b"z"]))  # 2..4 were deleted by retention
+    assert a.gaps == [(0, 2, 5)]
+    assert "inputs 2..4 are no longer in the log" in caplog.text
