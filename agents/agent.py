@@ -24,6 +24,9 @@ Theory of operation
    model last run on each GPU) and a report per run it holds.
 6. On shutdown it kills its generators' process groups and exits without
    reporting; after a restart the scheduler reconciles the new incarnation.
+7. Generators get a minimal environment, run as ``generator_user`` where the
+   agent is root, and only files inside their run's work directory, within
+   the profile's limits, are uploaded (see :mod:`sandbox`, :mod:`uploads`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from framespool.agents.execution import RunExecution, now_ms
 from framespool.agents.gpus import GpuProbe, with_warm_models
 from framespool.agents.ledger import Action, RunLedger
 from framespool.agents.profiles import ModelProfile
+from framespool.agents.sandbox import generator_identity
 from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
 from framespool.schemas import deadletter
 from framespool.schemas import topics as catalogue
@@ -97,8 +101,11 @@ class NodeAgent:
         rail: str = "rail-0",
         topics: Topics = catalogue,
         progress_interval_s: float = 0.2,
+        generator_user: str | int | None = None,
     ) -> None:
         self.progress_interval_s = progress_interval_s
+        # Refused here, before registering: tenant code must not run as root by mistake.
+        self.identity, self._identity_note = generator_identity(generator_user, os.geteuid())
         self.node_id, self.cell, self.bootstrap = node_id, cell, bootstrap
         self.store, self.probe, self.profiles = store, probe, profiles
         self.data_dir = Path(data_dir)
@@ -149,13 +156,14 @@ class NodeAgent:
             self._consumer.resume, self.topics.ASSIGNMENTS.name, [self.assignment_partition]
         )
         log.info(
-            "agent %s incarnation %d registered in %s; reading %s[%d] from %s",
+            "agent %s incarnation %d registered in %s; reading %s[%d] from %s; %s",
             self.node_id,
             self.incarnation,
             self.cell,
             self.topics.ASSIGNMENTS.name,
             self.assignment_partition,
             start,
+            self._identity_note,
         )
         self.spawn(self._consume_loop(), "consume")
         self.spawn(self._heartbeat_loop(), "heartbeat")
@@ -165,9 +173,8 @@ class NodeAgent:
         if self.closing:
             return
         self.closing = True
-        runners = [r.runner for r in self._runs.values() if r.runner is not None]
         await asyncio.gather(
-            *(r.stop(grace_s=min(r.profile.stop_grace_s, 5.0)) for r in runners),
+            *(execution.shutdown() for execution in self._runs.values()),
             return_exceptions=True,
         )
         pending = list(self._tasks)
@@ -361,7 +368,12 @@ class NodeAgent:
         spec = cmd.spec
         workdir = self.data_dir / "runs" / _safe(spec.job_id) / str(cmd.run)
         execution = RunExecution(
-            self, cmd, self.profiles.get(spec.model), workdir, self.progress_interval_s
+            self,
+            cmd,
+            self.profiles.get(spec.model),
+            workdir,
+            self.progress_interval_s,
+            identity=self.identity,
         )
         self._runs[execution.key] = execution
         self.spawn(execution.execute(), f"run-{spec.job_id}-{cmd.run}")

@@ -3,7 +3,9 @@
 Keys are run-scoped (``jobs/{job_id}/runs/{run}/output/<name>``,
 ``jobs/{job_id}/runs/{run}/checkpoints/<n>``) so a stale run can never
 overwrite the current run's files: only the current run's completion is
-published, the rest is garbage to collect.
+published, the rest is garbage to collect. The members of a multi-node gang
+write under ``jobs/{job_id}/runs/{run}/ranks/{rank}/...``, so no member
+overwrites another's files (or the result).
 
 Every upload records the object's SHA-256; every download recomputes it and
 raises :class:`ChecksumMismatch` on a difference, so a torn or corrupted file
@@ -73,16 +75,28 @@ class ArtifactStore(Protocol):
 # ---------------------------------------------------------------------------
 # Keys
 # ---------------------------------------------------------------------------
-def run_prefix(job_id: str, run: int) -> str:
-    return f"jobs/{_segment(job_id)}/runs/{int(run)}"
+def run_prefix(job_id: str, run: int, rank: int | None = None) -> str:
+    """A run's key prefix; ``rank`` for a member of a multi-node gang."""
+    prefix = f"jobs/{_segment(job_id)}/runs/{int(run)}"
+    return prefix if rank is None else f"{prefix}/ranks/{int(rank)}"
 
 
-def output_key(job_id: str, run: int, name: str) -> str:
-    return f"{run_prefix(job_id, run)}/output/{_segment(name)}"
+def output_key(job_id: str, run: int, name: str, rank: int | None = None) -> str:
+    return f"{run_prefix(job_id, run, rank)}/output/{_segment(name)}"
 
 
-def checkpoint_key(job_id: str, run: int, n: int | str) -> str:
-    return f"{run_prefix(job_id, run)}/checkpoints/{_segment(str(n))}"
+def checkpoint_key(job_id: str, run: int, n: int | str, rank: int | None = None) -> str:
+    return f"{run_prefix(job_id, run, rank)}/checkpoints/{_segment(str(n))}"
+
+
+def for_rank(key: str, rank: int) -> str:
+    """The same gang member's file, for ``rank``: each member resumes from its
+    own checkpoint of the step the job's checkpoint names. Keys outside the
+    rank layout come back unchanged."""
+    parts = key.split("/")
+    if len(parts) >= 7 and parts[0] == "jobs" and parts[2] == "runs" and parts[4] == "ranks":
+        parts[5] = str(int(rank))
+    return "/".join(parts)
 
 
 def _segment(s: str) -> str:

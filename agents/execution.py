@@ -32,8 +32,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from framespool.agents import reports
-from framespool.agents.artifacts import ArtifactStore, checkpoint_key, output_key
-from framespool.agents.builtin import BuiltinRunner
+from framespool.agents.artifacts import (
+    ArtifactStore,
+    StoredArtifact,
+    checkpoint_key,
+    for_rank,
+    output_key,
+)
+from framespool.agents.builtin import BuiltinRunner, make_runner
+from framespool.agents.gang import GangError, Membership, membership
 from framespool.agents.ledger import ProgressThrottle, RunLedger, RunState
 from framespool.agents.profiles import ModelProfile
 from framespool.agents.runner import (
@@ -46,6 +53,8 @@ from framespool.agents.runner import (
     Progress,
     Runner,
 )
+from framespool.agents.sandbox import Identity, hand_over
+from framespool.agents.uploads import UploadRefused, stage
 from framespool.schemas.events import RunProgress, RunReport, StartRun
 
 log = logging.getLogger(__name__)
@@ -78,30 +87,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def make_runner(
-    profile: ModelProfile,
-    out: Path,
-    workdir: Path,
-    values: dict[str, Any],
-    *,
-    on_progress: Any = None,
-    on_checkpoint: Any = None,
-    **process: Any,
-) -> Runner | BuiltinRunner:
-    """A builtin profile runs in-process; any other is its command, spawned directly."""
-    if profile.builtin:
-        return BuiltinRunner(profile, output_path=out, on_progress=on_progress)
-    return Runner(
-        profile,
-        profile.argv(out=str(out), **values),
-        output_path=out,
-        cwd=workdir,
-        on_progress=on_progress,
-        on_checkpoint=on_checkpoint,
-        **process,
-    )
-
-
 class RunExecution:
     def __init__(
         self,
@@ -110,14 +95,20 @@ class RunExecution:
         profile: ModelProfile | None,
         workdir: Path,
         progress_interval_s: float = 0.2,
+        identity: Identity | None = None,
     ) -> None:
         self.host, self.cmd, self.profile, self.workdir = host, cmd, profile, workdir
+        self.identity = identity
+        self.staging = workdir.with_name(f"{workdir.name}.staging")  # not the generator's
         self.job_id, self.run = cmd.spec.job_id, cmd.run
         self.runner: Runner | BuiltinRunner | None = None
+        self.member = Membership(0, 1)
         self._throttle = ProgressThrottle(progress_interval_s)
         self._uploads: list[asyncio.Task] = []
         self._upload_lock = asyncio.Lock()
         self._checkpointing: asyncio.Task | None = None
+        self._checkpoints_seen = 0
+        self._gang_ended = asyncio.Event()
 
     @property
     def key(self) -> tuple[str, int]:
@@ -133,14 +124,22 @@ class RunExecution:
         )
 
     # -- commands -------------------------------------------------------------
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
         """Stop the process group; a checkpoint in flight is let finish first
         (preemption asks for a checkpoint, then a stop)."""
         if self._checkpointing is not None and not self._checkpointing.done():
             await asyncio.wait([self._checkpointing])
         if self.runner is not None:
-            await self.runner.stop()
+            await self.runner.stop(grace_s)
+        self._gang_ended.set()  # a gang member that finished its part is released
         # Still launching: execute() sees the STOPPING state once the process is up.
+
+    async def shutdown(self) -> None:
+        """The agent is closing: end the process group now (a short grace, no
+        checkpoint wait) and release a gang member's hold; nothing is reported."""
+        self._gang_ended.set()
+        if self.runner is not None:
+            await self.runner.stop(grace_s=min(self.runner.profile.stop_grace_s, 5.0))
 
     def checkpoint(self) -> None:
         if self.runner is None:
@@ -184,20 +183,18 @@ class RunExecution:
         periodic: asyncio.Task | None = None
         try:
             if self.profile is None:
-                await host.report(
-                    reports.failed(
-                        host.node_id,
-                        host.incarnation,
-                        job_id,
-                        n,
-                        now_ms(),
-                        "launch_error",
-                        f"node {host.node_id} has no profile for model {spec.model!r}",
-                    )
+                await self._fail(
+                    "launch_error", f"node {host.node_id} has no profile for model {spec.model!r}"
                 )
                 return
             profile = self.profile
-            self.workdir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.member = membership(cmd, host.node_id, profile.result_rank)
+            except GangError as e:
+                await self._fail("launch_error", str(e))
+                return
+            for sub in ("tmp", "output"):
+                (self.workdir / sub).mkdir(parents=True, exist_ok=True)
             resume = await self._fetch_checkpoint()
             if host.closing:
                 return
@@ -209,8 +206,30 @@ class RunExecution:
                     )
                 )
                 return
+            await asyncio.to_thread(hand_over, self.workdir, self.identity)
             out = self.workdir / "output" / profile.output_name
             gpus = ",".join(str(g) for g in cmd.gpus)
+            rank, world = str(self.member.rank), str(self.member.world_size)
+            process = (
+                {}
+                if profile.builtin
+                else dict(
+                    env={
+                        "CUDA_VISIBLE_DEVICES": gpus,
+                        "FRAMESPOOL_JOB_ID": job_id,
+                        "FRAMESPOOL_RUN": str(n),
+                        "FRAMESPOOL_RANK": rank,
+                        "FRAMESPOOL_WORLD_SIZE": world,
+                        "HOME": str(self.workdir),
+                        "TMPDIR": str(self.workdir / "tmp"),
+                    },
+                    hang_timeout_s=max(
+                        profile.hang_timeout_s / host.time_scale, MIN_HANG_TIMEOUT_S
+                    ),
+                    identity=self.identity,
+                    output_required=self.member.speaks_for_job,
+                )
+            )
             runner = make_runner(
                 profile,
                 out,
@@ -224,24 +243,17 @@ class RunExecution:
                     gpus=gpus,
                     job_id=job_id,
                     run=str(n),
+                    rank=rank,
+                    world_size=world,
                 ),
-                env={
-                    "CUDA_VISIBLE_DEVICES": gpus,
-                    "FRAMESPOOL_JOB_ID": job_id,
-                    "FRAMESPOOL_RUN": str(n),
-                },
-                hang_timeout_s=max(profile.hang_timeout_s / host.time_scale, MIN_HANG_TIMEOUT_S),
                 on_progress=self._on_progress,
                 on_checkpoint=self._on_checkpoint,
+                **process,
             )
             try:
                 await runner.start()
             except LaunchError as e:
-                await host.report(
-                    reports.failed(
-                        host.node_id, host.incarnation, job_id, n, now_ms(), "launch_error", str(e)
-                    )
-                )
+                await self._fail("launch_error", str(e))
                 return
             self.runner = runner  # only a started runner is visible to stop()/checkpoint()
             host.run_started(self)
@@ -257,7 +269,9 @@ class RunExecution:
                     )
             outcome = await self.runner.wait()
             await asyncio.gather(*self._uploads, return_exceptions=True)
-            if not host.closing:
+            if outcome.kind == COMPLETED and not self.member.speaks_for_job:
+                await self._member_done(outcome)
+            elif not host.closing:
                 await self._report_outcome(outcome)
         finally:
             if periodic is not None:
@@ -267,6 +281,21 @@ class RunExecution:
             host.ledger.finished(job_id, n)
             host.run_ended(self)
             shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    async def _fail(self, failure_class: str, reason: str, exit_code: int = 0) -> None:
+        host = self.host
+        await host.report(
+            reports.failed(
+                host.node_id,
+                host.incarnation,
+                *self.key,
+                now_ms(),
+                failure_class,
+                reason,
+                exit_code,
+            )
+        )
 
     async def _fetch_checkpoint(self) -> str | None:
         source = self.cmd.resume_from
@@ -282,6 +311,8 @@ class RunExecution:
             return None
         dest = self.workdir / "resume" / "checkpoint"
         try:
+            if self.member.gang:  # the job's checkpoint names the step; ours is our rank's
+                source = for_rank(self.host.store.key_of(source), self.member.rank)
             await asyncio.to_thread(self.host.store.get_file, source, dest)
             return str(dest)
         except Exception as e:  # missing or corrupt: losing progress beats failing the job
@@ -294,6 +325,48 @@ class RunExecution:
             )
             return None
 
+    async def _upload(self, path: Path, key: str, limit: int, what: str) -> StoredArtifact:
+        """Stage the generator's file (see :mod:`uploads`), upload the copy."""
+        staged = await asyncio.to_thread(stage, path, self.workdir, self.staging, limit, what)
+        try:
+            return await asyncio.to_thread(self.host.store.put_file, key, staged)
+        finally:
+            staged.unlink(missing_ok=True)
+
+    async def _member_done(self, outcome: Outcome) -> None:
+        """A gang member's part is done: keep its output, hold the run until the
+        scheduler ends the gang (see :mod:`gang`)."""
+        host, (job_id, n), profile = self.host, self.key, self.profile
+        assert profile is not None
+        key = output_key(job_id, n, profile.output_name, self.member.key_rank)
+        if outcome.output_path is not None:
+            try:
+                await self._upload(outcome.output_path, key, profile.max_output_bytes, "output")
+            except Exception as e:
+                log.warning(
+                    "job %s run %d on %s: rank %d output not kept: %s",
+                    job_id,
+                    n,
+                    host.node_id,
+                    self.member.rank,
+                    e,
+                )
+        if not self._gang_ended.is_set() and not host.closing:
+            log.info(
+                "job %s run %d on %s: rank %d done; holding the run until the gang ends",
+                job_id,
+                n,
+                host.node_id,
+                self.member.rank,
+            )
+        await self._gang_ended.wait()
+        if not host.closing:
+            entry = host.ledger.entry(job_id, n)
+            reason = entry.stop_reason if entry and entry.stop_reason else "gang ended"
+            await host.report(
+                reports.stopped(host.node_id, host.incarnation, job_id, n, now_ms(), reason)
+            )
+
     async def _report_outcome(self, outcome: Outcome) -> None:
         host, (job_id, n) = self.host, self.key
         assert self.profile is not None
@@ -305,24 +378,21 @@ class RunExecution:
             )
         elif outcome.kind == COMPLETED:
             assert outcome.output_path is not None
-            key = output_key(job_id, n, self.profile.output_name)
+            profile = self.profile
+            key = output_key(job_id, n, profile.output_name, self.member.key_rank)
             try:
-                stored = await asyncio.to_thread(host.store.put_file, key, outcome.output_path)
+                stored = await self._upload(
+                    outcome.output_path, key, profile.max_output_bytes, "output"
+                )
+            except UploadRefused as e:
+                log.warning("job %s run %d on %s: %s", job_id, n, host.node_id, e)
+                await self._fail("generator_error", str(e))
+                return
             except Exception as e:
                 log.error(
                     "job %s run %d on %s: output upload failed: %s", job_id, n, host.node_id, e
                 )
-                await host.report(
-                    reports.failed(
-                        host.node_id,
-                        host.incarnation,
-                        job_id,
-                        n,
-                        now_ms(),
-                        "upload_error",
-                        f"output upload to {key} failed: {e}",
-                    )
-                )
+                await self._fail("upload_error", f"output upload to {key} failed: {e}")
                 return
             await host.report(
                 reports.completed(
@@ -345,18 +415,7 @@ class RunExecution:
             log.warning(
                 "job %s run %d on %s failed (%s): %s", job_id, n, host.node_id, cls, outcome.reason
             )
-            await host.report(
-                reports.failed(
-                    host.node_id,
-                    host.incarnation,
-                    job_id,
-                    n,
-                    now_ms(),
-                    cls,
-                    reason,
-                    outcome.exit_code or 0,
-                )
-            )
+            await self._fail(cls, reason, outcome.exit_code or 0)
 
     # -- runner callbacks ---------------------------------------------------------
     def _on_progress(self, p: Progress) -> None:
@@ -378,20 +437,36 @@ class RunExecution:
         )
 
     def _on_checkpoint(self, cp: Checkpoint) -> None:
+        assert self.profile is not None
+        self._checkpoints_seen += 1
+        if self._checkpoints_seen > self.profile.max_checkpoints:
+            log.warning(
+                "job %s run %d on %s: checkpoint %s dropped: past the profile's"
+                " max_checkpoints (%d)",
+                *self.key,
+                self.host.node_id,
+                cp.path,
+                self.profile.max_checkpoints,
+            )
+            return
         self._uploads.append(asyncio.create_task(self._upload_checkpoint(cp)))
 
     async def _upload_checkpoint(self, cp: Checkpoint) -> None:
-        host, (job_id, n) = self.host, self.key
+        host, (job_id, n), profile = self.host, self.key, self.profile
+        assert profile is not None
         async with self._upload_lock:  # in step order: the last RunCheckpointed is the newest
+            key = checkpoint_key(job_id, n, cp.step, self.member.key_rank)
             try:
-                stored = await asyncio.to_thread(
-                    host.store.put_file, checkpoint_key(job_id, n, cp.step), cp.path
+                stored = await self._upload(
+                    cp.path, key, profile.max_checkpoint_bytes, "checkpoint"
                 )
             except Exception as e:
                 log.error(
                     "job %s run %d on %s: checkpoint upload failed: %s", job_id, n, host.node_id, e
                 )
                 return
+            if not self.member.speaks_for_job:
+                return  # the result rank's checkpoint names the job's step
             last = self.runner.last if self.runner else Progress(0.0, 0, 0)
             progress = cp.step / last.total_steps if last.total_steps else last.progress
             await host.report(

@@ -35,11 +35,11 @@ from pathlib import Path
 
 from framespool.agents.ledger import StepRate
 from framespool.agents.profiles import ModelProfile
+from framespool.agents.sandbox import Identity, generator_env
 
 log = logging.getLogger(__name__)
 
 COMPLETED, FAILED, HUNG, STOPPED = "completed", "failed", "hung", "stopped"
-PATHLIKE_ENV = frozenset({"PYTHONPATH", "PATH", "LD_LIBRARY_PATH"})
 STDERR_TAIL_BYTES = 4000
 LINE_LIMIT = 1 << 20
 
@@ -86,13 +86,17 @@ class Runner:
         on_progress: Callable[[Progress], None] | None = None,
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        identity: Identity | None = None,
+        output_required: bool = True,
     ) -> None:
         self.profile = profile
+        self.identity = identity
+        self.output_required = output_required  # False: a gang member may write none
         self.argv = argv
         self.output_path = output_path
         self.cwd = cwd
         self.hang_timeout_s = profile.hang_timeout_s if hang_timeout_s is None else hang_timeout_s
-        self._env = _merge_env(profile.env, env or {})
+        self._env = generator_env(profile.env, profile.inherit_env, env or {})
         self._on_progress = on_progress
         self._on_checkpoint = on_checkpoint
         self._clock = clock
@@ -125,6 +129,11 @@ class Runner:
         return self._done is not None and not self._done.done()
 
     async def start(self) -> None:
+        as_user = (
+            {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []}
+            if self.identity is not None
+            else {}
+        )
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.argv,
@@ -135,8 +144,9 @@ class Runner:
                 cwd=self.cwd,
                 start_new_session=True,
                 limit=LINE_LIMIT,
+                **as_user,
             )
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in an argument
             raise LaunchError(
                 f"cannot start {self.argv[0]!r} for profile {self.profile.name!r}: {e}"
             ) from e
@@ -219,8 +229,11 @@ class Runner:
                 stderr_tail=tail,
                 reason=f"no progress for {self.hang_timeout_s:g}s (last step {self.last.step})",
             )
-        if rc == 0 and self.output_path.is_file():
+        # Whether the output is a file the agent may upload is decided on upload.
+        if rc == 0 and os.path.lexists(self.output_path):
             return Outcome(COMPLETED, rc, output_path=self.output_path, stderr_tail=tail)
+        if rc == 0 and not self.output_required:
+            return Outcome(COMPLETED, rc, stderr_tail=tail)
         reason = (
             f"exited 0 but wrote no output at {self.output_path}"
             if rc == 0
@@ -326,17 +339,6 @@ class Runner:
             fn(arg)
         except Exception:  # a reporting bug must not kill the run's supervision
             log.exception("runner callback %r failed", fn)
-
-
-def _merge_env(profile_env: dict, extra: dict) -> dict[str, str]:
-    env = dict(os.environ)
-    for source in (profile_env, extra):
-        for key, value in source.items():
-            if key in PATHLIKE_ENV and env.get(key):
-                env[key] = f"{value}{os.pathsep}{env[key]}"
-            else:
-                env[key] = str(value)
-    return env
 
 
 def _describe(rc: int) -> str:

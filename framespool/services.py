@@ -123,6 +123,7 @@ async def run_agent(args: argparse.Namespace) -> None:
         heartbeat_s=args.heartbeat_s,
         time_scale=args.time_scale,
         rail=args.rail,
+        generator_user=args.generator_user,
     )
     if args.metrics_port:
         from framespool.processors.metrics import serve
@@ -182,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     agent.add_argument("--time-scale", type=float, default=1.0)
     agent.add_argument("--heartbeat-s", type=float, default=1.0)
     agent.add_argument("--api-url", default="http://127.0.0.1:8080")
+    agent.add_argument(
+        "--generator-user",
+        default=None,
+        help="unprivileged user (name or uid) generators run as when the agent is root",
+    )
     agent.add_argument(
         "--metrics-port",
         type=int,

@@ -303,7 +303,7 @@ def test_a_prompt_that_looks_like_an_option_is_only_a_prompt(tmp_path, prompt):
 
 
 def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
-    from framespool.agents.execution import make_runner
+    from framespool.agents.builtin import make_runner
     from framespool.agents.profiles import noop_profile
 
     async def no_processes(*a, **kw):

@@ -1,0 +1,372 @@
+"""One run's execution against a fake agent: what a hostile generator can make
+the agent upload, and which rank of a gang speaks for the job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from framespool.agents.artifacts import LocalDirStore
+from framespool.agents.execution import RunExecution
+from framespool.agents.ledger import RunLedger
+from framespool.agents.profiles import ModelProfile, demo_profile
+from framespool.agents.sandbox import generator_identity
+from framespool.schemas.events import (
+    JobSpec,
+    NodeSlice,
+    RunCheckpointed,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    RunStopped,
+    StartRun,
+    StopRun,
+)
+
+NODE = "node-a"
+
+
+class FakeHost:
+    """The RunHost port, recording what a run reports."""
+
+    def __init__(self, tmp_path: Path, node_id: str = NODE, identity: Any = None) -> None:
+        self.identity = identity
+        self.node_id, self.incarnation = node_id, 7
+        self.store = LocalDirStore(tmp_path / "store", secret="s")
+        self.ledger = RunLedger(node_id, 7)
+        self.time_scale, self.closing = 1000.0, False
+        self.reports: list[Any] = []
+        self.progress: list[Any] = []
+        self.data_dir = tmp_path / "agent"
+
+    async def report(self, event: Any) -> None:
+        self.reports.append(event)
+
+    def publish_progress(self, event: Any) -> None:
+        self.progress.append(event)
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task:
+        return asyncio.ensure_future(coro)
+
+    def run_started(self, execution: RunExecution) -> None:
+        pass
+
+    def run_ended(self, execution: RunExecution) -> None:
+        pass
+
+    def of(self, cls: type) -> list[Any]:
+        return [e for e in self.reports if isinstance(e, cls)]
+
+
+def start_run(
+    host: FakeHost,
+    job_id: str = "job-1",
+    *,
+    model: str = "x",
+    params: dict | None = None,
+    placement: tuple[NodeSlice, ...] = (),
+    resume_from: str | None = None,
+) -> StartRun:
+    return StartRun(
+        event_id=uuid.uuid4().hex,
+        ts_ms=0,
+        node_id=host.node_id,
+        incarnation=host.incarnation,
+        run=1,
+        spec=JobSpec(job_id=job_id, tenant="t", model=model, prompt="p", params=params or {}),
+        gpus=(0,),
+        placement=placement,
+        estimate_s=1.0,
+        resume_from=resume_from,
+    )
+
+
+def script_profile(script: str, **extra: Any) -> ModelProfile:
+    """A generator written inline: argv[1] is the output path, cwd its work dir."""
+    return ModelProfile.from_dict(
+        {
+            "name": "script",
+            "command": ["{python}", "-c", script.replace("{", "{{").replace("}", "}}"), "{out}"],
+            "checkpoint": {"signal": "SIGUSR1"},
+            "hang_timeout_s": 30,
+            **extra,
+        }
+    )
+
+
+def execute(host: FakeHost, cmd: StartRun, profile: ModelProfile, then=None) -> RunExecution:
+    workdir = host.data_dir / "runs" / cmd.spec.job_id / str(cmd.run)
+
+    async def main() -> RunExecution:
+        host.ledger.decide(cmd)
+        execution = RunExecution(host, cmd, profile, workdir, identity=host.identity)
+        task = asyncio.ensure_future(execution.execute())
+        if then is not None:
+            await then(execution)
+        await asyncio.wait_for(task, 30)
+        return execution
+
+    return asyncio.run(main())
+
+
+def stored_bytes(host: FakeHost) -> list[bytes]:
+    root = host.store.root
+    return [p.read_bytes() for p in root.rglob("*") if p.is_file() and ".meta" not in p.parts]
+
+
+WRITE_OUTPUT = "import sys,os; os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)\n"
+
+
+# -- uploads: only the generator's own files, within limits --------------------
+@pytest.fixture
+def secret(tmp_path) -> Path:
+    path = tmp_path / "agent-credentials"
+    path.write_bytes(b"AWS_SECRET_ACCESS_KEY=hunter2")
+    return path
+
+
+def test_a_checkpoint_path_outside_the_work_dir_is_not_uploaded(tmp_path, secret):
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + (
+        f"print('{{\"checkpoint\": \"{secret}\", \"step\": 1}}', flush=True)\n"
+        "print('{\"checkpoint\": \"../../../../agent-credentials\", \"step\": 2}', flush=True)\n"
+        "open(sys.argv[1], 'wb').write(b'video')\n"
+    )
+    execute(host, start_run(host), script_profile(script))
+    assert not host.of(RunCheckpointed) and not host.of(RunFailed)
+    assert [c.size_bytes for c in host.of(RunCompleted)] == [5]
+    assert b"AWS_SECRET_ACCESS_KEY=hunter2" not in stored_bytes(host)
+
+
+@pytest.mark.parametrize("how", ["symlink", "symlinked_dir", "hardlink"])
+def test_checkpoints_that_lead_out_of_the_work_dir_are_not_uploaded(tmp_path, secret, how):
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + (
+        "import json\n"
+        f"how, secret = {how!r}, {str(secret)!r}\n"
+        "if how == 'symlink': os.symlink(secret, 'ck'); path = 'ck'\n"
+        "if how == 'symlinked_dir': os.symlink(os.path.dirname(secret), 'd');"
+        " path = 'd/' + os.path.basename(secret)\n"
+        "if how == 'hardlink': os.link(secret, 'ck'); path = 'ck'\n"
+        "print(json.dumps({'checkpoint': path, 'step': 1}), flush=True)\n"
+        "open(sys.argv[1], 'wb').write(b'video')\n"
+    )
+    execute(host, start_run(host), script_profile(script))
+    assert not host.of(RunCheckpointed) and len(host.of(RunCompleted)) == 1
+    assert b"AWS_SECRET_ACCESS_KEY=hunter2" not in stored_bytes(host)
+
+
+def test_an_output_that_is_a_symlink_out_fails_the_run_and_is_not_uploaded(tmp_path, secret):
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + f"os.symlink({str(secret)!r}, sys.argv[1])\n"
+    execute(host, start_run(host), script_profile(script))
+    (failed,) = host.of(RunFailed)
+    assert failed.failure_class == "generator_error" and "symlink" in failed.reason
+    assert not host.of(RunCompleted) and stored_bytes(host) == []
+
+
+def test_a_fifo_as_output_is_refused_without_blocking(tmp_path):
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + "os.mkfifo(sys.argv[1])\n"
+    execute(host, start_run(host), script_profile(script))
+    (failed,) = host.of(RunFailed)
+    assert "not a regular file" in failed.reason
+
+
+def test_outputs_and_checkpoints_over_the_profiles_limits_are_refused(tmp_path):
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + (
+        "open('big-ck', 'wb').write(b'c' * 2000)\n"
+        "print('{\"checkpoint\": \"big-ck\", \"step\": 1}', flush=True)\n"
+        "open('small-ck', 'wb').write(b'c' * 10)\n"
+        "print('{\"checkpoint\": \"small-ck\", \"step\": 2}', flush=True)\n"
+        "open(sys.argv[1], 'wb').write(b'v' * 5000)\n"
+    )
+    profile = script_profile(script, max_output_bytes=4096, max_checkpoint_bytes=1024)
+    execute(host, start_run(host), profile)
+    assert [c.checkpoint_uri.rsplit("/", 1)[1] for c in host.of(RunCheckpointed)] == ["2"]
+    (failed,) = host.of(RunFailed)
+    assert "4096" in failed.reason and "max_output_bytes" in failed.reason
+    assert not host.of(RunCompleted)
+
+
+def test_checkpoints_past_the_profiles_count_are_dropped(tmp_path):
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + (
+        "for i in range(1, 6):\n"
+        "    open(f'ck{i}', 'w').write(str(i))\n"
+        "    print('{\"checkpoint\": \"ck%d\", \"step\": %d}' % (i, i), flush=True)\n"
+        "open(sys.argv[1], 'wb').write(b'v')\n"
+    )
+    execute(host, start_run(host), script_profile(script, max_checkpoints=3))
+    assert len(host.of(RunCheckpointed)) == 3 and len(host.of(RunCompleted)) == 1
+
+
+def test_the_generator_sees_a_minimal_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
+    monkeypatch.setenv("FRAMESPOOL_S3_SECRET", "hunter3")
+    monkeypatch.setenv("HF_HOME", "/models")
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + "import json; json.dump(dict(os.environ), open(sys.argv[1], 'w'))\n"
+    profile = script_profile(script, inherit_env=["HF_HOME"])
+    execute(host, start_run(host), profile)
+    (done,) = host.of(RunCompleted)
+    env = json.loads(host.store.local_path(done.artifact_uri).read_text())
+    assert "hunter2" not in env.values() and "hunter3" not in env.values()
+    assert env["HF_HOME"] == "/models" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env["FRAMESPOOL_JOB_ID"] == "job-1" and env["PATH"]
+    assert Path(env["HOME"]).name == "1" and Path(env["TMPDIR"]).parent == Path(env["HOME"])
+
+
+# -- gangs: per-rank keys, one rank's output is the job's result ----------------
+GANG = (NodeSlice(node_id="node-a", gpus=(0,)), NodeSlice(node_id="node-b", gpus=(0,)))
+
+
+def test_the_result_rank_completes_with_its_own_key(tmp_path):
+    host = FakeHost(tmp_path, "node-a")
+    execute(
+        host,
+        start_run(host, "job-g", model="demo", params={"steps": "2"}, placement=GANG),
+        demo_profile(),
+    )
+    (done,) = host.of(RunCompleted)
+    assert done.artifact_uri == "local://jobs/job-g/runs/1/ranks/0/output/output.gif"
+
+
+def test_another_rank_uploads_its_own_key_and_waits_for_the_gang_to_end(tmp_path):
+    host = FakeHost(tmp_path, "node-b")
+    cmd = start_run(host, "job-g", model="demo", params={"steps": "2"}, placement=GANG)
+    seen: dict[str, Any] = {}
+
+    async def then(execution: RunExecution) -> None:
+        key = "jobs/job-g/runs/1/ranks/1/output/output.gif"
+        while not host.store.exists(key):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        seen["before_stop"] = list(host.reports)
+        seen["listed"] = execution.report()
+        stop = StopRun(
+            event_id="s",
+            ts_ms=0,
+            node_id="node-b",
+            incarnation=7,
+            job_id="job-g",
+            run=1,
+            reason="gang completed",
+        )
+        host.ledger.decide(stop)
+        await execution.stop()
+
+    execute(host, cmd, demo_profile(), then)
+    assert [type(e) for e in seen["before_stop"]] == [RunStarted]
+    assert seen["listed"].job_id == "job-g"
+    assert not host.of(RunCompleted) and not host.of(RunFailed)
+    (stopped,) = host.of(RunStopped)
+    assert stopped.reason == "gang completed"
+
+
+def test_a_non_result_rank_without_output_does_not_fail_the_gang(tmp_path):
+    host = FakeHost(tmp_path, "node-b")
+
+    async def then(execution: RunExecution) -> None:
+        while execution.runner is None or execution.runner.running:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        host.ledger.decide(
+            StopRun(event_id="s", ts_ms=0, node_id="node-b", incarnation=7, job_id="job-g", run=1)
+        )
+        await execution.stop()
+
+    execute(host, start_run(host, "job-g", placement=GANG), script_profile("print('hi')"), then)
+    assert not host.of(RunFailed) and len(host.of(RunStopped)) == 1
+
+
+def test_gang_checkpoints_are_per_rank_and_resume_from_the_same_step(tmp_path):
+    host = FakeHost(tmp_path, "node-b")
+    store = host.store
+    for rank, body in ((0, b"rank zero"), (1, b"rank one")):
+        src = tmp_path / f"ck{rank}"
+        src.write_bytes(body)
+        store.put_file(f"jobs/job-g/runs/1/ranks/{rank}/checkpoints/4", src)
+    script = WRITE_OUTPUT + (
+        "import json\n"
+        "resume = [a for a in sys.argv if a.startswith('--resume=')]\n"
+        "json.dump(open(resume[0][9:]).read() if resume else None, open('got', 'w'))\n"
+        "open('ck', 'w').write('x')\n"
+        "print(json.dumps({'checkpoint': 'ck', 'step': 5}), flush=True)\n"
+        "open(sys.argv[1], 'wb').write(open('got', 'rb').read())\n"
+    )
+    profile = script_profile(script, resume_args=["--resume={resume_from}"])
+    cmd = start_run(
+        host, "job-g", placement=GANG, resume_from="local://jobs/job-g/runs/1/ranks/0/checkpoints/4"
+    )
+    cmd = StartRun(**{**{f: getattr(cmd, f) for f in cmd.__dataclass_fields__}, "run": 2})
+
+    async def then(execution: RunExecution) -> None:
+        key = "jobs/job-g/runs/2/ranks/1/output/output.bin"
+        while not store.exists(key):
+            await asyncio.sleep(0.01)
+        host.ledger.decide(
+            StopRun(event_id="s", ts_ms=0, node_id="node-b", incarnation=7, job_id="job-g", run=2)
+        )
+        await execution.stop()
+
+    execute(host, cmd, profile, then)
+    out = json.loads(store.local_path("jobs/job-g/runs/2/ranks/1/output/output.bin").read_text())
+    assert out == "rank one"
+    assert store.exists("jobs/job-g/runs/2/ranks/1/checkpoints/5")
+    assert not host.of(RunCheckpointed)  # only the result rank's checkpoints name the job's
+
+
+def test_single_node_runs_keep_their_keys(tmp_path):
+    host = FakeHost(tmp_path)
+    one = (NodeSlice(node_id=NODE, gpus=(0,)),)
+    script = WRITE_OUTPUT + "open(sys.argv[1], 'wb').write(b'v')\n"
+    execute(host, start_run(host, placement=one), script_profile(script))
+    (done,) = host.of(RunCompleted)
+    assert done.artifact_uri == "local://jobs/job-1/runs/1/output/output.bin"
+
+
+def test_a_gang_member_not_in_the_placement_fails_to_launch(tmp_path):
+    host = FakeHost(tmp_path, "node-z")
+    execute(host, start_run(host, placement=GANG), script_profile("print(1)"))
+    (failed,) = host.of(RunFailed)
+    assert failed.failure_class == "launch_error" and "node-z" in failed.reason
+
+
+def test_work_dir_is_gone_after_the_run(tmp_path):
+    host = FakeHost(tmp_path)
+    script = WRITE_OUTPUT + "open(sys.argv[1], 'wb').write(b'v')\n"
+    execution = execute(host, start_run(host), script_profile(script))
+    assert not execution.workdir.exists()
+    assert not any(os.scandir(execution.workdir.parent))
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or generator_identity("nobody", 0)[0] is None,
+    reason="dropping to another user needs root and a 'nobody' user",
+)
+def test_a_root_agent_runs_the_generator_as_its_user_in_a_work_dir_it_owns(secret):
+    nobody = generator_identity("nobody", 0)[0]
+    base = Path(tempfile.mkdtemp(prefix="framespool-exec-"))
+    base.chmod(0o755)  # pytest's tmp dirs are 0700: nobody could not reach its work dir
+    try:
+        host = FakeHost(base, identity=nobody)
+        secret.chmod(0o600)
+        ok = ModelProfile.from_dict({"name": "t", "command": ["/usr/bin/touch", "{out}"]})
+        execute(host, start_run(host, "job-t"), ok)
+        assert len(host.of(RunCompleted)) == 1
+        steal = ModelProfile.from_dict({"name": "c", "command": ["/bin/cp", str(secret), "{out}"]})
+        execute(host, start_run(host, "job-c"), steal)
+        (failed,) = host.of(RunFailed)
+        assert "Permission denied" in failed.reason
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
