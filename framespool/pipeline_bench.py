@@ -1,7 +1,7 @@
 """``framespool bench pipeline``: the whole embedded stack, end to end.
 
 Two measurements on a fresh embedded stack whose agents run the zero-work
-``noop`` generator (a shell that reports done), so the numbers are the
+``noop`` generator (in the agent's process, no shell), so the numbers are the
 pipeline's (HTTP API -> commands -> admission -> scheduler -> agent ->
 scheduler -> job-events), not generation's:
 
