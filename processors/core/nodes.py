@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
 
 STOP_RESEND_MS = 5_000
+_LEGACY_EXIT = {"preempt": RunCause.PREEMPTED, "move": RunCause.NODE_DRAINING}
 
 
 class NodeHandlers:
@@ -417,7 +418,9 @@ class NodeHandlers:
         self.end_run(run, confirmed=(), reason=reason)
         if job is None:
             return
-        if run.exit_intent == RunCause.PREEMPTED:
+        # a snapshot taken before causes says "preempt" or "move"
+        cause = _LEGACY_EXIT.get(run.exit_intent, run.exit_intent)
+        if cause == RunCause.PREEMPTED:
             job.preemptions += 1
             self.emit(
                 ev.JobPreempted,
@@ -430,5 +433,5 @@ class NodeHandlers:
             job,
             reason,
             self.config.retry_budget(NODE_LOST) - job.failures.get(NODE_LOST, 0),
-            run.exit_intent,
+            cause,
         )

@@ -221,7 +221,7 @@ class Harness:
     def start_all(self) -> None:
         for key in self.live_runs():
             run = self.cell.runs[key]
-            if run.phase == "assigned":
+            if run.phase == RunPhase.ASSIGNED:
                 self.report(ev.RunStarted, key[0], key[1], next(iter(run.held)))
 
     def complete(self, key: tuple[str, int]) -> list[Any]:

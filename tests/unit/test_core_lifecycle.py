@@ -203,3 +203,42 @@ def test_a_move_off_bad_hardware_says_what_was_bad(health, cause):
     out = h.report(ev.RunCheckpointed, job_id, run, node, checkpoint_uri="mem://ck")
     assert requeued(out).cause == cause and requeued(out).failure_class == ""
     assert requeued(out).reason.startswith("checkpoint-and-move")  # the prose stays, for audit
+
+
+def preempting_cell() -> Harness:
+    """A batch run on the only node, asked to checkpoint for an interactive job."""
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1000)
+    h = Harness(nodes=1, config=config)
+    h.submit(
+        "batch", gpus=8, tier="batch", preemptible=True, checkpoint_interval_s=30, estimate_s=3600
+    )
+    h.start_all()
+    h.tick(100)
+    h.heartbeat("n0")
+    h.submit("hurry", gpus=8, tier="interactive", estimate_s=30)
+    h.tick(31)
+    assert h.cell.runs[("batch", 1)].exit_intent == RunCause.PREEMPTED
+    return h
+
+
+def test_a_preempted_run_is_requeued_with_cause_preempted():
+    h = preempting_cell()
+    out = h.report(ev.RunCheckpointed, "batch", 1, "n0", checkpoint_uri="mem://batch/ck1")
+    assert [type(o) for o in out if isinstance(o, (ev.JobPreempted, ev.JobRequeued))] == [
+        ev.JobPreempted,
+        ev.JobRequeued,
+    ]
+    assert (requeued(out).cause, requeued(out).failure_class) == (RunCause.PREEMPTED, "")
+
+
+def test_an_exit_asked_for_before_causes_existed_still_ends_right():
+    """A snapshot from before causes holds ``exit_intent`` "preempt" or "move"."""
+    for legacy, cause, preempted in [
+        ("preempt", RunCause.PREEMPTED, True),
+        ("move", RunCause.NODE_DRAINING, False),
+    ]:
+        h = preempting_cell()
+        h.cell.runs[("batch", 1)].exit_intent = legacy
+        out = h.report(ev.RunCheckpointed, "batch", 1, "n0", checkpoint_uri="mem://batch/ck1")
+        assert requeued(out).cause == cause
+        assert any(isinstance(o, ev.JobPreempted) for o in out) == preempted
