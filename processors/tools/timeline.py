@@ -121,11 +121,13 @@ def summarize(e: Any) -> str:
         return f"preempted by {e.by_job_id or '?'}: {e.reason}"
     if isinstance(e, ev.JobRequeued):
         resume = f"; resumes from {e.resume_from}" if e.resume_from else ""
-        return f"requeued ({e.retries_left} retries left): {e.reason}{resume}"
+        cause = f"{e.cause}; " if e.cause else ""
+        return f"requeued ({cause}{e.retries_left} retries left): {e.reason}{resume}"
     if isinstance(e, ev.JobCompleted):
         return f"COMPLETED: {e.artifact_uri}, {e.gpu_seconds:g} GPU-seconds"
     if isinstance(e, ev.JobFailed):
-        return f"FAILED ({e.failure_class}): {e.reason}"
+        cause = f"{e.cause}, " if e.cause and e.cause != e.failure_class else ""
+        return f"FAILED ({cause}{e.failure_class}): {e.reason}"
     if isinstance(e, ev.JobCancelled):
         return f"CANCELLED: {e.reason}"
     if isinstance(e, ev.ReportIgnored):

@@ -133,3 +133,31 @@ def test_audit_of_a_waiting_job_refolds_its_cell_and_explains():
     text = report.render()
     assert "blocked (reservation_holder)" in text and "unblocks when:" in text
     assert audit(log.contents(), "nope", log.config).timeline == []
+
+
+def test_the_timeline_names_a_run_ends_cause_code():
+    from framespool.processors.tools.timeline import summarize
+    from framespool.schemas import events as ev
+    from framespool.schemas.causes import RunCause
+
+    requeued = ev.JobRequeued(
+        event_id="e",
+        ts_ms=1,
+        job_id="j",
+        run=1,
+        reason="retry after node_lost: node n1 down: no heartbeat for 6.1s",
+        retries_left=2,
+        cause=RunCause.NODE_DOWN,
+        failure_class="node_lost",
+    )
+    assert summarize(requeued).startswith("requeued (node_down; 2 retries left): retry after")
+    failed = ev.JobFailed(
+        event_id="f",
+        ts_ms=2,
+        job_id="j",
+        run=3,
+        reason="x",
+        failure_class="oom",
+        cause="run_failed",
+    )
+    assert summarize(failed) == "FAILED (run_failed, oom): x"
