@@ -424,6 +424,8 @@ class S3SharedSnapshots(_HeadStore):
             if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise SharedStoreError(f"cannot read s3://{self.bucket}/{key}: {exc}") from exc
+        except Exception as exc:  # connection refused, timeouts: botocore's other errors
+            raise SharedStoreError(f"cannot read s3://{self.bucket}/{key}: {exc}") from exc
 
     def _update_head(self, key: str, change: Callable[[dict | None], Any]) -> Any:
         from botocore.exceptions import ClientError
@@ -448,6 +450,8 @@ class S3SharedSnapshots(_HeadStore):
                 # another writer got in between: re-read and re-decide
                 if self._code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "412"):
                     continue
+                raise SharedStoreError(f"cannot write s3://{self.bucket}/{key}: {exc}") from exc
+            except Exception as exc:
                 raise SharedStoreError(f"cannot write s3://{self.bucket}/{key}: {exc}") from exc
         raise SharedStoreError(f"s3://{self.bucket}/{key}: too much contention on the head")
 

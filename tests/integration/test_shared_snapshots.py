@@ -157,3 +157,15 @@ def test_replaced_and_refused_snapshots_leave_no_bodies_behind(shared):
         shared.publish(meta(4, a), b"zombie")
     assert len(bodies(shared)) == 1
     assert shared.load(NS, 0)[1] == b"xxx"
+
+
+def test_an_unreachable_s3_endpoint_is_a_shared_store_error():
+    from framespool.broker import free_port
+    from framespool.processors.shared_snapshots import SharedStoreError
+
+    dead = S3SharedSnapshots("nowhere", f"http://127.0.0.1:{free_port()}")
+    dead._client.meta.config.retries = {"max_attempts": 1}
+    with pytest.raises(SharedStoreError, match="s3://nowhere"):
+        dead.claim(NS, 0, "a")
+    with pytest.raises(SharedStoreError):
+        dead.owner(NS, 0)

@@ -256,3 +256,37 @@ def test_inputs_missing_between_the_snapshot_and_the_log_are_reported(shared, st
     a.fold(records(0, 5, [b"z"]))  # 2..4 were deleted by retention
     assert a.gaps == [(0, 2, 5)]
     assert "inputs 2..4 are no longer in the log" in caplog.text
+
+
+def test_an_unreachable_shared_store_on_assignment_stops_the_runner(tmp_path):
+    """Without an owner epoch the instance could not be fenced: it must not process."""
+    import threading
+
+    from framespool.log.memory import MemoryLog
+    from framespool.processors.app import ProcessorFailed, ProcessorRunner
+    from framespool.processors.shared_snapshots import SharedStoreError
+    from framespool.schemas.topics import Topic
+    from tests.unit.test_snapshots import Journal, JournalConsumer, JournalProducer
+
+    class Down(MemorySharedSnapshots):
+        def claim(self, namespace, partition, instance):
+            raise SharedStoreError("s3://bucket: connection refused")
+
+    journal, stop = Journal(), threading.Event()
+    log = MemoryLog([Topic(TOPIC, 1, "x"), Topic("out", 1, "x"), Topic("dlq", 1, "x")])
+    consumer = JournalConsumer(log, journal, [records(0, 0, [b"a"])], stop, "g")
+    store = SnapshotStore(tmp_path / "s", TOPIC)
+    runner = ProcessorRunner(
+        StatefulProcessor(ListFold(), store, TOPIC, shared=Down()),
+        "fake:9092",
+        "g",
+        input_topic=Topic(TOPIC, 1, "x"),
+        consumer_factory=lambda *args, **kwargs: consumer,
+        producer_factory=lambda *args, **kwargs: JournalProducer(log, journal),
+    )
+    try:
+        with pytest.raises(ProcessorFailed, match="cannot claim partitions"):
+            runner.run(stop)
+    finally:
+        store.close()
+    assert journal == ["assigned", "closed", "producer closed"]  # nothing produced or committed
