@@ -165,14 +165,25 @@ class ProcessorRunner:
         except SharedStoreError as exc:  # no owner epoch, no fencing: do not process
             raise ProcessorFailed(f"cannot claim partitions {numbers}: {exc}") from exc
         consumer.assign(self.input_topic.name, numbers, starts)
-        log.info("assigned %s partitions %s", self.input_topic.name, numbers)
+        # machine-readable (the chaos drill times takeovers from these lines)
+        log.info(
+            "assigned %s partitions %s",
+            self.input_topic.name,
+            numbers,
+            extra={"rebalance": "assigned", "partitions": numbers},
+        )
         self.assigned.set()
 
     def _on_revoke(self, parts: list[TopicPartition]) -> None:
         numbers = sorted(p.partition for p in parts if p.topic == self.input_topic.name)
         for p in numbers:
             self.processor.revoke(p)
-        log.info("revoked %s partitions %s", self.input_topic.name, numbers)
+        log.info(
+            "revoked %s partitions %s",
+            self.input_topic.name,
+            numbers,
+            extra={"rebalance": "revoked", "partitions": numbers},
+        )
 
     # -- the loop ----------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
