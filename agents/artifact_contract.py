@@ -21,6 +21,7 @@ from framespool.agents.artifacts import (
     ChecksumMismatch,
     InvalidKey,
     checkpoint_key,
+    for_rank,
     output_key,
 )
 
@@ -84,6 +85,22 @@ class ArtifactStoreContract:
         assert a.uri != b.uri
         store.get_file(a.uri, tmp_path / "got")
         assert (tmp_path / "got").read_bytes() == b"run one"
+
+    def test_gang_ranks_have_separate_keys_and_signed_urls(self, store, tmp_path):
+        keys = [output_key("job-g", 1, "out", rank) for rank in (0, 1)]
+        assert keys == [
+            "jobs/job-g/runs/1/ranks/0/output/out",
+            "jobs/job-g/runs/1/ranks/1/output/out",
+        ]
+        a = store.put_file(keys[0], _write(tmp_path / "a", b"rank 0"))
+        store.put_file(keys[1], _write(tmp_path / "b", b"rank 1"))
+        store.get_file(a.uri, tmp_path / "got")
+        assert (tmp_path / "got").read_bytes() == b"rank 0"
+        assert "ranks/0" in store.signed_url(a.uri, expires_s=60)
+        ck = checkpoint_key("job-g", 1, 4, 0)
+        assert ck == "jobs/job-g/runs/1/ranks/0/checkpoints/4"
+        assert for_rank(ck, 3) == "jobs/job-g/runs/1/ranks/3/checkpoints/4"
+        assert for_rank(checkpoint_key("job-g", 1, 4), 3) == "jobs/job-g/runs/1/checkpoints/4"
 
     @pytest.mark.parametrize(
         "key", ["", "/abs/key", "a/../b", "a//b", "../escape", "a/./b", "a/.hidden"]

@@ -67,7 +67,7 @@ class ArtifactStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
-    def signed_url(self, key: str, expires_s: int = 3600) -> str: ...
+    def signed_url(self, key: str, expires_s: int = 3600, *, tenant: str = "") -> str: ...
 
     def key_of(self, key_or_uri: str) -> str: ...
 
@@ -219,21 +219,31 @@ class LocalDirStore:
         return self._path(self.key_of(key_or_uri))
 
     # -- signed URLs ----------------------------------------------------------
-    def _sign(self, key: str, expires: int) -> str:
-        return hmac.new(self._secret, f"{key}\n{expires}".encode(), hashlib.sha256).hexdigest()
+    def _sign(self, key: str, expires: int, tenant: str = "") -> str:
+        # with a tenant, the signature binds it too (the key names the job and run)
+        message = f"{tenant}\n{key}\n{expires}" if tenant else f"{key}\n{expires}"
+        return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
 
-    def signed_url(self, key: str, expires_s: int = 3600) -> str:
+    def signed_url(self, key: str, expires_s: int = 3600, *, tenant: str = "") -> str:
         key = self.key_of(key)
         expires = int(self._clock()) + int(expires_s)
+        bound = f"tenant={quote(tenant, safe='')}&" if tenant else ""
         return (
             f"{self.url_base}/v1/artifacts/{quote(key, safe='/')}"
-            f"?expires={expires}&sig={self._sign(key, expires)}"
+            f"?{bound}expires={expires}&sig={self._sign(key, expires, tenant)}"
         )
 
     def verify_signature(
-        self, key: str, expires: int | str, sig: str, now: float | None = None
+        self,
+        key: str,
+        expires: int | str,
+        sig: str,
+        now: float | None = None,
+        *,
+        tenant: str = "",
     ) -> bool:
-        """True only for an untampered URL that has not expired at ``now``."""
+        """True only for an untampered URL (for ``tenant``, if it was bound to one) that has
+        not expired at ``now``."""
         try:
             key = validate_key(key)
             expires = int(expires)
@@ -242,7 +252,7 @@ class LocalDirStore:
         now = self._clock() if now is None else now
         if now > expires:
             return False
-        return hmac.compare_digest(self._sign(key, expires), str(sig))
+        return hmac.compare_digest(self._sign(key, expires, tenant), str(sig))
 
 
 def _verify(key: str, got: str, recorded: str | None, tmp: Path) -> None:
@@ -357,7 +367,8 @@ class S3Store:
                 return False
             raise ArtifactError(f"cannot check s3://{self.bucket}/{key}: {e}") from e
 
-    def signed_url(self, key: str, expires_s: int = 3600) -> str:
+    def signed_url(self, key: str, expires_s: int = 3600, *, tenant: str = "") -> str:
+        """A presigned GET (SigV4; the bucket's URLs name no tenant, the key names the job)."""
         return self._client.generate_presigned_url(
             "get_object",
             Params={"Bucket": self.bucket, "Key": self.key_of(key)},

@@ -18,18 +18,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from framespool.agents.profiles import ModelProfile
-from framespool.agents.runner import (
-    COMPLETED,
-    FAILED,
-    STOPPED,
-    Checkpoint,
-    Outcome,
-    Progress,
-    Runner,
-)
+from framespool.agents.runner import COMPLETED, FAILED, STOPPED, Checkpoint, Outcome, Progress
 
 log = logging.getLogger(__name__)
 
@@ -101,27 +92,3 @@ class BuiltinRunner:
         if self._task is not None and not self._task.done():
             self._stopped = True
             self._task.cancel()
-
-
-def make_runner(
-    profile: ModelProfile,
-    out: Path,
-    workdir: Path,
-    values: dict[str, Any],
-    *,
-    on_progress: Any = None,
-    on_checkpoint: Any = None,
-    **process: Any,
-) -> Runner | BuiltinRunner:
-    """A builtin profile runs in-process; any other is its command, spawned directly."""
-    if profile.builtin:
-        return BuiltinRunner(profile, output_path=out, on_progress=on_progress)
-    return Runner(
-        profile,
-        profile.argv(out=str(out), **values),
-        output_path=out,
-        cwd=workdir,
-        on_progress=on_progress,
-        on_checkpoint=on_checkpoint,
-        **process,
-    )

@@ -155,10 +155,20 @@ def write_checkpoint(gen: Generator, directory: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    # A tenant's text arrives as --prompt=TEXT / --params-json=JSON and is taken
+    # verbatim here: argparse would turn a value of exactly "--" into [].
+    data: dict[str, str] = {}
+    rest: list[str] = []
+    for arg in sys.argv[1:] if argv is None else argv:
+        name, eq, value = arg.partition("=")
+        if eq and name in ("--prompt", "--params-json") and name not in data:
+            data[name] = value
+        else:
+            rest.append(arg)
     p = argparse.ArgumentParser(
         prog="python -m framespool.agents.demo_generator", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required="--prompt" not in data)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument(
         "--params-json",
@@ -184,7 +194,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="start a helper process (reported as {\"child_pid\": n}) like real multi-GPU workers",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(rest)
+    if "--prompt" in data:
+        args.prompt = data["--prompt"]
+    if "--params-json" in data:
+        args.params_json = data["--params-json"]
+    return args
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:

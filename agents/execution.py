@@ -2,27 +2,30 @@
 
 Theory of operation
 -------------------
-1. Without a profile for the job's model the run fails at once
-   (``launch_error``), naming the models this node knows.
-2. With ``resume_from``, the checkpoint is downloaded (checksum-verified); an
-   unusable one is logged and the run starts from scratch: losing progress
-   beats failing the job.
-3. The generator starts (``RunStarted``); a stop that arrived meanwhile stops
-   it at once. Periodic checkpoints are requested every
+1. Without a profile for the job's model, or with a placement this node has
+   no rank in, the run fails at once (``launch_error``).
+2. With ``resume_from``, the checkpoint (this rank's, in a gang) is
+   downloaded and checksum-verified; an unusable one is logged and the run
+   starts from scratch: losing progress beats failing the job.
+3. The work directory goes to the generator's user; the generator starts
+   (``RunStarted``) with a minimal environment; a stop that arrived meanwhile
+   stops it at once. Periodic checkpoints are requested every
    ``checkpoint_interval_s / time_scale`` when the spec asks for them.
 4. Progress goes to the progress topic through a per-run throttle; every
-   checkpoint the generator reports is uploaded under a run-scoped key and
-   reported (``RunCheckpointed``), in step order.
+   checkpoint the generator reports is staged from its work directory (see
+   :mod:`keeping`), uploaded under a run-scoped key and, by the rank that
+   speaks for the job, reported (``RunCheckpointed``), in step order.
 5. When the process group is gone, pending checkpoint uploads finish, then the
    run ends with exactly one of ``RunCompleted`` (output uploaded with its
    digest), ``RunFailed`` (class, reason with stderr tail, exit code) or
-   ``RunStopped``. While the agent shuts down nothing is reported.
+   ``RunStopped``. A gang member other than the result rank that exits 0
+   holds the run until the gang is stopped (see :mod:`gang`). While the agent
+   shuts down nothing is reported.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import time
@@ -34,13 +37,11 @@ from typing import Any, Protocol
 from framespool.agents import reports
 from framespool.agents.artifacts import (
     ArtifactStore,
-    StoredArtifact,
-    checkpoint_key,
-    for_rank,
-    output_key,
 )
-from framespool.agents.builtin import BuiltinRunner, make_runner
+from framespool.agents.builtin import BuiltinRunner
 from framespool.agents.gang import GangError, Membership, membership
+from framespool.agents.keeping import RunFiles
+from framespool.agents.launch import runner_for
 from framespool.agents.ledger import ProgressThrottle, RunLedger, RunState
 from framespool.agents.profiles import ModelProfile
 from framespool.agents.runner import (
@@ -54,12 +55,10 @@ from framespool.agents.runner import (
     Runner,
 )
 from framespool.agents.sandbox import Identity, hand_over
-from framespool.agents.uploads import UploadRefused, stage
+from framespool.agents.uploads import UploadRefused
 from framespool.schemas.events import RunProgress, RunReport, StartRun
 
 log = logging.getLogger(__name__)
-
-MIN_HANG_TIMEOUT_S = 2.0  # a time-scaled hang timeout never drops below process start-up time
 
 
 class RunHost(Protocol):
@@ -103,11 +102,11 @@ class RunExecution:
         self.job_id, self.run = cmd.spec.job_id, cmd.run
         self.runner: Runner | BuiltinRunner | None = None
         self.member = Membership(0, 1)
+        self.files: RunFiles  # set by execute() once the run's place is known
         self._throttle = ProgressThrottle(progress_interval_s)
         self._uploads: list[asyncio.Task] = []
         self._upload_lock = asyncio.Lock()
         self._checkpointing: asyncio.Task | None = None
-        self._checkpoints_seen = 0
         self._gang_ended = asyncio.Event()
 
     @property
@@ -193,9 +192,12 @@ class RunExecution:
             except GangError as e:
                 await self._fail("launch_error", str(e))
                 return
+            self.files = RunFiles(
+                host.store, profile, job_id, n, self.member, self.workdir, self.staging
+            )
             for sub in ("tmp", "output"):
                 (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-            resume = await self._fetch_checkpoint()
+            resume = await self.files.resume(self.cmd.resume_from, host.node_id)
             if host.closing:
                 return
             entry = host.ledger.entry(job_id, n)
@@ -207,48 +209,16 @@ class RunExecution:
                 )
                 return
             await asyncio.to_thread(hand_over, self.workdir, self.identity)
-            out = self.workdir / "output" / profile.output_name
-            gpus = ",".join(str(g) for g in cmd.gpus)
-            rank, world = str(self.member.rank), str(self.member.world_size)
-            process = (
-                {}
-                if profile.builtin
-                else dict(
-                    env={
-                        "CUDA_VISIBLE_DEVICES": gpus,
-                        "FRAMESPOOL_JOB_ID": job_id,
-                        "FRAMESPOOL_RUN": str(n),
-                        "FRAMESPOOL_RANK": rank,
-                        "FRAMESPOOL_WORLD_SIZE": world,
-                        "HOME": str(self.workdir),
-                        "TMPDIR": str(self.workdir / "tmp"),
-                    },
-                    hang_timeout_s=max(
-                        profile.hang_timeout_s / host.time_scale, MIN_HANG_TIMEOUT_S
-                    ),
-                    identity=self.identity,
-                    output_required=self.member.speaks_for_job,
-                )
-            )
-            runner = make_runner(
+            runner = runner_for(
                 profile,
-                out,
+                cmd,
                 self.workdir,
-                dict(
-                    prompt=spec.prompt,
-                    params_json=json.dumps(dict(spec.params), sort_keys=True),
-                    checkpoint_dir=str(self.workdir / "checkpoints"),
-                    resume_from=resume,
-                    time_scale=repr(float(host.time_scale)),
-                    gpus=gpus,
-                    job_id=job_id,
-                    run=str(n),
-                    rank=rank,
-                    world_size=world,
-                ),
+                self.member,
+                resume_from=resume,
+                time_scale=host.time_scale,
+                identity=self.identity,
                 on_progress=self._on_progress,
                 on_checkpoint=self._on_checkpoint,
-                **process,
             )
             try:
                 await runner.start()
@@ -297,51 +267,13 @@ class RunExecution:
             )
         )
 
-    async def _fetch_checkpoint(self) -> str | None:
-        source = self.cmd.resume_from
-        if not source:
-            return None
-        assert self.profile is not None
-        if not self.profile.can_resume:
-            log.warning(
-                "job %s run %d: profile %s cannot resume; starting from scratch",
-                *self.key,
-                self.profile.name,
-            )
-            return None
-        dest = self.workdir / "resume" / "checkpoint"
-        try:
-            if self.member.gang:  # the job's checkpoint names the step; ours is our rank's
-                source = for_rank(self.host.store.key_of(source), self.member.rank)
-            await asyncio.to_thread(self.host.store.get_file, source, dest)
-            return str(dest)
-        except Exception as e:  # missing or corrupt: losing progress beats failing the job
-            log.error(
-                "job %s run %d on %s: checkpoint %s unusable (%s); starting from scratch",
-                *self.key,
-                self.host.node_id,
-                source,
-                e,
-            )
-            return None
-
-    async def _upload(self, path: Path, key: str, limit: int, what: str) -> StoredArtifact:
-        """Stage the generator's file (see :mod:`uploads`), upload the copy."""
-        staged = await asyncio.to_thread(stage, path, self.workdir, self.staging, limit, what)
-        try:
-            return await asyncio.to_thread(self.host.store.put_file, key, staged)
-        finally:
-            staged.unlink(missing_ok=True)
-
     async def _member_done(self, outcome: Outcome) -> None:
         """A gang member's part is done: keep its output, hold the run until the
         scheduler ends the gang (see :mod:`gang`)."""
-        host, (job_id, n), profile = self.host, self.key, self.profile
-        assert profile is not None
-        key = output_key(job_id, n, profile.output_name, self.member.key_rank)
+        host, (job_id, n) = self.host, self.key
         if outcome.output_path is not None:
             try:
-                await self._upload(outcome.output_path, key, profile.max_output_bytes, "output")
+                await self.files.keep_output(outcome.output_path)
             except Exception as e:
                 log.warning(
                     "job %s run %d on %s: rank %d output not kept: %s",
@@ -378,12 +310,8 @@ class RunExecution:
             )
         elif outcome.kind == COMPLETED:
             assert outcome.output_path is not None
-            profile = self.profile
-            key = output_key(job_id, n, profile.output_name, self.member.key_rank)
             try:
-                stored = await self._upload(
-                    outcome.output_path, key, profile.max_output_bytes, "output"
-                )
+                stored = await self.files.keep_output(outcome.output_path)
             except UploadRefused as e:
                 log.warning("job %s run %d on %s: %s", job_id, n, host.node_id, e)
                 await self._fail("generator_error", str(e))
@@ -392,7 +320,9 @@ class RunExecution:
                 log.error(
                     "job %s run %d on %s: output upload failed: %s", job_id, n, host.node_id, e
                 )
-                await self._fail("upload_error", f"output upload to {key} failed: {e}")
+                await self._fail(
+                    "upload_error", f"output upload to {self.files.output_key} failed: {e}"
+                )
                 return
             await host.report(
                 reports.completed(
@@ -438,8 +368,7 @@ class RunExecution:
 
     def _on_checkpoint(self, cp: Checkpoint) -> None:
         assert self.profile is not None
-        self._checkpoints_seen += 1
-        if self._checkpoints_seen > self.profile.max_checkpoints:
+        if not self.files.admit_checkpoint():
             log.warning(
                 "job %s run %d on %s: checkpoint %s dropped: past the profile's"
                 " max_checkpoints (%d)",
@@ -452,14 +381,10 @@ class RunExecution:
         self._uploads.append(asyncio.create_task(self._upload_checkpoint(cp)))
 
     async def _upload_checkpoint(self, cp: Checkpoint) -> None:
-        host, (job_id, n), profile = self.host, self.key, self.profile
-        assert profile is not None
+        host, (job_id, n) = self.host, self.key
         async with self._upload_lock:  # in step order: the last RunCheckpointed is the newest
-            key = checkpoint_key(job_id, n, cp.step, self.member.key_rank)
             try:
-                stored = await self._upload(
-                    cp.path, key, profile.max_checkpoint_bytes, "checkpoint"
-                )
+                stored = await self.files.keep_checkpoint(cp.path, cp.step)
             except Exception as e:
                 log.error(
                     "job %s run %d on %s: checkpoint upload failed: %s", job_id, n, host.node_id, e

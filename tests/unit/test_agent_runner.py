@@ -285,7 +285,9 @@ def test_status_lines_keep_a_busy_generator_from_counting_as_hung(tmp_path):
     assert asyncio.run(main()).kind == COMPLETED
 
 
-@pytest.mark.parametrize("prompt", ["--fail-at-step=0", "-h", "--hang-at-step=1 --ignore-sigterm"])
+@pytest.mark.parametrize(
+    "prompt", ["--fail-at-step=0", "-h", "--", "--hang-at-step=1 --ignore-sigterm"]
+)
 def test_a_prompt_that_looks_like_an_option_is_only_a_prompt(tmp_path, prompt):
     checkpoints = []
 
@@ -303,7 +305,7 @@ def test_a_prompt_that_looks_like_an_option_is_only_a_prompt(tmp_path, prompt):
 
 
 def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
-    from framespool.agents.builtin import make_runner
+    from framespool.agents.launch import make_runner
     from framespool.agents.profiles import noop_profile
 
     async def no_processes(*a, **kw):

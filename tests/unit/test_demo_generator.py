@@ -254,3 +254,9 @@ def test_params_arrive_as_strings_and_flags_win():
 def test_bad_params_exit_with_usage_error(tmp_path, params):
     rc, _, err = run_gen(tmp_path / "o.gif", "--params-json", params)
     assert rc == EXIT_USAGE and "demo_generator:" in err
+
+
+@pytest.mark.parametrize("prompt", ["--fail-at-step=0", "-h", "--", "--out=/etc/passwd"])
+def test_a_prompt_given_as_its_options_value_is_only_a_prompt(prompt):
+    args = parse_args([f"--prompt={prompt}", "--out", "o.gif", '--params-json={"steps": "2"}'])
+    assert args.prompt == prompt and args.out == Path("o.gif") and args.fail_at_step is None

@@ -1,0 +1,98 @@
+"""How a ``StartRun`` becomes a runner: the profile's placeholders filled from
+the job's spec and this node's place in the run, the generator's own
+variables, and the choice between an in-process builtin and a spawned command
+(never through a shell)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from framespool.agents.builtin import BuiltinRunner
+from framespool.agents.gang import Membership
+from framespool.agents.profiles import ModelProfile
+from framespool.agents.runner import Checkpoint, Progress, Runner
+from framespool.agents.sandbox import Identity
+from framespool.schemas.events import StartRun
+
+MIN_HANG_TIMEOUT_S = 2.0  # a time-scaled hang timeout never drops below process start-up time
+
+
+def make_runner(
+    profile: ModelProfile,
+    out: Path,
+    workdir: Path,
+    values: dict[str, Any],
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_checkpoint: Callable[[Checkpoint], None] | None = None,
+    **process: Any,
+) -> Runner | BuiltinRunner:
+    """A builtin profile runs in-process; any other is its command, spawned directly."""
+    if profile.builtin:
+        return BuiltinRunner(profile, output_path=out, on_progress=on_progress)
+    return Runner(
+        profile,
+        profile.argv(out=str(out), **values),
+        output_path=out,
+        cwd=workdir,
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        **process,
+    )
+
+
+def runner_for(
+    profile: ModelProfile,
+    cmd: StartRun,
+    workdir: Path,
+    member: Membership,
+    *,
+    resume_from: str | None,
+    time_scale: float,
+    identity: Identity | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_checkpoint: Callable[[Checkpoint], None] | None = None,
+) -> Runner | BuiltinRunner:
+    """The runner for one run in ``workdir`` (not started)."""
+    spec, n = cmd.spec, str(cmd.run)
+    gpus = ",".join(str(g) for g in cmd.gpus)
+    rank, world = str(member.rank), str(member.world_size)
+    process = {}
+    if not profile.builtin:
+        process = dict(
+            env={
+                "CUDA_VISIBLE_DEVICES": gpus,
+                "FRAMESPOOL_JOB_ID": spec.job_id,
+                "FRAMESPOOL_RUN": n,
+                "FRAMESPOOL_RANK": rank,
+                "FRAMESPOOL_WORLD_SIZE": world,
+                "HOME": str(workdir),
+                "TMPDIR": str(workdir / "tmp"),
+            },
+            hang_timeout_s=max(profile.hang_timeout_s / time_scale, MIN_HANG_TIMEOUT_S),
+            identity=identity,
+            output_required=member.speaks_for_job,
+        )
+    return make_runner(
+        profile,
+        workdir / "output" / profile.output_name,
+        workdir,
+        dict(
+            prompt=spec.prompt,
+            params_json=json.dumps(dict(spec.params), sort_keys=True),
+            checkpoint_dir=str(workdir / "checkpoints"),
+            resume_from=resume_from,
+            time_scale=repr(float(time_scale)),
+            gpus=gpus,
+            job_id=spec.job_id,
+            run=n,
+            rank=rank,
+            world_size=world,
+        ),
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        **process,
+    )
