@@ -6,14 +6,20 @@ Theory of operation
 threads of its own besides the caller's:
 
 1. a :class:`Watcher` that follows ``job-events`` (terminal events, node
-   states, the last ``CellStatus``), the cell-0 partition of the scheduler
-   topic (recent agent reports, to duplicate) and ``dead-letter``;
+   states, every cell's last ``CellStatus``), every cell's partition of the
+   scheduler topic (recent agent reports, to duplicate) and ``dead-letter``;
 2. a submitter that POSTs each planned job at its time (idempotency key
    ``chaos-<seed>-<index>``, retried on connection errors);
 3. the caller's thread, which runs the fault actions at their times, restarts
-   agents whose node left service without a fault of ours (an operator's
-   job: a node the scheduler declared DOWN never re-registers by itself), and
-   decides when the run is over.
+   agents whose node left service without a fault of ours, or whose process
+   died (an operator's job), and decides when the run is over. A node of a
+   ``down_agent`` fault is left alone until the fault's ``heal_check``: its
+   agent must re-register by itself, and the report says whether it did.
+
+The stack runs ``cells`` cells and ``schedulers`` scheduler instances
+(``scheduler-<i>``) sharing them through their consumer group, with shared
+snapshots in ``<data-dir>/shared-snapshots`` (so a taken-over cell starts from
+its last published state, and a resumed zombie is fenced by owner epoch).
 
 The plan and the accounting are pure (:mod:`framespool.chaos.plan`); this module
 only does what they say and reads the log back.
@@ -25,6 +31,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import tempfile
 import threading
@@ -39,6 +46,7 @@ from typing import Any
 from framespool.agents import faults as node_faults
 from framespool.broker import free_port
 from framespool.chaos import plan as chaos
+from framespool.chaos import takeover
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.states import NodeState
@@ -61,6 +69,9 @@ class ChaosConfig:
     gpus_per_node: int = 8
     data_dir: Path | None = None
     timeout_s: float | None = None  # default: from the plan's expected length
+    cells: int = 2
+    schedulers: int = 2
+    shared_snapshots: bool = True
     settle_s: float = 30.0
     stall_s: float = 180.0  # no job ended this long (all submitted): give up
     timing: chaos.Timing = field(default_factory=chaos.Timing)
@@ -68,23 +79,24 @@ class ChaosConfig:
 
 
 class Watcher(threading.Thread):
-    """Follows job-events, the cell-0 scheduler partition and dead-letter from offset 0."""
+    """Follows job-events, the cells' scheduler partitions and dead-letter from offset 0."""
 
-    def __init__(self, bootstrap: str, topics: Topics = catalogue) -> None:
+    def __init__(self, bootstrap: str, topics: Topics = catalogue, cells: int = 1) -> None:
         super().__init__(name="chaos-watcher", daemon=True)
         from framespool.log import LogConsumer
 
         self._jobs = LogConsumer(bootstrap)
         self._jobs.assign(topics.JOB_EVENTS.name, range(topics.JOB_EVENTS.partitions), 0)
         self._sched = LogConsumer(bootstrap)
-        self._sched.assign(topics.SCHEDULER.name, [0], 0)
+        self._sched.assign(topics.SCHEDULER.name, range(cells), 0)
         self._dead = LogConsumer(bootstrap)
         self._dead.assign(topics.DEAD_LETTER.name, range(topics.DEAD_LETTER.partitions), 0)
         self.lock = threading.Lock()
         self.terminal: set[str] = set()
         self.node_state: dict[str, tuple[str, float, str]] = {}  # node -> (state, since, why)
-        self.busy_gpus: int | None = None
-        self.statuses = 0
+        self.incarnation: dict[str, int] = {}  # node -> the incarnation its last state named
+        self.busy_gpus: dict[str, int] = {}  # cell -> GPUs its last CellStatus shows in use
+        self.statuses: Counter = Counter()  # cell -> CellStatus records seen
         self.recent: deque = deque(maxlen=600)  # agent-report records
         self.dead_values: set[bytes] = set()
         self.stopping = threading.Event()
@@ -111,9 +123,10 @@ class Watcher(threading.Thread):
                         self.terminal.add(e.job_id)
                     elif isinstance(e, ev.NodeStateChanged) and e.gpu < 0:
                         self.node_state[e.node_id] = (e.state, time.monotonic(), e.reason)
-                    elif isinstance(e, ev.CellStatus) and e.cell == "cell-0":
-                        self.busy_gpus = sum(1 for n in e.nodes for g in n.gpus if g.job_id)
-                        self.statuses += 1
+                        self.incarnation[e.node_id] = e.incarnation
+                    elif isinstance(e, ev.CellStatus):
+                        self.busy_gpus[e.cell] = sum(1 for n in e.nodes for g in n.gpus if g.job_id)
+                        self.statuses[e.cell] += 1
                 for rec in sched:
                     try:
                         e = codec.decode(rec.value)
@@ -136,11 +149,21 @@ def chaos_stack(
     gpus_per_node: int = 8,
     time_scale: float = 10.0,
     timing: chaos.Timing = chaos.Timing(),
+    cells: int = 1,
+    schedulers: int = 1,
+    shared_snapshots: bool = True,
 ) -> Stack:
     """An embedded stack configured as the drill runs it: no admission rate limit, the
-    timing's leases, simulated GPUs whose faults follow ``agents/<node>/faults.json``."""
+    timing's leases, simulated GPUs whose faults follow ``agents/<node>/faults.json``,
+    ``cells`` cells shared by ``schedulers`` instances (with shared snapshots in
+    ``<data_dir>/shared-snapshots`` unless told otherwise)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    env: dict[str, str] = {}
+    if shared_snapshots:
+        shared = data_dir / "shared-snapshots"
+        shutil.rmtree(shared, ignore_errors=True)  # the log they were cut from is gone
+        env["FRAMESPOOL_SHARED_SNAPSHOTS"] = str(shared)
     config_path = data_dir / "chaos-processors.json"
     config_path.write_text(
         json.dumps(
@@ -152,13 +175,19 @@ def chaos_stack(
             data_dir=data_dir,
             port=free_port(),
             nodes=nodes,
-            cells=1,  # the drill's accounting follows one cell and one scheduler instance
-            schedulers=1,
+            cells=cells,
+            schedulers=schedulers,
             gpus_per_node=gpus_per_node,
             time_scale=time_scale,
             processor_config=config_path,
+            extra_env=env,
         )
     )
+
+
+def scheduler_instance(target: str) -> str:
+    """A scheduler fault's target as a process name (``scheduler`` alone: the first)."""
+    return target if target.startswith("scheduler-") else "scheduler-0"
 
 
 def restart_process(stack: Stack, name: str) -> Process:
@@ -258,7 +287,14 @@ class ChaosRun:
         self.plans = chaos.build_workload(c.seed, c.jobs, c.time_scale)
         self.span_s = chaos.expected_span_s(self.plans, c.nodes * c.gpus_per_node)
         self.faults = chaos.build_schedule(
-            c.seed, c.jobs, c.nodes, c.gpus_per_node, max(20.0, 0.7 * self.span_s), c.timing
+            c.seed,
+            c.jobs,
+            c.nodes,
+            c.gpus_per_node,
+            max(20.0, 0.7 * self.span_s),
+            c.timing,
+            c.cells,
+            c.schedulers,
         )
         self.actions = chaos.actions_of(self.faults, c.timing)
         self.timeout_s = c.timeout_s or max(300.0, 3 * self.span_s + 120)
@@ -276,12 +312,22 @@ class ChaosRun:
         self.gpu_faults: dict[str, dict[str, dict]] = {}
         self.last_restart: dict[str, float] = {}
         self.supervisor_restarts: list[dict[str, Any]] = []
+        self.heal_from: dict[int, int] = {}  # down_agent fault -> incarnation when paused
         self.t0 = 0.0
 
     # -- the run ------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         c = self.config
-        self.stack = chaos_stack(self.data_dir, c.nodes, c.gpus_per_node, c.time_scale, c.timing)
+        self.stack = chaos_stack(
+            self.data_dir,
+            c.nodes,
+            c.gpus_per_node,
+            c.time_scale,
+            c.timing,
+            c.cells,
+            c.schedulers,
+            c.shared_snapshots,
+        )
         started = time.monotonic()
         c.say(
             f"chaos: {len(self.plans)} jobs, {len(self.faults)} faults "
@@ -292,7 +338,7 @@ class ChaosRun:
             from framespool.log import LogProducer
 
             bootstrap = self.stack.broker.bootstrap_servers
-            self.watcher = Watcher(bootstrap)
+            self.watcher = Watcher(bootstrap, cells=c.cells)
             self.watcher.start()
             self.producer = LogProducer(bootstrap)
             try:
@@ -338,7 +384,7 @@ class ChaosRun:
                     f"jobs terminal, {len(pending)} actions left"
                 )
                 for action in pending:  # recoveries still run: resume, heal, restart
-                    if action.op in ("resume", "unecc", "unthrottle", "restart"):
+                    if action.op in ("resume", "unecc", "unthrottle", "restart", "heal_check"):
                         self._do(action)
                 return False
             if now >= next_note:
@@ -350,14 +396,16 @@ class ChaosRun:
             time.sleep(0.1)
 
     def _settle(self) -> None:
-        """Wait until the cell shows no GPU held and every malformed record is dead-lettered."""
+        """Wait until every cell shows no GPU held and every malformed record is
+        dead-lettered."""
         deadline = time.monotonic() + self.config.settle_s
+        cells = self.stack.cell_ids
         with self.watcher.lock:
-            seen = self.watcher.statuses
+            seen = {cell: self.watcher.statuses[cell] for cell in cells}
         while time.monotonic() < deadline:
             with self.watcher.lock:
-                fresh = self.watcher.statuses > seen
-                idle = self.watcher.busy_gpus == 0
+                fresh = all(self.watcher.statuses[cell] > seen[cell] for cell in cells)
+                idle = all(self.watcher.busy_gpus.get(cell) == 0 for cell in cells)
                 dead = all(m.value in self.watcher.dead_values for m in self.injected)
             if fresh and idle and dead:
                 return
@@ -428,6 +476,7 @@ class ChaosRun:
         ok = True
         node = a.target if a.target.startswith("node-") else ""
         agent = f"agent-{node}"
+        instance = "" if node else scheduler_instance(a.target)
         try:
             if a.op == "crash" and node:
                 self.held.add(node)
@@ -436,20 +485,31 @@ class ChaosRun:
                 p.popen.wait(5)
                 detail = f"killed with {len(killed)} generator(s)"
             elif a.op == "crash":
-                _, p = self._process("scheduler-0")
+                _, p = self._process(instance)
                 os.killpg(p.popen.pid, signal.SIGKILL)
                 p.popen.wait(5)
+                detail = f"{instance} (pid {p.popen.pid}) killed"
             elif a.op == "restart":
-                self._restart(agent if node else "scheduler-0")
+                self._restart(agent if node else instance)
                 if node:
                     self.last_restart[node] = time.monotonic()
+            elif a.op == "pause" and instance:
+                _, p = self._process(instance)
+                os.kill(p.popen.pid, signal.SIGSTOP)
+                detail = f"{instance} (pid {p.popen.pid}) stopped"
             elif a.op == "pause":
                 self.held.add(node)
                 _, p = self._process(agent)
                 detail = f"{len(node_faults.generators(p.popen.pid))} generator(s) left running"
+                if a.kind == chaos.DOWN_AGENT:
+                    with self.watcher.lock:
+                        self.heal_from[a.fault_id] = self.watcher.incarnation.get(node, 0)
+                    detail += f"; incarnation {self.heal_from[a.fault_id]}"
                 node_faults.pause(p.popen.pid)
             elif a.op == "resume":
-                node_faults.resume(self._process(agent)[1].popen.pid)
+                node_faults.resume(self._process(agent if node else instance)[1].popen.pid)
+            elif a.op == "heal_check":
+                detail = self._heal_check(a, node)
             elif a.op in ("ecc", "unecc", "throttle", "unthrottle"):
                 what = "ecc" if a.op.endswith("ecc") else "throttle"
                 faults = self.gpu_faults.setdefault(node, {"throttle": {}, "ecc": {}})[what]
@@ -480,6 +540,7 @@ class ChaosRun:
             "kind": a.kind,
             "op": a.op,
             "node": node,
+            "target": node or instance,
             "ok": ok,
             "detail": detail,
         }
@@ -487,6 +548,20 @@ class ChaosRun:
         self.config.say(
             f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
             f"{a.target} {detail}".rstrip()
+        )
+
+    def _heal_check(self, a: chaos.Action, node: str) -> str:
+        """A ``down_agent`` fault's last step: say whether the agent re-registered by
+        itself. Nothing is restarted here: from now on the supervisor may, and the
+        report counts that as not healed."""
+        with self.watcher.lock:
+            state, _, why = self.watcher.node_state.get(node, (NodeState.UP, 0.0, ""))
+            now = self.watcher.incarnation.get(node, 0)
+        before = self.heal_from.get(a.fault_id, 0)
+        healed = state == NodeState.UP and now > before
+        return (
+            f"{'self-healed' if healed else 'not healed'}: {state}, incarnation "
+            f"{before} -> {now}" + (f" ({why})" if why and not healed else "")
         )
 
     def _duplicate(self, a: chaos.Action) -> str:
@@ -578,17 +653,19 @@ class ChaosRun:
         from framespool.log import read_all
         from framespool.schemas import codec
 
-        def decoded(topic: str, partitions: list[int] | None = None) -> list[Any]:
+        def decoded(topic: str) -> list[tuple[int | None, Any]]:
+            """(producer timestamp, event) of each decodable record of ``topic``."""
             out = []
-            for rec in read_all(bootstrap, topic, partitions, timeout_s=120):
+            for rec in read_all(bootstrap, topic, timeout_s=120):
                 try:
-                    out.append(codec.decode(rec.value))
+                    out.append((rec.timestamp_ms, codec.decode(rec.value)))
                 except Exception:  # the malformed records we injected
                     pass
             return out
 
-        job_events = decoded(catalogue.JOB_EVENTS.name)
-        scheduler = decoded(catalogue.SCHEDULER.name, [0])
+        stamped = decoded(catalogue.JOB_EVENTS.name)
+        job_events = [e for _, e in stamped]
+        scheduler = [e for _, e in decoded(catalogue.SCHEDULER.name)]  # every cell's inputs
         dump(
             self.data_dir / "chaos-job-events.jsonl",
             (
@@ -603,7 +680,10 @@ class ChaosRun:
         )
         dead = read_all(bootstrap, catalogue.DEAD_LETTER.name, timeout_s=60)
         submitted = [self.job_ids[i] for i in sorted(self.job_ids)]
-        verdict, verify_summary = run_verify(bootstrap, self.data_dir / "chaos-processors.json")
+        config_path = self.data_dir / "processors-config.json"  # as the stack ran them
+        if not config_path.exists():
+            config_path = self.data_dir / "chaos-processors.json"
+        verdict, verify_summary = run_verify(bootstrap, config_path)
         report = chaos.account(
             job_events,
             scheduler,
@@ -617,11 +697,23 @@ class ChaosRun:
             verdict=verdict,
         )
         c = self.config
+        changes = [
+            change
+            for p in self.stack.processes
+            if p.name.startswith("scheduler-")
+            for change in takeover.ownership_changes(read_lines(p.log_path), p.name)
+        ]
+        rows = takeover.takeovers(self.fault_log, changes, takeover.cell_outputs(stamped), c.cells)
+        report.update(takeover.takeover_summary(rows))
+        report["self_healing"] = takeover.self_healing(self.fault_log, job_events)
         report["config"] = {
             "jobs": c.jobs,
             "seed": c.seed,
             "time_scale": c.time_scale,
             "nodes": c.nodes,
+            "cells": c.cells,
+            "schedulers": c.schedulers,
+            "shared_snapshots": c.shared_snapshots,
             "gpus_per_node": c.gpus_per_node,
             "data_dir": str(self.data_dir),
             "timing": asdict(c.timing),
@@ -649,6 +741,14 @@ class ChaosRun:
         if roles.get(chaos.HANG):
             counts[chaos.HANG_GENERATOR] = roles[chaos.HANG]
         return dict(sorted(counts.items()))
+
+
+def read_lines(path: Path) -> list[str]:
+    """A process's log, one string per line (none if it cannot be read)."""
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
 
 
 def dump(path: Path, events: Any) -> None:

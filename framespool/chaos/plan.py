@@ -54,7 +54,9 @@ from framespool.schemas.topics import Topics
 # -- fault kinds ------------------------------------------------------------------
 KILL_AGENT = "kill_agent"  # SIGKILL agent + its generators, restart later
 PAUSE_AGENT = "pause_agent"  # SIGSTOP past the heartbeat timeout, SIGCONT, restart
-KILL_SCHEDULER = "kill_scheduler"  # SIGKILL the scheduler processor, restart
+KILL_SCHEDULER = "kill_scheduler"  # SIGKILL one scheduler instance (others take over), restart
+PAUSE_SCHEDULER = "pause_scheduler"  # SIGSTOP one instance past its session timeout, SIGCONT
+DOWN_AGENT = "down_agent"  # SIGSTOP an agent until it is DOWN, SIGCONT: it must heal itself
 DUPLICATE_REPORTS = "duplicate_reports"  # re-produce recent agent reports, shuffled
 MALFORMED_RECORDS = "malformed_records"  # undecodable / misplaced records on every topic
 ECC_GPU = "ecc_gpu"  # uncorrectable ECC on one GPU; repaired + restart later
@@ -63,8 +65,9 @@ WEDGE_GENERATOR = "wedge_generator"  # SIGSTOP one running generator once (a one
 CRASH_GENERATOR = "crash_generator"  # a job whose generator crashes every time (params)
 HANG_GENERATOR = "hang_generator"  # a job whose generator hangs every time (params)
 
-NODE_FAULTS = (KILL_AGENT, PAUSE_AGENT, ECC_GPU)
-MAX_IMPAIRED_NODES = 2
+NODE_FAULTS = (KILL_AGENT, PAUSE_AGENT, ECC_GPU, DOWN_AGENT)
+SCHEDULER_FAULTS = (KILL_SCHEDULER, PAUSE_SCHEDULER)
+MAX_IMPAIRED_NODES = 2  # at once in the whole stack; per cell, all but two whole nodes
 
 NORMAL, CRASH, HANG = "normal", "crash", "hang"
 SECONDS_PER_STEP = 2.0  # job seconds per demo-generator step
@@ -84,7 +87,9 @@ class Timing:
     zombie_s: float = 4.0  # a resumed (paused) agent runs as a zombie this long
     repair_s: float = 10.0  # an ECC-failed GPU is replaced after this long
     throttle_s: float = 6.0
-    scheduler_down_s: tuple[float, float] = (1.0, 3.0)
+    scheduler_down_s: tuple[float, float] = (1.0, 3.0)  # with a single instance
+    session_timeout_s: float = 6.0  # the processors' consumer-group session timeout
+    heal_s: float = 15.0  # a resumed DOWN agent has this long to re-register by itself
 
     def scheduler_config(self) -> dict:
         hb = self.heartbeat_timeout_s
@@ -196,8 +201,12 @@ class Action:
         return (self.at_s, self.fault_id, self.step)
 
 
-def fault_counts(jobs: int) -> dict[str, int]:
+def fault_counts(jobs: int, schedulers: int = 1) -> dict[str, int]:
+    """How many faults of each kind a run of ``jobs`` gets (pausing the only
+    scheduler instance would show no takeover: that kind needs two)."""
     return {
+        DOWN_AGENT: max(1, jobs // 250),
+        PAUSE_SCHEDULER: max(1, jobs // 250) if schedulers > 1 else 0,
         KILL_AGENT: max(1, jobs // 150),
         PAUSE_AGENT: max(1, jobs // 250),
         ECC_GPU: 1,
@@ -211,43 +220,69 @@ def fault_counts(jobs: int) -> dict[str, int]:
 
 def node_fault_length_s(kind: str, duration_s: float, timing: Timing) -> float:
     """How long a node fault keeps its node out of service, registration included."""
-    extra = timing.zombie_s if kind == PAUSE_AGENT else 0.0
+    extra = {PAUSE_AGENT: timing.zombie_s, DOWN_AGENT: timing.heal_s}.get(kind, 0.0)
     return duration_s + extra + 3.0
 
 
+def impaired_per_cell(nodes: int, cells: int) -> int:
+    """How many of a cell's nodes may be out at once: a 16-GPU gang needs two
+    whole nodes of one cell (node ``i`` is in cell ``i mod cells``)."""
+    return max(1, min(MAX_IMPAIRED_NODES, nodes // max(1, cells) - 2))
+
+
 def build_schedule(
-    seed: int, jobs: int, nodes: int, gpus_per_node: int, window_s: float, timing: Timing = Timing()
+    seed: int,
+    jobs: int,
+    nodes: int,
+    gpus_per_node: int,
+    window_s: float,
+    timing: Timing = Timing(),
+    cells: int = 1,
+    schedulers: int = 1,
 ) -> tuple[Fault, ...]:
-    """The faults of a run, by start time; a function of its arguments only."""
+    """The faults of a run, by start time; a function of its arguments only.
+    Scheduler faults target ``scheduler-<i>``, one instance at a time; with
+    several instances an instance stays down past the session timeout, so that
+    another one takes its cells over."""
     rng = random.Random(f"faults/{seed}")
     node_ids = [f"node-{i}" for i in range(nodes)]
+    cell_of = {f"node-{i}": i % max(1, cells) for i in range(nodes)}
+    per_cell = impaired_per_cell(nodes, cells)
     rng.shuffle(node_ids)
     start, end = 2.0, max(4.0, window_s)
     faults: list[Fault] = []
-    counts = fault_counts(jobs)
+    counts = fault_counts(jobs, schedulers)
     node_kinds = [k for k in NODE_FAULTS for _ in range(counts[k])]
     rng.shuffle(node_kinds)
     times = sorted(rng.uniform(start, end) for _ in node_kinds)
-    busy: list[tuple[float, str]] = []  # (free again at, node) of impaired nodes
+    impaired: list[tuple[float, float, str]] = []  # (from, free again at, node)
     for n, (kind, at) in enumerate(zip(node_kinds, times)):
         node = node_ids[n % len(node_ids)]
-        busy = [(t, nd) for t, nd in busy if t > at]
-        while len(busy) >= MAX_IMPAIRED_NODES or any(nd == node for _, nd in busy):
-            at = min(t for t, _ in busy) + 0.5
-            busy = [(t, nd) for t, nd in busy if t > at]
         if kind == KILL_AGENT:
             duration = rng.uniform(1.0, 2 * timing.heartbeat_timeout_s)
-        elif kind == PAUSE_AGENT:
+        elif kind in (PAUSE_AGENT, DOWN_AGENT):
             duration = timing.heartbeat_timeout_s + rng.uniform(2.0, 4.0)
         else:
             duration = timing.repair_s
-        busy.append((at + node_fault_length_s(kind, duration, timing), node))
+        length = node_fault_length_s(kind, duration, timing)
+        while True:  # a fault pushed later may overlap one planned after it, so compare spans
+            overlap = [(s, e, nd) for s, e, nd in impaired if s < at + length and at < e]
+            if (
+                len(overlap) < MAX_IMPAIRED_NODES
+                and all(nd != node for *_, nd in overlap)
+                and sum(1 for *_, nd in overlap if cell_of[nd] == cell_of[node]) < per_cell
+            ):
+                break
+            at = min(e for _, e, _ in overlap) + 0.5
+        impaired.append((at, at + length, node))
         faults.append(
             Fault(0, kind, round(at, 3), node, rng.randrange(gpus_per_node), round(duration, 3))
         )
+    scheduler_free_at = 0.0  # one instance impaired at a time: another takes over
     for kind in (
         THROTTLE_GPU,
         KILL_SCHEDULER,
+        PAUSE_SCHEDULER,
         DUPLICATE_REPORTS,
         MALFORMED_RECORDS,
         WEDGE_GENERATOR,
@@ -265,16 +300,15 @@ def build_schedule(
                         timing.throttle_s,
                     )
                 )
-            elif kind == KILL_SCHEDULER:
-                faults.append(
-                    Fault(
-                        0,
-                        kind,
-                        at,
-                        "scheduler",
-                        duration_s=round(rng.uniform(*timing.scheduler_down_s), 3),
-                    )
-                )
+            elif kind in SCHEDULER_FAULTS:
+                if schedulers > 1:
+                    duration = timing.session_timeout_s + rng.uniform(2.0, 4.0)
+                else:
+                    duration = rng.uniform(*timing.scheduler_down_s)
+                target = f"scheduler-{rng.randrange(max(1, schedulers))}"
+                at = round(max(at, scheduler_free_at), 3)
+                scheduler_free_at = at + duration + timing.session_timeout_s + 2.0
+                faults.append(Fault(0, kind, at, target, duration_s=round(duration, 3)))
             elif kind == DUPLICATE_REPORTS:
                 faults.append(Fault(0, kind, at, count=rng.randint(10, 30)))
             else:
@@ -316,6 +350,14 @@ def actions_of(faults: Iterable[Fault], timing: Timing = Timing()) -> list[Actio
             out += [a(0, "throttle", False), a(f.duration_s, "unthrottle")]
         elif f.kind == KILL_SCHEDULER:
             out += [a(0, "crash", False), a(f.duration_s, "restart")]
+        elif f.kind == PAUSE_SCHEDULER:
+            out += [a(0, "pause", False), a(f.duration_s, "resume")]
+        elif f.kind == DOWN_AGENT:  # no restart: the agent must re-register by itself
+            out += [
+                a(0, "pause", False),
+                a(f.duration_s, "resume", False),
+                a(f.duration_s + timing.heal_s, "heal_check"),
+            ]
         elif f.kind == DUPLICATE_REPORTS:
             out.append(a(0, "duplicate"))
         elif f.kind == MALFORMED_RECORDS:
@@ -774,7 +816,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     cfg = r.get("config", {})
     lines = [
         f"chaos seed {cfg.get('seed')}: {r['submitted']} jobs on {cfg.get('nodes')} nodes x "
-        f"{cfg.get('gpus_per_node')} GPUs, time scale {cfg.get('time_scale')}, "
+        f"{cfg.get('gpus_per_node')} GPUs in {cfg.get('cells', 1)} cell(s), "
+        f"{cfg.get('schedulers', 1)} scheduler instance(s), time scale {cfg.get('time_scale')}, "
         f"wall {r.get('wall_s', 0):.0f} s"
     ]
     by_class = ", ".join(f"{k} {v}" for k, v in sorted(r["failed_by_class"].items())) or "none"
@@ -828,6 +871,19 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"    {kind:<34} runs {w['runs']:>3}  {w['gpu_s']:>8.1f} GPU-s  "
             f"({w['gpu_s_per_run']} per run; {iv})"
         )
+    if "takeovers" in r:
+        lines.append(
+            f"  scheduler takeovers {r['takeovers']}: revoked -> first decision of the new "
+            f"owner max {r['takeover_s_max']} s (fault -> new owner assigned max "
+            f"{r.get('takeover_detect_s_max')} s); unfinished "
+            f"{len(r.get('takeovers_unfinished', ()))}"
+        )
+    for row in r.get("self_healing", ()):
+        lines.append(
+            f"  down_agent #{row['fault_id']} {row['node']}: declared DOWN "
+            f"{row['declared_down']}, self-healed {row['self_healed']}"
+            + (f" after {row['heal_s']} s" if row.get("heal_s") is not None else "")
+        )
     verdict = r.get("verify")
     if verdict is not None:
         state = {True: "OK", False: "VIOLATED", None: f"could not run ({verdict.get('error')})"}
@@ -838,3 +894,32 @@ def format_report(report: Mapping[str, Any]) -> str:
     problems = failures(r)
     lines.append("  result: " + ("OK" if not problems else "FAILED: " + "; ".join(problems)))
     return "\n".join(lines)
+
+
+SUMMARY_KEYS = (
+    "submitted",
+    "completed",
+    "failed",
+    "lost",
+    "duplicate_terminal_events",
+    "leaked_gpus",
+    "double_booked_gpus",
+    "takeovers",
+    "takeover_s_max",
+    "takeover_detect_s_max",
+    "supervisor_restarts",
+    "finished_before_timeout",
+    "wall_s",
+)
+
+
+def summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The one-line JSON summary ``framespool chaos`` prints last: the figures a
+    run is judged by, the shape it ran at, and each down_agent fault's healing."""
+    cfg = report.get("config", {})
+    out: dict[str, Any] = {k: cfg.get(k) for k in ("jobs", "seed", "nodes", "cells", "schedulers")}
+    out.update({k: report.get(k) for k in SUMMARY_KEYS})
+    out["self_healed"] = [row.get("self_healed") for row in report.get("self_healing", ())]
+    out["verify_ok"] = (report.get("verify") or {}).get("ok")
+    out["result"] = "OK" if not failures(report) else "FAILED"
+    return out

@@ -17,8 +17,9 @@ def register(subparsers: Any) -> None:
         help="a seeded workload under injected faults, then an accounting of the log",
         description="Start the embedded stack, submit a seeded mix of jobs (1-16 GPUs, some "
         "checkpointing, some preemptible, a few that crash or hang every time) and "
-        "inject faults from the same seed: agents killed and paused, the scheduler "
-        "killed, duplicated and reordered agent reports, malformed records, ECC "
+        "inject faults from the same seed: agents killed and paused (one must heal "
+        "itself once DOWN), scheduler instances killed and paused past their session "
+        "timeout (another takes their cells over), duplicated and reordered agent reports, malformed records, ECC "
         "errors, throttling and wedged generators. When every job is terminal it "
         "prints what the log says: lost jobs, duplicate terminal events, leaked and "
         "double-booked GPUs, and GPU-time wasted per fault. Exit status 1 if any "
@@ -31,6 +32,15 @@ def register(subparsers: Any) -> None:
         "--time-scale", type=float, default=10.0, help="speed factor of the demo generator"
     )
     p.add_argument("--nodes", type=int, default=6)
+    p.add_argument("--cells", type=int, default=2, help="cells (node i is in cell i mod N)")
+    p.add_argument(
+        "--schedulers", type=int, default=2, help="scheduler instances sharing the cells"
+    )
+    p.add_argument(
+        "--no-shared-snapshots",
+        action="store_true",
+        help="instances keep only local snapshots (a taken-over cell is re-folded)",
+    )
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--timeout", type=float, help="seconds (default: from the plan's length)")
     p.add_argument("--data-dir", type=Path, help="stack data and logs (default: a new temp dir)")
@@ -41,7 +51,7 @@ def register(subparsers: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from framespool.chaos.drill import ChaosConfig, ChaosRun
-    from framespool.chaos.plan import failures, format_report
+    from framespool.chaos.plan import failures, format_report, summary
     from framespool.stack import StackError
 
     if args.jobs < 1:
@@ -51,6 +61,14 @@ def handle(args: argparse.Namespace) -> int:
             "chaos needs --nodes >= 3 and --gpus-per-node 8 (16-GPU gangs span "
             "two whole nodes while up to two nodes are out of service)"
         )
+    if args.cells < 1 or args.nodes < 3 * args.cells:
+        raise CommandError(
+            f"--cells={args.cells} with --nodes={args.nodes}: chaos needs 1 <= cells and "
+            "3 nodes per cell (a 16-GPU gang needs two whole nodes of one cell while a "
+            f"third is out of service); use --nodes {3 * max(1, args.cells)} or fewer cells"
+        )
+    if args.schedulers < 1:
+        raise CommandError(f"--schedulers={args.schedulers} must be at least 1")
     if args.time_scale <= 0:
         raise CommandError(f"--time-scale={args.time_scale} must be positive")
     say = (
@@ -63,6 +81,9 @@ def handle(args: argparse.Namespace) -> int:
         seed=args.seed,
         time_scale=args.time_scale,
         nodes=args.nodes,
+        cells=args.cells,
+        schedulers=args.schedulers,
+        shared_snapshots=not args.no_shared_snapshots,
         gpus_per_node=args.gpus_per_node,
         data_dir=args.data_dir,
         timeout_s=args.timeout,
@@ -73,6 +94,7 @@ def handle(args: argparse.Namespace) -> int:
     except StackError as exc:
         raise CommandError(str(exc)) from None
     print(format_report(report))
+    print("summary: " + json.dumps(summary(report), default=str))
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,7 @@ def test_node_faults_hit_distinct_nodes_and_at_most_two_at_once():
         assert kinds == {
             chaos.KILL_AGENT,
             chaos.PAUSE_AGENT,
+            chaos.DOWN_AGENT,
             chaos.ECC_GPU,
             chaos.THROTTLE_GPU,
             chaos.KILL_SCHEDULER,
@@ -57,6 +58,7 @@ def test_node_faults_hit_distinct_nodes_and_at_most_two_at_once():
             chaos.MALFORMED_RECORDS,
             chaos.WEDGE_GENERATOR,
         }
+        assert {f.target for f in faults if f.kind == chaos.KILL_SCHEDULER} == {"scheduler-0"}
         spans = [
             (f.at_s, f.at_s + chaos.node_fault_length_s(f.kind, f.duration_s, timing), f.target)
             for f in faults
@@ -68,6 +70,49 @@ def test_node_faults_hit_distinct_nodes_and_at_most_two_at_once():
             assert len({s[2] for s in active}) == len(active)
         pauses = [f for f in faults if f.kind == chaos.PAUSE_AGENT]
         assert all(f.duration_s > timing.heartbeat_timeout_s for f in pauses)
+
+
+def test_with_several_cells_and_instances_one_instance_and_one_node_per_cell_is_out_at_once():
+    timing = chaos.Timing()
+    cell_of = {f"node-{i}": i % 2 for i in range(6)}
+    for seed in range(20):
+        faults = chaos.build_schedule(seed, 500, 6, 8, 120, timing, cells=2, schedulers=2)
+        assert {chaos.PAUSE_SCHEDULER, chaos.KILL_SCHEDULER, chaos.DOWN_AGENT} <= {
+            f.kind for f in faults
+        }
+        spans = [
+            (f.at_s, f.at_s + chaos.node_fault_length_s(f.kind, f.duration_s, timing), f.target)
+            for f in faults
+            if f.kind in chaos.NODE_FAULTS
+        ]
+        for t, _, _ in spans:
+            active = [s for s in spans if s[0] <= t < s[1]]
+            assert len({cell_of[s[2]] for s in active}) == len(active)  # one per cell
+        sched = sorted(
+            (f.at_s, f.at_s + f.duration_s, f.target)
+            for f in faults
+            if f.kind in chaos.SCHEDULER_FAULTS
+        )
+        assert {target for *_, target in sched} <= {"scheduler-0", "scheduler-1"}
+        # never both instances at once, and each out past the session timeout: the
+        # other one takes its cells over
+        assert all(b[0] >= a[1] for a, b in zip(sched, sched[1:]))
+        assert all(end - start > timing.session_timeout_s for start, end, _ in sched)
+
+
+def test_a_down_agent_is_paused_past_its_lease_resumed_and_never_restarted():
+    timing = chaos.Timing(heal_s=15.0)
+    faults = (
+        chaos.Fault(1, chaos.DOWN_AGENT, 5.0, "node-1", 0, 9.0),
+        chaos.Fault(2, chaos.PAUSE_SCHEDULER, 6.0, "scheduler-1", duration_s=9.0),
+    )
+    assert [(a.at_s, a.kind, a.op, a.final) for a in chaos.actions_of(faults, timing)] == [
+        (5.0, chaos.DOWN_AGENT, "pause", False),
+        (6.0, chaos.PAUSE_SCHEDULER, "pause", False),
+        (14.0, chaos.DOWN_AGENT, "resume", False),
+        (15.0, chaos.PAUSE_SCHEDULER, "resume", True),
+        (29.0, chaos.DOWN_AGENT, "heal_check", True),
+    ]
 
 
 def test_actions_expand_each_fault_into_ordered_steps():
@@ -511,3 +556,177 @@ def test_fault_file_probe_follows_the_file(tmp_path):
     (tmp_path / "faults.json").unlink()
     assert all(g.ecc_uncorrected == 0 for g in probe.sample())
     assert json.loads(write_gpu_faults(tmp_path).read_text()) == {"throttle": [], "ecc": {}}
+
+
+# -- takeovers and self-healing, from a synthetic log ---------------------------------
+def rebalance_line(ts_s, instance, op, parts, legacy=False):
+    doc = {"ts": ts_s, "level": "info", "instance": instance}
+    doc["msg"] = f"{op} framespool.scheduler partitions {list(parts)}"
+    if not legacy:
+        doc.update(rebalance=op, partitions=list(parts))
+    return json.dumps(doc)
+
+
+def test_takeovers_are_counted_and_timed_from_the_new_owners_assignment():
+    from framespool.chaos import takeover
+
+    s0 = [
+        rebalance_line(100.0, "scheduler-0", "assigned", [0, 2]),
+        "not json",
+        json.dumps({"ts": 101.0, "msg": "StartRun job_1 -> framespool.assignments"}),
+    ]
+    s1 = [
+        rebalance_line(100.0, "scheduler-1", "assigned", [1, 3], legacy=True),  # older format
+        rebalance_line(110.0, "scheduler-1", "revoked", [1, 3]),
+        rebalance_line(110.5, "scheduler-1", "assigned", [0, 1, 2, 3]),
+    ]
+    changes = takeover.ownership_changes(s0, "scheduler-0") + takeover.ownership_changes(
+        s1, "scheduler-1"
+    )
+    assert takeover.owned_at(changes, "scheduler-0", 104_000) == {0, 2}
+    assert takeover.owned_at(changes, "scheduler-1", 100_000) == {1, 3}
+    assert takeover.owned_at(changes, "scheduler-1", 110_200) == set()
+    assert takeover.owned_at(changes, "scheduler-2", 200_000) is None
+    fault_log = [
+        {
+            "t_ms": 104_000,
+            "fault_id": 3,
+            "kind": chaos.KILL_SCHEDULER,
+            "op": "crash",
+            "target": "scheduler-0",
+            "ok": True,
+        },
+        {
+            "t_ms": 109_000,
+            "fault_id": 3,
+            "kind": chaos.KILL_SCHEDULER,
+            "op": "restart",
+            "target": "scheduler-0",
+            "ok": True,
+        },
+        {
+            "t_ms": 104_000,
+            "fault_id": 4,
+            "kind": chaos.KILL_AGENT,
+            "op": "crash",
+            "target": "node-1",
+            "ok": True,
+        },
+    ]
+    status = ev.CellStatus(event_id="cell-0@900/0", ts_ms=0, cell="cell-0")
+    outputs = takeover.cell_outputs(
+        [
+            (103_000, ev.CellStatus(event_id="cell-0@800/0", ts_ms=0, cell="cell-0")),
+            (110_800, completed(901, "j1", 1)),  # cell-0's fold: its first decision
+            (111_000, status),
+            (109_000, ev.JobAdmitted(event_id="admission-0@5/0", ts_ms=0, spec=None)),  # no cell
+            (None, status),  # no timestamp: not counted
+        ]
+    )
+    assert outputs == [(103_000, 0), (110_800, 0), (111_000, 0)]
+    rows = takeover.takeovers(fault_log, changes, outputs, cells=2)  # partition 2 is no cell
+    assert rows == [
+        {
+            "fault_id": 3,
+            "kind": chaos.KILL_SCHEDULER,
+            "instance": "scheduler-0",
+            "cell": "cell-0",
+            "by": "scheduler-1",
+            "measured_from": "assignment",
+            "detect_s": 6.5,
+            "takeover_s": 0.3,
+        }
+    ]
+    summary = takeover.takeover_summary(rows)
+    assert (summary["takeovers"], summary["takeover_s_max"]) == (1, 0.3)
+    assert summary["takeover_detect_s_max"] == 6.5 and summary["takeovers_unfinished"] == []
+
+
+def test_a_takeover_nobody_finished_is_reported_and_not_counted():
+    from framespool.chaos import takeover
+
+    changes = takeover.ownership_changes(
+        [rebalance_line(100.0, "scheduler-1", "assigned", [0, 1])], "scheduler-1"
+    )
+    fault_log = [
+        {
+            "t_ms": 104_000,
+            "fault_id": 1,
+            "kind": chaos.PAUSE_SCHEDULER,
+            "op": "pause",
+            "target": "scheduler-1",
+            "ok": True,
+        },
+    ]
+    rows = takeover.takeovers(fault_log, changes, [(105_000, 0)], cells=2)
+    assert [(r["cell"], r["by"], r["takeover_s"]) for r in rows] == [
+        ("cell-0", None, None),
+        ("cell-1", None, None),
+    ]
+    summary = takeover.takeover_summary(rows)
+    assert summary["takeovers"] == 0 and summary["takeover_s_max"] is None
+    assert len(summary["takeovers_unfinished"]) == 2
+    # without any rebalance line of the victim, every cell is its own and the clock
+    # starts at the fault
+    rows = takeover.takeovers(fault_log, [], [(105_000, 0), (106_500, 1)], cells=2)
+    assert [(r["measured_from"], r["takeover_s"]) for r in rows] == [
+        ("fault", 1.0),
+        ("fault", 2.5),
+    ]
+
+
+def node_state(ts, node, state, inc):
+    return ev.NodeStateChanged(
+        event_id=f"cell-0@{ts}/0", ts_ms=ts, node_id=node, incarnation=inc, state=state
+    )
+
+
+def test_a_down_agent_healed_itself_only_if_it_came_back_up_with_a_new_incarnation_unaided():
+    from framespool.chaos import takeover
+
+    def fault(fid, node):
+        return [
+            {
+                "t_ms": 10_000,
+                "fault_id": fid,
+                "kind": chaos.DOWN_AGENT,
+                "op": "pause",
+                "node": node,
+                "ok": True,
+            },
+            {
+                "t_ms": 19_000,
+                "fault_id": fid,
+                "kind": chaos.DOWN_AGENT,
+                "op": "resume",
+                "node": node,
+                "ok": True,
+            },
+            {
+                "t_ms": 34_000,
+                "fault_id": fid,
+                "kind": chaos.DOWN_AGENT,
+                "op": "heal_check",
+                "node": node,
+                "ok": True,
+            },
+        ]
+
+    fault_log = fault(1, "node-1") + fault(2, "node-2") + fault(3, "node-3")
+    fault_log.append({"t_ms": 37_000, "kind": "supervisor", "node": "node-2", "op": "restart"})
+    changes = [
+        node_state(1_000, "node-1", "UP", 1),
+        node_state(1_000, "node-2", "UP", 1),
+        node_state(1_000, "node-3", "UP", 1),
+        node_state(16_000, "node-1", "DOWN", 1),
+        node_state(16_000, "node-2", "DOWN", 1),
+        node_state(21_500, "node-1", "UP", 2),  # re-registered by itself
+        node_state(38_000, "node-2", "UP", 2),  # only after the supervisor restarted it
+    ]
+    rows = {r["node"]: r for r in takeover.self_healing(fault_log, changes)}
+    assert rows["node-1"]["self_healed"] is True and rows["node-1"]["heal_s"] == 2.5
+    assert rows["node-2"]["declared_down"] is True and rows["node-2"]["self_healed"] is False
+    assert rows["node-3"]["declared_down"] is False and rows["node-3"]["self_healed"] is None
+    assert chaos.summary({"self_healing": list(rows.values()), "dead_letter": {}})[
+        "self_healed"
+    ] == [True, False, None]
