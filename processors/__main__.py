@@ -78,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="LOCATION",
         help="where every instance publishes and finds snapshots, so any instance takes over a "
         "partition from its latest state: s3://BUCKET/PREFIX (endpoint from AWS_ENDPOINT_URL) or "
-        "a directory all instances share (default: none; a moved partition is re-folded from 0)",
+        "a directory all instances share (default: none; a partition that moves is rebuilt from "
+        "the new instance's own snapshot or from offset 0)",
     )
     parser.add_argument(
         "--publish-interval",
