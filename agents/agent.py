@@ -49,7 +49,7 @@ from framespool.agents.execution import RunExecution, now_ms
 from framespool.agents.gpus import GpuProbe, with_warm_models
 from framespool.agents.ledger import Action, RunLedger
 from framespool.agents.profiles import ModelProfile
-from framespool.agents.sandbox import generator_identity
+from framespool.agents.sandbox import SandboxError, generator_identity, unreachable_part
 from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
 from framespool.schemas import deadletter
 from framespool.schemas import topics as catalogue
@@ -133,6 +133,13 @@ class NodeAgent:
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        blocked = unreachable_part(self.data_dir) if self.identity is not None else None
+        if blocked is not None:
+            raise SandboxError(
+                f"generators run as {self.identity.name} but cannot reach {self.data_dir}:"
+                f" {blocked} is not searchable by other users; chmod o+x {blocked}"
+                " or choose a --stack-dir they can reach"
+            )
         self.incarnation = next_incarnation(self.data_dir, self._requested_incarnation)
         self.ledger = RunLedger(self.node_id, self.incarnation)
         self._producer = LogProducer(self.bootstrap)

@@ -195,6 +195,7 @@ class RunExecution:
             self.files = RunFiles(
                 host.store, profile, job_id, n, self.member, self.workdir, self.staging
             )
+            shutil.rmtree(self.workdir, ignore_errors=True)  # nothing left from an earlier agent
             for sub in ("tmp", "output"):
                 (self.workdir / sub).mkdir(parents=True, exist_ok=True)
             resume = await self.files.resume(self.cmd.resume_from, host.node_id)

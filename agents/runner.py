@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -263,8 +264,14 @@ class Runner:
                 self._last_activity = now
                 path = Path(str(msg[ckpt.path_key]))
                 if not path.is_absolute() and self.cwd is not None:
-                    path = self.cwd / path
-                cp = Checkpoint(path, int(msg.get(ckpt.step_key, self.last.step)))
+                    path = self.cwd / path  # where it may lead is checked on upload
+                step = _count(msg.get(ckpt.step_key, self.last.step))
+                if step is None:
+                    log.warning(
+                        "generator pid %s: checkpoint line without a step: %r", self.pid, msg
+                    )
+                    continue
+                cp = Checkpoint(path, step)
                 self.checkpoints.append(cp)
                 waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
                 for fut in waiters:
@@ -273,11 +280,11 @@ class Runner:
                 self._callback(self._on_checkpoint, cp)
             elif fmt.progress_key in msg:
                 self._last_activity = now
-                p = Progress(
-                    float(msg[fmt.progress_key]),
-                    int(msg.get(fmt.step_key, 0)),
-                    int(msg.get(fmt.total_key, 0)),
-                )
+                fraction = _fraction(msg[fmt.progress_key])
+                step, total = _count(msg.get(fmt.step_key, 0)), _count(msg.get(fmt.total_key, 0))
+                if fraction is None or step is None or total is None:
+                    continue  # a malformed line is noise, not a reason to stop listening
+                p = Progress(fraction, step, total)
                 self.last = p
                 self._rate.add(now, p.step)
                 self._callback(self._on_progress, p)
@@ -339,6 +346,31 @@ class Runner:
             fn(arg)
         except Exception:  # a reporting bug must not kill the run's supervision
             log.exception("runner callback %r failed", fn)
+
+
+def _number(value: object) -> float | None:
+    """A finite number from a JSON value (numeric strings too), else None."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):  # "two", or an int past a double's range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _fraction(value: object) -> float | None:
+    """A progress value clamped to 0..1."""
+    number = _number(value)
+    return None if number is None else min(max(number, 0.0), 1.0)
+
+
+def _count(value: object) -> int | None:
+    """A step or step count: a non-negative whole number."""
+    number = _number(value)
+    if number is None or number < 0 or number != int(number):
+        return None
+    return int(number)
 
 
 def _describe(rc: int) -> str:

@@ -108,6 +108,17 @@ def _lookup(user: str | int) -> tuple[int, int, str] | None:
     return entry.pw_uid, entry.pw_gid, entry.pw_name
 
 
+def unreachable_part(path: Path) -> Path | None:
+    """The first directory on the way to ``path`` that other users cannot
+    traverse (no ``o+x``), or None: a dropped generator could not reach its
+    work directory below it."""
+    path = path.resolve()
+    for part in (*reversed(path.parents), path):
+        if part.exists() and not part.stat().st_mode & 0o001:
+            return part
+    return None
+
+
 def hand_over(workdir: Path, identity: Identity | None) -> None:
     """Give the run's work directory (and what the agent put in it) to the
     generator's user; the agent still reads it as root."""

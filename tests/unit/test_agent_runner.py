@@ -325,3 +325,50 @@ def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
     assert outcome.kind == COMPLETED and outcome.exit_code == 0 and outcome.output_path == out
     assert out.read_bytes() == b"" and r.pid is None
     assert [(p.progress, p.step, p.total_steps) for p in seen] == [(1.0, 1, 1)]
+
+
+def test_malformed_progress_and_checkpoint_lines_are_skipped_not_fatal(tmp_path):
+    script = (
+        "import json,sys\n"
+        "for line in ['{\"progress\": \"lots\"}', '{\"progress\": NaN, \"step\": 1}',\n"
+        "             '{\"progress\": 0.5, \"step\": \"two\"}', '{\"progress\": [1]}',\n"
+        "             '{\"checkpoint\": \"ck\", \"step\": \"x\"}', '{\"progress\": 7, \"step\": 2}',\n"
+        "             '{\"progress\": 0.5, \"step\": 3, \"total_steps\": 6}']:\n"
+        "    print(line, flush=True)\n"
+        "open(sys.argv[1], 'w').write('ok')\n"
+    )
+    profile = ModelProfile.from_dict(
+        {
+            "name": "noisy",
+            "command": ["{python}", "-c", script.replace("{", "{{").replace("}", "}}"), "{out}"],
+            "checkpoint": {"signal": "SIGUSR1"},
+        }
+    )
+    out = tmp_path / "o"
+    seen, checkpoints = [], []
+
+    async def main():
+        r = Runner(
+            profile,
+            profile.argv(
+                prompt="",
+                out=str(out),
+                params_json="{}",
+                checkpoint_dir="",
+                resume_from=None,
+                time_scale="1",
+                gpus="",
+                job_id="j",
+                run="1",
+            ),
+            output_path=out,
+            cwd=tmp_path,
+            on_progress=seen.append,
+            on_checkpoint=checkpoints.append,
+        )
+        await r.start()
+        return await r.wait()
+
+    assert asyncio.run(main()).kind == COMPLETED
+    assert [(p.progress, p.step, p.total_steps) for p in seen] == [(1.0, 2, 0), (0.5, 3, 6)]
+    assert checkpoints == []

@@ -18,6 +18,7 @@ from framespool.agents.sandbox import (
     generator_env,
     generator_identity,
     hand_over,
+    unreachable_part,
 )
 
 USERS = {"gen": (1500, 1500, "gen"), "root": (0, 0, "root"), 1600: (1600, 1600, "1600")}
@@ -142,3 +143,32 @@ def test_a_dropped_generator_writes_its_work_dir_but_cannot_read_the_agents_file
     outcome = run(steal, out, workdir, nobody)
     assert outcome.kind == FAILED and "Permission denied" in outcome.stderr_tail
     assert run(steal, out, workdir, None).kind == COMPLETED  # as the agent it could
+
+
+def test_a_directory_others_cannot_traverse_is_named(open_dir):
+    inner = open_dir / "a" / "b"
+    inner.mkdir(parents=True)
+    assert unreachable_part(inner) is None
+    (open_dir / "a").chmod(0o700)
+    assert unreachable_part(inner) == open_dir / "a"
+
+
+@root_only
+def test_a_root_agent_with_a_generator_user_refuses_a_data_dir_it_cannot_reach(open_dir):
+    from framespool.agents.agent import NodeAgent
+    from framespool.agents.gpus import SimulatedProbe
+
+    hidden = open_dir / "private"
+    hidden.mkdir(mode=0o700)
+    agent = NodeAgent(
+        "n1",
+        "cell-0",
+        "127.0.0.1:1",
+        None,
+        SimulatedProbe(1),
+        {},
+        hidden / "agent",
+        generator_user="nobody",
+    )
+    with pytest.raises(SandboxError, match=r"chmod o\+x .*private"):
+        asyncio.run(agent.start())
