@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,7 @@ from framespool.schemas.events import (
     JobSpec,
     NodeHeartbeat,
     NodeRegistered,
+    NodeSlice,
     RunCheckpointed,
     RunCompleted,
     RunFailed,
@@ -110,13 +112,13 @@ class Harness:
 
     async def start_agent(self, **kw: Any) -> NodeAgent:
         agent = NodeAgent(
-            self.node_id,
+            kw.pop("node_id", self.node_id),
             CELL,
             self.bootstrap,
             self.store,
             self.probe,
             load_profiles(),
-            self.tmp_path / "agent",
+            self.tmp_path / kw.pop("data_dir", "agent"),
             heartbeat_s=0.3,
             time_scale=kw.pop("time_scale", 50.0),
             topics=self.topics,
@@ -138,6 +140,7 @@ class Harness:
         resume_from: str | None = None,
         checkpoint_interval_s: float = 0.0,
         model: str = "demo",
+        placement: tuple[NodeSlice, ...] = (),
     ) -> StartRun:
         spec = JobSpec(
             job_id=job_id,
@@ -155,7 +158,7 @@ class Harness:
             run=run,
             spec=spec,
             gpus=(0,),
-            placement=(),
+            placement=placement,
             estimate_s=5.0,
             resume_from=resume_from,
         )
@@ -599,5 +602,49 @@ def test_noop_runs_in_process_and_reports_like_a_generator(
         await h.observer.wait_for(
             lambda o: not o.of(NodeHeartbeat)[-1].runs, what="heartbeat without the run"
         )
+
+    scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
+
+
+def test_gang_members_keep_per_rank_keys_and_only_the_result_rank_completes(
+    kafka_bootstrap, fresh_topics, local_store, tmp_path
+):
+    async def body(h: Harness):
+        second = f"{h.node_id}-b"
+        a = await h.start_agent()
+        b = await h.start_agent(node_id=second, data_dir="agent-b")
+        gang = (NodeSlice(node_id=h.node_id, gpus=(0,)), NodeSlice(node_id=second, gpus=(0,)))
+        params = {"steps": "4", "resolution": "64x36", "duration_s": "1"}
+        await h.send(h.start_run(b, "job-gang", params=params, node_id=second, placement=gang))
+        member_key = "jobs/job-gang/runs/1/ranks/1/output/output.gif"
+        while not local_store.exists(member_key):
+            await asyncio.sleep(0.05)
+        await h.send(h.start_run(a, "job-gang", params=params, placement=gang))
+        done = await h.observer.wait_for(
+            lambda o: o.of(RunCompleted, "job-gang"), what="RunCompleted"
+        )
+        assert [(c.node_id, c.artifact_uri) for c in done] == [
+            (h.node_id, "local://jobs/job-gang/runs/1/ranks/0/output/output.gif")
+        ]
+        assert local_store.exists(done[0].artifact_uri)
+        # rank 1 finished first, yet holds the run (listed in heartbeats) until stopped
+        await h.observer.wait_for(
+            lambda o: [
+                beat
+                for beat in o.of(NodeHeartbeat)
+                if beat.node_id == second
+                and [r.job_id for r in beat.runs] == ["job-gang"]
+                and o.scheduler.index(beat) > o.scheduler.index(done[0])
+            ],
+            what="rank 1 still holding the run",
+        )
+        stop = h.stop_run(b, "job-gang", reason="gang completed")
+        await h.send(replace(stop, node_id=second))
+        stopped = await h.observer.wait_for(
+            lambda o: o.of(RunStopped, "job-gang"), what="RunStopped"
+        )
+        assert [(s.node_id, s.reason) for s in stopped] == [(second, "gang completed")]
+        assert len(h.observer.of(RunCompleted, "job-gang")) == 1
+        assert not h.observer.of(RunFailed, "job-gang")
 
     scenario(kafka_bootstrap, fresh_topics, local_store, tmp_path, body)
