@@ -228,6 +228,8 @@ def check_user_data(name: str, args: tuple[str, ...]) -> None:
     2. Nor does an interpreter's inline code (``python -c``, ``perl -e``).
     3. An argument that starts with user data must come after a ``--``
        argument; otherwise a prompt such as ``--fail-at-step=0`` is an option.
+       Glued to an option it needs ``=`` (``-p{prompt}`` is ``-p`` alone when
+       the prompt is empty, and takes the next argument).
     """
     at, program = _program(args)
     separated = False
@@ -241,8 +243,8 @@ def check_user_data(name: str, args: tuple[str, ...]) -> None:
         if program in SHELLS:
             raise ProfileError(
                 f"profile {name!r}: its command runs a shell ({program}) and hands it {ph}"
-                f" in {part!r}: a tenant's text would run as shell code. Run the generator"
-                " directly (a list of arguments, no shell)"
+                f" in {part!r}: a tenant's text could run as shell code. Run the generator"
+                " (or a wrapper script, by its own path) directly, without a shell"
             )
         if INTERPRETER.match(program) and i > at and args[i - 1] in INLINE_CODE_FLAGS:
             raise ProfileError(
@@ -250,12 +252,17 @@ def check_user_data(name: str, args: tuple[str, ...]) -> None:
                 f" {program} and interpolates {ph}: a tenant's text would run as code."
                 f" Pass it as an argument of a script instead (--name={ph})"
             )
-        starts_with_data = next(iter(string.Formatter().parse(part)))[0] == ""
-        if starts_with_data and not separated:
+        prefix = next(iter(string.Formatter().parse(part)))[0]
+        if prefix == "" and not separated:
             raise ProfileError(
                 f"profile {name!r}: argument {part!r} starts with {ph}, which could be"
                 f" read as an option (a prompt may start with '-'): attach it to its"
                 f" option (--name={ph}) or put it after a '--' argument"
+            )
+        if prefix.startswith("-") and not prefix.endswith("=") and not separated:
+            raise ProfileError(
+                f"profile {name!r}: in {part!r}, {ph} is glued to an option without '=':"
+                f" when it is empty the option takes the next argument; write --name={ph}"
             )
 
 

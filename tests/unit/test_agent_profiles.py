@@ -129,10 +129,12 @@ def test_shell_templates_without_user_data_still_load():
         ["gen", "--prompt", "{prompt}"],
         ["gen", "--params-json", "{params_json}"],
         ["gen", "{prompt}.txt", "--", "x"],
+        ["gen", "-p{prompt}"],
+        ["gen", "--prompt{params_json}"],
     ],
 )
 def test_user_data_that_could_be_read_as_an_option_is_refused(command):
-    with pytest.raises(ProfileError, match=r"could be read as an option.*--name=\{"):
+    with pytest.raises(ProfileError, match=r"(could be read as an option|without '=').*--name=\{"):
         ModelProfile.from_dict({"name": "opt", "command": command})
 
 
@@ -141,7 +143,7 @@ def test_user_data_that_could_be_read_as_an_option_is_refused(command):
     [
         ["gen", "--prompt={prompt}", "--params-json={params_json}"],
         ["gen", "--out", "{out}", "--", "{prompt}"],
-        ["gen", "-p{prompt}"],
+        ["gen", "-p={prompt}", "prompt:{prompt}"],
     ],
 )
 def test_user_data_as_an_option_value_or_after_a_separator_loads(command):
