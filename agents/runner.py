@@ -6,17 +6,21 @@ The generator is opaque: it gets a command line from its :class:`ModelProfile`
 and talks back through JSON lines on stdout (progress, checkpoint files). The
 runner
 
-1. starts it in a new session, so it leads its own process group and every
-   helper it forks can be signalled with one ``killpg``;
+1. starts it directly (no shell) in a new session, so it leads its own
+   process group and every helper it forks can be signalled with one
+   ``killpg``; it gets a minimal environment and, when given one, its own
+   user (see :mod:`sandbox`);
 2. reads stdout (progress, checkpoints) and keeps the tail of stderr;
 3. watches for silence: no progress, checkpoint or status line for
    ``hang_timeout_s`` means hung, and the group is killed;
 4. on stop, sends SIGTERM to the group, waits ``stop_grace_s`` for the leader,
    then SIGKILLs the group; after any exit it SIGKILLs the group once more so
    no helper outlives the run (no GPU stays busy for a finished run);
-5. classifies the end as an :class:`Outcome`: completed (exit 0 and the output
-   file exists), stopped (a stop was asked for), hung, or failed
-   (``generator_error`` with exit code and stderr tail).
+5. classifies the end as an :class:`Outcome`: completed (exit 0 and something
+   at the output path, or no output where none is required; whether the agent
+   may upload it is decided on upload), stopped (a stop was asked for), hung,
+   or failed (``generator_error`` with exit code and stderr tail). Malformed
+   JSON lines are skipped: the generator is not trusted to speak well.
 """
 
 from __future__ import annotations
