@@ -16,12 +16,28 @@ So after a crash the views and the offsets agree, and the consumer resumes at
 orders jobs newest first (``inverted created_ms / job_id``); that suffix is
 also the listing cursor.
 
+Bounded storage (:class:`Retention`). The store counts each tenant's views per
+state (the API's submit-time queue cap reads ``queued_count``) and, in the
+same batch:
+
+5. deletes terminal views ``finished_horizon_s`` after they ended (default
+   7 days), oldest first. "Now" is the newest event time the store has seen,
+   never the wall clock, so a replay of the same log expires the same views;
+6. deletes a tenant's oldest terminal views beyond ``max_views_per_tenant``
+   (default 100,000; live views are never deleted: the queue cap bounds them);
+7. deletes delivered or failed webhook outbox records ``outbox_horizon_s``
+   after they were done (default 1 day); pending ones stay until done.
+
+A job id past the horizon is unknown again: a GET answers 404, and a
+submission with its Idempotency-Key is a new job.
+
 ``InMemoryViewStore`` is the fake that implements the same ``ViewStore``
 protocol; one test suite runs against both.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -30,7 +46,7 @@ from typing import Protocol
 from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.projections.cluster import Breaker, CellView, ClusterView
-from framespool.projections.jobs import JobView
+from framespool.projections.jobs import QUEUED, SUBMITTED, JobView
 from framespool.projections.serde import (
     breaker_from_dict,
     breaker_to_dict,
@@ -42,6 +58,30 @@ from framespool.projections.serde import (
 
 _MAX_MS = 10**13 - 1
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+QUEUED_STATES = (SUBMITTED, QUEUED)  # what the submit-time queue cap counts
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long the store keeps what no one will ask for again (see the module doc)."""
+
+    finished_horizon_s: float = 7 * 86400.0
+    max_views_per_tenant: int = 100_000
+    outbox_horizon_s: float = 86400.0
+
+    def __post_init__(self) -> None:
+        if self.finished_horizon_s <= 0 or self.outbox_horizon_s <= 0:
+            raise ValueError("retention horizons must be positive")
+        if self.max_views_per_tenant < 1:
+            raise ValueError("max_views_per_tenant must be at least 1")
+
+
+def _ms_key(ms: int) -> str:
+    return f"{max(0, min(ms, _MAX_MS)):013d}"
+
+
+def _ended_ms(view: JobView) -> int:
+    return view.finished_ms or view.updated_ms
 
 
 @dataclass
@@ -95,6 +135,7 @@ class ViewStore(Protocol):
     def get_delivery(self, delivery_id: str) -> Delivery | None: ...
     def put_delivery(self, delivery: Delivery) -> None: ...
     def pending_deliveries(self) -> list[Delivery]: ...
+    def queued_count(self, tenant: str) -> int: ...
     def close(self) -> None: ...
 
 
@@ -107,11 +148,25 @@ def _dumps(doc) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
+def _count_change(
+    counts: dict[tuple[str, str], int], old: JobView | None, new: JobView | None
+) -> None:
+    """Per (tenant, state) view counts: ``old`` leaves its state, ``new`` enters its."""
+    if old is not None and new is not None and (old.tenant, old.state) == (new.tenant, new.state):
+        return
+    if old is not None:
+        counts[(old.tenant, old.state)] = counts.get((old.tenant, old.state), 0) - 1
+    if new is not None:
+        counts[(new.tenant, new.state)] = counts.get((new.tenant, new.state), 0) + 1
+
+
 class RocksViewStore:
     """The rocksdict adapter; one ``Rdict`` directory per projection process."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, retention: Retention = Retention()) -> None:
         self._db = Rdict(str(path), options=Options(raw_mode=True))
+        self.retention = retention
+        self._floors: dict[bytes, bytes] = {}  # index prefix -> where its expiry scan starts
 
     # -- keys ---------------------------------------------------------------
     @staticmethod
@@ -134,6 +189,27 @@ class RocksViewStore:
     @staticmethod
     def _offset_key(topic: str, partition: int) -> bytes:
         return b"o/" + topic.encode() + b"\x00" + str(partition).encode()
+
+    @staticmethod
+    def _count_key(tenant: str, state: str) -> bytes:
+        return b"n/" + tenant.encode() + b"\x00" + state.encode()
+
+    @staticmethod
+    def _ended_keys(v: JobView) -> tuple[bytes, bytes]:
+        """The expiry index (oldest ended first) and the tenant's, for the view cap."""
+        suffix = f"{_ms_key(_ended_ms(v))}/{v.job_id}".encode()
+        return b"x/" + suffix, b"X/" + v.tenant.encode() + b"\x00" + suffix
+
+    def _int(self, key: bytes) -> int:
+        raw = self._db.get(key)
+        return 0 if raw is None else int(raw)
+
+    def queued_count(self, tenant: str) -> int:
+        # max(0, ..): views stored before the counts existed are not in them
+        return max(0, sum(self._int(self._count_key(tenant, st)) for st in QUEUED_STATES))
+
+    def view_count(self, tenant: str) -> int:
+        return sum(int(v) for _, v in self._scan(b"n/" + tenant.encode() + b"\x00"))
 
     # -- reads --------------------------------------------------------------
     def get(self, job_id: str) -> JobView | None:
@@ -182,8 +258,8 @@ class RocksViewStore:
             (d for d in out if d is not None), key=lambda d: (d.created_ms, d.delivery_id)
         )
 
-    def _scan(self, prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
-        for key, value in self._db.items(from_key=prefix):
+    def _scan(self, prefix: bytes, start: bytes = b"") -> Iterable[tuple[bytes, bytes]]:
+        for key, value in self._db.items(from_key=prefix + start):
             if not key.startswith(prefix):
                 break
             yield key, value
@@ -197,6 +273,8 @@ class RocksViewStore:
 
     def commit(self, batch: Batch) -> None:
         wb = WriteBatch(raw_mode=True)
+        counts: dict[tuple[str, str], int] = {}
+        newest = self._int(b"w/")  # the newest event time seen: the store's "now"
         for job_id, view in batch.views.items():
             old = self.get(job_id)
             new_keys = self._index_keys(view)
@@ -206,6 +284,11 @@ class RocksViewStore:
             for key in new_keys:
                 wb.put(key, b"")
             wb.put(self._job_key(job_id), _dumps(view_to_dict(view)))
+            _count_change(counts, old, view)
+            if view.terminal and (old is None or not old.terminal):
+                for key in self._ended_keys(view):
+                    wb.put(key, b"")
+            newest = max(newest, view.updated_ms)
         for cell in batch.cells.values():
             wb.put(b"c/" + cell.cell.encode(), _dumps(cell_to_dict(cell)))
         for key, breaker in batch.breakers.items():
@@ -216,7 +299,80 @@ class RocksViewStore:
         for (topic, partition), off in batch.offsets.items():
             if off > self.offset(topic, partition):
                 wb.put(self._offset_key(topic, partition), str(off).encode())
+        self._expire(wb, counts, batch, newest)
+        for (tenant, state), delta in counts.items():
+            if delta:
+                key = self._count_key(tenant, state)
+                wb.put(key, str(self._int(key) + delta).encode())
+        wb.put(b"w/", str(newest).encode())
         self._db.write(wb)
+
+    def _expire(
+        self, wb: WriteBatch, counts: dict[tuple[str, str], int], batch: Batch, newest: int
+    ) -> None:
+        """Steps 5-7 of the module doc, into the same write batch."""
+        victims: dict[str, JobView] = {}
+
+        def take(job_id: str) -> bool:
+            """Mark a terminal view for deletion; False: it stays for now (it is
+            written in this batch, so it goes in a later one)."""
+            if job_id in batch.views:
+                return False
+            view = self.get(job_id)
+            if view is not None and view.terminal:
+                victims[job_id] = view
+            return True
+
+        # Expiry scans start where the last one stopped: everything before is
+        # deleted, and RocksDB would otherwise step over every tombstone again.
+        floors = self._floors
+        cutoff = newest - int(self.retention.finished_horizon_s * 1000)
+        deferred, last = b"", floors.get(b"x/", b"")
+        for key, _ in self._scan(b"x/", last):
+            ms, job_id = key[2:].decode().split("/", 1)
+            if int(ms) >= cutoff:
+                break
+            if take(job_id):
+                wb.delete(key)  # a stale entry (the view already gone) goes too
+            elif not deferred:
+                deferred = key[2:]  # kept for a later batch: the next scan starts here
+            last = key[2:]
+        floors[b"x/"] = deferred or last
+        cap = self.retention.max_views_per_tenant
+        for tenant in sorted({t for t, _ in counts}):
+            excess = (
+                self.view_count(tenant)
+                + sum(d for (t, _), d in counts.items() if t == tenant)
+                - sum(1 for v in victims.values() if v.tenant == tenant)
+                - cap
+            )
+            if excess <= 0:
+                continue
+            prefix = b"X/" + tenant.encode() + b"\x00"
+            floor = b""
+            for key, _ in self._scan(prefix, floors.get(prefix, b"")):
+                if excess <= 0:
+                    break
+                job_id = key.decode().rsplit("/", 1)[1]
+                if job_id not in victims:
+                    before = len(victims)
+                    if not take(job_id) and not floor:
+                        floor = key[len(prefix) :]
+                    excess -= len(victims) - before
+                floors[prefix] = floor or key[len(prefix) :]
+        for job_id, view in victims.items():
+            wb.delete(self._job_key(job_id))
+            for key in (*self._index_keys(view), *self._ended_keys(view)):
+                wb.delete(key)
+            _count_change(counts, view, None)
+        outbox_cutoff = newest - int(self.retention.outbox_horizon_s * 1000)
+        for key, _ in self._scan(b"y/", floors.get(b"y/", b"")):
+            ms, delivery_id = key[2:].decode().split("/", 1)
+            if int(ms) >= outbox_cutoff:
+                break
+            wb.delete(key)
+            wb.delete(b"d/" + delivery_id.encode())
+            floors[b"y/"] = key[2:]
 
     def put_delivery(self, delivery: Delivery) -> None:
         wb = WriteBatch(raw_mode=True)
@@ -230,6 +386,8 @@ class RocksViewStore:
             wb.put(b"p/" + d.delivery_id.encode(), b"")
         else:
             wb.delete(b"p/" + d.delivery_id.encode())
+            done = d.done_ms or d.created_ms
+            wb.put(f"y/{_ms_key(done)}/{d.delivery_id}".encode(), b"")
 
     def close(self) -> None:
         self._db.close()
@@ -238,18 +396,31 @@ class RocksViewStore:
 class InMemoryViewStore:
     """The fake: same protocol, dicts instead of rocksdict (API tests, embedded runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, retention: Retention = Retention()) -> None:
+        self.retention = retention
         self._views: dict[str, JobView] = {}
         self._offsets: dict[tuple[str, int], int] = {}
         self._cells: dict[str, CellView] = {}
         self._breakers: dict[str, Breaker] = {}
         self._deliveries: dict[str, Delivery] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        # (ended ms, job id) heaps, global and per tenant; entries are checked when popped
+        self._ended: list[tuple[int, str]] = []
+        self._tenant_ended: dict[str, list[tuple[int, str]]] = {}
+        self._done: list[tuple[int, str]] = []  # (done ms, delivery id)
+        self._newest = 0
 
     def get(self, job_id: str) -> JobView | None:
         return self._views.get(job_id)
 
     def offset(self, topic: str, partition: int) -> int:
         return self._offsets.get((topic, partition), -1)
+
+    def queued_count(self, tenant: str) -> int:
+        return sum(self._counts.get((tenant, st), 0) for st in QUEUED_STATES)
+
+    def view_count(self, tenant: str) -> int:
+        return sum(n for (t, _), n in self._counts.items() if t == tenant)
 
     def list_jobs(
         self, tenant: str, state: str | None = None, limit: int = 50, cursor: str | None = None
@@ -287,20 +458,76 @@ class InMemoryViewStore:
     def insert_if_absent(self, view: JobView) -> bool:
         if view.job_id in self._views:
             return False
-        self._views[view.job_id] = view
+        self.commit(Batch(views={view.job_id: view}))
         return True
 
     def commit(self, batch: Batch) -> None:
-        self._views.update(batch.views)
+        counts: dict[tuple[str, str], int] = {}
+        for job_id, view in batch.views.items():
+            old = self._views.get(job_id)
+            _count_change(counts, old, view)
+            self._views[job_id] = view
+            if view.terminal and (old is None or not old.terminal):
+                entry = (_ended_ms(view), job_id)
+                heapq.heappush(self._ended, entry)
+                heapq.heappush(self._tenant_ended.setdefault(view.tenant, []), entry)
+            self._newest = max(self._newest, view.updated_ms)
         self._cells.update(batch.cells)
         self._breakers.update(batch.breakers)
         for d in batch.deliveries:
-            self._deliveries.setdefault(d.delivery_id, Delivery(**asdict(d)))
+            if d.delivery_id not in self._deliveries:
+                self.put_delivery(d)
         for key, off in batch.offsets.items():
             self._offsets[key] = max(off, self._offsets.get(key, -1))
+        for key, delta in counts.items():
+            self._counts[key] = self._counts.get(key, 0) + delta
+        self._expire(batch)
+
+    def _expire(self, batch: Batch) -> None:
+        def live_entry(entry: tuple[int, str]) -> bool:
+            view = self._views.get(entry[1])
+            return view is not None and view.terminal and _ended_ms(view) == entry[0]
+
+        def drop(job_id: str) -> None:
+            view = self._views.pop(job_id)
+            _count_change(self._counts, view, None)
+
+        cutoff = self._newest - int(self.retention.finished_horizon_s * 1000)
+        deferred = []
+        while self._ended and self._ended[0][0] < cutoff:
+            entry = heapq.heappop(self._ended)
+            if entry[1] in batch.views and live_entry(entry):
+                deferred.append(entry)  # written in this batch: it goes in a later one
+            elif live_entry(entry):
+                drop(entry[1])
+        for entry in deferred:
+            heapq.heappush(self._ended, entry)
+        for tenant in sorted({v.tenant for v in batch.views.values()}):
+            heap, kept = self._tenant_ended.get(tenant, []), []
+            if len(heap) > 2 * self.view_count(tenant) + 64:  # drop entries expired by age
+                heap[:] = [e for e in heap if live_entry(e)]
+                heapq.heapify(heap)
+            while heap and self.view_count(tenant) > self.retention.max_views_per_tenant:
+                entry = heapq.heappop(heap)
+                if live_entry(entry):
+                    if entry[1] in batch.views:
+                        kept.append(entry)
+                    else:
+                        drop(entry[1])
+            for entry in kept:
+                heapq.heappush(heap, entry)
+        outbox_cutoff = self._newest - int(self.retention.outbox_horizon_s * 1000)
+        while self._done and self._done[0][0] < outbox_cutoff:
+            _, delivery_id = heapq.heappop(self._done)
+            d = self._deliveries.get(delivery_id)
+            if d is not None and d.status != PENDING:
+                del self._deliveries[delivery_id]
 
     def put_delivery(self, delivery: Delivery) -> None:
         self._deliveries[delivery.delivery_id] = Delivery(**asdict(delivery))
+        if delivery.status != PENDING:
+            done = delivery.done_ms or delivery.created_ms
+            heapq.heappush(self._done, (done, delivery.delivery_id))
 
     def close(self) -> None:
         pass

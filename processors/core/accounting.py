@@ -31,6 +31,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import TYPE_CHECKING
 
@@ -221,8 +222,42 @@ class Accounting:
                 reason=f"closed: probe run {run.job_id}#{run.run} completed",
             )
 
+    # -- bounded state ------------------------------------------------------------
+    def expire_finished(self: Cell) -> None:
+        """Forget terminal job ids ``finished_horizon_s`` of cell time after they
+        ended, and failure evidence older than the breaker window. Driven by
+        Ticks only, so replay reproduces it exactly.
+
+        ``finished`` is insertion-ordered and only ever appended to (a job ends
+        once), so ids ever added = ``len(finished) + finished_expired``. A mark
+        ``(t, count)`` says the first ``count`` ids had ended by time ``t``;
+        marks are taken at most every 1/64 of the horizon, so an id is
+        forgotten between one horizon and 1/64 more after it ended."""
+        horizon_ms = int(self.config.finished_horizon_s * 1000)
+        marks = self.finished_marks
+        added = len(self.finished) + self.finished_expired
+        if not marks or (
+            marks[-1][1] != added and self.now_ms - marks[-1][0] >= max(1, horizon_ms // 64)
+        ):
+            marks.append((self.now_ms, added))
+            self.prune_failure_log()
+        upto = 0
+        while marks and marks[0][0] < self.now_ms - horizon_ms:
+            upto = marks.popleft()[1]
+        if upto > self.finished_expired:
+            for job_id in list(itertools.islice(self.finished, upto - self.finished_expired)):
+                del self.finished[job_id]
+            self.finished_expired = upto
+
+    def prune_failure_log(self: Cell) -> None:
+        window = self.now_ms - int(self.config.breaker_window_s * 1000)
+        stale = [k for k, entries in self.failure_log.items() if entries[-1][0] <= window]
+        for key in stale:
+            del self.failure_log[key]
+
     # -- periodic outputs ---------------------------------------------------------
     def publish_periodic(self: Cell) -> None:
+        self.expire_finished()
         status_every = int(self.config.status_interval_s * 1000)
         if status_every and self.now_ms - self.last_status_ms >= status_every:
             self.last_status_ms = self.now_ms

@@ -21,6 +21,7 @@ and ``scheduling`` (fair order, placement, reservation, backfill, preemption).
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +56,10 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         self.cell_id = cell_id
         self.now_ms = 0
         self.jobs: dict[str, Job] = {}  # live (non-terminal) jobs
-        self.finished: dict[str, str] = {}  # job id -> terminal state
+        self.finished: dict[str, str] = {}  # job id -> terminal state, oldest first
+        # (cell time, ids ever added to ``finished``): when what; expiry reads it
+        self.finished_marks: deque[tuple[int, int]] = deque()
+        self.finished_expired = 0
         self.runs: dict[RunKey, Run] = {}
         self.index = NodeIndex()
         self.fair = FairTree(self.config.idle_credit_gpu_s)

@@ -63,11 +63,17 @@ DEFAULT_RETRIES = (
 )
 
 
+# Queued jobs per tenant and cell for tenants without their own ``max_queued``.
+DEFAULT_MAX_QUEUED = 20_000
+
+
 @dataclass(frozen=True, slots=True)
 class CellConfig:
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     tenants: tuple[TenantConfig, ...] = ()
-    default_tenant: TenantConfig = TenantConfig("*")
+    # a tenant not listed: its queued jobs in this cell are capped (a backstop
+    # above the API's submit-time cap, which refuses with 429 first)
+    default_tenant: TenantConfig = TenantConfig("*", max_queued=DEFAULT_MAX_QUEUED)
     retries: tuple[tuple[str, int], ...] = DEFAULT_RETRIES
     default_retries: int = 2
 
@@ -113,6 +119,11 @@ class CellConfig:
     breaker_cooldown_s: float = 1800.0
     breaker_min_tenants: int = 2
     breaker_probe_after_s: float = 60.0
+
+    # Bounded state: a terminal job's id stays in ``Cell.finished`` this long
+    # (cell time) after it ended, to refuse a re-delivered admission and to
+    # explain late reports; keep it above admission's idempotency_horizon_s.
+    finished_horizon_s: float = 3600.0
 
     # Read-model cadence
     status_interval_s: float = 5.0
