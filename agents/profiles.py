@@ -205,33 +205,26 @@ def _fields(part: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
 
 
-def _program(args: tuple[str, ...]) -> tuple[int, str]:
-    """Index and base name of the program ``args`` runs, looking through ``env``."""
-    i = 0
-    while i < len(args):
-        base = os.path.basename(args[i])
-        if i > 0 and (args[i].startswith("-") or "=" in args[i]):
-            i += 1  # env's options and VAR=value assignments
-            continue
-        if base != "env":
-            return i, base
-        i += 1
-    return 0, ""
+def _word(arg: str) -> str:
+    """The program name an argument would be (``env -S "sh -c"`` included)."""
+    words = arg.split()
+    return os.path.basename(words[0]) if words else ""
 
 
 def check_user_data(name: str, args: tuple[str, ...]) -> None:
     """Refuse a template where a tenant's prompt or params could become code or
     an option; raises :class:`ProfileError` naming the argument and the fix.
 
-    1. A shell (``sh -c``, also through ``env``) never sees user data: a prompt
-       would be shell code.
-    2. Nor does an interpreter's inline code (``python -c``, ``perl -e``).
+    1. A shell (``sh -c``, also behind ``env``, ``nice``, ``timeout``...) never
+       sees user data: a prompt would be shell code.
+    2. Nor does an interpreter's inline code (``python -c``, ``perl -e``),
+       behind a wrapper or not.
     3. An argument that starts with user data must come after a ``--``
        argument; otherwise a prompt such as ``--fail-at-step=0`` is an option.
        Glued to an option it needs ``=`` (``-p{prompt}`` is ``-p`` alone when
        the prompt is empty, and takes the next argument).
     """
-    at, program = _program(args)
+    words = [_word(a) for a in args]
     separated = False
     for i, part in enumerate(args):
         used = USER_DATA.intersection(_fields(part))
@@ -240,16 +233,18 @@ def check_user_data(name: str, args: tuple[str, ...]) -> None:
         if not used:
             continue
         ph = "{" + sorted(used)[0] + "}"
-        if program in SHELLS:
+        shell = next((w for w in words[:i] if w in SHELLS), None)
+        if shell is not None:
             raise ProfileError(
-                f"profile {name!r}: its command runs a shell ({program}) and hands it {ph}"
+                f"profile {name!r}: its command runs a shell ({shell}) and hands it {ph}"
                 f" in {part!r}: a tenant's text could run as shell code. Run the generator"
                 " (or a wrapper script, by its own path) directly, without a shell"
             )
-        if INTERPRETER.match(program) and i > at and args[i - 1] in INLINE_CODE_FLAGS:
+        interpreter = next((w for w in words[:i] if INTERPRETER.match(w)), None)
+        if interpreter and i > 0 and args[i - 1] in INLINE_CODE_FLAGS:
             raise ProfileError(
                 f"profile {name!r}: {part!r} after {args[i - 1]!r} is inline code for"
-                f" {program} and interpolates {ph}: a tenant's text would run as code."
+                f" {interpreter} and interpolates {ph}: a tenant's text would run as code."
                 f" Pass it as an argument of a script instead (--name={ph})"
             )
         prefix = next(iter(string.Formatter().parse(part)))[0]

@@ -106,6 +106,9 @@ def test_load_from_json_and_toml(tmp_path):
         ["/usr/bin/env", "sh", "-c", "exec gen \"$0\"", "--", "{prompt}"],
         ["/bin/dash", "-c", "exec gen --prompt=\"$1\"", "gen", "--prompt={prompt}"],
         ["{python}", "-c", "print('{prompt}')"],
+        ["nice", "-n", "5", "sh", "-c", "gen {prompt}"],
+        ["/usr/bin/env", "-S", "bash -c", "gen --p={prompt}"],
+        ["timeout", "60", "{python}", "-c", "print('{params_json}')"],
     ],
 )
 def test_shell_and_inline_code_templates_with_user_data_are_refused(command):
