@@ -185,11 +185,6 @@ def chaos_stack(
     )
 
 
-def scheduler_instance(target: str) -> str:
-    """A scheduler fault's target as a process name (``scheduler`` alone: the first)."""
-    return target if target.startswith("scheduler-") else "scheduler-0"
-
-
 def restart_process(stack: Stack, name: str) -> Process:
     """Stop the stack's process ``name`` (SIGTERM, or reap it if it is dead) and start
     it again with the same command line, in the same place in ``stack.processes``."""
@@ -313,6 +308,7 @@ class ChaosRun:
         self.last_restart: dict[str, float] = {}
         self.supervisor_restarts: list[dict[str, Any]] = []
         self.heal_from: dict[int, int] = {}  # down_agent fault -> incarnation when paused
+        self.instances: dict[int, str] = {}  # scheduler fault -> the instance it hit
         self.t0 = 0.0
 
     # -- the run ------------------------------------------------------------------
@@ -476,7 +472,7 @@ class ChaosRun:
         ok = True
         node = a.target if a.target.startswith("node-") else ""
         agent = f"agent-{node}"
-        instance = "" if node else scheduler_instance(a.target)
+        instance = "" if node or a.kind not in chaos.SCHEDULER_FAULTS else self._instance(a)
         try:
             if a.op == "crash" and node:
                 self.held.add(node)
@@ -547,8 +543,28 @@ class ChaosRun:
         self.fault_log.append(entry)
         self.config.say(
             f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
-            f"{a.target} {detail}".rstrip()
+            f"{entry['target'] or a.target} {detail}".rstrip()
         )
+
+    def _instance(self, a: chaos.Action) -> str:
+        """The scheduler instance a scheduler fault hits: the planned one, or (target
+        ``scheduler``) one that owns a cell now, by its log, picked with the seed and
+        kept for the fault's later steps."""
+        if a.target.startswith("scheduler-"):
+            return a.target
+        if a.fault_id not in self.instances:
+            names = [p.name for p in self.stack.processes if p.name.startswith("scheduler-")]
+            now = int(time.time() * 1000)
+            owners = []
+            for p in self.stack.processes:
+                if p.name in names and p.alive():
+                    changes = takeover.ownership_changes(read_lines(p.log_path), p.name)
+                    owned = takeover.owned_at(changes, p.name, now) or set()
+                    if any(q < self.config.cells for q in owned):
+                        owners.append(p.name)
+            rng = random.Random(f"scheduler/{self.config.seed}/{a.fault_id}")
+            self.instances[a.fault_id] = rng.choice(sorted(owners) or sorted(names))
+        return self.instances[a.fault_id]
 
     def _heal_check(self, a: chaos.Action, node: str) -> str:
         """A ``down_agent`` fault's last step: say whether the agent re-registered by

@@ -10,22 +10,30 @@ paused (SIGSTOP) the scheduler instance that owned it. Each is measured as:
    with ``rebalance`` and ``partitions`` fields; every scheduler instance logs
    to ``logs/scheduler-<i>.log``), folded up to ``T``; only partitions that
    are cells of the stack count. Without such lines (logs unreadable), every
-   cell is taken to be the instance's and the clock starts at ``T``;
+   cell is taken to be the instance's and every interval starts at ``T``;
 2. **the new owner**: the first ``assigned`` line of any instance, after ``T``,
    that lists the cell (an instance restarted by the drill may win it back;
-   that is a takeover too). Its time is when the partition was revoked from
-   the dead or paused owner as far as the group is concerned;
-3. **the first decision** of the new owner: the first output record of the
+   that is a takeover too);
+3. **the revocation**: the rebalance that moved the cell began when the group
+   gave up on the old owner (its session timed out) and revoked every
+   member's partitions; the new owner logs that as its own ``revoked`` line,
+   the last one after ``T`` and before its assignment (eager rebalancing: a
+   member that held nothing logs ``revoked []``). Without one: the assignment;
+4. **the first decision** of the new owner: the first output record of the
    cell (a ``job-events`` record whose event id names ``cell-<p>`` as its
    source, a ``CellStatus`` among them) whose producer timestamp is at or
-   after that assignment.
+   after the assignment.
 
-``takeover_s`` is 3 - 2 (the partition's revocation to the new owner's first
-decision, the same interval ``framespool bench takeover`` times); ``detect_s``
-is 2 - ``T`` (mostly the consumer group's session timeout for a killed or
-paused instance). A resumed zombie that flushes a batch it had in hand before
-it notices it was fenced could put an output of the cell in that window; its
-event ids are those of the new owner's re-fold, and ``verify`` judges them.
+Per row: ``takeover_s`` = 4 - 3 (partition revoked -> first decision of the
+new owner: the group's rebalance, claiming and loading the cell, folding what
+queued up meanwhile); ``decide_s`` = 4 - 2 (assigned -> first decision, what
+``framespool bench takeover`` times); ``detect_s`` = 3 - ``T`` (mostly the
+session timeout: a dead or stopped member is noticed only when it expires);
+``from_fault_s`` = 4 - ``T``, the whole outage of the cell. Log lines carry
+the processes' wall clock, records their producers' (all on one host here).
+A resumed zombie that flushes a batch it had in hand before it notices it was
+fenced could put an output of the cell after 2; its event ids are those of
+the new owner's re-fold, and ``verify`` judges them.
 
 **Self-healing** (a ``down_agent`` fault): the agent was paused past its
 heartbeat lease at ``P`` and resumed at ``R``; it healed itself if the
@@ -131,14 +139,18 @@ def takeovers(
     cells: int,
 ) -> list[dict[str, Any]]:
     """One row per (scheduler fault, cell its instance owned): who took the cell
-    over, ``detect_s`` and ``takeover_s`` (None when no new owner or no decision
-    was seen). See the module docstring for the measure."""
+    over and the intervals of the module docstring (None when no new owner or no
+    decision of it was seen)."""
     by_cell: dict[int, list[int]] = {}
     for ts, p in outputs:
         by_cell.setdefault(p, []).append(ts)
     for stamps in by_cell.values():
         stamps.sort()
-    assigns = sorted((c for c in changes if c.op == "assigned"), key=lambda c: c.ts_ms)
+    ordered = sorted(changes, key=lambda c: c.ts_ms)
+
+    def secs(a: int | None, b: int | None) -> float | None:
+        return None if a is None or b is None else round((b - a) / 1000, 3)
+
     rows = []
     for f in fault_log:
         if f.get("kind") not in SCHEDULER_FAULTS or f.get("op") not in ("crash", "pause"):
@@ -147,38 +159,62 @@ def takeovers(
             continue
         t, victim = int(f["t_ms"]), str(f.get("target", ""))
         owned = owned_at(changes, victim, t)
-        measured_from = "assignment"
-        if owned is None:
-            owned, measured_from = set(range(cells)), "fault"
-        for p in sorted(q for q in owned if q < cells):
-            new = next((c for c in assigns if c.ts_ms > t and p in c.partitions), None)
-            start = new.ts_ms if new is not None and measured_from == "assignment" else t
-            row: dict[str, Any] = {
-                "fault_id": f.get("fault_id"),
-                "kind": f["kind"],
-                "instance": victim,
-                "cell": f"cell-{p}",
-                "by": new.instance if new is not None else None,
-                "measured_from": measured_from,
-                "detect_s": round((new.ts_ms - t) / 1000, 3) if new is not None else None,
-                "takeover_s": None,
-            }
-            if new is not None or measured_from == "fault":
-                first = next((ts for ts in by_cell.get(p, ()) if ts >= start), None)
-                if first is not None:
-                    row["takeover_s"] = round((first - start) / 1000, 3)
-            rows.append(row)
+        from_logs = owned is not None
+        for p in sorted(q for q in (owned if from_logs else range(cells)) if q < cells):
+            new = next(
+                (c for c in ordered if c.ts_ms > t and c.op == "assigned" and p in c.partitions),
+                None,
+            )
+            assigned = revoked = None
+            if new is not None and from_logs:
+                assigned = new.ts_ms
+                revoked = max(
+                    (
+                        c.ts_ms
+                        for c in ordered
+                        if c.instance == new.instance
+                        and c.op == "revoked"
+                        and t < c.ts_ms
+                        and c.ts_ms <= new.ts_ms
+                    ),
+                    default=assigned,
+                )
+            elif not from_logs:
+                assigned = revoked = t
+            first = None
+            if assigned is not None:
+                first = next((ts for ts in by_cell.get(p, ()) if ts >= assigned), None)
+            rows.append(
+                {
+                    "fault_id": f.get("fault_id"),
+                    "kind": f["kind"],
+                    "instance": victim,
+                    "cell": f"cell-{p}",
+                    "by": new.instance if new is not None else None,
+                    "measured_from": "rebalance" if from_logs else "fault",
+                    "detect_s": secs(t, revoked) if from_logs else None,
+                    "takeover_s": secs(revoked, first),
+                    "decide_s": secs(assigned, first),
+                    "from_fault_s": secs(t, first),
+                }
+            )
     return rows
 
 
 def takeover_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The report's ``takeovers`` (count of measured ones) and their worst times."""
+    """The report's ``takeovers`` (how many were measured to a decision) and the
+    worst of each interval."""
     measured = [r for r in rows if r["takeover_s"] is not None]
-    detected = [r["detect_s"] for r in rows if r["detect_s"] is not None]
+
+    def worst(key: str) -> float | None:
+        return max((r[key] for r in rows if r.get(key) is not None), default=None)
+
     return {
         "takeovers": len(measured),
-        "takeover_s_max": max((r["takeover_s"] for r in measured), default=None),
-        "takeover_detect_s_max": max(detected, default=None),
+        "takeover_s_max": worst("takeover_s"),
+        "takeover_decide_s_max": worst("decide_s"),
+        "takeover_detect_s_max": worst("detect_s"),
+        "takeover_from_fault_s_max": worst("from_fault_s"),
         "takeovers_unfinished": [dict(r) for r in rows if r["takeover_s"] is None],
         "takeover_details": [dict(r) for r in rows],
     }

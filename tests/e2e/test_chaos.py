@@ -1,7 +1,9 @@
 """``framespool chaos`` through the CLI: a small seeded drill ends with zeros.
 
-30 jobs on 6 agents x 8 simulated GPUs while every kind of fault is injected
-once or twice (agents killed and paused, the scheduler killed, reports
+30 jobs on 6 agents x 8 simulated GPUs in two cells shared by two scheduler
+instances (the defaults) while every kind of fault is injected once or twice
+(agents killed and paused, an agent left DOWN to heal itself, a scheduler
+instance killed and another paused past its session timeout, reports
 duplicated and reordered, malformed records on every topic, ECC errors,
 throttling, a wedged generator, jobs that crash or hang every time). The
 command exits 0 only if no job is lost, no job has two terminal events, and
@@ -61,7 +63,9 @@ def test_chaos_drill_of_30_jobs_ends_with_zeros(tmp_path):
     assert set(report["faults_injected"]) == {
         chaos.KILL_AGENT,
         chaos.PAUSE_AGENT,
+        chaos.DOWN_AGENT,
         chaos.KILL_SCHEDULER,
+        chaos.PAUSE_SCHEDULER,
         chaos.DUPLICATE_REPORTS,
         chaos.MALFORMED_RECORDS,
         chaos.ECC_GPU,
@@ -80,3 +84,11 @@ def test_chaos_drill_of_30_jobs_ends_with_zeros(tmp_path):
     assert any("stale report" in k for k in report["reports_ignored"])
     assert report["resumed_runs"] > 0
     assert report["cluster_view"].get("busy") == 0
+    # the shape: two cells, two instances; each scheduler fault moved its instance's
+    # cells to a new owner that went on deciding
+    assert (report["config"]["cells"], report["config"]["schedulers"]) == (2, 2)
+    assert report["takeovers"] >= 1 and report["takeovers_unfinished"] == []
+    assert report["takeover_s_max"] is not None
+    # the DOWN agent's healing is reported either way (agents/ may not heal yet)
+    assert [row["declared_down"] for row in report["self_healing"]] == [True]
+    assert "summary: {" in proc.stdout
