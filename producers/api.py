@@ -19,7 +19,10 @@ Submission protocol (``POST /v1/jobs``):
    derived from (tenant, Idempotency-Key) when the header is given, else random;
 2. a known id with the same request fingerprint answers 200 with that job; a
    different request under the same key answers 409;
-3. write ``SubmitJob`` (key = tenant) to ``commands`` and wait for the ack;
+3. refuse with 429 and ``Retry-After`` a tenant that already has its queue cap
+   of jobs waiting (SUBMITTED or QUEUED in the read model): what a tenant may
+   not submit is refused now, never accepted with 202 and rejected later;
+   write ``SubmitJob`` (key = tenant) to ``commands`` and wait for the ack;
 4. store a provisional SUBMITTED view unless the projection already has one,
    so an immediate GET finds the job; answer 202.
 """
@@ -97,6 +100,12 @@ class ApiConfig:
     clock: Callable[[], float] = time.time
     rate_limit: RateLimit = RateLimit()  # per tenant; generous by default
     rate_limit_overrides: dict[str, RateLimit] = field(default_factory=dict)
+    # Jobs a tenant may have waiting (SUBMITTED or QUEUED in the read model); one
+    # more is refused with 429 and Retry-After (0 = no cap). Below the cells'
+    # own per-tenant cap (CellConfig.default_tenant.max_queued), the backstop.
+    queue_cap: int = 10_000
+    queue_cap_overrides: dict[str, int] = field(default_factory=dict)
+    queue_cap_retry_after_s: int = 30
     monotonic: Callable[[], float] = time.monotonic  # the rate limiter's clock
     resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
     resolve_timeout_s: float = 2.0
@@ -240,6 +249,23 @@ async def _check_callback_host(config: ApiConfig, url: str | None) -> None:
             )
 
 
+def _check_queue_cap(config: ApiConfig, tenant: str) -> None:
+    """Refuse a submission over the tenant's queue cap now, with when to retry."""
+    cap = config.queue_cap_overrides.get(tenant, config.queue_cap)
+    if cap <= 0:
+        return
+    waiting = config.store.queued_count(tenant)
+    if waiting >= cap:
+        retry = str(config.queue_cap_retry_after_s)
+        raise ApiError(
+            429,
+            "queue_full",
+            f"tenant {tenant!r} has {waiting} jobs waiting, its queue cap of {cap}; "
+            f"retry after {retry} s, when some have started (or cancel some)",
+            headers={"Retry-After": retry},
+        )
+
+
 def _own_job(request: web.Request, principal: Principal) -> JobView:
     job_id = request.match_info["job_id"]
     view = request.app[CONFIG].store.get(job_id)
@@ -308,6 +334,7 @@ async def submit_job(request: web.Request) -> web.Response:
                     )
                 metrics.submits.labels(spec.tier, "replayed").inc()
                 return _accepted(existing, 200)
+            _check_queue_cap(config, principal.tenant)
             command = SubmitJob(
                 event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key
             )

@@ -41,6 +41,7 @@ ERROR_CODES = (
     "not_found",
     "method_not_allowed",
     "rate_limited",
+    "queue_full",
     "http_error",
 )
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

@@ -27,11 +27,15 @@ class RateLimit:
     """How fast one tenant may call the API; ``rate_per_s <= 0`` disables limiting.
 
     The default is generous (the pipeline bench submits ~300 jobs/s for one
-    tenant); deployments that face the internet set their own.
+    tenant, and a burst of 5,000 submits at once passes: bursts are queued, and
+    the fair-share order protects the other tenants); deployments that face
+    the internet set their own. This is framespool's one rate limit: it
+    refuses at the edge, at request time, with 429 and ``Retry-After``;
+    nothing behind it rejects for rate later.
     """
 
     rate_per_s: float = 1000.0
-    burst: int = 2000
+    burst: int = 5000
 
     def __post_init__(self) -> None:
         if self.rate_per_s > 0 and self.burst < 1:
