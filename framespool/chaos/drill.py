@@ -638,7 +638,9 @@ class ChaosRun:
 
     def _supervise(self, now: float) -> None:
         """Restart an agent whose node is out of service, or whose process died, without
-        a fault of ours: a DOWN node never re-registers by itself."""
+        a fault of ours (an operator's fallback). Nodes a fault holds are left alone,
+        a ``down_agent``'s until its ``heal_check``: restarting it sooner would hide
+        whether it heals itself."""
         with self.watcher.lock:
             states = dict(self.watcher.node_state)
         for i in range(self.config.nodes):

@@ -13,9 +13,13 @@ Everything random is drawn up front from the seed, as data:
    no breaker for anyone else's work.
 2. :func:`build_schedule` plans the faults, a tuple of :class:`Fault`, and
    :func:`actions_of` expands them into timed :class:`Action` steps (a pause
-   is SIGSTOP, SIGCONT and a restart). Node faults go to distinct nodes, and at
-   most ``MAX_IMPAIRED_NODES`` nodes are impaired at once so the 16-GPU gangs
-   stay placeable.
+   is SIGSTOP, SIGCONT and a restart; a ``down_agent`` is SIGSTOP past the
+   heartbeat lease, SIGCONT and a ``heal_check``, never a restart: the agent
+   must re-register by itself). Node faults go to distinct nodes, at most
+   ``MAX_IMPAIRED_NODES`` nodes are impaired at once, and a cell keeps two
+   whole nodes so its 16-GPU gangs stay placeable. Scheduler faults (an
+   instance killed, or paused past its session timeout and resumed: a zombie)
+   hit one instance at a time, so another takes its cells over.
 
 The driver (:class:`framespool.chaos.drill.ChaosRun`, the imperative shell) starts a
 :class:`~framespool.stack.Stack`,
@@ -24,8 +28,9 @@ at theirs, and restarts (as an operator would) an agent whose node went DOWN,
 DEGRADED or DRAINING without a fault of ours. It stops when every submitted
 job has a terminal event and every action has run (or at the timeout), waits
 for the GPUs to be released and the malformed records to be dead-lettered,
-then reads ``job-events``, the scheduler topic and ``dead-letter`` from offset
-0 and computes the report with pure functions (:func:`account`).
+then reads ``job-events``, the scheduler topic (every cell's partition) and
+``dead-letter`` from offset 0 and computes the report with pure functions
+(:func:`account`; takeovers and self-healing in :mod:`framespool.chaos.takeover`).
 
 Chaos checks no log invariant itself: duplicate terminal events, double-booked
 GPUs (scheduler view and node view) and GPUs still held at the end are what
