@@ -151,12 +151,12 @@ def chaos_stack(
     timing: chaos.Timing = chaos.Timing(),
     cells: int = 1,
     schedulers: int = 1,
-    shared_snapshots: bool = True,
+    shared_snapshots: bool = False,
 ) -> Stack:
     """An embedded stack configured as the drill runs it: no admission rate limit, the
     timing's leases, simulated GPUs whose faults follow ``agents/<node>/faults.json``,
-    ``cells`` cells shared by ``schedulers`` instances (with shared snapshots in
-    ``<data_dir>/shared-snapshots`` unless told otherwise)."""
+    ``cells`` cells shared by ``schedulers`` instances, with shared snapshots in
+    ``<data_dir>/shared-snapshots`` if asked (the drill asks)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     env: dict[str, str] = {}
