@@ -21,6 +21,14 @@ Fencing, in the order it is checked:
 5. ``StopRun``/``CheckpointRun`` for a run this node runs act on it; for a run
    it does not have they ``REPORT_STOPPED`` so the scheduler can release GPUs.
 
+Bounded memory: the ledger remembers the last ``MAX_SEEN_EVENTS`` event ids
+(redelivery is of recent records: the agent resumes at its committed offset)
+and the fencing epochs of the last ``MAX_JOBS`` jobs it was told about; an
+older job's epoch is forgotten once none of its runs is active here (a very
+late instruction for it then meets the scheduler's reconciliation, which
+stops any run it did not assign). ``ignored`` keeps the last
+``MAX_IGNORED`` refusals.
+
 Per-run states: ``LAUNCHING`` (checkpoint download, process start),
 ``RUNNING``, ``STOPPING`` and ``FINISHED``. Small timing policies the shell
 consults (progress throttling, step rate) live here too: they take
@@ -30,6 +38,7 @@ consults (progress throttling, step rate) live here too: they take
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 from framespool.schemas.events import CheckpointRun, StartRun, StopRun
@@ -55,6 +64,10 @@ class RunState(enum.Enum):
 
 
 ACTIVE_STATES = (RunState.LAUNCHING, RunState.RUNNING, RunState.STOPPING)
+
+MAX_SEEN_EVENTS = 50_000
+MAX_JOBS = 10_000
+MAX_IGNORED = 1_000
 
 # (current state, action) -> next state; a pair not listed leaves it unchanged.
 TRANSITIONS: dict[tuple[RunState, Action], RunState] = {
@@ -89,10 +102,13 @@ class RunLedger:
         self.node_id = node_id
         self.incarnation = incarnation
         self._seen_events: set[str] = set()
+        self._event_order: deque[str] = deque()  # oldest first, to forget
         self._seen_runs: set[RunKey] = set()
         self._highest_run: dict[str, int] = {}
+        self._job_order: deque[str] = deque()  # jobs in the order first seen, to forget
         self._runs: dict[RunKey, RunEntry] = {}
-        self.ignored: list[tuple[str, str]] = []  # (event_id, reason), for logs/tests
+        # (event_id, reason), for logs/tests: the most recent (up to 2 * MAX_IGNORED)
+        self.ignored: list[tuple[str, str]] = []
 
     # -- instructions -------------------------------------------------------
     def decide(self, cmd: Instruction) -> Decision:
@@ -110,6 +126,9 @@ class RunLedger:
         if cmd.event_id in self._seen_events:
             return self._ignore(cmd, "duplicate event_id", job_id)
         self._seen_events.add(cmd.event_id)
+        self._event_order.append(cmd.event_id)
+        if len(self._event_order) > MAX_SEEN_EVENTS:
+            self._seen_events.discard(self._event_order.popleft())
         if isinstance(cmd, StartRun):
             return self._start(cmd)
         return self._stop_or_checkpoint(cmd)
@@ -122,7 +141,7 @@ class RunLedger:
         if cmd.run < highest:
             return self._ignore(cmd, f"stale run {cmd.run} (seen run {highest})", key[0])
         self._seen_runs.add(key)
-        self._highest_run[key[0]] = cmd.run
+        self._raise_epoch(key[0], cmd.run)
         superseded = tuple(
             k for k, e in self._runs.items() if k[0] == key[0] and e.state in ACTIVE_STATES
         )
@@ -138,7 +157,7 @@ class RunLedger:
             # A late StartRun for this run must not launch it after we said "stopped".
             if isinstance(cmd, StopRun):
                 self._seen_runs.add(key)
-                self._highest_run[cmd.job_id] = max(self._highest_run.get(cmd.job_id, 0), cmd.run)
+                self._raise_epoch(cmd.job_id, max(self._highest_run.get(cmd.job_id, 0), cmd.run))
             return Decision(Action.REPORT_STOPPED, "no such run on this node", *key)
         if isinstance(cmd, StopRun):
             if entry.state is RunState.STOPPING:
@@ -149,6 +168,22 @@ class RunLedger:
             return self._ignore(cmd, f"run is {entry.state.value}", cmd.job_id)
         return Decision(Action.CHECKPOINT, cmd.reason or "checkpoint requested", *key)
 
+    def _raise_epoch(self, job_id: str, run: int) -> None:
+        """Record the job's highest run; past ``MAX_JOBS`` jobs, forget the oldest
+        whose runs are all over here."""
+        if job_id not in self._highest_run:
+            self._job_order.append(job_id)
+        self._highest_run[job_id] = run
+        for _ in range(len(self._job_order)):
+            if len(self._highest_run) <= MAX_JOBS:
+                return
+            oldest = self._job_order.popleft()
+            if any(e.state in ACTIVE_STATES for k, e in self._runs.items() if k[0] == oldest):
+                self._job_order.append(oldest)  # still running here: keep its epoch
+                continue
+            for r in range(self._highest_run.pop(oldest, 0) + 1):
+                self._seen_runs.discard((oldest, r))
+
     def _apply(self, entry: RunEntry, action: Action, reason: str) -> None:
         nxt = TRANSITIONS.get((entry.state, action))
         if nxt is not None:
@@ -158,6 +193,8 @@ class RunLedger:
 
     def _ignore(self, cmd: Instruction, reason: str, job_id: str) -> Decision:
         self.ignored.append((cmd.event_id, reason))
+        if len(self.ignored) > 2 * MAX_IGNORED:
+            del self.ignored[:-MAX_IGNORED]
         return Decision(Action.IGNORE, reason, job_id, cmd.run)
 
     # -- run lifecycle, as the shell observes it ----------------------------
