@@ -94,6 +94,7 @@ class Timing:
     throttle_s: float = 6.0
     scheduler_down_s: tuple[float, float] = (1.0, 3.0)  # with a single instance
     session_timeout_s: float = 6.0  # the processors' consumer-group session timeout
+    rebalance_s: float = 3.0  # the group's rebalance after it (about 3 s on Tansu)
     heal_s: float = 15.0  # a resumed DOWN agent has this long to re-register by itself
 
     def scheduler_config(self) -> dict:
@@ -308,13 +309,16 @@ def build_schedule(
                     )
                 )
             elif kind in SCHEDULER_FAULTS:
+                # with another instance, out until it surely took the cells over (a
+                # zombie resumed sooner just rejoins and gets its cells back)
+                moved_s = timing.session_timeout_s + timing.rebalance_s
                 if schedulers > 1:
-                    duration = timing.session_timeout_s + rng.uniform(2.0, 4.0)
+                    duration = moved_s + rng.uniform(2.0, 4.0)
                 else:
                     duration = rng.uniform(*timing.scheduler_down_s)
                 target = "scheduler" if schedulers > 1 else "scheduler-0"
                 at = round(max(at, scheduler_free_at), 3)
-                scheduler_free_at = at + duration + timing.session_timeout_s + 2.0
+                scheduler_free_at = at + duration + moved_s + 2.0
                 faults.append(Fault(0, kind, at, target, duration_s=round(duration, 3)))
             elif kind == DUPLICATE_REPORTS:
                 faults.append(Fault(0, kind, at, count=rng.randint(10, 30)))
