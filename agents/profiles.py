@@ -18,6 +18,12 @@ parser could read them as an option (``--prompt={prompt}``, or after ``--``).
 
 A profile with ``builtin`` instead of a command runs in the agent's process:
 ``noop`` (report done, write an empty output) costs no process per job.
+
+What the generator gets and gives back is bounded by the profile too:
+``inherit_env`` names the agent's variables it may see (it sees almost none
+otherwise), ``max_output_bytes``/``max_checkpoint_bytes``/``max_checkpoints``
+cap what the agent uploads, and ``result_rank`` names the gang rank whose
+output is the job's result.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ PLACEHOLDERS = frozenset(
     }
 )
 USER_DATA = frozenset({"prompt", "params_json"})  # what a tenant chose: data, never code
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "csh", "tcsh", "fish"})
-SHELLS |= {"busybox"}
+SHELLS = frozenset(
+    {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "csh", "tcsh", "fish", "busybox"}
+)
 INTERPRETER = re.compile(r"^(\{python\}|python[0-9.]*|perl|ruby|node|php|lua[0-9.]*|Rscript)$")
 INLINE_CODE_FLAGS = frozenset({"-c", "-e", "-E", "--eval", "--command"})
 BUILTINS = frozenset({"noop"})

@@ -8,22 +8,25 @@
    broker answers;
 2. create the artifact bucket if it is missing (credentials from ``AWS_*``);
 3. write ``<stack-dir>/stack-secrets.json`` (what ``framespool.services``
-   reads: hashed tenant keys, the signing secret, the S3 settings) unless it
-   exists, and the plain keys once to ``<stack-dir>/tenant-keys.json``, both
-   readable by the owner only. Keys are never printed (logs are collected).
+   reads: hashed tenant keys, per-tenant webhook secrets, the server-only URL
+   signing key, the S3 settings; built by ``framespool.stack_secrets``, the
+   builder ``framespool up`` uses) unless it exists, and each tenant's API key
+   and webhook secret once to ``<stack-dir>/tenant-keys.json``, both readable
+   by the owner only. Keys are never printed (logs are collected).
 
 Exit status 0 when everything is in place, 1 when a step kept failing.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import secrets
 import sys
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
+
+from framespool.stack_secrets import build as build_secrets
+from framespool.stack_secrets import write_private
 
 T = TypeVar("T")
 DEFAULT_TENANTS = "acme:enterprise,studio:paid,hobby:free"
@@ -56,28 +59,24 @@ def retry(what: str, action: Callable[[], T], timeout_s: float) -> T:
             delay = min(delay * 2, 5.0)
 
 
-def tenant_config(spec: str) -> tuple[dict, dict, list[dict]]:
-    """(tenants policy, auth keys config, plain keys) for ``name:tier,...``."""
-    from framespool.producers.auth import new_key, record_to_config
-
-    tenants, records, plain = {}, [], []
+def parse_tenants(spec: str) -> list[tuple[str, str]]:
+    """``name:tier,...`` as (name, tier) pairs (tier ``free`` when omitted)."""
+    pairs = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, tier = item.partition(":")
-        tier = tier or "free"
-        tenants[name] = {"tiers": [tier, "free"] if tier != "free" else ["free"],
-                         "default_tier": tier}
-        token, record = new_key(name, "admin")
-        records.append(record_to_config(record))
-        plain.append({"tenant": name, "tier": tier, "api_key": token})
-    return tenants, {"tenants": tenants, "keys": records}, plain
+        pairs.append((name, tier or "free"))
+    return pairs
 
 
-def write_private(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(doc, out, indent=2)
-    os.replace(tmp, path)
+def tenant_config(spec: str) -> tuple[dict, dict, list[dict]]:
+    """(tenants policy, auth keys config, what to show each tenant once) for ``name:tier,...``."""
+    doc, shown = build_secrets(parse_tenants(spec), user="admin")
+    plain = [
+        {"tenant": s["name"], "tier": s["tier"], "api_key": s["api_key"],
+         "webhook_secret": s["webhook_secret"]}
+        for s in shown
+    ]
+    return doc["auth"]["tenants"], doc["auth"], plain
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,11 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     if secrets_path.exists():
         print(f"init: {secrets_path} exists; keeping its keys", file=sys.stderr)
         return 0
-    _, auth, plain = tenant_config(args.tenants)
     s3 = {"bucket": args.bucket}
     if args.s3_endpoint:
         s3["endpoint_url"] = args.s3_endpoint
-    write_private(secrets_path, {"auth": auth, "signing_secret": secrets.token_hex(32), "s3": s3})
+    doc, shown = build_secrets(parse_tenants(args.tenants), user="admin", s3=s3)
+    plain = [
+        {"tenant": s["name"], "tier": s["tier"], "api_key": s["api_key"],
+         "webhook_secret": s["webhook_secret"]}
+        for s in shown
+    ]
+    write_private(secrets_path, doc)
     write_private(args.stack_dir / "tenant-keys.json", {"tenants": plain})
     print(f"init: wrote {secrets_path}; the tenants' API keys are in "
           f"{args.stack_dir / 'tenant-keys.json'} (read it once, then delete it)", file=sys.stderr)

@@ -3,8 +3,9 @@
     python -m framespool.services api --stack-dir DIR --port P --bootstrap B
     python -m framespool.services agent --stack-dir DIR --node n0 --cell cell-0 --bootstrap B
 
-Both read the shared settings (tenant keys, signing secret, artifact root)
-from ``<stack-dir>/stack-secrets.json``, which ``framespool up`` writes.
+Both read the shared settings (tenant keys and webhook secrets, the URL
+signing key, the artifact store) from ``<stack-dir>/stack-secrets.json``, which
+``framespool up`` and the Compose init write with ``framespool.stack_secrets``.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ def stack_secrets(stack_dir: Path) -> dict:
     """``<stack-dir>/stack-secrets.json``, checked: errors name the file, the key and
     what was expected (the shared loader, :mod:`framespool.configfile`)."""
     from framespool.configfile import optional, read_document, require
+    from framespool.stack_secrets import SECRETS_FILE
 
-    doc = read_document(stack_dir / "stack-secrets.json")
+    doc = read_document(stack_dir / SECRETS_FILE)
     require(doc, "auth", dict)
-    require(doc, "signing_secret", str)
+    if "url_signing_key" not in doc:  # written before the keys were split
+        require(doc, "signing_secret", str)
+    optional(doc, "url_signing_key", str, None)
+    optional(doc, "operator_key", str, None)
     s3 = optional(doc, "s3", dict, None)
     if s3 is not None:
         require(s3, "bucket", str, where="s3", file=doc.source)
@@ -49,9 +54,23 @@ def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
     s3 = secrets.get("s3")
     if s3:
         return S3Store(s3["bucket"], endpoint_url=s3.get("endpoint_url"))
-    return LocalDirStore(
-        stack_dir / "artifacts", url_base=api_url, secret=secrets["signing_secret"]
+    url_key = secrets.get("url_signing_key") or secrets["signing_secret"]
+    return LocalDirStore(stack_dir / "artifacts", url_base=api_url, secret=url_key)
+
+
+def webhook_config(stack_dir: Path, secrets: Mapping[str, Any], keys: Any, policy: Any) -> Any:
+    """Webhook delivery with each tenant's own secret, rotated into the secrets file."""
+    from framespool.projections.webhook_secrets import WebhookSecrets
+    from framespool.projections.webhooks import WebhookConfig
+    from framespool.stack_secrets import SECRETS_FILE, set_webhook_secret
+
+    tenant_secrets = WebhookSecrets(
+        {name: p.webhook_secret for name, p in keys.tenants.items()},
+        persist=lambda tenant, secret: set_webhook_secret(
+            Path(stack_dir) / SECRETS_FILE, tenant, secret
+        ),
     )
+    return WebhookConfig(secrets=tenant_secrets, policy=policy)
 
 
 async def run_api(args: argparse.Namespace) -> None:
@@ -60,7 +79,7 @@ async def run_api(args: argparse.Namespace) -> None:
     from framespool.log import LogProducer
     from framespool.producers.api import ApiConfig, make_app
     from framespool.projections.service import ProjectionService
-    from framespool.projections.webhooks import TargetPolicy, WebhookConfig
+    from framespool.projections.webhooks import TargetPolicy
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
@@ -68,9 +87,7 @@ async def run_api(args: argparse.Namespace) -> None:
     producer = LogProducer(args.bootstrap)
     keys = api_keys(secrets)
     policy = TargetPolicy(allow_private=args.allow_private_webhooks)
-    webhooks = WebhookConfig.for_tenants(
-        secrets["signing_secret"].encode(), keys.tenants, policy=policy
-    )
+    webhooks = webhook_config(stack_dir, secrets, keys, policy)
     service = ProjectionService.open(stack_dir / "api", args.bootstrap, producer, webhooks=webhooks)
     app = make_app(
         ApiConfig(
@@ -81,17 +98,28 @@ async def run_api(args: argparse.Namespace) -> None:
             artifacts=artifact_store(stack_dir, secrets, api_url),
             url_policy=policy,
             background=service.background,
+            webhook_secrets=webhooks.secrets,
+            operator_key=secrets.get("operator_key") or "",
         )
     )
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
+    runners = [runner]
+    if args.metrics_port:  # /metrics without a key, on an address only the operator reaches
+        from framespool.producers.api import metrics_app
+
+        metrics_runner = web.AppRunner(metrics_app(app))
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, "127.0.0.1", args.metrics_port).start()
+        runners.insert(0, metrics_runner)
     logging.getLogger("framespool.api").info("api listening", extra={"url": api_url})
     try:
         await wait_for_signal()
     finally:
-        await runner.cleanup()
+        for r in runners:
+            await r.cleanup()
         service.close()
         producer.close()
 
@@ -173,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         help="address to bind (0.0.0.0 only inside a container network)",
     )
     api.add_argument("--allow-private-webhooks", action="store_true")
+    api.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="also serve /metrics without a key on 127.0.0.1:PORT (0 = off; the API's "
+        "own /metrics needs the operator key)",
+    )
     agent = sub.add_parser("agent")
     agent.add_argument("--node", required=True)
     agent.add_argument("--cell", default="cell-0")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -36,6 +35,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from framespool import stack_secrets
 from framespool.broker import EmbeddedBroker
 from framespool.schemas.states import NodeState
 
@@ -246,9 +246,7 @@ class Stack:
         """``stack.json`` with the current pid of every process (rewritten on restart)."""
         self.info["pids"] = {p.name: p.popen.pid for p in self.processes}
         path = self.data_dir / "stack.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.info, indent=2))
-        tmp.replace(path)
+        stack_secrets.write_private(path, self.info)  # it holds every tenant's key
 
     def reset_state(self) -> None:
         """The embedded broker keeps its log in memory, so state derived from a
@@ -262,26 +260,11 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def write_secrets(self) -> None:
-        keys = []
-        tenants = {}
-        for name, tier in self.config.tenants:
-            token = f"fs_{name}_{secrets.token_urlsafe(18)}"
-            keys.append({"key": token, "tenant": name, "user": "dev"})
-            tenants[name] = {
-                "tiers": [tier, "free"] if tier != "free" else ["free"],
-                "default_tier": tier,
-            }
-            self.tenant_keys.append({"name": name, "tier": tier, "api_key": token})
-        secret_file = self.data_dir / "stack-secrets.json"
-        secret_file.write_text(
-            json.dumps(
-                {
-                    "auth": {"tenants": tenants, "keys": keys},
-                    "signing_secret": secrets.token_hex(32),
-                }
-            )
-        )
-        secret_file.chmod(0o600)
+        """The server's secrets file (0600), from the one builder the Compose init uses too;
+        the tenants' keys and webhook secrets are shown once, in ``stack.json``."""
+        doc, shown = stack_secrets.build(self.config.tenants)
+        stack_secrets.write_private(self.data_dir / stack_secrets.SECRETS_FILE, doc)
+        self.tenant_keys.extend(shown)
 
     def spawn(self, name: str, argv: list[str]) -> Process:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.config.extra_env)

@@ -110,6 +110,7 @@ class ApiConfig:
     resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
     resolve_timeout_s: float = 2.0
     dashboard_dir: Path | None = dashboard.DIRECTORY  # None: no dashboard
+    webhook_secrets: Any = None  # projections.webhook_secrets.WebhookSecrets; None: no rotation
     # /metrics on this app only with this key ("Authorization: Bearer <key>"); without
     # one, serve it on its own (private) address with ``metrics_app``
     operator_key: str = ""
@@ -507,7 +508,7 @@ async def job_result(request: web.Request) -> web.Response:
         raise ApiError(503, "no_artifact_store", "this API has no artifact store configured")
     ttl = config.result_url_ttl_s
     try:
-        url = config.artifacts.signed_url(view.artifact_uri, ttl)
+        url = config.artifacts.signed_url(view.artifact_uri, ttl, tenant=view.tenant)
     except ValueError as exc:  # an artifact URI this store cannot serve
         raise ApiError(
             409,
@@ -527,14 +528,35 @@ async def job_result(request: web.Request) -> web.Response:
     )
 
 
+def _result_of(store: ViewStore, tenant: str, key: str, artifacts: Any) -> bool:
+    """Whether ``key`` is the published result of a job of ``tenant`` (its job and run are
+    in the key: ``jobs/{job}/runs/{run}/...``)."""
+    parts = key.split("/")
+    if len(parts) < 4 or parts[0] != "jobs" or parts[2] != "runs":
+        return False
+    view = store.get(parts[1])
+    if view is None or view.tenant != tenant or not view.artifact_uri:
+        return False
+    try:
+        return artifacts.key_of(view.artifact_uri) == key
+    except ValueError:
+        return False
+
+
 async def get_artifact(request: web.Request) -> web.StreamResponse:
-    """Download an artifact through a signed URL."""
-    artifacts = request.app[CONFIG].artifacts
+    """Download an artifact through a signed URL, bound to a tenant, job, run and expiry."""
+    config = request.app[CONFIG]
+    artifacts = config.artifacts
     if artifacts is None or not hasattr(artifacts, "verify_signature"):
         raise ApiError(404, "not_found", "this API does not serve artifacts")
     key = request.match_info["key"]
-    if not artifacts.verify_signature(
-        key, request.query.get("expires", ""), request.query.get("sig", "")
+    tenant = request.query.get("tenant", "")
+    if (
+        not tenant
+        or not artifacts.verify_signature(
+            key, request.query.get("expires", ""), request.query.get("sig", ""), tenant=tenant
+        )
+        or not _result_of(config.store, tenant, key, artifacts)
     ):
         raise ApiError(
             403,
@@ -545,7 +567,41 @@ async def get_artifact(request: web.Request) -> web.StreamResponse:
     path = artifacts.local_path(key)
     if not path.is_file():
         raise ApiError(404, "artifact_not_found", f"no artifact {key!r}")
-    return web.FileResponse(path)
+    # served on the dashboard's origin: never rendered or sniffed as a page there
+    name = path.name.replace('"', "")
+    return web.FileResponse(
+        path,
+        headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox; default-src 'none'",
+            "Cache-Control": "private, no-store",
+        },
+    )
+
+
+async def rotate_webhook_secret(request: web.Request) -> web.Response:
+    """A new webhook signing secret for the caller's tenant, shown once."""
+    config = request.app[CONFIG]
+    principal = _principal(request)
+    if config.webhook_secrets is None:
+        raise ApiError(503, "webhooks_unavailable", "this API delivers no webhooks")
+    try:
+        secret = config.webhook_secrets.rotate(principal.tenant)
+    except OSError as exc:
+        raise ApiError(
+            503, "secret_not_stored", f"the new secret could not be stored ({exc}); retry"
+        ) from exc
+    return web.json_response(
+        {
+            "tenant": principal.tenant,
+            "webhook_secret": secret,
+            "signature_header": "Framespool-Signature",
+            "note": "shown once: store it now. Webhooks are signed with it from now on; "
+            "verify HMAC-SHA256(secret, '<t>.<body>') against v1 in the header.",
+        },
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def get_cluster(request: web.Request) -> web.Response:
@@ -650,6 +706,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app.router.add_get("/v1/jobs/{job_id}/result", job_result)
     app.router.add_get("/v1/artifacts/{key:.+}", get_artifact)
     app.router.add_get("/v1/cluster", get_cluster)
+    app.router.add_post("/v1/webhook-secret", rotate_webhook_secret)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_get("/openapi.json", openapi)

@@ -42,6 +42,9 @@ ERROR_CODES = (
     "method_not_allowed",
     "rate_limited",
     "queue_full",
+    "too_many_streams",
+    "webhooks_unavailable",
+    "secret_not_stored",
     "http_error",
 )
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -395,6 +398,19 @@ def schemas(limits: Limits) -> dict[str, dict[str, Any]]:
             "additionalProperties": False,
             "properties": {"job_id": s, "state": {"type": "string", "enum": list(STATES)}},
         },
+        "WebhookSecret": {
+            "type": "object",
+            "required": ["tenant", "webhook_secret", "signature_header"],
+            "properties": {
+                "tenant": s,
+                "webhook_secret": {
+                    "type": "string",
+                    "description": "shown once; webhooks are signed with it from now on",
+                },
+                "signature_header": s,
+                "note": s,
+            },
+        },
         "Health": {
             "type": "object",
             "required": ["status", "stopped_background_tasks"],
@@ -586,8 +602,14 @@ def paths() -> dict[str, Any]:
                     },
                     401,
                     404,
-                    429,
-                ),
+                )
+                | {
+                    "429": _error(
+                        429,
+                        "Over the tenant's rate limit, or the API key or tenant already holds "
+                        "its limit of open event streams; retry after Retry-After seconds",
+                    )
+                },
             },
         },
         "/v1/jobs/{job_id}/result": {
@@ -623,8 +645,10 @@ def paths() -> dict[str, Any]:
             "get": {
                 "operationId": "getArtifact",
                 "summary": "Download through a signed URL",
-                "description": "The URL's expires and sig are the credentials; a tampered or "
-                "expired URL answers 403.",
+                "description": "The URL's tenant, expires and sig are the credentials; they "
+                "are bound to the job, run and tenant whose result it is. A tampered, expired "
+                "or rebound URL answers 403. Served as an attachment (Content-Disposition), "
+                "never rendered.",
                 "security": _PUBLIC,
                 "parameters": [
                     {
@@ -632,6 +656,12 @@ def paths() -> dict[str, Any]:
                         "in": "path",
                         "required": True,
                         "schema": {"type": "string", "minLength": 1},
+                    },
+                    {
+                        "name": "tenant",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "string"},
                     },
                     {
                         "name": "expires",
@@ -660,7 +690,30 @@ def paths() -> dict[str, Any]:
                         "description": "0 leaves the per-node GPU map out",
                     }
                 ],
+                "description": "Totals (GPUs by state, queue depth by tier) cover everyone; "
+                "the per-tenant queue rows and the job ids on GPUs are the caller's own only.",
                 "responses": _responses({200: _ok("The cluster view", "Cluster")}, 401, 429),
+            },
+        },
+        "/v1/webhook-secret": {
+            "post": {
+                "operationId": "rotateWebhookSecret",
+                "summary": "A new webhook signing secret for the caller's tenant",
+                "description": "Each tenant has its own secret. The new one is returned once "
+                "and signs every webhook from now on (Framespool-Signature: t=<unix s>,"
+                "v1=<hex HMAC-SHA256(secret, '<t>.<body>')>).",
+                "responses": _responses(
+                    {
+                        200: _ok(
+                            "The new secret (shown once)",
+                            "WebhookSecret",
+                            headers={"Cache-Control": {"schema": {"type": "string"}}},
+                        )
+                    },
+                    401,
+                    429,
+                    503,
+                ),
             },
         },
         "/healthz": {
@@ -677,13 +730,17 @@ def paths() -> dict[str, Any]:
         "/metrics": {
             "get": {
                 "operationId": "metrics",
-                "summary": "Prometheus metrics",
-                "security": _PUBLIC,
+                "summary": "Prometheus metrics (the operator's: every tenant's figures)",
+                "description": "Needs the operator key (not a tenant's API key) as a bearer "
+                "token; answers 404 where the deployment serves metrics on its own address.",
+                "security": [{"operatorKey": []}],
                 "responses": {
                     "200": {
                         "description": "Prometheus text format",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
+                    },
+                    "401": _error(401, "Not the operator key"),
+                    "404": _error(404, "Metrics are served on the operator's own address"),
                 },
             },
         },
@@ -730,6 +787,11 @@ def build(
                     "description": "Authorization: Bearer <API key>",
                 },
                 "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+                "operatorKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Authorization: Bearer <operator key> (/metrics only)",
+                },
             },
         },
         "security": [{"bearerAuth": []}, {"apiKeyHeader": []}],

@@ -35,7 +35,7 @@ from framespool.projections import cluster as cluster_fold
 from framespool.projections import jobs as job_fold
 from framespool.projections.cluster import ClusterView
 from framespool.projections.hub import Hub
-from framespool.projections.store import Batch, ViewStore
+from framespool.projections.store import Batch, Delivery, ViewStore
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import codec, deadletter
 from framespool.schemas.deadletter import DeadLetterReason
@@ -95,7 +95,7 @@ class ProjectionConsumer:
         dead_letter_topic: str = DEAD_LETTER.name,
         dead_letter_sender: Sender | None = None,
         hub: Hub | None = None,
-        on_deliveries: Callable[[], None] | None = None,
+        on_deliveries: Callable[[list[Delivery]], None] | None = None,  # after the commit
         consumer_factory: Callable[[], Consumer] | None = None,
         max_records: int = 500,
         poll_timeout_s: float = 0.5,
@@ -196,7 +196,7 @@ class ProjectionConsumer:
             for job_id, view in step.batch.views.items():
                 self.hub.publish(job_id, view)
         if step.batch.deliveries and self._on_deliveries is not None:
-            self._on_deliveries()
+            self._on_deliveries(list(step.batch.deliveries))
         async with self._progress:
             self._progress.notify_all()
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import hmac
 import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -125,32 +126,172 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> flo
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WebhookConfig:
+    """How the dispatcher delivers; secrets are per tenant and never shared between tenants.
+
+    ``secrets`` (an object with ``secret_for(tenant) -> bytes | None``, e.g.
+    ``framespool.projections.webhook_secrets.WebhookSecrets``) wins over the
+    static ``tenant_secrets``; ``secret`` is a fallback for tests and single-tenant
+    deployments only. A tenant without a secret gets no unsigned webhooks: its
+    deliveries fail, saying how to get one.
+    """
+
     secret: bytes = b""
     tenant_secrets: dict[str, bytes] = field(default_factory=dict)
     policy: TargetPolicy = TargetPolicy()
     max_attempts: int = 8
     base_delay_s: float = 1.0
     max_delay_s: float = 300.0
-    timeout_s: float = 10.0
-    concurrency: int = 8
+    timeout_s: float = 10.0  # one attempt: connect, send, status line, capped body
+    concurrency: int = 8  # attempts in flight, all tenants together
+    per_tenant_concurrency: int = 2  # ... and of one tenant, so its slow receivers wait alone
+    max_response_bytes: int = 64 * 1024  # a reply body is read up to this, then dropped
     max_age_s: float = 24 * 3600.0  # older notifications (e.g. after a full replay) expire
+    secrets: Any = None
 
     @classmethod
-    def for_tenants(cls, secret: bytes, tenants: dict[str, Any], **kw: Any) -> WebhookConfig:
+    def for_tenants(cls, tenants: dict[str, Any], **kw: Any) -> WebhookConfig:
         """Per-tenant secrets from ``framespool.producers.auth`` tenant policies (``webhook_secret``)."""
         secrets = {
             name: p.webhook_secret.encode()
             for name, p in tenants.items()
             if getattr(p, "webhook_secret", "")
         }
-        return cls(secret=secret, tenant_secrets=secrets, **kw)
+        return cls(tenant_secrets=secrets, **kw)
 
     def secret_for(self, tenant: str) -> bytes:
-        return self.tenant_secrets.get(tenant, self.secret)
+        """The tenant's signing secret; b"" when it has none."""
+        if self.secrets is not None:
+            found = self.secrets.secret_for(tenant)
+            if found:
+                return found
+        return self.tenant_secrets.get(tenant) or self.secret
+
+
+class _Lanes:
+    """The dispatcher's index of pending deliveries (no IO).
+
+    Theory of operation: a job's deliveries go out one at a time in fold order
+    (``seq``), so only each job's head is ever due. Heads wait in a heap per
+    tenant keyed by due time; ``pick`` takes tenants round-robin, skipping a
+    tenant that already has ``per_tenant`` attempts in flight, so a tenant with a
+    deep backlog or hung receivers uses its own slots and no one else's. Every
+    operation costs O(log n) in that tenant's heads plus O(tenants), never a
+    scan of everything pending. Heap entries can go stale (a job's head
+    changed); ``pick`` drops those lazily.
+    """
+
+    def __init__(self, per_tenant: int) -> None:
+        self.per_tenant = per_tenant
+        self.jobs: dict[str, list[Delivery]] = {}  # job -> pending, in fold order
+        self.known: set[str] = set()  # delivery ids indexed
+        self.due: dict[str, list[tuple[int, int, int, str, str]]] = {}  # tenant -> heap
+        self.inflight_jobs: set[str] = set()
+        self.inflight: dict[str, int] = {}  # tenant -> attempts in flight
+        self.order: list[str] = []  # tenants, round-robin
+        self.turn = 0
+
+    def add(self, d: Delivery) -> None:
+        if d.delivery_id in self.known or d.status != PENDING:
+            return
+        self.known.add(d.delivery_id)
+        queue = self.jobs.setdefault(d.job_id, [])
+        queue.append(d)
+        queue.sort(key=lambda x: (x.seq, x.created_ms, x.delivery_id))
+        if queue[0] is d and d.job_id not in self.inflight_jobs:
+            self._push(d)
+
+    def _push(self, d: Delivery) -> None:
+        if d.tenant not in self.due:
+            self.due[d.tenant] = []
+            self.order.append(d.tenant)
+        heapq.heappush(
+            self.due[d.tenant], (d.next_attempt_ms, d.seq, d.created_ms, d.delivery_id, d.job_id)
+        )
+
+    def _head(self, tenant: str) -> tuple[int, int, int, str, str] | None:
+        """The tenant's earliest due head, after dropping stale entries."""
+        heap = self.due.get(tenant)
+        while heap:
+            entry = heap[0]
+            queue = self.jobs.get(entry[4])
+            if (
+                queue
+                and queue[0].delivery_id == entry[3]
+                and queue[0].next_attempt_ms == entry[0]
+                and entry[4] not in self.inflight_jobs
+            ):
+                return entry
+            heapq.heappop(heap)
+        return None
+
+    def pick(self, now_ms: int) -> Delivery | None:
+        """The next delivery to attempt now, or None; marks it in flight."""
+        tenants = len(self.order)
+        for i in range(tenants):
+            tenant = self.order[(self.turn + i) % tenants]
+            if self.inflight.get(tenant, 0) >= self.per_tenant:
+                continue
+            entry = self._head(tenant)
+            if entry is None or entry[0] > now_ms:
+                continue
+            heapq.heappop(self.due[tenant])
+            self.turn = (self.turn + i + 1) % tenants
+            d = self.jobs[entry[4]][0]
+            self.inflight_jobs.add(d.job_id)
+            self.inflight[tenant] = self.inflight.get(tenant, 0) + 1
+            return d
+        self._forget_idle_tenants()
+        return None
+
+    def next_due_ms(self) -> int | None:
+        """When a tenant with a free slot next has something due."""
+        soonest = None
+        for tenant in self.order:
+            if self.inflight.get(tenant, 0) >= self.per_tenant:
+                continue
+            entry = self._head(tenant)
+            if entry is not None and (soonest is None or entry[0] < soonest):
+                soonest = entry[0]
+        return soonest
+
+    def done(self, d: Delivery) -> None:
+        """An attempt ended with ``d`` (still pending: retry at its next_attempt_ms)."""
+        self.inflight_jobs.discard(d.job_id)
+        self.inflight[d.tenant] -= 1
+        if not self.inflight[d.tenant]:
+            del self.inflight[d.tenant]
+        queue = self.jobs.get(d.job_id, [])
+        if queue and queue[0].delivery_id == d.delivery_id:
+            if d.status == PENDING:
+                queue[0] = d
+            else:
+                queue.pop(0)
+                self.known.discard(d.delivery_id)
+        if queue:
+            self._push(queue[0])
+        else:
+            self.jobs.pop(d.job_id, None)
+
+    def _forget_idle_tenants(self) -> None:
+        idle = [t for t in self.order if not self.due.get(t) and t not in self.inflight]
+        if idle:
+            for t in idle:
+                self.due.pop(t, None)
+            self.order = [t for t in self.order if t not in idle]
+            self.turn = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self.known)
 
 
 class WebhookDispatcher:
-    """Delivers the store's pending deliveries until cancelled."""
+    """Delivers the store's pending deliveries until cancelled.
+
+    The store is scanned once, when ``run`` starts; afterwards the projection
+    consumer hands new deliveries over through ``notify(deliveries)`` (after it
+    committed them), and the dispatcher keeps its own index (``_Lanes``).
+    """
 
     def __init__(
         self,
@@ -165,12 +306,19 @@ class WebhookDispatcher:
         self._clock = clock
         self._rand = rand
         self._wake = asyncio.Event()
-        self._inflight: set[str] = set()  # job ids with a delivery in flight
+        self._lanes = _Lanes(max(1, config.per_tenant_concurrency))
+        self._rescan = True
+        self._running = 0
         self.delivered = 0
         self.failed = 0
 
-    def notify(self) -> None:
-        """New deliveries were committed: look again now."""
+    def notify(self, deliveries: Iterable[Delivery] | None = None) -> None:
+        """New deliveries were committed: index them (all pending ones when not given)."""
+        if deliveries is None:
+            self._rescan = True
+        else:
+            for d in deliveries:
+                self._lanes.add(d)
         self._wake.set()
 
     async def run(self) -> None:
@@ -183,19 +331,24 @@ class WebhookDispatcher:
             try:
                 while True:
                     self._wake.clear()
+                    if self._rescan:
+                        self._rescan = False
+                        for d in self._store.pending_deliveries():
+                            self._lanes.add(d)
                     now_ms = int(self._clock() * 1000)
-                    next_due: int | None = None
-                    for d in self._due(self._store.pending_deliveries()):
-                        if d.next_attempt_ms > now_ms:
-                            next_due = min(next_due or d.next_attempt_ms, d.next_attempt_ms)
-                            continue
-                        self._inflight.add(d.job_id)
+                    while self._running < self._config.concurrency:
+                        d = self._lanes.pick(now_ms)
+                        if d is None:
+                            break
+                        self._running += 1
                         task = asyncio.create_task(self._deliver_and_release(session, d))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
+                    next_due = self._lanes.next_due_ms()
                     wait_s = 5.0 if next_due is None else max(0.01, (next_due - now_ms) / 1000)
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), wait_s)
+                    try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel
+                        async with asyncio.timeout(wait_s):
+                            await self._wake.wait()
                     except TimeoutError:
                         pass
             finally:
@@ -203,24 +356,13 @@ class WebhookDispatcher:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _due(self, pending: list[Delivery]) -> list[Delivery]:
-        """Each job's oldest pending delivery, unless one of the job's is in flight.
-
-        A job's notifications go out one at a time in fold order, so a
-        receiver never sees COMPLETED before RUNNING.
-        """
-        heads: dict[str, Delivery] = {}
-        for d in pending:
-            head = heads.get(d.job_id)
-            if head is None or (d.seq, d.created_ms) < (head.seq, head.created_ms):
-                heads[d.job_id] = d
-        return [d for job, d in heads.items() if job not in self._inflight]
-
     async def _deliver_and_release(self, session: aiohttp.ClientSession, d: Delivery) -> None:
+        outcome = d
         try:
-            await self.deliver_once(session, d)
+            outcome = await self.deliver_once(session, d)
         finally:
-            self._inflight.discard(d.job_id)
+            self._running -= 1
+            self._lanes.done(outcome)
             self._wake.set()
 
     async def deliver_once(self, session: aiohttp.ClientSession, d: Delivery) -> Delivery:
@@ -232,23 +374,24 @@ class WebhookDispatcher:
         body = current.body.encode()
         problem = check_target(current.url, self._config.policy)
         status: int | None = None
+        secret = self._config.secret_for(current.tenant)
         if not problem and now * 1000 - current.created_ms > self._config.max_age_s * 1000:
             problem = f"expired: the event is older than {self._config.max_age_s:.0f} s"
+        if not problem and not secret:
+            problem = (
+                f"tenant {current.tenant!r} has no webhook secret; "
+                "create one with POST /v1/webhook-secret"
+            )
         if not problem:
             headers = {
                 "Content-Type": "application/json",
                 "Framespool-Event-Id": current.delivery_id,
-                "Framespool-Signature": sign(
-                    self._config.secret_for(current.tenant), int(now), body
-                ),
+                "Framespool-Signature": sign(secret, int(now), body),
                 "User-Agent": "framespool-webhooks/1",
             }
             try:
-                async with session.post(
-                    current.url, data=body, headers=headers, allow_redirects=False
-                ) as resp:
-                    status = resp.status
-                    await resp.read()
+                async with asyncio.timeout(self._config.timeout_s):
+                    status = await self._post(session, current.url, body, headers)
                 problem = "" if 200 <= status < 300 else f"receiver answered HTTP {status}"
             except TargetRefused as exc:
                 problem = str(exc)
@@ -256,6 +399,19 @@ class WebhookDispatcher:
                 problem = f"{type(exc).__name__}: {exc}"
                 status = -1
         return self._record(current, now, status, problem)
+
+    async def _post(
+        self, session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+    ) -> int:
+        """POST and return the status; at most ``max_response_bytes`` of the reply are read
+        (enough to reuse the connection for a short reply); a longer one closes it."""
+        async with session.post(url, data=body, headers=headers, allow_redirects=False) as resp:
+            left = self._config.max_response_bytes
+            while left > 0 and not resp.content.at_eof():
+                left -= len(await resp.content.read(left)) or left
+            if not resp.content.at_eof():
+                resp.close()
+            return resp.status
 
     def _record(self, d: Delivery, now: float, status: int | None, problem: str) -> Delivery:
         attempts = d.attempts + 1
@@ -286,7 +442,7 @@ class WebhookDispatcher:
                     "webhook for job %s event %s to %s failed after %d attempt(s): %s",
                     d.job_id,
                     d.delivery_id,
-                    d.url,
+                    d.url.split("?", 1)[0],  # a query may carry the receiver's token
                     attempts,
                     problem,
                 )

@@ -210,7 +210,9 @@ def test_webhook_delivered_with_valid_signature(stack):
     finally:
         server.shutdown()
     assert received, "no webhook delivered"
-    secret = json.loads((stack.data_dir / "stack-secrets.json").read_text())["signing_secret"]
+    # the tenant's own webhook secret, shown to it once in stack.json
+    info = json.loads((stack.data_dir / "stack.json").read_text())
+    secret = info["tenants"][0]["webhook_secret"]
     for headers, body in received:
         sig = {
             k: v for k, v in (p.split("=", 1) for p in headers["Framespool-Signature"].split(","))

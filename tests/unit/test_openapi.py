@@ -89,8 +89,10 @@ def test_security_scheme_and_public_endpoints():
         "description": "Authorization: Bearer <API key>",
     }
     assert {"bearerAuth": []} in doc["security"]
-    for path in ("/healthz", "/metrics", "/openapi.json", "/v1/artifacts/{key}"):
+    for path in ("/healthz", "/openapi.json", "/v1/artifacts/{key}"):
         assert doc["paths"][path]["get"]["security"] == [], path
+    # metrics carry every tenant's figures: the operator's key, not a tenant's, nor none
+    assert doc["paths"]["/metrics"]["get"]["security"] == [{"operatorKey": []}]
     assert "security" not in doc["paths"]["/v1/jobs"]["post"]
 
 

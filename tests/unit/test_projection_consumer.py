@@ -154,7 +154,9 @@ def test_changed_views_are_published_and_webhooks_outboxed(make_store):
 
     async def go():
         sub = hub.subscribe("j4")
-        c = consumer_for(store, hub=hub, on_deliveries=lambda: woke.append(1))
+        c = consumer_for(
+            store, hub=hub, on_deliveries=lambda deliveries: woke.append(len(deliveries))
+        )
         await c.handle(to_records(lifecycle("j4", callback_url="https://example.com/hook")))
         return await sub.get(timeout=1)
 

@@ -177,8 +177,9 @@ def test_tenant_secrets_come_from_the_auth_config():
     from framespool.producers.auth import ApiKeys
 
     keys = ApiKeys.from_config({"tenants": {"acme": {"webhook_secret": "s1"}, "globex": {}}})
-    cfg = WebhookConfig.for_tenants(b"default", keys.tenants)
-    assert cfg.secret_for("acme") == b"s1" and cfg.secret_for("globex") == b"default"
+    cfg = WebhookConfig.for_tenants(keys.tenants)
+    # no shared fallback: a tenant without its own secret gets no signature another could make
+    assert cfg.secret_for("acme") == b"s1" and cfg.secret_for("globex") == b""
 
 
 def test_unreachable_target_is_retried_then_failed():
