@@ -163,3 +163,33 @@ def test_demo_profile_passes_a_dash_prompt_as_one_value(prompt):
 def test_noop_profile_runs_in_process_without_a_shell():
     noop = load_profiles()["noop"]
     assert noop.builtin == "noop" and noop.command == ()
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"name": "n", "builtin": "magic"}, "unknown builtin 'magic'"),
+        ({"name": "n", "builtin": "noop", "command": ["x"]}, "either 'builtin' or 'command'"),
+        ({"name": "n", "command": ["x"], "max_output_bytes": 0}, "max_output_bytes must be"),
+        ({"name": "n", "command": ["x"], "max_checkpoints": -1}, "max_checkpoints must be"),
+        ({"name": "n", "command": ["x"], "result_rank": -1}, "result_rank must be >= 0"),
+    ],
+)
+def test_bad_bounds_and_builtins_name_the_field(bad, message):
+    with pytest.raises(ProfileError, match=message):
+        ModelProfile.from_dict(bad)
+
+
+def test_bounds_load_from_dict():
+    p = ModelProfile.from_dict(
+        {
+            **SORA_LIKE,
+            "inherit_env": ["HF_HOME"],
+            "max_output_bytes": 10,
+            "max_checkpoint_bytes": 20,
+            "max_checkpoints": 3,
+            "result_rank": 1,
+        }
+    )
+    assert (p.inherit_env, p.max_output_bytes, p.max_checkpoint_bytes) == (("HF_HOME",), 10, 20)
+    assert (p.max_checkpoints, p.result_rank) == (3, 1)
