@@ -160,7 +160,7 @@ def takeovers(
         t, victim = int(f["t_ms"]), str(f.get("target", ""))
         owned = owned_at(changes, victim, t)
         from_logs = owned is not None
-        for p in sorted(q for q in (owned if from_logs else range(cells)) if q < cells):
+        for p in sorted(q for q in (range(cells) if owned is None else owned) if q < cells):
             new = next(
                 (c for c in ordered if c.ts_ms > t and c.op == "assigned" and p in c.partitions),
                 None,
