@@ -723,6 +723,16 @@ class ChaosRun:
         ]
         rows = takeover.takeovers(self.fault_log, changes, takeover.cell_outputs(stamped), c.cells)
         report.update(takeover.takeover_summary(rows))
+        first_fault = min(
+            (e["t_ms"] for e in self.fault_log if e["kind"] in chaos.SCHEDULER_FAULTS),
+            default=int(time.time() * 1000),
+        )
+        report["cell_owners_before_first_takeover"] = {
+            name: sorted(
+                q for q in takeover.owned_at(changes, name, first_fault) or () if q < c.cells
+            )
+            for name in sorted({change.instance for change in changes})
+        }
         report["self_healing"] = takeover.self_healing(self.fault_log, job_events)
         report["config"] = {
             "jobs": c.jobs,
