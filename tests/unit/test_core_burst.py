@@ -49,7 +49,9 @@ class Fleet:
         self.out.extend(out)
         return out
 
-    def submit(self, job_id: str, tenant: str, tier: str = "enterprise") -> list:
+    def submit(
+        self, job_id: str, tenant: str, tier: str = "enterprise", estimate_s: float = ESTIMATE_S
+    ) -> list:
         self.seq += 1
         command = ev.SubmitJob(
             event_id=f"cmd-{job_id}",
@@ -62,7 +64,7 @@ class Fleet:
                 self.feed(event)
         return decided
 
-    def step(self) -> None:
+    def step(self, tick_ms: int = TICK_MS, estimate_s: float = ESTIMATE_S) -> None:
         """Agents: start what was assigned, complete what reached its estimate;
         heartbeat; then one Tick."""
         for key, run in list(self.cell.runs.items()):
@@ -70,7 +72,7 @@ class Fleet:
             report = dict(job_id=key[0], run=key[1], node_id=node, incarnation=1, ts_ms=self.now)
             if run.phase == "assigned":
                 self.feed(ev.RunStarted(event_id=f"s-{key}", **report))
-            elif run.phase == "running" and self.now >= run.started_ms + ESTIMATE_S * 1000:
+            elif run.phase == "running" and self.now >= run.started_ms + estimate_s * 1000:
                 self.feed(ev.RunCompleted(event_id=f"c-{key}", artifact_uri="mem://x", **report))
         for i in range(len(self.cell.index.nodes)):
             node_id = f"n{i}"
@@ -87,7 +89,7 @@ class Fleet:
                     runs=runs,
                 )
             )
-        self.now += TICK_MS
+        self.now += tick_ms
         self.feed(ev.Tick(event_id=f"t{self.now}", ts_ms=self.now, cell="cell-0", now_ms=self.now))
 
 
@@ -129,3 +131,36 @@ def test_a_burst_of_5000_is_queued_and_the_other_tenant_starts_within_the_bound(
     # bounded state: terminal ids leave after finished_horizon_s of cell time
     # (32 GPUs finish 32 jobs a minute: about 320 in 10 minutes, never all 5,010)
     assert max(finished_sizes) < 600, max(finished_sizes)
+
+
+def test_cell_and_admission_state_stay_flat_over_a_long_flow():
+    # 24,000 one-second jobs from two tenants flow through admission and a
+    # 32-GPU cell, 8 a second (below capacity: a run takes two or three 1 s
+    # steps here). With 60 s horizons the cell remembers about a minute of
+    # terminal ids and admission a minute of decisions: snapshots stop growing.
+    # (Admission alone over 100,000 submits: test_admission_core.)
+    import pickle
+
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0, finished_horizon_s=60)
+    fleet = Fleet(config)
+    fleet.admission = AdmissionState(
+        type(fleet.admission.config)(idempotency_horizon_s=60)  # AdmissionConfig
+    )
+    total, sizes = 24_000, {}
+    submitted = 0
+    while submitted < total or fleet.cell.jobs:
+        for _ in range(8 if submitted < total else 0):
+            tenant = "seed" if submitted % 2 else "other"
+            fleet.submit(f"j{submitted}", tenant, estimate_s=1.0)
+            submitted += 1
+        fleet.step(tick_ms=1_000, estimate_s=1.0)
+        if submitted % 6_000 == 0 and submitted not in sizes:
+            sizes[submitted] = (len(pickle.dumps(fleet.cell)), len(pickle.dumps(fleet.admission)))
+        fleet.out.clear()
+    assert fleet.cell.finished_expired + len(fleet.cell.finished) == total
+    assert not [o for o in fleet.out if isinstance(o, ev.JobRejected)]
+    cells = [c for c, _ in sizes.values()]
+    admissions = [a for _, a in sizes.values()]
+    assert max(cells[1:]) <= 1.1 * min(cells[1:]), sizes
+    assert max(admissions[1:]) <= 1.05 * min(admissions[1:]), sizes
+    assert len(fleet.cell.finished) < 60 * 8 * 1.1
