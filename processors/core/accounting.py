@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections import deque
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
@@ -223,6 +224,22 @@ class Accounting:
             )
 
     # -- bounded state ------------------------------------------------------------
+    def __setstate__(self: Cell, state: dict) -> None:
+        """Unpickle a snapshot; one taken before the breaker and bounded-state
+        fields existed gets them empty (its old failure log, of bare times,
+        is dropped: it cannot say which tenants failed)."""
+        self.__dict__.update(state)
+        for name, make in (
+            ("breaker_probes", dict),
+            ("breaker_trips", dict),
+            ("finished_marks", deque),
+            ("finished_expired", int),
+        ):
+            if name not in self.__dict__:
+                setattr(self, name, make())
+        if any(entries and isinstance(entries[0], int) for entries in self.failure_log.values()):
+            self.failure_log = {}
+
     def expire_finished(self: Cell) -> None:
         """Forget terminal job ids ``finished_horizon_s`` of cell time after they
         ended, and failure evidence older than the breaker window. Driven by

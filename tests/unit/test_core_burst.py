@@ -164,3 +164,20 @@ def test_cell_and_admission_state_stay_flat_over_a_long_flow():
     assert max(cells[1:]) <= 1.1 * min(cells[1:]), sizes
     assert max(admissions[1:]) <= 1.05 * min(admissions[1:]), sizes
     assert len(fleet.cell.finished) < 60 * 8 * 1.1
+
+
+def test_a_snapshot_from_before_the_bounded_fields_still_loads():
+    import pickle
+
+    fleet = Fleet(CellConfig(status_interval_s=0, estimate_interval_s=0))
+    fleet.submit("a", "seed")
+    fleet.step()
+    old = fleet.cell
+    for name in ("breaker_probes", "breaker_trips", "finished_marks", "finished_expired"):
+        delattr(old, name)
+    old.failure_log = {("m@1", "node", "n0"): [1, 2]}  # the old format: bare times
+    fleet.cell = pickle.loads(pickle.dumps(old))
+    assert fleet.cell.failure_log == {} and fleet.cell.finished_expired == 0
+    for _ in range(20):
+        fleet.step()
+    assert "a" in fleet.cell.finished
