@@ -280,6 +280,7 @@ class S3Store:
         max_concurrency: int = 4,
     ) -> None:
         import boto3
+        import botocore.config
         from boto3.s3.transfer import TransferConfig
 
         self.bucket = bucket
@@ -287,6 +288,8 @@ class S3Store:
             "s3",
             endpoint_url=endpoint_url,
             region_name=region_name or os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+            # presigned URLs with SigV4 (botocore would presign SigV2 in us-east-1)
+            config=botocore.config.Config(signature_version="s3v4"),
         )
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold,

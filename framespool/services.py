@@ -58,6 +58,16 @@ def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
     return LocalDirStore(stack_dir / "artifacts", url_base=api_url, secret=url_key)
 
 
+def api_limits(default_model: str | None = "demo") -> Any:
+    """Request limits that accept exactly the models the agents have profiles for (the
+    agents load the same ``load_profiles()``), and ``default_model`` when it is one of them."""
+    from framespool.agents.profiles import load_profiles
+    from framespool.producers.validation import Limits
+
+    models = frozenset(load_profiles())
+    return Limits(models=models, default_model=default_model if default_model in models else None)
+
+
 def webhook_config(stack_dir: Path, secrets: Mapping[str, Any], keys: Any, policy: Any) -> Any:
     """Webhook delivery with each tenant's own secret, rotated into the secrets file."""
     from framespool.projections.webhook_secrets import WebhookSecrets
@@ -99,6 +109,7 @@ async def run_api(args: argparse.Namespace) -> None:
             url_policy=policy,
             background=service.background,
             webhook_secrets=webhooks.secrets,
+            limits=api_limits(args.default_model or None),
             operator_key=secrets.get("operator_key") or "",
         )
     )
@@ -201,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         help="address to bind (0.0.0.0 only inside a container network)",
     )
     api.add_argument("--allow-private-webhooks", action="store_true")
+    api.add_argument(
+        "--default-model",
+        default="demo",
+        help="the model of a job that names none ('' = the model is required)",
+    )
     api.add_argument(
         "--metrics-port",
         type=int,

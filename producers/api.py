@@ -51,6 +51,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from framespool.callbacks.targets import TargetPolicy, check_address
 from framespool.log import Sender
 from framespool.producers import openapi as openapi_doc
+from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
 from framespool.producers.metrics import (
     AssignmentObserver,
@@ -73,8 +74,8 @@ from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
 from framespool.schemas.topics import COMMANDS
 
-_CURSOR = re.compile(r"^\d{13}/[A-Za-z0-9._:-]{1,128}$")
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+_CURSOR = re.compile(patterns.CURSOR)  # fullmatch: "$" would accept a trailing newline
+_IDEMPOTENCY_KEY = re.compile(patterns.IDEMPOTENCY_KEY)
 
 
 async def resolve_host(host: str) -> list[str]:
@@ -117,6 +118,8 @@ class ApiConfig:
     sse_max_per_key: int = 20  # open event streams one API key may hold
     sse_max_per_tenant: int = 100  # ... and all of a tenant's keys together
     sse_retry_after_s: int = 5
+    # requests without a valid key, per client address (key guessing, floods)
+    unauthenticated_rate_limit: RateLimit = RateLimit(rate_per_s=5.0, burst=50)
 
 
 class ApiError(Exception):
@@ -139,6 +142,7 @@ LOCKS = web.AppKey("submit_locks", dict)
 TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OPENAPI = web.AppKey("openapi", dict)
+ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", RateLimiter)
 STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
 
 
@@ -199,6 +203,18 @@ def _principal(request: web.Request) -> Principal:
     config = request.app[CONFIG]
     principal = config.auth.authenticate(token_from_headers(request.headers))
     if principal is None:
+        # no tenant to charge: the caller's address pays, so guessing keys is slow too
+        source = f"unauthenticated:{request.remote or '?'}"
+        wait_s = request.app[ANON_LIMITER].take(source, config.monotonic())
+        if wait_s > 0:
+            retry = retry_after_header(wait_s)
+            raise ApiError(
+                429,
+                "rate_limited",
+                "too many requests without a valid API key from this address; "
+                f"retry after {retry} s with a valid key",
+                headers={"Retry-After": retry},
+            )
         raise ApiError(
             401,
             "unauthenticated",
@@ -302,10 +318,16 @@ async def submit_job(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(
+            400,
+            "malformed_json",
+            "the body is nested too deeply; a job is a flat object (params values are scalars)",
+        ) from None
     fields = validate_submit(body, principal.policy, config.limits, config.url_policy)
     await _check_callback_host(config, fields.get("callback_url"))
     key = request.headers.get("Idempotency-Key")
-    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+    if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
         raise ApiError(
             422,
             "invalid_header",
@@ -380,7 +402,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     if not 1 <= limit <= 200:
         raise ApiError(422, "invalid_field", "limit must be an integer from 1 to 200", "limit")
     cursor = q.get("cursor")
-    if cursor is not None and not _CURSOR.match(cursor):
+    if cursor is not None and not _CURSOR.fullmatch(cursor):
         raise ApiError(
             422,
             "invalid_field",
@@ -695,6 +717,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app[LOCKS] = {}
     app[TASKS] = []
     app[STREAMS] = {}
+    app[ANON_LIMITER] = RateLimiter(config.unauthenticated_rate_limit)
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OPENAPI] = openapi_doc.build(config.limits, max_body_bytes=config.max_body_bytes)
     app.cleanup_ctx.append(_background)

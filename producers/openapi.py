@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from framespool.producers import patterns
 from framespool.producers.validation import FIELDS, Limits
 from framespool.projections.jobs import STATES
 
@@ -47,9 +48,9 @@ ERROR_CODES = (
     "secret_not_stored",
     "http_error",
 )
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-CURSOR_PATTERN = r"^\d{13}/[A-Za-z0-9._:-]{1,128}$"
-IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+NAME_PATTERN = patterns.schema(patterns.NAME)
+CURSOR_PATTERN = patterns.schema(patterns.CURSOR)
+IDEMPOTENCY_KEY_PATTERN = patterns.schema(patterns.IDEMPOTENCY_KEY)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -75,17 +76,25 @@ def _submit_schema(limits: Limits) -> dict[str, Any]:
     model = {**name, "description": "the generator model, e.g. 'demo'"}
     if limits.models is not None:
         model["enum"] = sorted(limits.models)
+    if limits.default_model:
+        model["default"] = limits.default_model
+        model["description"] += f"; default: {limits.default_model!r}"
     params = {
         "type": ["object", "null"],
         "description": f"generator parameters; at most {limits.params_max_bytes} bytes as "
         "compact JSON. Numbers and booleans are stored as strings.",
-        "propertyNames": {"pattern": r"^[a-z][a-z0-9_]{0,63}$"},
+        "propertyNames": {"pattern": patterns.schema(patterns.PARAM_KEY)},
         "properties": {
             "resolution": {
                 "type": "string",
-                "pattern": r"^\d{1,5}x\d{1,5}$",
+                "anyOf": [
+                    {"pattern": patterns.schema(patterns.RESOLUTION)},
+                    {"enum": list(patterns.RESOLUTION_PRESETS)},
+                ],
                 "description": f"WIDTHxHEIGHT, each even, {limits.resolution_min}"
-                f"-{limits.resolution_max}",
+                f"-{limits.resolution_max}; or a preset ("
+                + ", ".join(f"{k} = {v}" for k, v in patterns.RESOLUTION_PRESETS.items())
+                + "), stored as WIDTHxHEIGHT",
             },
             "duration_s": {
                 "type": "number",
@@ -170,7 +179,7 @@ def _submit_schema(limits: Limits) -> dict[str, Any]:
     )
     return {
         "type": "object",
-        "required": ["prompt", "model"],
+        "required": ["prompt"] if limits.default_model else ["prompt", "model"],
         "additionalProperties": False,
         "properties": props,
     }
@@ -381,7 +390,7 @@ def schemas(limits: Limits) -> dict[str, dict[str, Any]]:
                 "event": {"type": "string", "description": "the timeline entry's type, or 'end'"},
                 "id": {
                     "type": "string",
-                    "pattern": r"^\d+$",
+                    "pattern": patterns.schema(patterns.DIGITS),
                     "description": "the entry's seq: send it back as Last-Event-ID",
                 },
                 "retry": {"type": "integer"},
@@ -448,7 +457,7 @@ def _error(status: int, description: str | None = None) -> dict[str, Any]:
         response["headers"] = {
             "Retry-After": {
                 "description": "seconds until the tenant's bucket has a token again",
-                "schema": {"type": "string", "pattern": r"^\d+$"},
+                "schema": {"type": "string", "pattern": patterns.schema(patterns.DIGITS)},
             }
         }
     return response

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from framespool.callbacks.targets import TargetPolicy, check_target
+from framespool.producers import patterns
 from framespool.producers.auth import TenantPolicy
 from framespool.schemas.events import Shape
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_PARAM_KEY = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_RESOLUTION = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+# matched with fullmatch: "$" would accept a trailing newline
+_NAME = re.compile(patterns.NAME)
+_PARAM_KEY = re.compile(patterns.PARAM_KEY)
+_RESOLUTION = re.compile(patterns.RESOLUTION)
 
 
 class ValidationError(Exception):
@@ -54,6 +56,7 @@ class Limits:
     shapes_max: int = 8
     estimate_max_s: float = 86400.0
     models: frozenset[str] | None = None  # None: any well-formed model name
+    default_model: str | None = None  # the model of a request that names none
 
 
 FIELDS = (
@@ -114,7 +117,7 @@ def _name(body: dict, name: str, default: str | None, what: str) -> str | None:
     value = body.get(name, default)
     if value is None:
         return None
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ValidationError(
             name,
             f"must be a {what}: 1-64 letters, digits, '.', '_' or '-', "
@@ -161,32 +164,17 @@ def _params(value: Any, limits: Limits) -> dict[str, str]:
             "must be a JSON object such as "
             '{"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7}',
         )
-    size = len(json.dumps(value, separators=(",", ":")).encode())
-    if size > limits.params_max_bytes:
-        raise ValidationError(
-            "params",
-            f"is {size} bytes of JSON; the limit is "
-            f"{limits.params_max_bytes}: drop or shorten parameters",
-        )
     out: dict[str, str] = {}
     for key, v in value.items():
         field = f"params.{key}"
-        if not _PARAM_KEY.match(key):
+        if not _PARAM_KEY.fullmatch(key):
             raise ValidationError(
                 field,
                 "parameter names are 1-64 lower-case letters, digits "
                 "or '_', starting with a letter",
             )
         if key == "resolution":
-            m = _RESOLUTION.match(v) if isinstance(v, str) else None
-            lo, hi = limits.resolution_min, limits.resolution_max
-            if not m or not all(lo <= int(x) <= hi and int(x) % 2 == 0 for x in m.groups()):
-                raise ValidationError(
-                    field,
-                    f"must look like '1280x720': WIDTHxHEIGHT, each an "
-                    f"even number from {lo} to {hi}; got {v!r}",
-                )
-            out[key] = v
+            out[key] = _resolution(v, limits, field)
         elif key == "duration_s":
             seconds = _number(value, key, 0.0, limits.duration_max_s, lo_open=True, field=field)
             out[key] = json.dumps(int(seconds) if seconds.is_integer() else seconds)
@@ -216,7 +204,51 @@ def _params(value: Any, limits: Limits) -> dict[str, str]:
             out[key] = v if isinstance(v, str) else json.dumps(v)
         else:
             raise ValidationError(field, "must be a string, number or boolean")
+    size = len(json.dumps(value, separators=(",", ":")).encode())
+    if size > limits.params_max_bytes:
+        raise ValidationError(
+            "params",
+            f"is {size} bytes of JSON; the limit is "
+            f"{limits.params_max_bytes}: drop or shorten parameters",
+        )
     return out
+
+
+def _resolution(value: Any, limits: Limits, field: str) -> str:
+    """WIDTHxHEIGHT, from itself or a preset such as 720p (stored as WIDTHxHEIGHT, so both
+    spellings of one request have one idempotency fingerprint)."""
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in patterns.RESOLUTION_PRESETS:
+        text = patterns.RESOLUTION_PRESETS[text]
+    m = _RESOLUTION.fullmatch(text) if text is not None else None
+    lo, hi = limits.resolution_min, limits.resolution_max
+    if not m or not all(lo <= int(x) <= hi and int(x) % 2 == 0 for x in m.groups()):
+        raise ValidationError(
+            field,
+            f"must be WIDTHxHEIGHT such as '1280x720', each an even number from {lo} to "
+            f"{hi}, or one of {', '.join(patterns.RESOLUTION_PRESETS)}; got {value!r}",
+        )
+    return f"{m.group(1)}x{m.group(2)}"
+
+
+def _unencodable(body: dict) -> tuple[str, str] | None:
+    """(field, text) of the first string in ``body`` that is not valid Unicode (a lone
+    surrogate from a JSON escape such as \\ud800), or None. Iterative: any depth."""
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in reversed(body.items())]
+    while stack:
+        field, value = stack.pop()
+        texts = [value] if isinstance(value, str) else []
+        if isinstance(value, dict):
+            texts = list(value)
+            stack.extend((f"{field}.{k}", v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{field}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+        for text in [field, *texts]:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return field, text
+    return None
 
 
 def _shapes(value: Any, limits: Limits) -> tuple[Shape, ...]:
@@ -276,6 +308,13 @@ def validate_submit(
     """JobSpec keyword arguments for a valid body; ``ValidationError`` otherwise."""
     if not isinstance(body, dict):
         raise ValidationError(None, "the request body must be a JSON object", 422, "invalid_body")
+    bad = _unencodable(body)
+    if bad is not None:
+        raise ValidationError(
+            bad[0],
+            "contains a lone UTF-16 surrogate (e.g. \\ud800 without its pair); "
+            "send valid Unicode text",
+        )
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         raise ValidationError(
@@ -294,9 +333,12 @@ def validate_submit(
         )
     if "\x00" in prompt:
         raise ValidationError("prompt", "must not contain NUL characters")
-    model = _name(body, "model", None, "model name")
+    model = _name(body, "model", limits.default_model, "model name")
     if model is None:
-        raise ValidationError("model", "is required: the name of the generator model, e.g. 'demo'")
+        served = (
+            f": one of {', '.join(sorted(limits.models))}" if limits.models else ", e.g. 'demo'"
+        )
+        raise ValidationError("model", f"is required: the name of the generator model{served}")
     if limits.models is not None and model not in limits.models:
         raise ValidationError(
             "model", f"{model!r} is not served here; available: {', '.join(sorted(limits.models))}"

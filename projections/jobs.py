@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from framespool.schemas.events import (
@@ -160,7 +160,16 @@ def spec_fingerprint(spec: JobSpec) -> str:
         "callback_url": spec.callback_url,
         "shapes": [[s.gpus, s.gpus_per_node, s.estimate_s] for s in spec.shapes],
     }
+    # resources count too; each is hashed only when it differs from JobSpec's default,
+    # so the fingerprints of requests that never named them stay what they were
+    for name in ("estimate_s", "gpu_type", "cpus", "mem_gb", "checkpoint_interval_s"):
+        value = getattr(spec, name)
+        if value != _SPEC_DEFAULTS[name]:
+            doc[name] = value
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+_SPEC_DEFAULTS = {f.name: f.default for f in fields(JobSpec)}
 
 
 def submitted_view(spec: JobSpec, ts_ms: int) -> JobView:

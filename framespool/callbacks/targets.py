@@ -77,8 +77,9 @@ def address_problem(address: str) -> str:
         ("is_unspecified", "unspecified"),
         ("is_reserved", "reserved"),
         ("is_private", "private"),
+        ("is_site_local", "site-local"),  # fec0::/10: deprecated, still routed privately
     ):
-        if getattr(ip, attr):
+        if getattr(ip, attr, False):  # is_site_local exists for IPv6 only
             return name
     return "" if ip.is_global else "not globally routable"
 

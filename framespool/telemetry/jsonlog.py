@@ -2,8 +2,9 @@
 
 One JSON object per line on stderr: ts, level, logger, msg, the process's
 static fields (role, instance, ...) and any ``extra`` fields. Values that look
-like bearer tokens or URL signatures are masked before the line is written, so
-logs never carry API keys or signed URLs.
+like bearer tokens, X-API-Key values, URL signatures and URL query strings are
+masked before the line is written, so logs never carry API keys, signed URLs or
+the tokens receivers put in their callback URLs.
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ from typing import Any
 
 _SECRETS = re.compile(
     r"(Bearer\s+)\S+|([?&](?:sig|signature|X-Amz-Signature|X-Amz-Credential)=)"
-    r"[^&\s\"']+",
+    r"[^&\s\"']+"
+    # an X-API-Key header as text, a dict or JSON: its value up to the next quote/space
+    r"|(X-API-Key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]+"
+    # any other URL's query string (callback URLs carry receivers' tokens there)
+    r"|(https?://[^\s?#\"']+\?)[^\s#\"']+",
     re.IGNORECASE,
 )
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
 def redact(text: str) -> str:
-    return _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
+    return _SECRETS.sub(lambda m: next(g for g in m.groups() if g is not None) + "***", text)
 
 
 class JsonFormatter(logging.Formatter):
