@@ -37,6 +37,7 @@ from framespool.log.memory import MemoryProducer
 from framespool.producers import openapi
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.producers.ratelimit import RateLimit
 from framespool.projections import cluster
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
@@ -87,6 +88,9 @@ class ApiServer:
             artifacts=artifacts,
             resolve_host=_public_resolver,
             sse_keepalive_s=1.0,
+            # ignored_auth re-sends every example without a key, all from this one address:
+            # the per-address limit of unkeyed requests (test_api_hardening) is off here
+            unauthenticated_rate_limit=RateLimit(rate_per_s=0),
         )
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()

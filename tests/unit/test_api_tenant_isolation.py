@@ -13,7 +13,7 @@ import contextlib
 from aiohttp.test_utils import TestClient, TestServer
 
 from framespool.log.memory import MemoryProducer
-from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.api import ApiConfig, make_app, metrics_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
 from framespool.projections.jobs import fold
@@ -123,6 +123,10 @@ def test_metrics_need_the_operator_key_and_tenant_keys_are_refused():
             assert ok.status == 200 and "framespool_api_requests_total" in await ok.text()
         async with api() as (client, _):  # no operator key: not served on the API's address
             assert (await client.get("/metrics", headers=auth(ALICE))).status == 404
+            # ... but on its own (private) address, from the same registry
+            async with TestClient(TestServer(metrics_app(client.server.app))) as private:
+                text = await (await private.get("/metrics")).text()
+                assert 'route="/metrics",status="404"' in text
 
     run(go())
 
