@@ -65,7 +65,12 @@ def explain_wait(cell: Cell, job_id: str) -> dict[str, Any]:
     }
     model = f"{job.spec.model}@{job.spec.model_version}"
     out["breakers"] = [
-        {"scope": scope, "key": key, "for_s": _in_s(cell, until)}
+        {
+            "scope": scope,
+            "key": key,
+            "for_s": _in_s(cell, until),
+            "probe": "#".join(map(str, cell.breaker_probes.get((m, scope, key), ()))),
+        }
         for (m, scope, key), until in cell.breakers.items()
         if m == model and until > cell.now_ms
     ]
@@ -352,7 +357,9 @@ def _verdict(cell: Cell, job: Job, view: dict[str, Any]) -> tuple[list[dict], li
             "breaker",
             f"breaker open for {job.spec.model}@{job.spec.model_version} on "
             f"{b['scope']} {b['key']}",
-            f"the breaker closes in {b['for_s']:.0f}s",
+            f"probe run {b['probe']} is running: its success closes the breaker"
+            if b["probe"]
+            else f"half-open in {b['for_s']:.0f}s: the next placement probes it",
         )
     if view["capacity"]["unhealthy_nodes"]:
         bad = ", ".join(

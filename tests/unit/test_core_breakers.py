@@ -8,6 +8,7 @@ budgets), and a tripped breaker probes (half-open) instead of halting the cell.
 from __future__ import annotations
 
 from framespool.processors.core import CellConfig
+from framespool.processors.tools.audit import explain_wait
 from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
 
@@ -141,6 +142,8 @@ def test_open_breaker_probes_with_one_run_and_a_successful_probe_closes_it():
     assert [s.spec.job_id for s in probes] == ["p1"]
     h.tick(1)
     assert not [s for s in h.assigned() if s.spec.job_id == "p2"], "one probe at a time"
+    [why] = explain_wait(h.cell, "p2")["breakers"]
+    assert why["scope"] == "gpu_type" and why["probe"] == "p1#1"
     h.start_all()
     out = h.complete(("p1", 1))
     [closed] = of(out, ev.BreakerTripped)
