@@ -607,7 +607,7 @@ async def rotate_webhook_secret(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     principal = _principal(request)
     if config.webhook_secrets is None:
-        raise ApiError(503, "webhooks_unavailable", "this API delivers no webhooks")
+        raise ApiError(404, "webhooks_unavailable", "this deployment delivers no webhooks")
     try:
         secret = config.webhook_secrets.rotate(principal.tenant)
     except OSError as exc:

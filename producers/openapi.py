@@ -722,7 +722,8 @@ def paths() -> dict[str, Any]:
                     401,
                     429,
                     503,
-                ),
+                )
+                | {"404": _error(404, "This deployment delivers no webhooks")},
             },
         },
         "/healthz": {

@@ -42,6 +42,7 @@ from framespool.projections import cluster
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
 from framespool.projections.testing import cell_status, lifecycle
+from framespool.projections.webhook_secrets import WebhookSecrets
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -91,6 +92,7 @@ class ApiServer:
             # ignored_auth re-sends every example without a key, all from this one address:
             # the per-address limit of unkeyed requests (test_api_hardening) is off here
             unauthenticated_rate_limit=RateLimit(rate_per_s=0),
+            webhook_secrets=WebhookSecrets({"acme": "whsec_test"}),
         )
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
