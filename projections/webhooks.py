@@ -357,9 +357,13 @@ class WebhookDispatcher:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _deliver_and_release(self, session: aiohttp.ClientSession, d: Delivery) -> None:
-        outcome = d
+        # if the attempt breaks unexpectedly (the store), wait one base delay, not a hot loop
+        retry_ms = int((self._clock() + self._config.base_delay_s) * 1000)
+        outcome = replace(d, next_attempt_ms=max(d.next_attempt_ms, retry_ms))
         try:
             outcome = await self.deliver_once(session, d)
+        except Exception:
+            log.exception("webhook for job %s event %s: attempt failed", d.job_id, d.delivery_id)
         finally:
             self._running -= 1
             self._lanes.done(outcome)
