@@ -182,3 +182,19 @@ def test_new_deliveries_reach_the_dispatcher_without_rescanning_the_backlog():
     assert store._deliveries and all(d.status == DELIVERED for d in store._deliveries.values())
     assert len(receivers.hooked) == len(store._deliveries)
     assert store.scans <= 1  # once at start; afterwards new deliveries are handed over
+
+
+def test_each_attempt_at_a_hung_receiver_ends_at_the_timeout_and_is_retried():
+    async def go():
+        receivers = Receivers()
+        async with TestServer(receivers.app()) as server:
+            store = InMemoryViewStore()
+            store.put_delivery(delivery("slow", "s0", str(server.make_url("/hang"))))
+            dispatcher = WebhookDispatcher(store, config(timeout_s=0.2, max_attempts=2))
+            await run_until(dispatcher, lambda: store.get_delivery("s0:evt").status != PENDING)
+            receivers.release.set()
+            return store.get_delivery("s0:evt")
+
+    record = asyncio.run(go())
+    assert record.status == "failed" and record.attempts == 2
+    assert "TimeoutError" in record.last_error
