@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -632,6 +633,7 @@ async def get_cluster(request: web.Request) -> web.Response:
     principal = _principal(request)
     view = config.store.load_cluster()
 
+    @functools.cache  # a gang's job sits on many GPUs: one store read per job
     def owns_job(job_id: str) -> bool:
         job = config.store.get(job_id)
         return job is not None and job.tenant == principal.tenant
