@@ -10,6 +10,8 @@ Theory of operation
    assignment, no rebalances), from the position committed under its own group
    (else 0). Records keyed for other nodes are skipped undecoded; records it
    cannot decode go to dead-letter with a ``reason`` header and their key.
+   The reading, the producer and the heartbeat pass are an :class:`AgentHost`'s,
+   which one node owns alone or several simulated nodes share (see :mod:`host`).
 3. Each instruction goes through :class:`RunLedger` (fencing, dedupe); the
    agent carries out the decision: launch (download the checkpoint, start the
    runner, ``RunStarted``), stop (``RunStopped`` once the process group is
@@ -24,6 +26,11 @@ Theory of operation
    model last run on each GPU) and a report per run it holds.
 6. On shutdown it kills its generators' process groups and exits without
    reporting; after a restart the scheduler reconciles the new incarnation.
+   Declared ``DOWN`` while it lives (paused, partitioned), it heals itself
+   (:mod:`liveness`): it stops the old incarnation's runs (the scheduler
+   requeued them; their reports keep the old incarnation and stay fenced),
+   registers again as incarnation + 1 and takes work; reconciliation stops
+   whatever of the old incarnation is still listed.
 7. Generators get a minimal environment, run as ``generator_user`` where the
    agent is root, and only files inside their run's work directory, within
    the profile's limits, are uploaded (see :mod:`sandbox`, :mod:`uploads`).
@@ -48,20 +55,29 @@ from framespool.agents.artifacts import ArtifactStore
 from framespool.agents.execution import RunExecution, now_ms
 from framespool.agents.gpus import GpuProbe, with_warm_models
 from framespool.agents.ledger import Action, RunLedger
+from framespool.agents.liveness import Heal, Liveness
 from framespool.agents.profiles import ModelProfile
 from framespool.agents.sandbox import SandboxError, generator_identity, unreachable_part
-from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
+from framespool.log import LogError, LogProducer, Record, partition_for_key
 from framespool.schemas import deadletter
 from framespool.schemas import topics as catalogue
 from framespool.schemas.codec import DecodeError, decode, encode
 from framespool.schemas.deadletter import DeadLetterReason
-from framespool.schemas.events import CheckpointRun, NodeHeartbeat, RunProgress, StartRun, StopRun
+from framespool.schemas.events import (
+    CheckpointRun,
+    NodeHeartbeat,
+    NodeStateChanged,
+    RunProgress,
+    StartRun,
+    StopRun,
+)
 from framespool.schemas.fencing import EpochFence
 from framespool.schemas.topics import Topics, agent_group, partition_of_cell
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
+HEAL_STOP_WAIT_S = 30.0  # how long a healing node waits for its old runs to end
 
 
 def next_incarnation(data_dir: Path, requested: int | None = None) -> int:
@@ -127,11 +143,25 @@ class NodeAgent:
         self._tasks: set[asyncio.Task] = set()
         self.closing = False  # RunHost: once set, runs end without reporting
         self._producer: LogProducer | None = None
-        self._consumer: LogConsumer | None = None
+        self._host: Any = None  # the AgentHost this node started alone (None when shared)
         self.ledger: RunLedger = RunLedger(node_id, 0)
+        self.liveness = Liveness(node_id)
+        self.healing = False  # re-registering: no heartbeats meanwhile
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> None:
+        """Start this node alone in its process: a host of one (see :mod:`host`)."""
+        from framespool.agents.host import AgentHost
+
+        self._host = AgentHost([self], self.bootstrap)
+        try:
+            await self._host.start()
+        except BaseException:
+            await self._host.stop()
+            raise
+
+    async def open(self, producer: LogProducer) -> None:
+        """Take a new incarnation and register it, writing through the host's producer."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         blocked = unreachable_part(self.data_dir) if self.identity is not None else None
         if blocked is not None:
@@ -140,9 +170,23 @@ class NodeAgent:
                 f" {blocked} is not searchable by other users; chmod o+x {blocked}"
                 " or choose a --stack-dir they can reach"
             )
+        self._producer = producer
         self.incarnation = next_incarnation(self.data_dir, self._requested_incarnation)
         self.ledger = RunLedger(self.node_id, self.incarnation)
-        self._producer = LogProducer(self.bootstrap)
+        await self.register()
+        log.info(
+            "agent %s incarnation %d registered in %s; assignments %s[%d]; %s",
+            self.node_id,
+            self.incarnation,
+            self.cell,
+            self.topics.ASSIGNMENTS.name,
+            self.assignment_partition,
+            self._identity_note,
+        )
+
+    async def register(self) -> None:
+        """``NodeRegistered`` of the current incarnation (its id names it: a re-sent
+        one is deduped); self-healing counts from here."""
         cpus = float(os.cpu_count() or 0)
         mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
         await self.report(
@@ -158,25 +202,18 @@ class NodeAgent:
                 ts_ms=now_ms(),
             )
         )
-        self._consumer = LogConsumer(self.bootstrap, group_id=agent_group(self.node_id))
-        start = await asyncio.to_thread(
-            self._consumer.resume, self.topics.ASSIGNMENTS.name, [self.assignment_partition]
-        )
-        log.info(
-            "agent %s incarnation %d registered in %s; reading %s[%d] from %s; %s",
-            self.node_id,
-            self.incarnation,
-            self.cell,
-            self.topics.ASSIGNMENTS.name,
-            self.assignment_partition,
-            start,
-            self._identity_note,
-        )
-        self.spawn(self._consume_loop(), "consume")
-        self.spawn(self._heartbeat_loop(), "heartbeat")
+        self.liveness.registered(self.incarnation, time.monotonic())
 
     async def stop(self) -> None:
-        """Kill every generator's process group, stop reading, flush, close."""
+        """Kill every generator's process group; a node started alone also stops
+        reading, flushes and closes its host."""
+        if self._host is not None:
+            await self._host.stop()
+        else:
+            await self.close_runs()
+
+    async def close_runs(self) -> None:
+        """Kill every generator's process group and end this node's tasks."""
         if self.closing:
             return
         self.closing = True
@@ -190,11 +227,6 @@ class NodeAgent:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        if self._consumer is not None:
-            await asyncio.to_thread(self._consumer.close)
-        if self._producer is not None:
-            with contextlib.suppress(LogError):
-                await asyncio.to_thread(self._producer.close, 10.0)
 
     async def run_until_signalled(self) -> None:
         """Start, run until SIGTERM or SIGINT, then stop."""
@@ -254,34 +286,7 @@ class NodeAgent:
         if error is not None:
             log.warning("agent %s: sample lost: %s", self.node_id, error)
 
-    # -- consuming ------------------------------------------------------------
-    async def _consume_loop(self) -> None:
-        assert self._consumer is not None
-        consumer = self._consumer
-        while not self.closing:
-            try:
-                records = await asyncio.to_thread(consumer.consume, 100, 0.2)
-            except LogError as e:
-                log.warning("agent %s: assignments: %s", self.node_id, e)
-                await asyncio.sleep(RETRY_S)
-                continue
-            for record in records:
-                try:
-                    await self._handle_record(record)
-                except Exception:  # one bad record must not stop the node's instructions
-                    log.exception(
-                        "agent %s: %s[%d]@%d not handled",
-                        self.node_id,
-                        record.topic,
-                        record.partition,
-                        record.offset,
-                    )
-            if records:
-                try:
-                    await asyncio.to_thread(consumer.commit_through, records[-1])
-                except LogError as e:  # redelivery after a restart is fenced by incarnation
-                    log.warning("agent %s: commit failed: %s", self.node_id, e)
-
+    # -- instructions (the host dispatches this node's records here) -------------
     async def _handle_record(self, record: Record) -> None:
         if record.key is not None and record.key != self._key:
             return  # another node's instruction shares this partition
@@ -411,15 +416,14 @@ class NodeAgent:
         self._update_busy()
 
     # -- heartbeats --------------------------------------------------------------
-    async def _heartbeat_loop(self) -> None:
-        while not self.closing:
-            try:
-                self._fire(
-                    self.topics.SCHEDULER.name, self.cell, self.heartbeat(), self.cell_partition
-                )
-            except Exception:  # a probe failure must not silence the node (it would look DOWN)
-                log.exception("agent %s: heartbeat not built", self.node_id)
-            await asyncio.sleep(self.heartbeat_s)
+    def beat(self) -> None:
+        """Queue one heartbeat (the host's pass calls it for every node it hosts)."""
+        if self.closing or self.healing or self._producer is None:
+            return
+        try:
+            self._fire(self.topics.SCHEDULER.name, self.cell, self.heartbeat(), self.cell_partition)
+        except Exception:  # a probe failure must not silence the node (it would look DOWN)
+            log.exception("agent %s: heartbeat not built", self.node_id)
 
     def heartbeat(self) -> NodeHeartbeat:
         runs = [self._runs[key].report() for key in sorted(self._runs)]
@@ -436,3 +440,65 @@ class NodeAgent:
         set_busy = getattr(self.probe, "set_busy", None)
         if set_busy is not None:
             set_busy({g for r in self._runs.values() if r.runner is not None for g in r.cmd.gpus})
+
+    # -- self-healing ----------------------------------------------------------------
+    def on_node_state(self, event: NodeStateChanged) -> None:
+        """The scheduler's word on this node's state (job-events): a ``DOWN`` of the
+        current incarnation starts one re-registration (see :mod:`liveness`)."""
+        if self.closing:
+            return
+        verdict = self.liveness.on_node_state(event, time.monotonic())
+        if verdict.action is Heal.REREGISTER:
+            log.warning(
+                "agent %s incarnation %d: %s; registering again",
+                self.node_id,
+                self.incarnation,
+                verdict.reason,
+            )
+            self.spawn(self._heal(verdict.not_before_s, verdict.reason), "heal")
+
+    async def _heal(self, not_before_s: float, reason: str) -> None:
+        """Stop the old incarnation's runs, then register as incarnation + 1.
+
+        1. heartbeats pause (the old incarnation's would only be ignored);
+        2. after the backoff, the ledger takes the new incarnation: instructions
+           for the old one are fenced from now on;
+        3. the old runs are stopped, and waited for (bounded), so that no new run
+           is placed on GPUs an old process still holds;
+        4. ``NodeRegistered`` of the new incarnation; heartbeats resume.
+        """
+        self.healing = True
+        try:
+            delay = not_before_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            new = next_incarnation(self.data_dir, self.incarnation + 1)
+            old = self.incarnation
+            over = self.ledger.reincarnate(new, f"node declared DOWN as incarnation {old}")
+            for key in over:
+                self._stop_run(key)
+            deadline = time.monotonic() + HEAL_STOP_WAIT_S
+            while any(k in self._runs for k in over) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            left = [k for k in over if k in self._runs]
+            if left:
+                log.warning(
+                    "agent %s: runs %s of incarnation %d still ending; registering anyway",
+                    self.node_id,
+                    left,
+                    old,
+                )
+            self.incarnation = new
+            if self.closing:
+                return
+            await self.register()
+            log.warning(
+                "agent %s healed: incarnation %d -> %d (%s); stopped %d old run(s)",
+                self.node_id,
+                old,
+                new,
+                reason,
+                len(over),
+            )
+        finally:
+            self.healing = False

@@ -98,6 +98,9 @@ class RunExecution:
     ) -> None:
         self.host, self.cmd, self.profile, self.workdir = host, cmd, profile, workdir
         self.identity = identity
+        # The registration this run belongs to: its reports keep it even after the
+        # node re-registers, so the scheduler fences them as stale.
+        self.incarnation = host.incarnation
         self.staging = workdir.with_name(f"{workdir.name}.staging")  # not the generator's
         self.job_id, self.run = cmd.spec.job_id, cmd.run
         self.runner: Runner | BuiltinRunner | None = None
@@ -205,7 +208,7 @@ class RunExecution:
             if entry is not None and entry.state is RunState.STOPPING:
                 await host.report(
                     reports.stopped(
-                        host.node_id, host.incarnation, job_id, n, now_ms(), entry.stop_reason
+                        host.node_id, self.incarnation, job_id, n, now_ms(), entry.stop_reason
                     )
                 )
                 return
@@ -232,7 +235,7 @@ class RunExecution:
                 await self.runner.stop()  # a stop arrived while it was starting
             else:
                 await host.report(
-                    reports.started(host.node_id, host.incarnation, job_id, n, now_ms())
+                    reports.started(host.node_id, self.incarnation, job_id, n, now_ms())
                 )
                 if spec.checkpoint_interval_s > 0 and profile.can_checkpoint:
                     periodic = asyncio.create_task(
@@ -259,7 +262,7 @@ class RunExecution:
         await host.report(
             reports.failed(
                 host.node_id,
-                host.incarnation,
+                self.incarnation,
                 *self.key,
                 now_ms(),
                 failure_class,
@@ -297,7 +300,7 @@ class RunExecution:
             entry = host.ledger.entry(job_id, n)
             reason = entry.stop_reason if entry and entry.stop_reason else "gang ended"
             await host.report(
-                reports.stopped(host.node_id, host.incarnation, job_id, n, now_ms(), reason)
+                reports.stopped(host.node_id, self.incarnation, job_id, n, now_ms(), reason)
             )
 
     async def _report_outcome(self, outcome: Outcome) -> None:
@@ -307,7 +310,7 @@ class RunExecution:
             entry = host.ledger.entry(job_id, n)
             reason = entry.stop_reason if entry and entry.stop_reason else "stopped"
             await host.report(
-                reports.stopped(host.node_id, host.incarnation, job_id, n, now_ms(), reason)
+                reports.stopped(host.node_id, self.incarnation, job_id, n, now_ms(), reason)
             )
         elif outcome.kind == COMPLETED:
             assert outcome.output_path is not None
@@ -328,7 +331,7 @@ class RunExecution:
             await host.report(
                 reports.completed(
                     host.node_id,
-                    host.incarnation,
+                    self.incarnation,
                     job_id,
                     n,
                     now_ms(),
@@ -398,7 +401,7 @@ class RunExecution:
             await host.report(
                 reports.checkpointed(
                     host.node_id,
-                    host.incarnation,
+                    self.incarnation,
                     job_id,
                     n,
                     now_ms(),

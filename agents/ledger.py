@@ -21,6 +21,10 @@ Fencing, in the order it is checked:
 5. ``StopRun``/``CheckpointRun`` for a run this node runs act on it; for a run
    it does not have they ``REPORT_STOPPED`` so the scheduler can release GPUs.
 
+A node declared DOWN registers again (:meth:`RunLedger.reincarnate`): the ledger
+takes the new incarnation, so everything addressed to the old one is fenced by
+rule 2, and the old incarnation's runs are stopped (they were requeued).
+
 Bounded memory: the ledger remembers the last ``MAX_SEEN_EVENTS`` event ids
 (redelivery is of recent records: the agent resumes at its committed offset)
 and the fencing epochs of the last ``MAX_JOBS`` jobs it was told about; an
@@ -210,6 +214,22 @@ class RunLedger:
         entry = self._runs.get((job_id, run))
         if entry is not None:
             entry.state = RunState.FINISHED
+
+    def reincarnate(self, incarnation: int, reason: str) -> tuple[RunKey, ...]:
+        """The node registers again as ``incarnation`` (it was declared DOWN): every
+        active run is over (the scheduler requeued it) and is marked ``STOPPING``;
+        their keys are returned for the shell to stop. Fencing memory (seen events,
+        runs, job epochs) is kept, so an instruction of the old incarnation is
+        ``IGNORE``-d and a ``StopRun`` of the new one still finds an old run."""
+        if incarnation <= self.incarnation:
+            raise ValueError(
+                f"incarnation {incarnation} must exceed {self.incarnation} (node {self.node_id})"
+            )
+        self.incarnation = incarnation
+        over = tuple(k for k, e in sorted(self._runs.items()) if e.state in ACTIVE_STATES)
+        for key in over:
+            self._apply(self._runs[key], Action.STOP, reason)
+        return over
 
     def entry(self, job_id: str, run: int) -> RunEntry | None:
         return self._runs.get((job_id, run))

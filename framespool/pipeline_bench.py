@@ -62,6 +62,7 @@ class PipelineResult:
     achieved_submit_rate: float
     nodes: int
     gpus: int
+    agent_processes: int = 0
     failed: int = 0
     hops_ms: dict[str, dict[str, float]] | None = None
 
@@ -249,6 +250,7 @@ def bench_pipeline(
     nodes: int = 8,
     gpus_per_node: int = 8,
     data_dir: Path | None = None,
+    nodes_per_agent: int = 1,
 ) -> PipelineResult:
     workdir = Path(data_dir or tempfile.mkdtemp(prefix="framespool-bench-"))
     config_path = workdir / "bench-config.json"
@@ -264,6 +266,7 @@ def bench_pipeline(
             port=free_port(),
             nodes=nodes,
             gpus_per_node=gpus_per_node,
+            nodes_per_agent=nodes_per_agent,
             processor_config=config_path,
         )
     )
@@ -310,6 +313,7 @@ def bench_pipeline(
         achieved_submit_rate=round(n / submit_elapsed, 1),
         nodes=nodes,
         gpus=nodes * gpus_per_node,
+        agent_processes=-(-nodes // max(1, nodes_per_agent)),
         failed=len(watcher.failed),
         hops_ms=hop_split(lat_wall, stamps, watcher.assigned_wall),
     )

@@ -2,6 +2,8 @@
 
     python -m framespool.services api --stack-dir DIR --port P --bootstrap B
     python -m framespool.services agent --stack-dir DIR --node n0 --cell cell-0 --bootstrap B
+    python -m framespool.services agent --stack-dir DIR --simulated \
+        --nodes n0@cell-0/rail-0,n1@cell-1/rail-0 --bootstrap B
 
 Both read the shared settings (tenant keys and webhook secrets, the URL
 signing key, the artifact store) from ``<stack-dir>/stack-secrets.json``, which
@@ -135,59 +137,109 @@ async def run_api(args: argparse.Namespace) -> None:
         producer.close()
 
 
+def node_specs(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """``(node, cell, rail)`` of every node this agent process hosts: ``--node`` (one,
+    with ``--cell``/``--rail``) or ``--nodes NODE[@CELL[/RAIL]],...`` (simulated
+    nodes only: a real GPU node keeps its own agent process)."""
+    if bool(args.node) == bool(args.nodes):
+        raise SystemExit("agent: give exactly one of --node NODE or --nodes NODE,NODE,...")
+    if args.node:
+        return [(args.node, args.cell, args.rail)]
+    specs = []
+    for item in args.nodes.split(","):
+        node, _, rest = item.strip().partition("@")
+        cell, _, rail = rest.partition("/")
+        specs.append((node, cell or args.cell, rail or args.rail))
+    names = [n for n, _, _ in specs]
+    if not all(names) or len(set(names)) != len(names):
+        raise SystemExit(
+            f"agent: --nodes={args.nodes!r}: node names must be non-empty and distinct"
+        )
+    if len(specs) > 1 and not args.simulated:
+        raise SystemExit(
+            f"agent: --nodes names {len(specs)} nodes but only --simulated nodes share a "
+            "process; run one agent per real GPU node"
+        )
+    return specs
+
+
 async def run_agent(args: argparse.Namespace) -> None:
     from framespool.agents.agent import NodeAgent
     from framespool.agents.gpus import SimulatedProbe, detect_probe
+    from framespool.agents.host import AgentHost
     from framespool.agents.profiles import load_profiles
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
-    probe = (
-        SimulatedProbe(args.gpus, args.gpu_type, seed=hash(args.node) & 0xFFFF)
-        if args.simulated
-        else detect_probe(args.gpus, args.gpu_type)
-    )
-    if args.simulated:  # tests and chaos drills inject GPU faults through this file
-        from framespool.agents.faults import FAULTS_FILE, FaultFileProbe
+    store = artifact_store(stack_dir, secrets, args.api_url)
+    profiles = load_profiles()
+    agents = []
+    for node, cell, rail in node_specs(args):
+        probe = (
+            SimulatedProbe(args.gpus, args.gpu_type, seed=hash(node) & 0xFFFF)
+            if args.simulated
+            else detect_probe(args.gpus, args.gpu_type)
+        )
+        if args.simulated:  # tests and chaos drills inject GPU faults through this file
+            from framespool.agents.faults import FAULTS_FILE, FaultFileProbe
 
-        probe = FaultFileProbe(probe, stack_dir / "agents" / args.node / FAULTS_FILE)
-    agent = NodeAgent(
-        args.node,
-        args.cell,
-        args.bootstrap,
-        artifact_store(stack_dir, secrets, args.api_url),
-        probe,
-        load_profiles(),
-        stack_dir / "agents" / args.node,
-        heartbeat_s=args.heartbeat_s,
-        time_scale=args.time_scale,
-        rail=args.rail,
-        generator_user=args.generator_user,
-    )
+            probe = FaultFileProbe(probe, stack_dir / "agents" / node / FAULTS_FILE)
+        agents.append(
+            NodeAgent(
+                node,
+                cell,
+                args.bootstrap,
+                store,
+                probe,
+                profiles,
+                stack_dir / "agents" / node,
+                heartbeat_s=args.heartbeat_s,
+                time_scale=args.time_scale,
+                rail=rail,
+                generator_user=args.generator_user,
+            )
+        )
     if args.metrics_port:
         from framespool.processors.metrics import serve
 
-        serve(AgentCollector(agent), args.metrics_port)
-    await agent.run_until_signalled()
+        serve(AgentCollector(agents), args.metrics_port)
+    host = AgentHost(agents, args.bootstrap)
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before registering: a stop mid-start is clean
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await host.start()
+        await stop.wait()
+    finally:
+        await host.stop()
 
 
 class AgentCollector:
-    """Prometheus gauges of one node agent (runs it executes, its incarnation, GPUs)."""
+    """Prometheus gauges of an agent process's nodes (runs each executes, its
+    incarnation, its GPUs, how often it healed itself after being declared DOWN)."""
 
-    def __init__(self, agent) -> None:
-        self.agent = agent
+    def __init__(self, agents) -> None:
+        self.agents = agents if isinstance(agents, (list, tuple)) else [agents]
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        node = self.agent.node_id
         for name, doc, value in (
-            ("framespool_agent_runs", "runs this agent is executing", len(self.agent._runs)),
-            ("framespool_agent_incarnation", "registration number", self.agent.incarnation),
-            ("framespool_agent_gpus", "GPUs on this node", self.agent.probe.count),
+            ("framespool_agent_runs", "runs this agent is executing", lambda a: len(a._runs)),
+            ("framespool_agent_incarnation", "registration number", lambda a: a.incarnation),
+            ("framespool_agent_gpus", "GPUs on this node", lambda a: a.probe.count),
+            (
+                "framespool_agent_self_heals",
+                "re-registrations after being declared DOWN",
+                lambda a: a.liveness.heals if hasattr(a, "liveness") else 0,
+            ),
         ):
             family = GaugeMetricFamily(name, doc, labels=["node"])
-            family.add_metric([node], float(value))
+            for agent in self.agents:
+                family.add_metric([agent.node_id], float(value(agent)))
             yield family
 
 
@@ -225,7 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         "own /metrics needs the operator key)",
     )
     agent = sub.add_parser("agent")
-    agent.add_argument("--node", required=True)
+    agent.add_argument("--node", help="this process's one node")
+    agent.add_argument(
+        "--nodes",
+        help="NODE[@CELL[/RAIL]],...: simulated nodes this one process hosts, each with "
+        "its own incarnation, ledger and fencing (cell and rail default to --cell/--rail)",
+    )
     agent.add_argument("--cell", default="cell-0")
     agent.add_argument("--rail", default="rail-0")
     agent.add_argument("--gpus", type=int, default=8)

@@ -7,8 +7,10 @@ Start order (each step waits until the previous one is ready):
 2. the admission processor, ``schedulers`` scheduler instances sharing the
    cells' partitions through their consumer group, and the clock;
 3. the API with its projections;
-4. one agent per node, with simulated GPUs running the demo generator; node
-   ``i`` belongs to cell ``cell-<i mod cells>``;
+4. the agents, with simulated GPUs running the demo generator; node ``i``
+   belongs to cell ``cell-<i mod cells>``. With ``nodes_per_agent`` 1 each node
+   has its own process ``agent-node-<i>``; with k > 1, ceil(nodes / k)
+   processes ``agent-<j>`` host k consecutive nodes each;
 5. ``<data-dir>/stack.json`` is written: the stack is ready. It names every
    process with its pid under ``pids`` and each cell's nodes under ``cells``.
 
@@ -55,6 +57,9 @@ class StackConfig:
     schedulers: int = 2
     gpus_per_node: int = 8
     nodes_per_rail: int = 2
+    # simulated nodes per agent process: 1 keeps a process per node (agent-node-<i>);
+    # more hosts nodes together (agent-<k>), each with its own incarnation and fencing
+    nodes_per_agent: int = 1
     time_scale: float = 1.0
     tenants: tuple[tuple[str, str], ...] = DEFAULT_TENANTS
     allow_private_webhooks: bool = False
@@ -176,34 +181,25 @@ class Stack:
         self.spawn("api", api)
         self.wait_http(f"{self.api_url}/healthz", ready_timeout_s)
         cells: dict[str, list[str]] = {cell: [] for cell in self.cell_ids}
+        hosted: list[tuple[str, str, str]] = []  # (node, cell, rail)
         for i in range(self.config.nodes):
             node = f"node-{i}"
             cell = self.cell_ids[i % len(self.cell_ids)]
             cells[cell].append(node)
-            rail = f"rail-{len(cells[cell]) // self.config.nodes_per_rail}"
-            self.spawn(
-                f"agent-{node}",
-                services
-                + [
-                    "agent",
-                    *common,
-                    "--stack-dir",
-                    str(self.data_dir),
-                    "--node",
-                    node,
-                    "--cell",
-                    cell,
-                    "--rail",
-                    rail,
-                    "--gpus",
-                    str(self.config.gpus_per_node),
-                    "--simulated",
-                    "--time-scale",
-                    str(self.config.time_scale),
-                    "--api-url",
-                    self.api_url,
-                ],
-            )
+            hosted.append((node, cell, f"rail-{len(cells[cell]) // self.config.nodes_per_rail}"))
+        agent = services + ["agent", *common, "--stack-dir", str(self.data_dir)]
+        agent += ["--gpus", str(self.config.gpus_per_node), "--simulated"]
+        agent += ["--time-scale", str(self.config.time_scale), "--api-url", self.api_url]
+        per = max(1, self.config.nodes_per_agent)
+        for j in range(0, len(hosted), per):
+            group = hosted[j : j + per]
+            if per == 1:
+                node, cell, rail = group[0]
+                name, where = f"agent-{node}", ["--node", node, "--cell", cell, "--rail", rail]
+            else:
+                name = f"agent-{j // per}"
+                where = ["--nodes", ",".join(f"{n}@{c}/{r}" for n, c, r in group)]
+            self.spawn(name, agent + where)
         self.wait_nodes(ready_timeout_s)
         self.info = {
             "api_url": self.api_url,

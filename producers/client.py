@@ -125,6 +125,10 @@ class Client:
     def cluster(self, detail: bool = True) -> dict:
         return self._json("GET", "/v1/cluster" + ("" if detail else "?detail=0"))
 
+    def rotate_webhook_secret(self) -> dict:
+        """A new webhook signing secret for this key's tenant; the answer is the only copy."""
+        return self._json("POST", "/v1/webhook-secret")
+
     def watch(
         self, job_id: str, last_event_id: int | None = None, reconnect: int = 5
     ) -> Iterator[dict]:

@@ -65,6 +65,12 @@ def register(subparsers: Any) -> None:
     pipe.add_argument("--concurrency", type=int, default=32, help="concurrent HTTP clients")
     pipe.add_argument("--nodes", type=int, default=8)
     pipe.add_argument("--gpus-per-node", type=int, default=8)
+    pipe.add_argument(
+        "--nodes-per-agent",
+        type=int,
+        default=1,
+        help="simulated nodes per agent process (1 = a process per node)",
+    )
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.set_defaults(handler=handle_pipeline)
     take = targets.add_parser(
@@ -150,6 +156,7 @@ def handle_pipeline(args: argparse.Namespace) -> int:
         "--seconds": args.seconds,
         "--concurrency": args.concurrency,
         "--nodes": args.nodes,
+        "--nodes-per-agent": args.nodes_per_agent,
     }.items():
         if value <= 0:
             raise CommandError(f"{flag}={value} must be positive")
@@ -160,11 +167,12 @@ def handle_pipeline(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
+        nodes_per_agent=args.nodes_per_agent,
     ).as_dict()
     lat, done = result["submit_to_assigned_ms"], result["submit_to_completed_ms"]
     print(
-        f"pipeline on the embedded stack, {result['nodes']} nodes x {args.gpus_per_node} GPUs, "
-        f"noop generator"
+        f"pipeline on the embedded stack, {result['nodes']} nodes x {args.gpus_per_node} GPUs "
+        f"in {result['agent_processes']} agent process(es), noop generator"
     )
     print(
         f"  jobs/s        {result['jobs_per_s']:>8}  ({result['completed']}/{result['jobs']} "

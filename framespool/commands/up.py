@@ -41,6 +41,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--nodes-per-rail", type=int, default=2)
     p.add_argument(
+        "--nodes-per-agent",
+        type=int,
+        default=1,
+        help="simulated nodes one agent process hosts (each keeps its own node id, "
+        "incarnation and fencing); more than 1 measures the control plane, not process count",
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -64,8 +71,8 @@ def register(subparsers: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from framespool.stack import Stack, StackConfig, StackError
 
-    if args.nodes < 1 or args.gpus_per_node < 1:
-        raise CommandError("--nodes and --gpus-per-node must be at least 1")
+    if args.nodes < 1 or args.gpus_per_node < 1 or args.nodes_per_agent < 1:
+        raise CommandError("--nodes, --gpus-per-node and --nodes-per-agent must be at least 1")
     stack = Stack(
         StackConfig(
             data_dir=args.data_dir,
@@ -75,6 +82,7 @@ def handle(args: argparse.Namespace) -> int:
             schedulers=args.schedulers,
             gpus_per_node=args.gpus_per_node,
             nodes_per_rail=args.nodes_per_rail,
+            nodes_per_agent=args.nodes_per_agent,
             time_scale=args.time_scale,
             processor_config=args.config,
             allow_private_webhooks=args.allow_private_webhooks,

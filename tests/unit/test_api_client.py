@@ -128,3 +128,14 @@ def test_submit_status_jobs_watch_result_cancel(tmp_path):
         assert err.value.status == 401
         assert len(list(client.all_jobs(page_size=1))) == 2
         assert sum(isinstance(codec.decode(s.value), SubmitJob) for s in srv.producer.sent) == 2
+
+
+def test_the_client_rotates_its_tenants_webhook_secret(tmp_path):
+    from framespool.projections.webhook_secrets import WebhookSecrets
+
+    with Server(tmp_path) as srv:
+        secrets = WebhookSecrets({"acme": "whsec_old"})
+        srv.config.webhook_secrets = secrets
+        got = Client(srv.url, KEY, timeout_s=5).rotate_webhook_secret()
+        assert got["tenant"] == "acme" and got["webhook_secret"] != "whsec_old"
+        assert secrets.secret_for("acme") == got["webhook_secret"].encode()

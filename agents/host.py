@@ -1,0 +1,232 @@
+"""One agent process hosting one or many nodes: the shared IO of their agents.
+
+Theory of operation
+-------------------
+A real GPU node has its own agent process (a host of one). Simulated nodes
+can share a process (``--nodes-per-agent``) so that a benchmark measures the
+control plane rather than the number of Python processes; each hosted node
+keeps its own node id, incarnation, :class:`~framespool.agents.ledger.RunLedger`,
+scheduler-epoch fence, runs and data directory (:class:`NodeAgent`), and only
+the IO is shared:
+
+1. one producer: every node's reports, progress and heartbeats;
+2. one reader of the assignments partitions the nodes' ids hash to (their
+   union; manual assignment, positions committed under the host's group).
+   Each record is dispatched by its key to the one node it is for; a record
+   keyed for a node this process does not host is skipped undecoded, so a
+   record for node B never reaches node A's ledger;
+3. one reader of the job-events partitions the nodes' ids hash to, where the
+   scheduler declares a node ``DOWN`` (``NodeStateChanged`` keyed by node
+   id): only records keyed for a hosted node are decoded, and a
+   ``NodeStateChanged`` goes to that node's self-healing (:mod:`liveness`);
+4. one heartbeat pass every ``heartbeat_s``: a ``NodeHeartbeat`` per
+   registered node, queued together and delivered in the producer's batches.
+
+Stop order: every node ends its generators, then the readers close, then the
+producer flushes and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
+from framespool.schemas.codec import DecodeError, decode
+from framespool.schemas.events import NodeStateChanged
+from framespool.schemas.topics import agent_group
+
+if TYPE_CHECKING:  # pragma: no cover
+    from framespool.agents.agent import NodeAgent
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 1.0
+POLL_RECORDS = 500
+
+
+def host_group(node_ids: Sequence[str]) -> str:
+    """The consumer group a host commits its positions under: a host of one
+    keeps the node's own group (``agent_group``)."""
+    if len(node_ids) == 1:
+        return agent_group(node_ids[0])
+    return agent_group(f"{node_ids[0]}+{len(node_ids) - 1}")
+
+
+class AgentHost:
+    """The shared producer, readers and heartbeat pass of one process's node agents."""
+
+    def __init__(
+        self,
+        agents: Sequence[NodeAgent],
+        bootstrap: str,
+        *,
+        heartbeat_s: float | None = None,
+        group_id: str | None = None,
+    ) -> None:
+        if not agents:
+            raise ValueError("a host needs at least one node")
+        ids = [a.node_id for a in agents]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"node ids must be distinct: {ids}")
+        self.agents = list(agents)
+        self.bootstrap = bootstrap
+        self.topics = agents[0].topics
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else agents[0].heartbeat_s
+        self.group_id = group_id or host_group(ids)
+        self.by_key: dict[bytes, NodeAgent] = {a.node_id.encode(): a for a in agents}
+        self.assignment_partitions = sorted(
+            {partition_for_key(a.node_id, self.topics.ASSIGNMENTS.partitions) for a in agents}
+        )
+        self.event_partitions = sorted(
+            {partition_for_key(a.node_id, self.topics.JOB_EVENTS.partitions) for a in agents}
+        )
+        self.closing = False
+        self._tasks: set[asyncio.Task] = set()
+        self._producer: LogProducer | None = None
+        self._assignments: LogConsumer | None = None
+        self._events: LogConsumer | None = None
+
+    # -- lifecycle ------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the producer, register every node, then read and beat."""
+        self._producer = LogProducer(self.bootstrap)
+        await asyncio.gather(*(a.open(self._producer) for a in self.agents))
+        self._assignments = LogConsumer(self.bootstrap, group_id=self.group_id)
+        start = await asyncio.to_thread(
+            self._assignments.resume, self.topics.ASSIGNMENTS.name, self.assignment_partitions
+        )
+        self._events = LogConsumer(self.bootstrap, group_id=self.group_id)
+        events_start = await asyncio.to_thread(
+            self._events.resume, self.topics.JOB_EVENTS.name, self.event_partitions
+        )
+        log.info(
+            "agent host of %d node(s) reads %s%s from %s and %s%s from %s under %s",
+            len(self.agents),
+            self.topics.ASSIGNMENTS.name,
+            self.assignment_partitions,
+            start,
+            self.topics.JOB_EVENTS.name,
+            self.event_partitions,
+            events_start,
+            self.group_id,
+        )
+        self.spawn(self._consume_assignments(), "assignments")
+        self.spawn(self._consume_node_states(), "node-states")
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+
+    async def stop(self) -> None:
+        """End every node's generators, stop reading, flush, close."""
+        if self.closing:
+            return
+        self.closing = True
+        await asyncio.gather(*(a.close_runs() for a in self.agents), return_exceptions=True)
+        pending = list(self._tasks)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 5.0)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for consumer in (self._assignments, self._events):
+            if consumer is not None:
+                await asyncio.to_thread(consumer.close)
+        if self._producer is not None:
+            with contextlib.suppress(LogError):
+                await asyncio.to_thread(self._producer.close, 10.0)
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=f"agent-host-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent host task %s failed", task.get_name(), exc_info=task.exception())
+
+    # -- reading ----------------------------------------------------------------
+    def agent_for(self, record: Record) -> NodeAgent | None:
+        """The hosted node a record is keyed for; a keyless record goes to the first
+        node (which dead-letters what it cannot use), one for another node to none."""
+        if record.key is None:
+            return self.agents[0]
+        return self.by_key.get(record.key)
+
+    async def _consume_assignments(self) -> None:
+        assert self._assignments is not None
+        consumer = self._assignments
+        while not self.closing:
+            try:
+                records = await asyncio.to_thread(consumer.consume, POLL_RECORDS, 0.2)
+            except LogError as e:
+                log.warning("agent host: assignments: %s", e)
+                await asyncio.sleep(RETRY_S)
+                continue
+            await self.dispatch(records)
+            await self._commit(consumer, records, "assignments")
+
+    async def dispatch(self, records: Sequence[Record]) -> None:
+        """Hand each assignments record to the node it is keyed for, in log order."""
+        for record in records:
+            agent = self.agent_for(record)
+            if agent is None:
+                continue  # another node's instruction shares this partition
+            try:
+                await agent._handle_record(record)
+            except Exception:  # one bad record must not stop the nodes' instructions
+                log.exception(
+                    "agent %s: %s[%d]@%d not handled",
+                    agent.node_id,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                )
+
+    async def _consume_node_states(self) -> None:
+        assert self._events is not None
+        consumer = self._events
+        while not self.closing:
+            try:
+                records = await asyncio.to_thread(consumer.consume, POLL_RECORDS, 0.5)
+            except LogError as e:
+                log.warning("agent host: job-events: %s", e)
+                await asyncio.sleep(RETRY_S)
+                continue
+            for record in records:
+                self.node_state_record(record)
+            await self._commit(consumer, records, "job-events")
+
+    def node_state_record(self, record: Record) -> None:
+        """A job-events record: a ``NodeStateChanged`` of a hosted node goes to its
+        self-healing; everything else (other keys, other types) is not ours."""
+        agent = self.by_key.get(record.key) if record.key is not None else None
+        if agent is None or record.value is None:
+            return
+        try:
+            event = decode(record.value)
+        except DecodeError:
+            return  # job-events is not this process's input: its readers dead-letter it
+        if isinstance(event, NodeStateChanged):
+            agent.on_node_state(event)
+
+    async def _commit(self, consumer: LogConsumer, records: Sequence[Record], what: str) -> None:
+        if not records:
+            return
+        last: dict[tuple[str, int], int] = {}
+        for r in records:
+            last[(r.topic, r.partition)] = r.offset + 1
+        try:
+            await asyncio.to_thread(consumer.commit, last)
+        except LogError as e:  # redelivery after a restart is fenced by incarnation
+            log.warning("agent host: %s commit failed: %s", what, e)
+
+    # -- heartbeats -------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while not self.closing:
+            for agent in self.agents:
+                agent.beat()
+            await asyncio.sleep(self.heartbeat_s)
