@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -198,3 +199,29 @@ def test_each_attempt_at_a_hung_receiver_ends_at_the_timeout_and_is_retried():
     record = asyncio.run(go())
     assert record.status == "failed" and record.attempts == 2
     assert "TimeoutError" in record.last_error
+
+
+def test_lanes_take_tenants_in_turn_and_a_job_in_fold_order():
+    from framespool.projections.delivery_lanes import DeliveryLanes
+
+    lanes = DeliveryLanes(per_tenant=1)
+
+    def d(tenant, job, seq):
+        return Delivery(
+            delivery_id=f"{job}:{seq}", job_id=job, tenant=tenant, url="u", body="", seq=seq
+        )
+
+    for i in range(3):
+        lanes.add(d("big", f"b{i}", 1))
+    lanes.add(d("small", "s0", 2))
+    lanes.add(d("small", "s0", 1))  # arrives late, but goes first
+    first, second = lanes.pick(0), lanes.pick(0)
+    assert {first.tenant, second.tenant} == {"big", "small"}
+    assert lanes.pick(0) is None  # both tenants hold their one slot
+    small = first if first.tenant == "small" else second
+    assert small.delivery_id == "s0:1"
+    lanes.done(replace(small, status=DELIVERED))
+    assert lanes.pick(0).delivery_id == "s0:2"
+    retry = replace(first if first.tenant == "big" else second, next_attempt_ms=500)
+    lanes.done(retry)
+    assert lanes.pick(100).tenant == "big" and lanes.next_due_ms() is None
