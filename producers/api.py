@@ -10,6 +10,12 @@ Every error is ``{"error": {"code", "message", "field"?}}``. A tenant sees only
 its own jobs: another tenant's job id answers 404, exactly like an unknown one.
 Every authenticated request takes a token from its tenant's bucket
 (``framespool.producers.ratelimit``); an empty bucket answers 429 with ``Retry-After``.
+A request without a valid key takes one from its address's bucket instead.
+What one tenant may learn of others is totals: ``/v1/cluster`` shows the caller
+its own queue rows and job ids only, ``/metrics`` needs the operator key (or
+``metrics_app`` on a private address), and event streams are capped per key and
+per tenant (429 with ``Retry-After``). Result URLs are bound to tenant, job, run
+and expiry, and artifacts are served as attachments, never rendered.
 ``/openapi.json`` is built by ``framespool.producers.openapi`` from the same limits the
 validation applies; ``/`` serves the dashboard (``projections/dashboard``).
 Submission protocol (``POST /v1/jobs``):
