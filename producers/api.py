@@ -149,7 +149,7 @@ LOCKS = web.AppKey("submit_locks", dict)
 TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OPENAPI = web.AppKey("openapi", dict)
-ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", RateLimiter)
+ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", list)  # [RateLimiter]
 STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
 
 
@@ -205,14 +205,34 @@ async def _errors_and_metrics(request: web.Request, handler):
         metrics.latency.labels(route).observe(time.perf_counter() - started)
 
 
+_MAX_UNAUTHENTICATED_SOURCES = 65_536
+
+
+def _source(remote: str | None) -> str:
+    """Who pays for a request without a key: its IPv4 address, or its IPv6 /64 (one
+    host may hold a whole /64, so a per-address bucket would be no limit)."""
+    try:
+        ip = ipaddress.ip_address((remote or "").split("%", 1)[0])
+    except ValueError:
+        return remote or "?"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 def _principal(request: web.Request) -> Principal:
     """The authenticated caller, after taking a token from its tenant's rate-limit bucket."""
     config = request.app[CONFIG]
     principal = config.auth.authenticate(token_from_headers(request.headers))
     if principal is None:
         # no tenant to charge: the caller's address pays, so guessing keys is slow too
-        source = f"unauthenticated:{request.remote or '?'}"
-        wait_s = request.app[ANON_LIMITER].take(source, config.monotonic())
+        holder = request.app[ANON_LIMITER]
+        if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
+            # bounded memory; a fresh bucket is full, so starting over only forgives
+            holder[0] = RateLimiter(config.unauthenticated_rate_limit)
+        wait_s = holder[0].take(_source(request.remote), config.monotonic())
         if wait_s > 0:
             retry = retry_after_header(wait_s)
             raise ApiError(
@@ -725,7 +745,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app[LOCKS] = {}
     app[TASKS] = []
     app[STREAMS] = {}
-    app[ANON_LIMITER] = RateLimiter(config.unauthenticated_rate_limit)
+    app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OPENAPI] = openapi_doc.build(config.limits, max_body_bytes=config.max_body_bytes)
     app.cleanup_ctx.append(_background)

@@ -83,6 +83,10 @@ class RateLimiter:
         self.refused += 1
         return (1.0 - bucket.tokens) / limit.rate_per_s
 
+    def __len__(self) -> int:
+        """How many buckets it keeps (one per key ever seen)."""
+        return len(self._buckets)
+
     def tokens(self, tenant: str) -> float | None:
         """Tokens left at the last ``take`` (tests, metrics); None for an unseen tenant."""
         bucket = self._buckets.get(tenant)

@@ -250,3 +250,10 @@ def test_openapi_and_validation_share_one_definition_of_each_pattern():
     text = json.dumps(doc)
     assert json.dumps(patterns.schema(patterns.CURSOR)) in text
     assert json.dumps(patterns.schema(patterns.IDEMPOTENCY_KEY)) in text
+
+
+def test_unkeyed_requests_are_charged_to_an_ipv4_address_or_an_ipv6_64():
+    from framespool.producers.api import _source
+
+    assert _source("2001:db8::1") == _source("2001:db8::ffff") == "2001:db8::/64"
+    assert _source("::ffff:192.0.2.7") == _source("192.0.2.7") == "192.0.2.7"
