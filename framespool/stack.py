@@ -150,8 +150,14 @@ class Stack:
         state = self.data_dir / "processors"
         common_cfg = ["--config", str(self.write_processor_config())]
         # snapshot at most once a second: state is pickled whole, and the commit
-        # protocol re-folds (without re-sending) what a crash loses
-        snap = ["--snapshot-interval", "1.0"]
+        # protocol re-folds (without re-sending) what a crash loses; the shared
+        # directory is where any scheduler instance takes a cell over from
+        snap = [
+            "--snapshot-interval",
+            "1.0",
+            "--shared-snapshots",
+            str(state / "shared-snapshots"),
+        ]
         self.spawn(
             "admission",
             processors
