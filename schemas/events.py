@@ -324,6 +324,19 @@ class StopRun:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BeginRun:
+    """The gang's start barrier is passed: every member holds its GPUs; compute."""
+
+    event_id: str
+    ts_ms: int
+    node_id: str
+    incarnation: int
+    job_id: str
+    run: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointRun:
     event_id: str
     ts_ms: int
@@ -394,6 +407,7 @@ class RunCheckpointed:
     incarnation: int
     checkpoint_uri: str
     progress: float = 0.0
+    step: int = -1  # -1: unknown (an older writer); in a gang, per rank (node_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -470,6 +484,7 @@ EVENT_TYPES = (
     StartRun,
     StopRun,
     CheckpointRun,
+    BeginRun,
     NodeRegistered,
     NodeHeartbeat,
     RunStarted,

@@ -33,6 +33,7 @@ HISTORY_FILES = sorted(HISTORY_DIR.glob("*.avsc"))
 
 # Every writer fingerprint that may be in a log somewhere -> its event type.
 PUBLISHED: dict[int, str] = {
+    15470063863479061884: "BeginRun",
     1449332226969916357: "BreakerTripped",
     5950304651811157114: "CancelJob",
     3992447068728216982: "CellStatus",
@@ -54,7 +55,8 @@ PUBLISHED: dict[int, str] = {
     17100172342302756222: "NodeRegistered",
     225445061635241931: "NodeStateChanged",
     2713283913142138838: "ReportIgnored",
-    6268029967876228540: "RunCheckpointed",
+    6268029967876228540: "RunCheckpointed",  # v1, before step
+    525678026398429116: "RunCheckpointed",
     3549295491678464021: "RunCompleted",
     346797318825563378: "RunFailed",
     13215469610589694338: "RunProgress",
