@@ -57,9 +57,8 @@ class BuiltinRunner:
 
     async def _noop(self) -> Outcome:
         await asyncio.sleep(0)  # like a process, it works after start() returns
-        try:
-            self.output_path.parent.mkdir(parents=True, exist_ok=True)
-            self.output_path.write_bytes(b"")
+        try:  # on a thread: many nodes' noops share one agent's event loop
+            await asyncio.to_thread(self._write_output)
         except OSError as e:
             return Outcome(FAILED, 1, failure_class="generator_error", reason=str(e))
         self.last = Progress(1.0, 1, 1)
@@ -69,6 +68,10 @@ class BuiltinRunner:
             except Exception:  # a reporting bug must not fail the run
                 log.exception("builtin %s: progress callback failed", self.profile.name)
         return Outcome(COMPLETED, 0, output_path=self.output_path)
+
+    def _write_output(self) -> None:
+        self.output_path.parent.mkdir(parents=True, exist_ok=True)
+        self.output_path.write_bytes(b"")
 
     async def wait(self) -> Outcome:
         assert self._task is not None, "start() first"

@@ -198,9 +198,8 @@ class RunExecution:
             self.files = RunFiles(
                 host.store, profile, job_id, n, self.member, self.workdir, self.staging
             )
-            shutil.rmtree(self.workdir, ignore_errors=True)  # nothing left from an earlier agent
-            for sub in ("tmp", "output"):
-                (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+            # off the event loop: an agent hosting many nodes must not stall on the disk
+            await asyncio.to_thread(self._prepare_workdir)
             resume = await self.files.resume(self.cmd.resume_from, host.node_id)
             if host.closing:
                 return
@@ -254,8 +253,16 @@ class RunExecution:
                 self.runner.kill()  # cancelled mid-run (shutdown): no process group outlives it
             host.ledger.finished(job_id, n)
             host.run_ended(self)
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            shutil.rmtree(self.staging, ignore_errors=True)
+            await asyncio.shield(asyncio.to_thread(self._remove_workdir))
+
+    def _prepare_workdir(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)  # nothing left from an earlier agent
+        for sub in ("tmp", "output"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+
+    def _remove_workdir(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
 
     async def _fail(self, failure_class: str, reason: str, exit_code: int = 0) -> None:
         host = self.host

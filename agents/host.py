@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
 POLL_RECORDS = 500
+COMMIT_EVERY_S = 0.5  # positions are committed at most this often (redelivery is fenced)
 
 
 def host_group(node_ids: Sequence[str]) -> str:
@@ -89,6 +91,11 @@ class AgentHost:
         self._producer: LogProducer | None = None
         self._assignments: LogConsumer | None = None
         self._events: LogConsumer | None = None
+        # The two readers block in their polls: each has its own thread, so they
+        # never hold the default executor the runs' file work and uploads share.
+        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-host-read")
+        self._pending: dict[str, dict[tuple[str, int], int]] = {}
+        self._committed_at: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> None:
@@ -133,6 +140,7 @@ class AgentHost:
         for consumer in (self._assignments, self._events):
             if consumer is not None:
                 await asyncio.to_thread(consumer.close)
+        self._readers.shutdown(wait=False)
         if self._producer is not None:
             with contextlib.suppress(LogError):
                 await asyncio.to_thread(self._producer.close, 10.0)
@@ -161,13 +169,14 @@ class AgentHost:
         consumer = self._assignments
         while not self.closing:
             try:
-                records = await asyncio.to_thread(consumer.consume, POLL_RECORDS, 0.2)
+                records = await self._read(consumer, 0.2)
             except LogError as e:
                 log.warning("agent host: assignments: %s", e)
                 await asyncio.sleep(RETRY_S)
                 continue
             await self.dispatch(records)
             await self._commit(consumer, records, "assignments")
+        await self._commit(consumer, (), "assignments", final=True)
 
     async def dispatch(self, records: Sequence[Record]) -> None:
         """Hand each assignments record to the node it is keyed for, in log order."""
@@ -191,7 +200,7 @@ class AgentHost:
         consumer = self._events
         while not self.closing:
             try:
-                records = await asyncio.to_thread(consumer.consume, POLL_RECORDS, 0.5)
+                records = await self._read(consumer, 0.5)
             except LogError as e:
                 log.warning("agent host: job-events: %s", e)
                 await asyncio.sleep(RETRY_S)
@@ -199,6 +208,11 @@ class AgentHost:
             for record in records:
                 self.node_state_record(record)
             await self._commit(consumer, records, "job-events")
+        await self._commit(consumer, (), "job-events", final=True)
+
+    async def _read(self, consumer: LogConsumer, timeout_s: float) -> list[Record]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, consumer.consume, POLL_RECORDS, timeout_s)
 
     def node_state_record(self, record: Record) -> None:
         """A job-events record: a ``NodeStateChanged`` of a hosted node goes to its
@@ -213,14 +227,23 @@ class AgentHost:
         if isinstance(event, NodeStateChanged):
             agent.on_node_state(event)
 
-    async def _commit(self, consumer: LogConsumer, records: Sequence[Record], what: str) -> None:
-        if not records:
-            return
-        last: dict[tuple[str, int], int] = {}
+    async def _commit(
+        self, consumer: LogConsumer, records: Sequence[Record], what: str, final: bool = False
+    ) -> None:
+        """Remember the positions after ``records``; write them at most every
+        :data:`COMMIT_EVERY_S` (and on the way out), on the reader's own thread."""
+        pending = self._pending.setdefault(what, {})
         for r in records:
-            last[(r.topic, r.partition)] = r.offset + 1
+            pending[(r.topic, r.partition)] = r.offset + 1
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not pending or (not final and now - self._committed_at.get(what, 0.0) < COMMIT_EVERY_S):
+            return
+        positions = dict(pending)
+        pending.clear()
+        self._committed_at[what] = now
         try:
-            await asyncio.to_thread(consumer.commit, last)
+            await loop.run_in_executor(self._readers, consumer.commit, positions)
         except LogError as e:  # redelivery after a restart is fenced by incarnation
             log.warning("agent host: %s commit failed: %s", what, e)
 

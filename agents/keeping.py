@@ -98,4 +98,4 @@ class RunFiles:
         try:
             return await asyncio.to_thread(self.store.put_file, key, staged)
         finally:
-            staged.unlink(missing_ok=True)
+            await asyncio.to_thread(staged.unlink, missing_ok=True)

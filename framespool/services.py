@@ -205,9 +205,13 @@ async def run_agent(args: argparse.Namespace) -> None:
         serve(AgentCollector(agents), args.metrics_port)
     host = AgentHost(agents, args.bootstrap)
     import signal
+    from concurrent.futures import ThreadPoolExecutor
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # runs do their file work (work dirs, uploads) on threads: a pool that grows
+    # with the nodes hosted, so one node's slow disk does not queue another's runs
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=min(64, 8 + 4 * len(agents))))
     for sig in (signal.SIGTERM, signal.SIGINT):  # before registering: a stop mid-start is clean
         loop.add_signal_handler(sig, stop.set)
     try:
