@@ -309,6 +309,8 @@ class ChaosRun:
         self.supervisor_restarts: list[dict[str, Any]] = []
         self.heal_from: dict[int, int] = {}  # down_agent fault -> incarnation when paused
         self.instances: dict[int, str] = {}  # scheduler fault -> the instance it hit
+        self.nodes_hit: dict[int, str] = {}  # agent fault -> the node it hit
+        self.checkpointing: dict[str, bool] = {}  # job -> it checkpoints
         self.t0 = 0.0
 
     # -- the run ------------------------------------------------------------------
@@ -438,6 +440,7 @@ class ChaosRun:
                         idempotency_key=key, **plan.body
                     )
                     self.roles[job["job_id"]] = plan.role
+                    self.checkpointing[job["job_id"]] = plan.body["checkpoint_interval_s"] > 0
                     self.job_ids[plan.index] = job["job_id"]
                     break
                 except ApiError as e:
@@ -470,7 +473,7 @@ class ChaosRun:
     def _do(self, a: chaos.Action) -> None:
         detail = ""
         ok = True
-        node = a.target if a.target.startswith("node-") else ""
+        node = self._node(a)
         agent = f"agent-{node}"
         instance = "" if node or a.kind not in chaos.SCHEDULER_FAULTS else self._instance(a)
         try:
@@ -541,10 +544,54 @@ class ChaosRun:
             "detail": detail,
         }
         self.fault_log.append(entry)
+        if node and node != a.target:
+            entry["detail"] = f"(planned {a.target}: busier node) {detail}".rstrip()
         self.config.say(
             f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
-            f"{entry['target'] or a.target} {detail}".rstrip()
+            f"{entry['target'] or a.target} {entry['detail']}".rstrip()
         )
+
+    def _node(self, a: chaos.Action) -> str:
+        """The node a node fault hits: the planned one, or for an agent fault (when
+        injected, kept for its later steps) a busier node of the same cell that no
+        fault holds or is planned to hold meanwhile (:func:`chaos.pick_node`): the
+        plan's limits per cell and in all still hold."""
+        if not a.target.startswith("node-"):
+            return ""
+        if a.kind not in chaos.PROCESS_FAULTS:
+            return a.target
+        if a.fault_id not in self.nodes_hit:
+            try:
+                self.nodes_hit[a.fault_id] = self._pick_node(a)
+            except Exception:  # looking around must not cost the fault: the planned node
+                log.exception("chaos: cannot pick a node for %s", a)
+                self.nodes_hit[a.fault_id] = a.target
+        return self.nodes_hit[a.fault_id]
+
+    def _pick_node(self, a: chaos.Action) -> str:
+        c = self.config
+        fault = next(f for f in self.faults if f.fault_id == a.fault_id)
+        end = fault.at_s + chaos.node_fault_length_s(fault.kind, fault.duration_s, c.timing)
+        index = int(a.target.removeprefix("node-"))
+        busy: dict[str, tuple[int, int]] = {}
+        for i in range(index % c.cells, c.nodes, c.cells):  # the nodes of its cell
+            node = f"node-{i}"
+            planned_meanwhile = any(
+                f.target == node
+                and f.fault_id != fault.fault_id
+                and f.kind in chaos.NODE_FAULTS
+                and f.at_s < end
+                and fault.at_s < f.at_s + chaos.node_fault_length_s(f.kind, f.duration_s, c.timing)
+                for f in self.faults
+            )
+            if node != a.target and (node in self.held or planned_meanwhile):
+                continue
+            _, p = self._process(f"agent-{node}")
+            if not p.alive():
+                continue
+            gens = node_faults.generators(p.popen.pid)
+            busy[node] = (sum(1 for g in gens if self.checkpointing.get(g.job_id)), len(gens))
+        return chaos.pick_node(a.target, busy)
 
     def _instance(self, a: chaos.Action) -> str:
         """The scheduler instance a scheduler fault hits: the planned one, or (target

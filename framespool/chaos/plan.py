@@ -71,6 +71,7 @@ CRASH_GENERATOR = "crash_generator"  # a job whose generator crashes every time 
 HANG_GENERATOR = "hang_generator"  # a job whose generator hangs every time (params)
 
 NODE_FAULTS = (KILL_AGENT, PAUSE_AGENT, ECC_GPU, DOWN_AGENT)
+PROCESS_FAULTS = (KILL_AGENT, PAUSE_AGENT, DOWN_AGENT)  # may move to a busier node of the cell
 SCHEDULER_FAULTS = (KILL_SCHEDULER, PAUSE_SCHEDULER)
 MAX_IMPAIRED_NODES = 2  # at once in the whole stack; per cell, all but two whole nodes
 
@@ -222,6 +223,18 @@ def fault_counts(jobs: int, schedulers: int = 1) -> dict[str, int]:
         MALFORMED_RECORDS: max(1, jobs // 100),
         WEDGE_GENERATOR: max(1, jobs // 100),
     }
+
+
+def pick_node(planned: str, busy: Mapping[str, tuple[int, int]]) -> str:
+    """The node an agent fault hits when it is injected: the planned one, unless
+    another eligible node of its cell (``busy``: node -> (generators of
+    checkpointing jobs, generators), the planned node included) runs more, so
+    that the fault costs work and a run resumes from its checkpoint. Ties keep
+    the planned node, then the lowest name."""
+    if not busy:
+        return planned
+    best = max(sorted(busy), key=lambda n: busy[n])
+    return best if busy[best] > busy.get(planned, (0, 0)) else planned
 
 
 def node_fault_length_s(kind: str, duration_s: float, timing: Timing) -> float:

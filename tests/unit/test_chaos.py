@@ -116,6 +116,16 @@ def test_a_down_agent_is_paused_past_its_lease_resumed_and_never_restarted():
     ]
 
 
+def test_an_agent_fault_moves_to_the_busiest_eligible_node_of_its_cell():
+    # (generators of checkpointing jobs, generators) per eligible node
+    assert chaos.pick_node("node-0", {"node-0": (0, 0), "node-2": (1, 1), "node-4": (0, 3)}) == (
+        "node-2"
+    )
+    assert chaos.pick_node("node-0", {"node-0": (1, 1), "node-2": (1, 1)}) == "node-0"  # a tie
+    assert chaos.pick_node("node-4", {"node-0": (0, 2), "node-2": (0, 2)}) == "node-0"
+    assert chaos.pick_node("node-4", {}) == "node-4"  # nothing eligible, nothing known
+
+
 def test_actions_expand_each_fault_into_ordered_steps():
     faults = (
         chaos.Fault(1, chaos.PAUSE_AGENT, 5.0, "node-1", 0, 8.0),
