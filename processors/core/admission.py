@@ -134,7 +134,7 @@ class AdmissionState:
         self.config = config or AdmissionConfig()
         self.jobs: dict[str, Decision] = {}
         self.keys: dict[tuple[str, str], str] = {}  # (tenant, idempotency key) -> job id
-        self.expiry: deque[tuple[int, str]] = deque()  # (decided ts, job id), oldest first
+        self.expiry: deque[str] = deque()  # job ids of ``jobs``, oldest decision first
         self.clock_ms = 0  # highest command ts_ms seen: the state's notion of now
         self.forgotten_ms = -1  # decision time of the newest expired decision
         self.counters: dict[str, int] = {}
@@ -183,18 +183,17 @@ class AdmissionState:
         self.jobs[job_id] = decision
         if decision.key is not None:
             self.keys[(decision.tenant, decision.key)] = job_id
-        self.expiry.append((decision.ts_ms, job_id))
+        self.expiry.append(job_id)
 
     def _expire(self) -> None:
         """Forget decisions made more than the horizon before ``clock_ms``."""
         cutoff = self.clock_ms - int(self.config.idempotency_horizon_s * 1000)
-        expiry = self.expiry
-        while expiry and expiry[0][0] < cutoff:
-            ts_ms, job_id = expiry.popleft()
-            decision = self.jobs.pop(job_id, None)
-            if decision is None:
-                continue
-            self.forgotten_ms = max(self.forgotten_ms, ts_ms)
+        expiry, jobs = self.expiry, self.jobs
+        # each id is in ``expiry`` once, and in ``jobs`` until it leaves both here
+        while expiry and jobs[expiry[0]].ts_ms < cutoff:
+            job_id = expiry.popleft()
+            decision = jobs.pop(job_id)
+            self.forgotten_ms = max(self.forgotten_ms, decision.ts_ms)
             if (
                 decision.key is not None
                 and self.keys.get((decision.tenant, decision.key)) == job_id
