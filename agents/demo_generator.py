@@ -317,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             emit({"checkpoint": str(write_checkpoint(gen, ckpt_dir)), "step": gen.step})
         if gen.step < gen.steps:
             progress()
+    # Past the last step there is nothing to checkpoint, and while the interpreter
+    # exits it puts a Python handler back to the default (terminate): a late
+    # request must not turn a finished run into a death by signal.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     last_status = time.monotonic()
 
