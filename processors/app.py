@@ -194,7 +194,9 @@ class ProcessorRunner:
             self.group_id,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
-            **{"client.id": client_id},
+            # round-robin, not the default range assignor: cells are the low partitions
+            # of the scheduler topic, and range gives every cell to the first instance
+            **{"client.id": client_id, "partition.assignment.strategy": "roundrobin"},
         )
         producer = self._new_producer(self.bootstrap, **{"client.id": client_id})
         clean = False
