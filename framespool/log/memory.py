@@ -19,8 +19,9 @@ real broker, so they agree on what the shells rely on:
    fetch (None before one), like the value a Kafka Fetch response carries.
 4. ``subscribe`` joins a group: every join or leave starts a new generation, and
    each member, on its next ``poll``/``consume``, has its partitions revoked
-   (``on_revoke``) and gets its share (range assignment in join order) through
-   ``on_assign``. Partitions the callback does not ``assign`` itself start at the
+   (``on_revoke``) and gets its share through ``on_assign``: range by default,
+   round robin with ``partition.assignment.strategy=roundrobin``, members in join
+   order. Partitions the callback does not ``assign`` itself start at the
    group's committed position, else 0. Members rebalance one at a time, not
    stop-the-world: tests that need exclusive ownership poll every member.
 5. Only ``commit`` moves committed positions; ``close`` revokes (``on_revoke``)
@@ -196,12 +197,18 @@ class MemoryLog:
     def share(
         self, group: str, member: MemoryConsumer, topics: Sequence[str]
     ) -> list[TopicPartition]:
-        """``member``'s range assignment of ``topics`` in the group's current generation."""
+        """``member``'s share of ``topics`` in the group's current generation, by the
+        strategy of the group's first member (Kafka's group leader picks one for all)."""
         with self.changed:
             members = self._groups[group].members
             n, i = len(members), members.index(member)
             out: list[TopicPartition] = []
-            for topic in topics:
+            if members[0].assignment == "roundrobin":  # every partition of every topic, dealt
+                every = [
+                    (t, p) for t in sorted(topics) for p in range(len(self._partitions.get(t, ())))
+                ]
+                return [Assigned(t, p) for k, (t, p) in enumerate(every) if k % n == i]
+            for topic in topics:  # range: a contiguous block of each topic
                 count = len(self._partitions.get(topic, ()))
                 per, extra = divmod(count, n)
                 start = i * per + min(i, extra)
@@ -218,9 +225,10 @@ class MemoryLog:
     def consumer(
         self, bootstrap_servers: str = "", group_id: str | None = None, **conf: object
     ) -> MemoryConsumer:
-        """A consumer on this log; takes ``LogConsumer``'s arguments and ignores the
-        broker settings."""
-        return MemoryConsumer(self, group_id)
+        """A consumer on this log; takes ``LogConsumer``'s arguments, honours
+        ``partition.assignment.strategy`` and ignores the other broker settings."""
+        strategy = str(conf.get("partition.assignment.strategy", "range"))
+        return MemoryConsumer(self, group_id, assignment=strategy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,9 +328,17 @@ class MemoryConsumer:
     """The port's consumer on a :class:`MemoryLog`; see the module docstring for the
     group semantics."""
 
-    def __init__(self, log: MemoryLog, group_id: str | None = None) -> None:
+    def __init__(
+        self, log: MemoryLog, group_id: str | None = None, *, assignment: str = "range"
+    ) -> None:
+        if assignment not in ("range", "roundrobin"):
+            raise ValueError(
+                f"partition.assignment.strategy {assignment!r} is not modelled by the fake; "
+                "use 'range' or 'roundrobin'"
+            )
         self.log = log
         self.group_id = group_id
+        self.assignment = assignment
         self._positions: dict[tuple[str, int], int] = {}
         self._watermarks: dict[tuple[str, int], int] = {}
         self._subscribed: tuple[str, ...] = ()

@@ -255,3 +255,32 @@ def test_a_subscribe_or_resume_needs_a_group(log: Adapter):
             anonymous.subscribe([topic.name])
         with pytest.raises(LogError, match="group_id"):
             anonymous.resume(topic.name, [0])
+
+
+@pytest.mark.parametrize(
+    ("strategy", "shares"),
+    [("range", [[0, 1], [2, 3]]), ("roundrobin", [[0, 2], [1, 3]])],
+)
+def test_two_members_of_a_group_share_the_partitions_by_the_strategy(
+    log: Adapter, strategy, shares
+):
+    topic = log.topic()
+    group = f"framespool-contract-{uuid.uuid4().hex[:8]}"
+    conf = {**FAST_GROUP, "partition.assignment.strategy": strategy}
+    owned: list[set[int]] = [set(), set()]
+
+    def tracker(mine: set[int]):
+        return (
+            lambda parts: mine.update(tp.partition for tp in parts),
+            lambda parts: mine.difference_update(tp.partition for tp in parts),
+        )
+
+    with log.consumer(group, **conf) as a, log.consumer(group, **conf) as b:
+        for member, mine in zip((a, b), owned):
+            on_assign, on_revoke = tracker(mine)
+            member.subscribe([topic.name], on_assign=on_assign, on_revoke=on_revoke)
+        deadline = time.monotonic() + 30
+        while sorted(sorted(m) for m in owned) != shares and time.monotonic() < deadline:
+            a.consume(10, timeout=0.1)  # both must poll for a rebalance to complete
+            b.consume(10, timeout=0.1)
+        assert sorted(sorted(m) for m in owned) == shares
