@@ -64,6 +64,7 @@ from framespool.schemas import topics as catalogue
 from framespool.schemas.codec import DecodeError, decode, encode
 from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.events import (
+    BeginRun,
     CheckpointRun,
     NodeHeartbeat,
     NodeStateChanged,
@@ -287,7 +288,10 @@ class NodeAgent:
             log.warning("agent %s: sample lost: %s", self.node_id, error)
 
     # -- instructions (the host dispatches this node's records here) -------------
-    async def _handle_record(self, record: Record) -> None:
+    async def _handle_record(self, record: Record, acks: list | None = None) -> None:
+        """Carry out one assignments record. A report it answers with is awaited,
+        or, given ``acks``, written in the background and its task added there (the
+        host waits for a whole poll's reports at once, before it commits)."""
         if record.key is not None and record.key != self._key:
             return  # another node's instruction shares this partition
         if not self._fence.admit(record.headers):
@@ -305,7 +309,7 @@ class NodeAgent:
             cmd = decode(record.value)
         except DecodeError as e:
             return await self._dead_letter(record, e.reason, str(e))
-        if not isinstance(cmd, (StartRun, StopRun, CheckpointRun)):
+        if not isinstance(cmd, (StartRun, StopRun, CheckpointRun, BeginRun)):
             return await self._dead_letter(
                 record,
                 DeadLetterReason.UNEXPECTED_TYPE,
@@ -331,8 +335,12 @@ class NodeAgent:
             self._stop_run(key)
         elif decision.action is Action.CHECKPOINT:
             self._checkpoint(key)
+        elif decision.action is Action.BEGIN:
+            execution = self._runs.get(key)
+            if execution is not None:
+                execution.begin()
         elif decision.action is Action.REPORT_STOPPED:
-            await self.report(
+            written = self.report(
                 reports.stopped(
                     self.node_id,
                     self.incarnation,
@@ -341,6 +349,10 @@ class NodeAgent:
                     f"run not on node {self.node_id}",
                 )
             )
+            if acks is None:
+                await written
+            else:
+                acks.append(self.spawn(written, f"stopped-{key[0]}-{key[1]}"))
 
     async def _dead_letter(self, record: Record, reason: str, detail: str) -> None:
         log.warning(

@@ -9,7 +9,9 @@ keeps its own node id, incarnation, :class:`~framespool.agents.ledger.RunLedger`
 scheduler-epoch fence, runs and data directory (:class:`NodeAgent`), and only
 the IO is shared:
 
-1. one producer: every node's reports, progress and heartbeats;
+1. one producer: every node's reports, progress and heartbeats; the reports
+   that answer one poll's instructions are written together and acknowledged
+   before the poll's positions are committed;
 2. one reader of the assignments partitions the nodes' ids hash to (their
    union; manual assignment, positions committed under the host's group).
    Each record is dispatched by its key to the one node it is for; a record
@@ -179,13 +181,16 @@ class AgentHost:
         await self._commit(consumer, (), "assignments", final=True)
 
     async def dispatch(self, records: Sequence[Record]) -> None:
-        """Hand each assignments record to the node it is keyed for, in log order."""
+        """Hand each assignments record to the node it is keyed for, in log order;
+        the reports they answer with go out together and are all acknowledged
+        before this returns (and before the positions are committed)."""
+        acks: list[asyncio.Task] = []
         for record in records:
             agent = self.agent_for(record)
             if agent is None:
                 continue  # another node's instruction shares this partition
             try:
-                await agent._handle_record(record)
+                await agent._handle_record(record, acks)
             except Exception:  # one bad record must not stop the nodes' instructions
                 log.exception(
                     "agent %s: %s[%d]@%d not handled",
@@ -194,6 +199,8 @@ class AgentHost:
                     record.partition,
                     record.offset,
                 )
+        if acks:
+            await asyncio.gather(*acks, return_exceptions=True)
 
     async def _consume_node_states(self) -> None:
         assert self._events is not None

@@ -44,3 +44,19 @@ def test_bench_pipeline_runs_end_to_end_and_writes_its_keys(tmp_path):
     for hop, q in hops.items():
         assert q["p50"] == q["p50"] and q["p50"] >= 0, (hop, q)  # not NaN: the hop was seen
     assert result["jobs_per_s"] > 0
+
+
+def test_bench_pipeline_hosts_several_nodes_per_agent_process(tmp_path, capsys):
+    """``--nodes-per-agent``: four nodes in two agent processes run every job."""
+    import json as _json
+
+    from framespool.cli import main as cli_main
+
+    out = tmp_path / "pipe.json"
+    argv = ["bench", "pipeline", "--jobs", "20", "--rate", "20", "--seconds", "1"]
+    argv += ["--nodes", "4", "--nodes-per-agent", "2", "--concurrency", "4", "--json", str(out)]
+    assert cli_main(argv) == 0
+    result = _json.loads(out.read_text())
+    assert (result["nodes"], result["agent_processes"]) == (4, 2)
+    assert result["completed"] == 20 and result["failed"] == 0
+    assert "4 nodes x 8 GPUs in 2 agent process(es)" in capsys.readouterr().out
