@@ -6,7 +6,7 @@ from the environment. Defaults are the product's defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,20 +130,57 @@ class CellConfig:
     estimate_interval_s: float = 30.0
     estimate_publish_limit: int = 2000
 
-    def tier(self, name: str) -> TierConfig | None:
+    # Lookups by name, built once per config (``replace`` builds them again):
+    # O(1) where a scan of thousands of tenants ran on every placement attempt.
+    # The first entry of a name wins, as the scans did.
+    _tiers: dict[str, TierConfig] = field(init=False, repr=False, compare=False)
+    _tenants: dict[str, TenantConfig] = field(init=False, repr=False, compare=False)
+    _retries: dict[str, int] = field(init=False, repr=False, compare=False)
+    _defaulted: dict[str, TenantConfig] = field(init=False, repr=False, compare=False)
+    # guaranteed GPUs by name, every entry of a name (guarantees add up)
+    reserved_tenant_gpus: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    reserved_tier_gpus: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tiers: dict[str, TierConfig] = {}
         for tier in self.tiers:
-            if tier.name == name:
-                return tier
-        return None
+            tiers.setdefault(tier.name, tier)
+        tenants: dict[str, TenantConfig] = {}
+        for tenant in self.tenants:
+            tenants.setdefault(tenant.name, tenant)
+        retries: dict[str, int] = {}
+        for name, budget in self.retries:
+            retries.setdefault(name, budget)
+        set_ = object.__setattr__
+        set_(self, "_tiers", tiers)
+        set_(self, "_tenants", tenants)
+        set_(self, "_retries", retries)
+        set_(self, "_defaulted", {})
+        set_(self, "reserved_tenant_gpus", _reserved(self.tenants))
+        set_(self, "reserved_tier_gpus", _reserved(self.tiers))
+
+    def tier(self, name: str) -> TierConfig | None:
+        return self._tiers.get(name)
 
     def tenant(self, name: str) -> TenantConfig:
-        for tenant in self.tenants:
-            if tenant.name == name:
-                return tenant
-        return replace(self.default_tenant, name=name)
+        tenant = self._tenants.get(name)
+        if tenant is None:
+            # the default, named; memoised (it is immutable) so hot paths do not
+            # build a dataclass per call
+            tenant = self._defaulted.get(name)
+            if tenant is None:
+                tenant = self._defaulted[name] = replace(self.default_tenant, name=name)
+        return tenant
 
     def retry_budget(self, failure_class: str) -> int:
-        for name, budget in self.retries:
-            if name == failure_class:
-                return budget
-        return self.default_retries
+        return self._retries.get(failure_class, self.default_retries)
+
+
+def _reserved(
+    entries: tuple[TenantConfig, ...] | tuple[TierConfig, ...],
+) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for entry in entries:
+        if entry.reserved_gpus:
+            out[entry.name] = out.get(entry.name, ()) + (entry.reserved_gpus,)
+    return out

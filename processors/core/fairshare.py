@@ -28,11 +28,28 @@ each flow's GPU-time share over a window of length T is within
 Within a scheduling pass, a job that could not be placed is charged to a
 pass-local offset so the walk moves on fairly to other flows (backfill
 candidates) without changing real usage.
+
+Cost model
+----------
+Each flow keeps its backlogged children in two lazy min-heaps: by
+``(virtual time incl. pass offset, activation order)`` for the walk, and by
+settled virtual time for the clamp on return. A change of a flow's usage or
+offset pushes one fresh entry into its parent's heaps (O(log n)); superseded
+entries are skipped when they surface, and a heap is rebuilt once it holds
+more than twice its live entries plus a constant, so the stale ones cost
+O(1) amortized each. ``pick`` is then O(depth * log n) amortized, where n is
+the number of backlogged siblings; the scan it replaces was O(n) per level
+per placement attempt. Ties go to the flow that became backlogged first,
+exactly as the scan over the insertion-ordered ``active`` dict did.
+``work_ahead`` still visits every backlogged sibling (O(n) per level); it runs
+on admission and on the estimate cadence, not per placement attempt.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
+from typing import cast
 
 
 class Flow:
@@ -48,6 +65,13 @@ class Flow:
         "queued",
         "backlog",
         "inflight",
+        "offset",
+        "seq",
+        "stamp",
+        "sstamp",
+        "heap",
+        "settled",
+        "next_seq",
     )
 
     def __init__(self, name: str, weight: float, parent: Flow | None) -> None:
@@ -56,12 +80,21 @@ class Flow:
         self.usage = 0.0
         self.parent = parent
         self.children: dict[str, Flow] = {}
-        self.active: dict[str, Flow] = {}  # backlogged children, name order kept
+        self.active: dict[str, Flow] = {}  # backlogged children, activation order kept
         self.queue: dict[str, None] = {}  # leaf only: job ids in arrival order
         self.requeued: dict[str, None] = {}  # leaf only: served before queue
         self.queued = 0  # jobs queued in this subtree
         self.backlog = 0.0  # their GPU-seconds (estimated)
         self.inflight = 0.0  # charged for runs not yet settled
+        self.offset = 0.0  # pass-local charge (0 outside a pass)
+        self.seq = 0  # activation order under the parent
+        self.stamp = 0  # the live entry of this flow in parent.heap (0: none)
+        self.sstamp = 0  # ... and in parent.settled
+        # active children: (key, seq, stamp, flow); an entry is live iff its
+        # stamp is the child's current one
+        self.heap: list[tuple[float, int, int, Flow]] = []
+        self.settled: list[tuple[float, int, int, Flow]] = []
+        self.next_seq = 0
 
     def vt(self) -> float:
         return self.usage / self.weight
@@ -76,10 +109,19 @@ class Flow:
             flow = flow.parent
 
 
+HEAP_SLACK = 32
+
+
 class FairTree:
     def __init__(self, idle_credit_gpu_s: float = 0.0) -> None:
         self.root = Flow("", 1.0, None)
         self.idle_credit = idle_credit_gpu_s
+        self.stamp = 0
+        self.version = 0  # bumped by every queue, charge or settlement change
+        # pass state: flows charged an offset, and flows exhausted (their heap
+        # entries are dropped or left stale until the pass ends), by id
+        self.touched: dict[int, Flow] = {}
+        self.exhausted: dict[int, Flow] = {}
 
     # -- structure -----------------------------------------------------------
     def leaf(self, path: tuple[str, str, str], weights: tuple[float, float, float]) -> Flow:
@@ -108,60 +150,164 @@ class FairTree:
         return True
 
     def _adjust(self, leaf: Flow, delta: int, cost: float) -> None:
+        self.version += 1
         for flow in leaf.chain():
             was_active = flow.queued > 0
             flow.queued += delta
             flow.backlog = flow.backlog + cost if flow.queued else 0.0
-            parent = flow.parent
+            parent = cast(Flow, flow.parent)  # chain() stops below the root
             if flow.queued > 0 and not was_active:
                 self._clamp_on_return(flow)
                 parent.active[flow.name] = flow
+                parent.next_seq += 1
+                flow.seq = parent.next_seq
+                self._file(flow)
             elif flow.queued == 0 and was_active:
                 del parent.active[flow.name]
+                flow.stamp = flow.sstamp = 0
 
     def _clamp_on_return(self, flow: Flow) -> None:
-        siblings = flow.parent.active
-        if not siblings:
+        parent = cast(Flow, flow.parent)
+        if not parent.active:
             return
-        floor = min(s.settled_vt() for s in siblings.values()) * flow.weight - self.idle_credit
+        floor = self._top(parent.settled, "sstamp")[0] * flow.weight - self.idle_credit
         if flow.usage - flow.inflight < floor:
             flow.usage = floor + flow.inflight
+
+    # -- the heaps -----------------------------------------------------------
+    def _file(self, flow: Flow, settled: bool = True) -> None:
+        """(Re-)file an active flow in its parent's heaps after its usage, inflight
+        or offset changed; older entries of it become stale. ``settled=False``:
+        only the offset changed, the settled order did not."""
+        parent = cast(Flow, flow.parent)  # only the root has none, and it is never filed
+        if settled:
+            self._file_settled(flow, parent)
+        if id(flow) in self.exhausted:
+            return  # re-filed when the pass ends
+        self.stamp += 1
+        flow.stamp = self.stamp
+        heap = parent.heap
+        heapq.heappush(heap, ((flow.usage + flow.offset) / flow.weight, flow.seq, self.stamp, flow))
+        if len(heap) > 2 * len(parent.active) + HEAP_SLACK:
+            self._rebuild(parent)
+
+    def _file_settled(self, flow: Flow, parent: Flow) -> None:
+        self.stamp += 1
+        flow.sstamp = self.stamp
+        settled = parent.settled
+        heapq.heappush(
+            settled, ((flow.usage - flow.inflight) / flow.weight, flow.seq, self.stamp, flow)
+        )
+        if len(settled) > 2 * len(parent.active) + HEAP_SLACK:
+            self._rebuild_settled(parent)
+
+    def _rebuild(self, parent: Flow) -> None:
+        entries = []
+        for flow in parent.active.values():
+            if id(flow) in self.exhausted:
+                continue
+            self.stamp += 1
+            flow.stamp = self.stamp
+            entries.append(((flow.usage + flow.offset) / flow.weight, flow.seq, self.stamp, flow))
+        heapq.heapify(entries)
+        parent.heap = entries
+
+    def _rebuild_settled(self, parent: Flow) -> None:
+        entries = []
+        for flow in parent.active.values():
+            self.stamp += 1
+            flow.sstamp = self.stamp
+            entries.append(((flow.usage - flow.inflight) / flow.weight, flow.seq, self.stamp, flow))
+        heapq.heapify(entries)
+        parent.settled = entries
+
+    @staticmethod
+    def _top(heap: list[tuple[float, int, int, Flow]], attr: str) -> tuple[float, int, int, Flow]:
+        """The live minimum of a non-empty heap of active flows (stale entries dropped)."""
+        while True:
+            entry = heap[0]
+            if getattr(entry[3], attr) == entry[2]:
+                return entry
+            heapq.heappop(heap)
+
+    def _refile_chain(self, leaf: Flow) -> None:
+        for flow in leaf.chain():
+            if flow.queued:  # backlogged = in its parent's active set
+                self._file(flow)
 
     # -- charging ------------------------------------------------------------
     def charge_start(self, leaf: Flow, gpu_seconds: float) -> None:
         """A run starts: charge its estimated cost now."""
+        self.version += 1
         for flow in leaf.chain():
             flow.usage += gpu_seconds
             flow.inflight += gpu_seconds
+        self._refile_chain(leaf)
 
     def charge_end(self, leaf: Flow, charged: float, used: float) -> None:
         """A run ended: replace its estimated charge by the GPU-time it used."""
+        self.version += 1
         for flow in leaf.chain():
             flow.usage += used - charged
             flow.inflight -= charged
+        self._refile_chain(leaf)
 
     # -- fair order ----------------------------------------------------------
-    def pick(self, offsets: dict[int, float], exhausted: set[int]) -> Flow | None:
+    def begin_pass(self) -> None:
+        self.end_pass()
+
+    def end_pass(self) -> None:
+        """Drop the pass's offsets and exhaustion; re-file what they moved."""
+        touched, exhausted = self.touched, self.exhausted
+        self.touched, self.exhausted = {}, {}
+        for flow in touched.values():
+            flow.offset = 0.0
+        for flow in (touched | exhausted).values():
+            if flow.queued and flow.parent is not None:
+                self._file(flow, settled=False)
+
+    def exhaust(self, flow: Flow) -> None:
+        """Nothing more of ``flow`` in this pass."""
+        self.exhausted[id(flow)] = flow
+
+    def pick(self) -> Flow | None:
         """The leaf to serve next, or None when every backlogged leaf is
-        exhausted for this pass. ``offsets``/``exhausted`` are keyed by id(flow)."""
+        exhausted for this pass."""
+        exhausted = self.exhausted
         flow = self.root
         while flow.active:
+            heap = flow.heap
             best = None
-            best_vt = 0.0
-            for child in flow.active.values():
-                if id(child) in exhausted:
-                    continue
-                vt = (child.usage + offsets.get(id(child), 0.0)) / child.weight
-                if best is None or vt < best_vt:
-                    best, best_vt = child, vt
+            while heap:
+                entry = heap[0]
+                child = entry[3]
+                if child.stamp != entry[2]:
+                    heapq.heappop(heap)
+                elif id(child) in exhausted:
+                    heapq.heappop(heap)  # re-filed when the pass ends
+                    child.stamp = 0
+                else:
+                    best = child
+                    break
             if best is None:
-                exhausted.add(id(flow))
+                exhausted[id(flow)] = flow
                 if flow.parent is None:
                     return None
                 flow = self.root
                 continue
             flow = best
         return flow if flow is not self.root else None
+
+    def offset(self, leaf: Flow, gpu_seconds: float) -> None:
+        """Charge a job that could not be placed to the pass only."""
+        touched = self.touched
+        flow = leaf
+        while flow.parent is not None:
+            flow.offset = flow.offset + gpu_seconds
+            touched[id(flow)] = flow
+            if flow.queued:
+                self._file(flow, settled=False)
+            flow = flow.parent
 
     def work_ahead(self, leaf: Flow, own_ahead: float) -> float:
         """GPU-seconds the fair order serves before a job with ``own_ahead``
@@ -171,7 +317,7 @@ class FairTree:
         ahead = own_ahead
         for flow in leaf.chain():
             vt_end = flow.vt() + ahead / flow.weight
-            for sibling in flow.parent.active.values():
+            for sibling in cast(Flow, flow.parent).active.values():
                 if sibling is flow:
                     continue
                 lead = (vt_end - sibling.vt()) * sibling.weight
@@ -179,8 +325,3 @@ class FairTree:
                     total += min(sibling.backlog, lead)
             ahead = total
         return total
-
-    @staticmethod
-    def offset(offsets: dict[int, float], leaf: Flow, gpu_seconds: float) -> None:
-        for flow in leaf.chain():
-            offsets[id(flow)] = offsets.get(id(flow), 0.0) + gpu_seconds

@@ -43,6 +43,7 @@ class NodeIndex:
         self.warm_nodes: dict[str, dict[str, None]] = {}  # model -> nodes
         self.free_total = 0
         self.max_gpus = 0
+        self.freed = 0  # bumped whenever a node gains free GPUs: memos of "no fit" expire
 
     # -- bookkeeping ---------------------------------------------------------
     def add(self, node: Node) -> None:
@@ -58,6 +59,8 @@ class NodeIndex:
             self.free_total -= old
         if node.schedulable:
             free = node.free_count()
+            if free > (old or 0):
+                self.freed += 1
             if free > 0:
                 self.buckets.setdefault(free, {})[node.node_id] = None
                 self.bucket_of[node.node_id] = free

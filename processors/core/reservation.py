@@ -4,7 +4,13 @@ Theory of operation
 -------------------
 - EASY reservation: one job per cell holds it. Its shadow time is the earliest
   moment its shape fits, found by walking running runs' projected ends
-  (estimate, or hard limit once overrun) in time order.
+  (estimate, or hard limit once overrun) in time order. The ends are kept in
+  a list sorted as runs are placed and release nodes (O(log R) search, O(R)
+  memmove), not re-sorted per Tick; the walk is lazy, so a reservation that
+  fits early reads only the first few. A run's static end (start + estimate)
+  only moves later (a start report sets ``started_ms`` to now), so an entry
+  found early is re-filed at its true end when the walk reaches it; runs
+  already past their estimate (few) are projected afresh per walk.
 - Preemption: a blocked job may preempt when (a) its tier may preempt and it
   has waited past the tier's SLA target, or (b) its organisation or tier is
   under its guaranteed (reserved) GPUs and others borrow them. Victims are
@@ -18,13 +24,15 @@ Theory of operation
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
 from framespool.schemas.causes import RunCause
 from framespool.schemas.states import GpuState, RunPhase
 
-from .model import Job, Node, Run
+from .model import Job, Node, Run, RunKey
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -33,12 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
 class Reservations:
     # -- EASY reservation -------------------------------------------------------
     def reserve(self: Cell, job: Job) -> None:
-        releases = []
-        for run in self.runs.values():
-            end = run.projected_end_ms(self.now_ms)
-            for node_id, gpus in run.held.items():
-                releases.append((end, node_id, len(gpus)))
-        releases.sort()
         # A reservation keeps its nodes while they stay usable: backfill was only
         # allowed around those nodes, so moving it would let backfill delay it.
         sticky: tuple[str, ...] = ()
@@ -52,7 +54,9 @@ class Reservations:
             ok = (lambda node, base=base: node.node_id in sticky and base(node)) if sticky else base
             if sticky and job.shape != (gpus, per_node, estimate):
                 continue
-            fit = self.index.earliest_fit(min(per_node, gpus), -(-gpus // per_node), releases, ok)
+            fit = self.index.earliest_fit(
+                min(per_node, gpus), -(-gpus // per_node), self.releases(), ok
+            )
             if fit is None:
                 continue
             start_ms, nodes = fit
@@ -83,6 +87,82 @@ class Reservations:
                 position=0,
                 reason=job.reason,
             )
+
+    # -- the release list -------------------------------------------------------
+    def release_list(self: Cell) -> list[tuple[int, str, int, RunKey]]:
+        """``(static end ms, node, gpus, run)`` per held slice, sorted."""
+        ends = self.__dict__.get("_release_list")
+        if ends is None:  # first use (or a cell restored from an older snapshot)
+            ends = []
+            filed = {}
+            for run in self.runs.values():
+                end = _static_end(run)
+                for node_id, gpus in run.held.items():
+                    ends.append((end, node_id, len(gpus), run.key))
+                    filed[(run.key, node_id)] = end
+            ends.sort()
+            self._release_list = ends
+            self._release_filed = filed  # (run, node) -> the end it is filed under
+        return ends
+
+    def _refile_release(self: Cell, i: int, static: int) -> None:
+        ends = self._release_list
+        _, node_id, gpus, key = ends.pop(i)
+        insort(ends, (static, node_id, gpus, key))
+        self._release_filed[(key, node_id)] = static
+
+    def plan_release(self: Cell, run: Run) -> None:
+        """A run was placed (call before it joins ``self.runs``)."""
+        ends = self.release_list()
+        filed = self._release_filed
+        end = _static_end(run)
+        for node_id, gpus in run.held.items():
+            insort(ends, (end, node_id, len(gpus), run.key))
+            filed[(run.key, node_id)] = end
+
+    def unplan_release(self: Cell, run: Run, node_id: str, gpus: int) -> None:
+        """The run gave back ``node_id`` (``gpus`` GPUs there)."""
+        ends = self.release_list()
+        key = run.key
+        end = self._release_filed.pop((key, node_id))
+        del ends[bisect_left(ends, (end, node_id, gpus, key))]
+
+    def releases(self: Cell) -> Iterator[tuple[int, str, int]]:
+        """Held slices ``(projected end, node, gpus)`` in time order, as
+        ``run.projected_end_ms(now)`` would sort them, produced lazily."""
+        ends = self.release_list()
+        now = self.now_ms
+        runs = self.runs
+        late: list[tuple[int, str, int]] = []
+        i = 0
+        while i < len(ends) and ends[i][0] <= now:
+            end, node_id, gpus, key = ends[i]
+            run = runs[key]
+            static = _static_end(run)
+            if static != end:
+                self._refile_release(i, static)
+                continue
+            late.append((run.projected_end_ms(now), node_id, gpus))
+            i += 1
+        late.sort()
+        j = 0
+        while True:
+            head = None
+            while i < len(ends):
+                end, node_id, gpus, key = ends[i]
+                static = _static_end(runs[key])
+                if static == end:
+                    head = (end, node_id, gpus)
+                    break
+                self._refile_release(i, static)  # started later than filed
+            if j < len(late) and (head is None or late[j] <= head):
+                yield late[j]
+                j += 1
+            elif head is not None:
+                yield head
+                i += 1
+            else:
+                return
 
     def clear_reservation(self: Cell) -> None:
         self.reservation_job = ""
@@ -216,13 +296,55 @@ class Reservations:
 
     def guarantees_allow(self: Cell, job: Job, gpus: int) -> bool:
         """Non-preemptible work may not borrow other entities' idle guarantees:
-        it could never be reclaimed."""
-        unused = 0
-        for tenant in self.config.tenants:
-            if tenant.reserved_gpus and tenant.name != job.tenant:
-                used = self.org_use.get(tenant.name)
-                unused += max(0, tenant.reserved_gpus - (used.gpus if used else 0))
-        for tier in self.config.tiers:
-            if tier.reserved_gpus and tier.name != job.tier:
-                unused += max(0, tier.reserved_gpus - self.tier_use.get(tier.name, 0))
+        it could never be reclaimed. O(1): the unused total is kept as use changes."""
+        config = self.config
+        unused = self.unused_guarantees()
+        amounts = config.reserved_tenant_gpus.get(job.tenant)
+        if amounts:
+            org = self.org_use.get(job.tenant)
+            unused -= _unused(amounts, org.gpus if org else 0)
+        amounts = config.reserved_tier_gpus.get(job.tier)
+        if amounts:
+            unused -= _unused(amounts, self.tier_use.get(job.tier, 0))
         return self.index.free_total - unused >= gpus
+
+    def unused_guarantees(self: Cell) -> int:
+        """GPUs guaranteed to organisations and tiers that they do not use now."""
+        total = self.__dict__.get("_unused_guarantees")
+        if total is None:  # first use (or a cell restored from an older snapshot)
+            total = 0
+            for name, amounts in self.config.reserved_tenant_gpus.items():
+                org = self.org_use.get(name)
+                total += _unused(amounts, org.gpus if org else 0)
+            for name, amounts in self.config.reserved_tier_gpus.items():
+                total += _unused(amounts, self.tier_use.get(name, 0))
+            self._unused_guarantees = total
+        return total
+
+    def shift_use(self: Cell, tenant: str, tier: str, delta: int) -> None:
+        """``tenant``/``tier`` are about to take (delta > 0) or give back GPUs:
+        keep the unused-guarantee total in step. Call before changing the use."""
+        config = self.config
+        amounts = config.reserved_tenant_gpus.get(tenant)
+        tier_amounts = config.reserved_tier_gpus.get(tier)
+        if not amounts and not tier_amounts:
+            return
+        total = self.unused_guarantees()
+        if amounts:
+            org = self.org_use.get(tenant)
+            used = org.gpus if org else 0
+            total += _unused(amounts, used + delta) - _unused(amounts, used)
+        if tier_amounts:
+            used = self.tier_use.get(tier, 0)
+            total += _unused(tier_amounts, used + delta) - _unused(tier_amounts, used)
+        self._unused_guarantees = total
+
+
+def _static_end(run: Run) -> int:
+    """When the run ends if it keeps to its estimate (``projected_end_ms``
+    before it overruns)."""
+    return run.started_ms + int(run.estimate_s * 1000)
+
+
+def _unused(amounts: tuple[int, ...], used: int) -> int:
+    return sum(max(0, r - used) for r in amounts)

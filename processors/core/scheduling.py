@@ -18,12 +18,36 @@ when GPUs are free):
 
 A run that outlives its estimate delays the reservation (the shadow time moves
 to its hard limit); it is never killed before that limit.
+
+Cost model
+----------
+With n backlogged flows (tenants, users), q queued jobs, R running runs and
+F nodes with free GPUs, every handler costs O(log n + log q) amortized plus,
+for placement, O(F) per shape tried:
+
+- config lookups (tier, tenant, retry budget) are dict reads, O(1);
+- the fair-order walk takes each level's minimum from a heap, O(log n)
+  amortized (``fairshare.py``);
+- the unused guarantees that non-preemptible work may not borrow are a
+  running total kept as GPUs are taken and given back, O(1) per check;
+- a pass remembers the shapes (and node constraints) that found no nodes and
+  does not search for them again: within a pass capacity only shrinks, so a
+  shape that did not fit still does not (``NodeIndex.freed`` is in the key in
+  case something is freed mid-pass). A pass tests at most ``backfill_depth``
+  candidates after a block, so a Tick is O(depth * (log n + F)) however long
+  the backlog;
+- the reservation walks running runs' ends from a list kept sorted as runs
+  start and release (``reservation.py``), consuming only as many as it needs.
+
+The optimised structures decide exactly as the scans did;
+``tests/unit/test_core_costmodel.py`` replays backlog workloads through both
+and compares every output event.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from framespool.schemas import events as ev
 from framespool.schemas.states import JobState, NodeState, RunPhase
@@ -59,13 +83,64 @@ class Scheduling:
                 self.clear_reservation()
             elif not self.try_start(holder, "reservation holder", holder=True) and full:
                 self.reserve(holder)
-        offsets: dict[int, float] = {}
-        exhausted: set[int] = set()
+        signature = self.walk_signature(full)
+        if signature is not None and signature == self.__dict__.get("_idle_walk"):
+            return  # the same walk found nothing to do, and nothing it reads changed
+        fair = self.fair
+        outputs = len(self._out)
+        fair.begin_pass()
+        try:
+            sensitive = self._walk(full)
+        finally:
+            fair.end_pass()
+        idle = not sensitive and len(self._out) == outputs
+        self._idle_walk = signature if idle and signature == self.walk_signature(full) else None
+
+    def walk_signature(self: Cell, full: bool) -> tuple | None:
+        """What a walk that places nothing depends on, besides time; None when
+        time alone could change its outcome (a breaker may expire).
+
+        Time also moves a job's estimated end past the reservation's shadow,
+        but that only takes nodes away from backfill. A walk is skipped when
+        the last one placed, reserved, preempted and emitted nothing, visited
+        no job that may preempt (``preempt_sensitive``), and the signature is
+        unchanged: no GPU freed or use given back (``index.freed``), no queue,
+        charge or settlement change (``fair.version``), same reservation,
+        claims and free GPUs."""
+        if self.breakers:
+            return None
+        return (
+            full,
+            self.index.freed,
+            self.index.free_total,
+            self.fair.version,
+            self.reservation_job,
+            self.reservation_shadow_ms,
+            self.reservation_nodes,
+            tuple(self.claims.items()),
+        )
+
+    def preempt_sensitive(self: Cell, job: Job) -> bool:
+        """Whether ``maybe_preempt`` could act for this job at some later time."""
+        config = self.config
+        tier = config.tier(job.tier)
+        return bool(
+            (tier is not None and tier.may_preempt)
+            or job.tenant in config.reserved_tenant_gpus
+            or job.tier in config.reserved_tier_gpus
+        )
+
+    def _walk(self: Cell, full: bool) -> bool:
+        """Jobs in fair order until the GPUs or the candidate budget run out.
+        Returns whether a job that may preempt was visited."""
+        sensitive = False
+        fair = self.fair
         cursors: dict[int, Iterator[str]] = {}
+        no_fit: dict[tuple, None] = {}
         budget = self.config.backfill_depth if full else QUICK_PASS_TESTS
         after_block = 0
         while self.index.free_total > 0:
-            leaf = self.fair.pick(offsets, exhausted)
+            leaf = fair.pick()
             if leaf is None:
                 break
             cursor = cursors.get(id(leaf))
@@ -73,33 +148,35 @@ class Scheduling:
                 cursor = cursors[id(leaf)] = self.candidates(leaf, budget)
             job_id = next(cursor, None)
             if job_id is None:
-                exhausted.add(id(leaf))
+                fair.exhaust(leaf)
                 continue
             job = self.jobs[job_id]
             if job_id == self.reservation_job or job_id in self.claims:
-                self.fair.offset(offsets, leaf, job.cost)
+                fair.offset(leaf, job.cost)
                 continue
             capped = self.cap_hit(job)
             if capped:
-                exhausted.add(id(leaf) if capped == "user" else id(leaf.parent))
+                fair.exhaust(leaf if capped == "user" else cast(Flow, leaf.parent))
                 continue
             why = "backfill" if self.reservation_job else "fair-share order"
-            if not self.try_start(job, why):
-                self.fair.offset(offsets, leaf, job.cost)
+            if not self.try_start(job, why, no_fit=no_fit):
+                fair.offset(leaf, job.cost)
                 if not self.reservation_job and full:
                     self.reserve(job)
+                sensitive = sensitive or self.preempt_sensitive(job)
                 self.maybe_preempt(job)
             if self.reservation_job or not full:
                 after_block += 1
                 if after_block >= budget:
                     break
+        return sensitive
 
     def preemption_scan(self: Cell) -> None:
         """With the cell full no placement is tried, so look at the heads of the
         flows that may preempt (tiers past SLA, organisations under their
         guarantee) directly."""
         tiers = [t.name for t in self.config.tiers if t.may_preempt or t.reserved_gpus]
-        reserved = {t.name for t in self.config.tenants if t.reserved_gpus}
+        reserved = self.config.reserved_tenant_gpus
         for tier_name, tier_flow in self.fair.root.active.items():
             for org_name, org_flow in tier_flow.active.items():
                 if tier_name not in tiers and org_name not in reserved:
@@ -137,8 +214,15 @@ class Scheduling:
 
     # -- placing one job --------------------------------------------------------
     def try_start(
-        self: Cell, job: Job, why: str, holder: bool = False, claim_only: bool = False
+        self: Cell,
+        job: Job,
+        why: str,
+        holder: bool = False,
+        claim_only: bool = False,
+        no_fit: dict[tuple, None] | None = None,
     ) -> bool:
+        """Place ``job`` in the shape that finishes earliest, if any fits.
+        ``no_fit``: the pass's memo of searches that found no nodes."""
         best: tuple[Placement, tuple[int, int, float]] | None = None
         for shape in self.shapes_of(job):
             gpus, per_node, estimate = shape
@@ -146,13 +230,42 @@ class Scheduling:
                 continue
             if not job.spec.preemptible and not self.guarantees_allow(job, gpus):
                 continue
+            key: tuple | None = None
+            if no_fit is not None and not (holder or claim_only):
+                key = self.fit_key(job, gpus, per_node, estimate)
+                if key in no_fit:
+                    continue
             ok = self.node_filter(job, estimate, holder=holder, claim_only=claim_only)
             placement = self.index.find(gpus, per_node, job.spec.model, ok)
             if placement is not None:
                 best = (placement, shape)
+            elif key is not None and no_fit is not None:
+                no_fit[key] = None
         if best is None:
             return False
         return self.commit(job, best[0], best[1], why)
+
+    def fit_key(self: Cell, job: Job, gpus: int, per_node: int, estimate_s: float) -> tuple:
+        """Everything ``index.find`` and ``node_filter`` decide by, for a job that
+        holds no claim and no reservation: equal keys, equal answers (within a
+        pass, where claims and the reservation only ever exclude more nodes)."""
+        spec = job.spec
+        reserved: tuple[str, ...] = ()
+        if self.reservation_job and self.now_ms + estimate_s * 1000 > self.reservation_shadow_ms:
+            reserved = self.reservation_nodes
+        return (
+            gpus,
+            per_node,
+            spec.gpus,
+            spec.gpus_per_node,
+            spec.cpus,
+            spec.mem_gb,
+            spec.gpu_type,
+            f"{spec.model}@{spec.model_version}" if self.breakers else "",
+            reserved,
+            len(self.claims),
+            self.index.freed,
+        )
 
     def node_filter(
         self: Cell, job: Job, estimate_s: float, holder: bool, claim_only: bool
@@ -212,6 +325,7 @@ class Scheduling:
             (estimate * self.config.overrun_factor + self.config.overrun_grace_s) * 1000
         )
         run = Run(job, job.run, placement.slices, estimate, self.now_ms, limit_ms, charged)
+        self.plan_release(run)
         self.runs[run.key] = run
         if self.breakers:  # past a half-open breaker, this run is its probe
             self.note_placement(run)
@@ -225,6 +339,7 @@ class Scheduling:
             self.index.mark_warm(node, piece.gpus, job.spec.model)
             self.index.refresh(node)
         org, user = self.use_of(job)
+        self.shift_use(job.tenant, job.tier, gpus)
         org.gpus += gpus
         user.gpus += gpus
         org.running += 1
@@ -308,6 +423,8 @@ class Scheduling:
         gpus = run.held.pop(node_id, None)
         if gpus is None:
             return
+        self.index.freed += 1  # use given back (even on a node that cannot take work)
+        self.unplan_release(run, node_id, len(gpus))
         node = self.index.nodes[node_id]
         for i in gpus:
             if node.owner[i] == run.key:
@@ -317,6 +434,7 @@ class Scheduling:
         node.mem_used = max(0.0, node.mem_used - run.mem_gb / share)
         self.index.refresh(node)
         org, user = self.use_of(run)
+        self.shift_use(run.tenant, run.tier, -len(gpus))
         org.gpus -= len(gpus)
         user.gpus -= len(gpus)
         self.tier_use[run.tier] -= len(gpus)

@@ -1,0 +1,125 @@
+"""The core as it was before its hot paths were indexed: linear scans kept as a
+test oracle. ``NaiveCell`` must decide exactly as ``Cell`` does, output event
+for output event (``test_core_costmodel.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framespool.processors.core import Cell, CellConfig
+from framespool.processors.core.config import TenantConfig, TierConfig
+from framespool.processors.core.fairshare import FairTree, Flow
+
+
+@dataclass(frozen=True, slots=True)
+class NaiveConfig(CellConfig):
+    def tier(self, name: str) -> TierConfig | None:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        return None
+
+    def tenant(self, name: str) -> TenantConfig:
+        from dataclasses import replace
+
+        for tenant in self.tenants:
+            if tenant.name == name:
+                return tenant
+        return replace(self.default_tenant, name=name)
+
+    def retry_budget(self, failure_class: str) -> int:
+        for name, budget in self.retries:
+            if name == failure_class:
+                return budget
+        return self.default_retries
+
+
+def naive_config(config: CellConfig) -> NaiveConfig:
+    from dataclasses import fields
+
+    return NaiveConfig(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+
+
+class NaiveFairTree(FairTree):
+    """Scans every backlogged child per level; pass offsets in a dict."""
+
+    def __init__(self, idle_credit_gpu_s: float = 0.0) -> None:
+        super().__init__(idle_credit_gpu_s)
+        self.offsets: dict[int, float] = {}
+
+    def _file(self, flow: Flow) -> None:  # no heaps
+        pass
+
+    def _clamp_on_return(self, flow: Flow) -> None:
+        siblings = flow.parent.active
+        if not siblings:
+            return
+        floor = min(s.settled_vt() for s in siblings.values()) * flow.weight - self.idle_credit
+        if flow.usage - flow.inflight < floor:
+            flow.usage = floor + flow.inflight
+
+    def end_pass(self) -> None:
+        self.offsets = {}
+        self.exhausted = {}
+
+    def offset(self, leaf: Flow, gpu_seconds: float) -> None:
+        for flow in leaf.chain():
+            self.offsets[id(flow)] = self.offsets.get(id(flow), 0.0) + gpu_seconds
+
+    def pick(self) -> Flow | None:
+        offsets, exhausted = self.offsets, self.exhausted
+        flow = self.root
+        while flow.active:
+            best = None
+            best_vt = 0.0
+            for child in flow.active.values():
+                if id(child) in exhausted:
+                    continue
+                vt = (child.usage + offsets.get(id(child), 0.0)) / child.weight
+                if best is None or vt < best_vt:
+                    best, best_vt = child, vt
+            if best is None:
+                exhausted[id(flow)] = flow
+                if flow.parent is None:
+                    return None
+                flow = self.root
+                continue
+            flow = best
+        return flow if flow is not self.root else None
+
+
+class NaiveCell(Cell):
+    def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
+        super().__init__(naive_config(config or CellConfig()), cell_id)
+        self.fair = NaiveFairTree(self.config.idle_credit_gpu_s)
+
+    def try_start(self, job, why, holder=False, claim_only=False, no_fit=None) -> bool:
+        return super().try_start(job, why, holder, claim_only, None)
+
+    def releases(self):
+        return naive_releases(self)
+
+    def walk_signature(self, full: bool):  # never skip a walk
+        return None
+
+    def guarantees_allow(self, job, gpus: int) -> bool:
+        unused = 0
+        for tenant in self.config.tenants:
+            if tenant.reserved_gpus and tenant.name != job.tenant:
+                used = self.org_use.get(tenant.name)
+                unused += max(0, tenant.reserved_gpus - (used.gpus if used else 0))
+        for tier in self.config.tiers:
+            if tier.reserved_gpus and tier.name != job.tier:
+                unused += max(0, tier.reserved_gpus - self.tier_use.get(tier.name, 0))
+        return self.index.free_total - unused >= gpus
+
+
+def naive_releases(cell: Cell) -> list[tuple[int, str, int]]:
+    """Every held slice's projected end, sorted afresh."""
+    releases = []
+    for run in cell.runs.values():
+        end = run.projected_end_ms(cell.now_ms)
+        for node_id, gpus in run.held.items():
+            releases.append((end, node_id, len(gpus)))
+    releases.sort()
+    return releases

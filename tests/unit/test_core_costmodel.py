@@ -1,0 +1,241 @@
+"""The core's cost model, and proof that its indexed structures decide as the scans did.
+
+1. Oracle replays: a multitenant backlog workload (thousands of queued jobs,
+   hundreds of tenants, guarantees, caps, preemption, production cadences) is
+   simulated with the real cell; its input tape is replayed through
+   ``NaiveCell`` (linear scans, sorted release lists, no memo) and every
+   output event must be equal.
+2. Hypothesis: the fair-share heaps pick what a scan picks under random
+   queue, charge, offset and exhaust operations; the release list walks the
+   ends a full sort gives.
+3. The cost model in counts, not seconds: heap work per pick grows with
+   log(n) of the backlogged flows, a pass searches each distinct shape once,
+   config lookups do not scan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare
+from framespool.processors.core.fairshare import FairTree
+from framespool.processors.sim.engine import SimOptions, Simulation
+from framespool.processors.sim.policies import POLICIES
+from framespool.processors.sim.workload import synthetic
+from framespool.schemas import events as ev
+from tests.unit.core_oracle import NaiveCell, NaiveFairTree, naive_releases
+
+
+def _tape(jobs: int, nodes: int, load: float, base: CellConfig, seed: int = 3):
+    # Ticks every 5 s keep the tape short; heartbeats, status and estimates on
+    # (guarantees can leave a big non-preemptible gang unplaceable: stop at a horizon)
+    opts = SimOptions(
+        nodes=nodes,
+        tick_s=5.0,
+        heartbeat_s=30.0,
+        estimates=True,
+        seed=seed,
+        max_sim_s=40_000,
+    )
+    workload = synthetic("multitenant", jobs, seed, opts.capacity_gpus, load)
+    tape: list = []
+    sim = Simulation(workload, POLICIES["framespool"], opts, base, tape=tape)
+    summary = sim.run()
+    return tape, sim.config, summary
+
+
+def _guarded_base() -> CellConfig:
+    """Guarantees and caps on the busiest tenants, so those paths decide too."""
+    tiers = tuple(
+        replace(t, reserved_gpus=24) if t.name == "enterprise" else t for t in CellConfig().tiers
+    )
+    tenants = (
+        TenantConfig("ent00000", weight=2.0, reserved_gpus=16, max_gpus=48),
+        TenantConfig("pai00000", max_running=3, user_max_gpus=24),
+        TenantConfig("fre00000", reserved_gpus=8),
+        TenantConfig("fre00000", reserved_gpus=4),  # a repeated name: both entries count
+    )
+    return CellConfig(tiers=tiers, tenants=tenants)
+
+
+@pytest.mark.parametrize(
+    "jobs,nodes,load,base",
+    [(500, 10, 3.0, CellConfig()), (400, 16, 3.0, _guarded_base())],
+    ids=["plain", "guarantees-and-caps"],
+)
+def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base) -> None:
+    tape, config, summary = _tape(jobs, nodes, load, base)
+    assert summary["violations_by_kind"].keys() <= {"not_terminal"}
+    fast, naive = Cell(config, "sim"), NaiveCell(config, "sim")
+    deepest = assigned = 0
+    for i, event in enumerate(tape):
+        position = f"sim:{i + 1}"
+        out = fast.apply(event, position)
+        assert out == naive.apply(event, position), f"outputs differ at input {i}: {event}"
+        assigned += sum(type(o) is ev.JobAssigned for o in out)
+        deepest = max(deepest, fast.queued_count)
+        if type(event) is ev.Tick and i % 7 == 0:
+            assert list(fast.releases()) == naive_releases(fast)
+    # the workload really was a backlog of many tenants
+    assert deepest > 60 and assigned > jobs // 2
+    assert len({j.tenant for j in fast.jobs.values()} | set(fast.org_use)) > 50
+
+
+# -- 2. the heaps against the scan -------------------------------------------------
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["push", "remove", "start", "end", "offset", "exhaust", "pick", "pass"]),
+        st.integers(0, 11),
+        st.integers(1, 9),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS, st.sampled_from([0.0, 50.0]))
+def test_fair_heaps_pick_what_the_scan_picks(ops, credit) -> None:
+    trees = (FairTree(credit), NaiveFairTree(credit))
+    paths = [(f"t{i % 2}", f"o{i % 4}", f"u{i}") for i in range(12)]
+    weights = [(1.0 + i % 2, 1.0 + (i % 3) / 2, 1.0) for i in range(12)]
+    queued: list[list[str]] = [[] for _ in range(12)]
+    charged: list[list[float]] = [[] for _ in range(12)]
+    n = 0
+    for op, k, amount in ops:
+        leaves = [t.leaf(paths[k], weights[k]) for t in trees]
+        if op == "push":
+            n += 1
+            queued[k].append(f"j{n}")
+            for leaf, tree in zip(leaves, trees):
+                tree.push(leaf, f"j{n}", float(amount))
+        elif op == "remove" and queued[k]:
+            job = queued[k].pop(0)
+            for leaf, tree in zip(leaves, trees):
+                tree.remove(leaf, job, float(amount))
+        elif op == "start":
+            charged[k].append(amount * 10.0)
+            for leaf, tree in zip(leaves, trees):
+                tree.charge_start(leaf, amount * 10.0)
+        elif op == "end" and charged[k]:
+            cost = charged[k].pop(0)
+            for leaf, tree in zip(leaves, trees):
+                tree.charge_end(leaf, cost, cost * amount / 5)
+        elif op == "offset":
+            for leaf, tree in zip(leaves, trees):
+                tree.offset(leaf, float(amount))
+        elif op == "exhaust":
+            for leaf, tree in zip(leaves, trees):
+                tree.exhaust(leaf if amount % 2 else leaf.parent)
+        elif op == "pick":
+            picked = [tree.pick() for tree in trees]
+            assert [p and p.name for p in picked] == [picked[1] and picked[1].name] * 2
+        elif op == "pass":
+            for tree in trees:
+                tree.end_pass()
+        usages = [
+            [leaf.usage for leaf in (t.leaf(p, w) for p, w in zip(paths, weights))] for t in trees
+        ]
+        assert usages[0] == usages[1]
+    _check_heaps(trees[0].root, trees[0].exhausted)
+
+
+def _check_heaps(flow, exhausted) -> None:
+    """Every backlogged, not exhausted child has exactly one live entry, keyed
+    by its current virtual time; the settled heap holds every backlogged child."""
+    live = {id(e[3]): e for e in flow.heap if e[3].stamp == e[2]}
+    settled = {id(e[3]): e for e in flow.settled if e[3].sstamp == e[2]}
+    for child in flow.active.values():
+        assert id(child) in settled
+        assert settled[id(child)][0] == (child.usage - child.inflight) / child.weight
+        if id(child) not in exhausted:
+            assert live[id(child)][0] == (child.usage + child.offset) / child.weight
+        _check_heaps(child, exhausted)
+    assert all(child.queued for child in (e[3] for e in live.values()))
+
+
+# -- 3. the cost model, in counts ------------------------------------------------------
+class _CountingHeapq:
+    def __init__(self) -> None:
+        self.ops = 0
+
+    def heappush(self, heap, item) -> None:
+        self.ops += 1
+        fairshare_heapq.heappush(heap, item)
+
+    def heappop(self, heap):
+        self.ops += 1
+        return fairshare_heapq.heappop(heap)
+
+    def heapify(self, heap) -> None:
+        self.ops += len(heap)
+        fairshare_heapq.heapify(heap)
+
+
+fairshare_heapq = fairshare.heapq
+
+
+def _ops_per_pick(n: int, monkeypatch) -> float:
+    counter = _CountingHeapq()
+    tree = FairTree()
+    leaves = [tree.leaf(("paid", f"o{i}", "u"), (1.0, 1.0, 1.0)) for i in range(n)]
+    for i, leaf in enumerate(leaves):
+        tree.push(leaf, f"j{i}", 100.0)
+        tree.charge_start(leaf, float(i % 97))
+    monkeypatch.setattr(fairshare, "heapq", counter)
+    picks = 2000
+    for _ in range(picks // 200):
+        tree.begin_pass()
+        for _ in range(200):
+            leaf = tree.pick()
+            tree.offset(leaf, 100.0)  # a job that did not fit: the walk moves on
+        tree.end_pass()
+    monkeypatch.setattr(fairshare, "heapq", fairshare_heapq)
+    return counter.ops / picks
+
+
+def test_a_pick_costs_log_n_heap_operations(monkeypatch) -> None:
+    small, large = _ops_per_pick(64, monkeypatch), _ops_per_pick(8192, monkeypatch)
+    # n grew 128x; a scan would cost 128x more, heap work grows with log n at most
+    assert large <= small * math.log2(8192) / math.log2(64) + 4
+
+
+def test_a_pass_searches_each_shape_once(monkeypatch) -> None:
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0, backfill_depth=256)
+    cell = Cell(config, "c")
+    cell.apply(
+        ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n0", incarnation=1, cell="c", gpus=8)
+    )
+    cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+    small = ev.JobSpec(job_id="s", tenant="x", tier="paid", gpus=7, gpus_per_node=7, estimate_s=1e5)
+    cell.apply(ev.JobAdmitted(event_id="a", ts_ms=0, spec=small))
+    for i in range(2000):  # 2,000 tenants, each a 2-GPU job: none fits on the 1 free GPU
+        spec = ev.JobSpec(
+            job_id=f"q{i}", tenant=f"t{i}", tier="paid", gpus=2, gpus_per_node=2, estimate_s=60
+        )
+        cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=0, spec=spec))
+    searches = []
+    find = cell.index.find
+    monkeypatch.setattr(cell.index, "find", lambda *a: searches.append(a) or find(*a))
+    cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000))
+    assert cell.queued_count == 2000
+    assert len(searches) <= 2  # one per distinct (shape, reservation) key, not 256
+
+
+def test_config_lookups_do_not_scan() -> None:
+    class Unscannable(tuple):
+        def __iter__(self):
+            raise AssertionError("scanned")
+
+    tenants = tuple(TenantConfig(f"t{i}", weight=1 + i % 3) for i in range(20_000))
+    config = CellConfig(tenants=tenants)
+    object.__setattr__(config, "tenants", Unscannable(tenants))
+    object.__setattr__(config, "tiers", Unscannable(config.tiers))
+    assert config.tenant("t19999").weight == 1 + 19999 % 3
+    assert config.tenant("nobody").name == "nobody"
+    assert config.tier("paid").rank == 2 and config.tier("nope") is None
+    assert config.retry_budget("hung") == 1
