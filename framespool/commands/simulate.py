@@ -41,8 +41,9 @@ def register(subparsers: Any) -> None:
     src.add_argument(
         "--load",
         type=float,
-        default=0.9,
-        help="offered load of a synthetic workload, as a fraction of the GPUs",
+        default=None,
+        help="offered load of a synthetic workload, as a fraction of the GPUs "
+        "(default: 0.9; 1.3 for multitenant)",
     )
     src.add_argument("--seed", type=int, default=1)
     fleet = p.add_argument_group("fleet")
@@ -50,6 +51,13 @@ def register(subparsers: Any) -> None:
     fleet.add_argument("--gpus-per-node", type=int, default=8)
     fleet.add_argument("--nodes-per-rail", type=int, default=32)
     fleet.add_argument("--gpu-type", default="H100")
+    fleet.add_argument(
+        "--cells",
+        type=int,
+        default=1,
+        help="independent cells the fleet is split into (--nodes in all; jobs routed "
+        "by job id as admission does); folded in parallel processes",
+    )
     fleet.add_argument(
         "--node-failures",
         type=float,
@@ -82,8 +90,15 @@ def register(subparsers: Any) -> None:
     sched.add_argument(
         "--heartbeat-s",
         type=float,
-        default=30.0,
-        help="heartbeat period; leases are 3.5x (node) and 2.5x (run report)",
+        default=None,
+        help="heartbeat period; leases are 3.5x (node) and 2.5x (run report) "
+        "(default: 30, or 10 with --production-cadences)",
+    )
+    sched.add_argument(
+        "--production-cadences",
+        action="store_true",
+        help="fold what a production cell folds: 1 s Ticks, a heartbeat per node every "
+        "10 s (unless --heartbeat-s), CellStatus every 5 s and wait estimates every 30 s",
     )
     sched.add_argument(
         "--estimates",
@@ -110,19 +125,33 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    from framespool.processors.sim.engine import PRODUCTION_HEARTBEAT_S, PRODUCTION_TICK_S
+
+    if args.production_cadences:
+        args.tick_s = PRODUCTION_TICK_S
+        args.estimates = True
+        if args.heartbeat_s is None:
+            args.heartbeat_s = PRODUCTION_HEARTBEAT_S
+    if args.heartbeat_s is None:
+        args.heartbeat_s = 30.0
     positive = {
+        "--cells": args.cells,
         "--nodes": args.nodes,
         "--gpus-per-node": args.gpus_per_node,
         "--nodes-per-rail": args.nodes_per_rail,
         "--tick-s": args.tick_s,
         "--heartbeat-s": args.heartbeat_s,
         "--jobs": args.jobs,
-        "--load": args.load,
+        "--load": 1.0 if args.load is None else args.load,
         "--repair-s": args.repair_s,
     }
     for flag, value in positive.items():
         if value <= 0:
             raise CommandError(f"{flag}={value} must be positive")
+    if args.nodes % args.cells:
+        raise CommandError(
+            f"--nodes={args.nodes} must divide evenly into --cells={args.cells} cells"
+        )
     for flag, value in {
         "--cold-start-s": args.cold_start_s,
         "--max-sim-s": args.max_sim_s,
@@ -170,6 +199,8 @@ def handle(args: argparse.Namespace) -> int:
     opts = sim.with_workload_defaults(opts, workload, args.node_failures)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cells > 1:
+        return _fleet(args, workload, policies, opts, base, out)
     bar = progress_bar(not args.quiet)
     try:
         summaries = sim.simulate(
@@ -199,6 +230,36 @@ def handle(args: argparse.Namespace) -> int:
     return 1 if violations else 0
 
 
+def _fleet(args: argparse.Namespace, workload, policies, opts, base, out: Path) -> int:
+    from framespool.processors.sim.cells import simulate_cells
+
+    if len(policies) != 1:
+        raise CommandError("--cells folds one policy; give a single --policy")
+    summary = simulate_cells(workload, policies[0], opts, base, out, args.cells)
+    fmt = lambda v: "-" if v is None else f"{v:,.0f}"
+    print(
+        f"fleet: {summary['cells']} cells x {summary['cluster']['nodes_per_cell']} nodes in "
+        f"{summary['processes']} processes; {summary['jobs_submitted']:,} jobs "
+        f"({summary['jobs_completed']:,} completed, {summary['jobs_unfinished']:,} unfinished) "
+        f"in {summary['virtual_s'] / 3600:.2f} h virtual; utilization "
+        f"{summary['gpu_utilization']:.3f}; violations {summary['invariant_violations']}; "
+        f"{summary['events']:,} events in {summary['wall_s']:.1f} s wall "
+        f"({summary['events_per_s'] or 0:,} events/s, headroom min "
+        f"{summary['headroom_min'] or 0:,.0f}x)"
+    )
+    for tier, wait in summary["wait_s_by_tier"].items():
+        print(f"  wait {tier:<12} p50 {fmt(wait['p50'])} s  p99 {fmt(wait['p99'])} s")
+    for name, cell in summary["per_cell"].items():
+        print(
+            f"  {name}: {cell['events']:,} events, {cell['events_per_s'] or 0:,} events/s, "
+            f"headroom {cell['headroom'] or 0:,.0f}x, util {cell['gpu_utilization']:.3f}"
+        )
+    print(f"wrote {out}/summary.json, jobs.csv, runs.csv and {out}/cell-XX/")
+    for example in summary["violation_examples"][:5]:
+        print(f"  violation: {example}")
+    return 1 if summary["invariant_violations"] else 0
+
+
 def _headline(s: dict[str, Any]) -> str:
     wait = s["wait_s"]
     fmt = lambda v: "-" if v is None else f"{v:,.0f}"
@@ -212,5 +273,6 @@ def _headline(s: dict[str, Any]) -> str:
         f"wait p50/p99/max {fmt(wait['p50'])}/{fmt(wait['p99'])}/{fmt(wait['max'])} s; "
         f"jain {'-' if jain is None else f'{jain:.3f}'}; "
         f"violations {s['invariant_violations']}; {s['events']:,} events in "
-        f"{s['wall_s']:.1f} s wall ({s['stop_reason']})"
+        f"{s['wall_s']:.1f} s wall ({s['events_per_s'] or 0:,} events/s, headroom "
+        f"{s['headroom'] or 0:,.0f}x real time) ({s['stop_reason']})"
     )

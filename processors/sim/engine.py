@@ -61,6 +61,14 @@ from .metrics import Recorder
 from .policies import Policy
 from .workload import TraceJob, Workload
 
+# ``--production-cadences``: what a production cell folds besides the jobs.
+# Ticks every second, a heartbeat per node every PRODUCTION_HEARTBEAT_S (the
+# cell's default leases, 10 s node / 15 s report, need one every few seconds;
+# 10 s is the slowest the fleet runs with), CellStatus every 5 s and wait
+# estimates every 30 s (the CellConfig defaults).
+PRODUCTION_TICK_S = 1.0
+PRODUCTION_HEARTBEAT_S = 10.0
+
 
 @dataclass(frozen=True)
 class SimOptions:
@@ -432,6 +440,8 @@ class Simulation(Agents, JobEvents):
                 "wall_s": round(wall_s, 3),
                 "core_s": round(self.core_s, 3),
                 "events_per_s": round(self.events / wall_s) if wall_s > 0 else None,
+                # how much faster than real time the core alone folds this cell
+                "headroom": round(self.now / 1000 / self.core_s, 1) if self.core_s > 0 else None,
                 "notes": list(self.workload.notes),
             }
         )

@@ -386,7 +386,10 @@ SYNTHETIC: dict[str, Callable[..., Workload]] = {
 }
 
 
-def synthetic(name: str, jobs: int, seed: int, capacity_gpus: int, load: float = 0.9) -> Workload:
+def synthetic(
+    name: str, jobs: int, seed: int, capacity_gpus: int, load: float | None = None
+) -> Workload:
+    """``load=None``: the workload's own default (0.9; 1.3 for ``multitenant``)."""
     maker = SYNTHETIC.get(name)
     if maker is None:
         raise ValueError(
@@ -394,4 +397,11 @@ def synthetic(name: str, jobs: int, seed: int, capacity_gpus: int, load: float =
         )
     if jobs < 1:
         raise ValueError(f"--jobs={jobs} must be at least 1")
+    if load is None:
+        return maker(jobs, seed, capacity_gpus)
     return maker(jobs, seed, capacity_gpus, load)
+
+
+from .multitenant import multitenant  # noqa: E402  (it builds on the helpers above)
+
+SYNTHETIC["multitenant"] = multitenant

@@ -1,0 +1,141 @@
+"""A workload shaped like the mission: a text-to-video service with thousands of tenants.
+
+- Tenants: about one per 6.4 jobs (27,000 jobs come from ~4,200 tenants), spread
+  evenly over the five tiers, so a 100,000-job day has thousands per tier.
+- Volumes are Zipf-like within a tier (tenant of rank r submits in proportion
+  to 1/r): a few tenants submit thousands of jobs, most one to five.
+- Shapes 1, 2, 4, 8, 16, 32 and 64 GPUs (8 per node above 8); interactive
+  work is small and short, batch long; free and batch work mostly checkpoints
+  (and so is preemptible).
+- Arrivals are Poisson with a diurnal swing (x0.65 to x1.35 of the mean rate),
+  sized so the mean offered load is ``load`` (default 1.3: the backlog grows
+  for hours).
+
+``partition`` splits one workload over several independent cells the way
+admission routes jobs (rendezvous hashing of the job id), each cell keeping
+the global job ids and seeing the same tenants.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from framespool.processors.core.admission import rendezvous
+
+from .workload import TenantMix, TraceJob, Workload, _JobMaker, _pick, _poisson
+
+DEFAULT_LOAD = 1.3
+JOBS_PER_TENANT = 27_000 / 4_200
+ALL_SIZES = ((1, 0.34), (2, 0.20), (4, 0.16), (8, 0.14), (16, 0.08), (32, 0.05), (64, 0.03))
+SMALL_SIZES = ((1, 0.60), (2, 0.25), (4, 0.15))
+FREE_SIZES = ((1, 0.40), (2, 0.25), (4, 0.17), (8, 0.12), (16, 0.06))
+SIGMA = 1.0
+MAX_S = 4 * 3600.0
+SWING = 0.35
+
+
+@dataclass(frozen=True)
+class TierMix:
+    tier: str
+    job_share: float
+    median_s: float
+    sizes: tuple[tuple[int, float], ...]
+    checkpoint_share: float
+    weight: float = 1.0  # each tenant's weight in this tier
+
+
+TIER_MIX = (
+    TierMix("interactive", 0.15, 60.0, SMALL_SIZES, 0.0),
+    TierMix("enterprise", 0.25, 420.0, ALL_SIZES, 0.1, 2.0),
+    TierMix("paid", 0.25, 420.0, ALL_SIZES, 0.2),
+    TierMix("free", 0.20, 300.0, FREE_SIZES, 0.5),
+    TierMix("batch", 0.15, 900.0, ALL_SIZES, 0.8),
+)
+
+
+def mean_gpu_s() -> float:
+    """Mean GPU-seconds of one job of the mix (before clipping at ``MAX_S``)."""
+    total = 0.0
+    for mix in TIER_MIX:
+        gpus = sum(g * p for g, p in mix.sizes)
+        total += mix.job_share * gpus * mix.median_s * math.exp(SIGMA * SIGMA / 2)
+    return total
+
+
+def multitenant(
+    jobs: int, seed: int, capacity_gpus: int, load: float | None = None, tenants: int = 0
+) -> Workload:
+    load = DEFAULT_LOAD if load is None else load
+    n_tenants = tenants or max(len(TIER_MIX), round(jobs / JOBS_PER_TENANT))
+    per_tier = [n_tenants // len(TIER_MIX)] * len(TIER_MIX)
+    for i in range(n_tenants % len(TIER_MIX)):
+        per_tier[i] += 1
+    mixes: list[tuple[TierMix, tuple[TenantMix, ...], list[float]]] = []
+    for mix, count in zip(TIER_MIX, per_tier):
+        members = tuple(
+            TenantMix(f"{mix.tier[:3]}{i:05d}", mix.tier, mix.weight, 1.0, mix.checkpoint_share)
+            for i in range(count)
+        )
+        cumulative, acc = [], 0.0
+        for rank in range(1, count + 1):
+            acc += 1.0 / rank
+            cumulative.append(acc)
+        mixes.append((mix, members, [c / acc for c in cumulative]))
+    tier_cumulative, acc = [], 0.0
+    for mix in TIER_MIX:
+        acc += mix.job_share
+        tier_cumulative.append(acc / sum(m.job_share for m in TIER_MIX))
+    rate = load * capacity_gpus / mean_gpu_s()
+    span_s = jobs / rate
+    period = min(86_400.0, max(600.0, span_s / 3))
+
+    def jobs_iter() -> Iterator[TraceJob]:
+        arrivals = random.Random(seed)
+        maker = _JobMaker(seed + 1, sigma=SIGMA, max_s=MAX_S)
+        times = _poisson(
+            arrivals,
+            lambda t: rate * (1.0 + SWING * math.sin(2 * math.pi * t / period)),
+            rate * (1.0 + SWING),
+        )
+        rng = maker.rng
+        for idx in range(jobs):
+            t = next(times)
+            k = min(bisect.bisect_left(tier_cumulative, rng.random()), len(mixes) - 1)
+            mix, members, cumulative = mixes[k]
+            tenant = members[min(bisect.bisect_left(cumulative, rng.random()), len(members) - 1)]
+            gpus = _pick(rng, mix.sizes)
+            duration = maker.duration(mu=math.log(mix.median_s))
+            yield maker.make(idx, t, tenant, gpus, duration)
+
+    return Workload(
+        name="multitenant",
+        total=jobs,
+        tenants={m.name: m.weight for _, members, _ in mixes for m in members},
+        jobs=jobs_iter,
+        description=f"{n_tenants:,} tenants over 5 tiers with Zipf-like volumes, diurnal "
+        f"Poisson arrivals at {load:.0%} mean load, 1-64 GPU shapes "
+        "(log-normal durations, median 60 s interactive to 900 s batch)",
+    )
+
+
+def partition(workload: Workload, cells: tuple[str, ...], cell: str) -> Workload:
+    """The jobs admission would route to ``cell`` (rendezvous hashing by job id)."""
+
+    def jobs_iter() -> Iterator[TraceJob]:
+        for job in workload.jobs():
+            if rendezvous(job.job_id, cells) == cell:
+                yield job
+
+    return Workload(
+        name=workload.name,
+        total=sum(1 for _ in jobs_iter()),
+        tenants=workload.tenants,
+        jobs=jobs_iter,
+        node_failures_per_hour=workload.node_failures_per_hour,
+        description=f"{workload.description}; the share of {len(cells)} cells routed to {cell}",
+        notes=list(workload.notes),
+    )
