@@ -49,6 +49,37 @@ def register(subparsers: Any) -> None:
         help="offered load of the recorded mixed stream (queues build above ~0.95)",
     )
     core.add_argument("--seed", type=int, default=1)
+    core.add_argument(
+        "--scenarios",
+        default="light,backlog",
+        help="comma-separated: light (steady, 16 tenants), backlog (multitenant: thousands "
+        "of tenants, Zipf-like volumes, 1-64 GPU gangs, a deep queue)",
+    )
+    core.add_argument(
+        "--backlog-events",
+        type=int,
+        default=None,
+        help="timed events of the backlog stream (default: --events / 2)",
+    )
+    core.add_argument(
+        "--backlog-queued",
+        type=int,
+        default=None,
+        help="queued jobs before the backlog stream is timed, and queued for its passes "
+        "(default: 2.5 per node, 5,000 at 2,000 nodes)",
+    )
+    core.add_argument(
+        "--backlog-tenants",
+        type=int,
+        default=None,
+        help="tenants of the backlog scenario (default: one per node, 2,000 at 2,000 nodes)",
+    )
+    core.add_argument(
+        "--backlog-load",
+        type=float,
+        default=3.0,
+        help="offered load of the backlog stream (the queue must reach --backlog-queued)",
+    )
     core.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     core.set_defaults(handler=handle_core)
     pipe = targets.add_parser(
@@ -102,29 +133,78 @@ def register(subparsers: Any) -> None:
 def handle_core(args: argparse.Namespace) -> int:
     from framespool.processors.bench import bench_core
 
+    if args.backlog_events is None:
+        args.backlog_events = max(1, args.events // 2)
+    if args.backlog_queued is None:
+        args.backlog_queued = max(1, round(args.nodes * 2.5))
+    if args.backlog_tenants is None:
+        args.backlog_tenants = args.nodes
     for flag, value in {
         "--nodes": args.nodes,
         "--gpus-per-node": args.gpus_per_node,
         "--queued": args.queued,
         "--events": args.events,
         "--load": args.load,
+        "--backlog-events": args.backlog_events,
+        "--backlog-queued": args.backlog_queued,
+        "--backlog-tenants": args.backlog_tenants,
+        "--backlog-load": args.backlog_load,
     }.items():
         if value <= 0:
             raise CommandError(f"{flag}={value} must be positive")
-    result = bench_core(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        queued=args.queued,
-        events=args.events,
-        warmup=args.warmup,
-        rounds=args.rounds,
-        seed=args.seed,
-        load=args.load,
-    )
+    scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
+    unknown = [s for s in scenarios if s not in ("light", "backlog")]
+    if unknown or not scenarios or len(set(scenarios)) != len(scenarios):
+        raise CommandError(f"--scenarios={args.scenarios!r}: give light and/or backlog, each once")
+    try:
+        result = bench_core(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            queued=args.queued,
+            events=args.events,
+            warmup=args.warmup,
+            rounds=args.rounds,
+            seed=args.seed,
+            load=args.load,
+            scenarios=scenarios,
+            backlog_events=args.backlog_events,
+            backlog_queued=args.backlog_queued,
+            backlog_tenants=args.backlog_tenants,
+            backlog_load=args.backlog_load,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    print(f"core on {args.nodes:,} nodes x {args.gpus_per_node} GPUs")
+    for name, scenario in result["scenarios"].items():
+        _print_scenario(name, scenario)
+    if len(result["scenarios"]) > 1:
+        print(_side_by_side(result["scenarios"]))
+        if result.get("backlog_vs_light") is not None:
+            print(f"  backlog events/s = {result['backlog_vs_light']:.2f} x light (target >= 0.5)")
+    print(f"  wall {result['wall_s']} s")
+    return write_json(args.json, result)
+
+
+def _side_by_side(scenarios: dict[str, dict[str, Any]]) -> str:
+    names = list(scenarios)
+    rows = [
+        ("events/s", lambda s: f"{s['events_per_s'] or 0:,}"),
+        ("placements/s", lambda s: f"{s['placements_per_s'] or 0:,}"),
+        ("decision p50 ms", lambda s: str(s["decision_latency_ms"]["p50"])),
+        ("decision p99 ms", lambda s: str(s["decision_latency_ms"]["p99"])),
+        ("queued at timing", lambda s: f"{s['placement']['queued']:,}"),
+    ]
+    lines = ["  " + f"{'':<18}" + "".join(f"{n:>14}" for n in names)]
+    for label, cell in rows:
+        lines.append("  " + f"{label:<18}" + "".join(f"{cell(scenarios[n]):>14}" for n in names))
+    return "\n".join(lines)
+
+
+def _print_scenario(name: str, result: dict[str, Any]) -> None:
     mixed, placement = result["mixed"], result["placement"]
     latency = result["decision_latency_ms"]
     ok = result["meets_targets"]
-    print(f"core on {args.nodes:,} nodes x {args.gpus_per_node} GPUs")
+    print(f" {name}:")
     print(
         f"  events/s      {result['events_per_s']:>10,}  (target {result['targets']['events_per_s']:,}:"
         f" {'met' if ok['events_per_s'] else 'MISSED'}) over {mixed['events']:,} mixed events"
@@ -144,7 +224,6 @@ def handle_core(args: argparse.Namespace) -> int:
         f"{latency['max']} ms over {latency['n']:,} deciding applies"
     )
     print(f"  replay matches recording: {mixed['replay_matches']}; wall {result['wall_s']} s")
-    return write_json(args.json, result)
 
 
 def handle_pipeline(args: argparse.Namespace) -> int:
@@ -192,7 +271,7 @@ def handle_pipeline(args: argparse.Namespace) -> int:
 
 def handle_takeover(args: argparse.Namespace) -> int:
     from framespool.commands import end_progress, progress_bar
-    from framespool.processors.takeover_bench import bench_takeover
+    from framespool.takeover_bench import bench_takeover
 
     if args.suffix < 1 or args.records <= args.suffix + args.nodes:
         raise CommandError(

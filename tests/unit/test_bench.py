@@ -66,3 +66,34 @@ def test_hop_split_measures_each_hop_between_its_two_stamps():
     assert hops["decision"] == {"p50": 20.0, "p99": 20.0, "max": 20.0}
     assert hops["delivery"]["max"] == 1.0
     assert hops["observe"]["max"] == 0.0  # ms-truncated clocks: never negative
+
+
+def test_bench_core_runs_light_and_backlog_side_by_side(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    status = main(
+        ["bench", "core", "--nodes", "10", "--queued", "200", "--events", "1500", "--rounds", "1"]
+        + ["--backlog-events", "800", "--backlog-queued", "60", "--backlog-tenants", "120"]
+        + ["--json", str(out)]
+    )
+    assert status == 0
+    result = json.loads(out.read_text())
+    scenarios = result["scenarios"]
+    assert list(scenarios) == ["light", "backlog"]
+    for name, scenario in scenarios.items():
+        assert scenario["events_per_s"] > 0 and scenario["placements_per_s"] > 0, name
+        assert {"p50", "p99"} <= set(scenario["decision_latency_ms"]), name
+        assert scenario["mixed"]["replay_matches"] is True, name
+    backlog = scenarios["backlog"]
+    assert backlog["setup"]["tenants"] == 120 and backlog["setup"]["warmup"] > 0
+    assert backlog["placement"]["queued"] >= 60
+    # the light scenario's keys stay at the top level
+    assert result["events_per_s"] == scenarios["light"]["events_per_s"]
+    assert result["decision_latency_ms"] == scenarios["light"]["decision_latency_ms"]
+    assert result["backlog_vs_light"] > 0
+    printed = capsys.readouterr().out
+    assert "light" in printed and "backlog" in printed
+
+
+def test_bench_core_scenarios_flag_is_checked(capsys) -> None:
+    assert main(["bench", "core", "--scenarios", "light,heavy"]) == 2
+    assert "--scenarios" in capsys.readouterr().err
