@@ -16,6 +16,12 @@ deterministic:
 The handlers live in three mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases)
 and ``scheduling`` (fair order, placement, reservation, backfill, preemption).
+
+Cost model (``scheduling.py`` states it in full, ``test_core_costmodel.py``
+tests it): with n backlogged flows, q queued jobs and F nodes with free GPUs,
+every handler costs O(log n + log q) amortized, plus O(F) per shape a
+placement searches; a Tick's pass tests at most ``backfill_depth`` candidates
+after a block and is skipped outright when nothing it reads has changed.
 """
 
 from __future__ import annotations
