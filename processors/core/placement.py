@@ -59,7 +59,9 @@ class NodeIndex:
             self.free_total -= old
         if node.schedulable:
             free = node.free_count()
-            if free > (old or 0):
+            if old is None or free > old:
+                # more free GPUs, or a node that held none in a bucket may be
+                # back in service (its releases count for reservations again)
                 self.freed += 1
             if free > 0:
                 self.buckets.setdefault(free, {})[node.node_id] = None
