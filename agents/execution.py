@@ -7,14 +7,20 @@ Theory of operation
 2. With ``resume_from``, the checkpoint (this rank's, in a gang) is
    downloaded and checksum-verified; an unusable one is logged and the run
    starts from scratch: losing progress beats failing the job.
-3. The work directory goes to the generator's user; the generator starts
-   (``RunStarted``) with a minimal environment; a stop that arrived meanwhile
-   stops it at once. Periodic checkpoints are requested every
+3. The work directory goes to the generator's user. A gang member then
+   reports ``RunStarted`` (it holds its GPUs) and waits at the start barrier
+   for the scheduler's ``BeginRun`` (every member holds its GPUs) before it
+   starts anything; a stop (or the agent closing) ends the wait instead. The
+   generator starts with a minimal environment (a run alone reports
+   ``RunStarted`` now); a stop that arrived meanwhile stops it at once.
+   Periodic checkpoints are requested every
    ``checkpoint_interval_s / time_scale`` when the spec asks for them.
 4. Progress goes to the progress topic through a per-run throttle; every
    checkpoint the generator reports is staged from its work directory (see
-   :mod:`keeping`), uploaded under a run-scoped key and, by the rank that
-   speaks for the job, reported (``RunCheckpointed``), in step order.
+   :mod:`keeping`), uploaded under a run-scoped key (its rank's in a gang)
+   and reported (``RunCheckpointed`` with its step, by every rank: the
+   scheduler resumes a gang from the latest step all ranks wrote), in step
+   order.
 5. When the process group is gone, pending checkpoint uploads finish, then the
    run ends with exactly one of ``RunCompleted`` (output uploaded with its
    digest), ``RunFailed`` (class, reason with stderr tail, exit code) or
@@ -111,6 +117,7 @@ class RunExecution:
         self._upload_lock = asyncio.Lock()
         self._checkpointing: asyncio.Task | None = None
         self._gang_ended = asyncio.Event()
+        self._go = asyncio.Event()  # BeginRun: the gang's start barrier is passed
 
     @property
     def key(self) -> tuple[str, int]:
@@ -142,6 +149,40 @@ class RunExecution:
         self._gang_ended.set()
         if self.runner is not None:
             await self.runner.stop(grace_s=min(self.runner.profile.stop_grace_s, 5.0))
+
+    def begin(self) -> None:
+        """The scheduler's ``BeginRun``: every member of the gang holds its GPUs."""
+        self._go.set()
+
+    async def _start_barrier(self) -> bool:
+        """Report this member ready and wait for the gang's go; False if the run
+        was stopped (reported) or the agent is closing meanwhile."""
+        host, (job_id, n) = self.host, self.key
+        await host.report(reports.started(host.node_id, self.incarnation, job_id, n, now_ms()))
+        if not self._go.is_set():
+            log.info(
+                "job %s run %d on %s: rank %d of %d holds its GPUs; waiting for the gang",
+                job_id,
+                n,
+                host.node_id,
+                self.member.rank,
+                self.member.world_size,
+            )
+            go = asyncio.ensure_future(self._go.wait())
+            ended = asyncio.ensure_future(self._gang_ended.wait())
+            await asyncio.wait((go, ended), return_when=asyncio.FIRST_COMPLETED)
+            go.cancel()
+            ended.cancel()
+        if host.closing:
+            return False
+        entry = host.ledger.entry(job_id, n)
+        if not self._go.is_set() or (entry is not None and entry.state is RunState.STOPPING):
+            reason = entry.stop_reason if entry and entry.stop_reason else "stopped at the barrier"
+            await host.report(
+                reports.stopped(host.node_id, self.incarnation, job_id, n, now_ms(), reason)
+            )
+            return False
+        return True
 
     def checkpoint(self) -> None:
         if self.runner is None:
@@ -212,6 +253,8 @@ class RunExecution:
                 )
                 return
             await asyncio.to_thread(hand_over, self.workdir, self.identity)
+            if self.member.gang and not await self._start_barrier():
+                return
             runner = runner_for(
                 profile,
                 cmd,
@@ -233,9 +276,10 @@ class RunExecution:
             if not host.ledger.started(job_id, n):
                 await self.runner.stop()  # a stop arrived while it was starting
             else:
-                await host.report(
-                    reports.started(host.node_id, self.incarnation, job_id, n, now_ms())
-                )
+                if not self.member.gang:  # a gang member reported it at the barrier
+                    await host.report(
+                        reports.started(host.node_id, self.incarnation, job_id, n, now_ms())
+                    )
                 if spec.checkpoint_interval_s > 0 and profile.can_checkpoint:
                     periodic = asyncio.create_task(
                         self._periodic_checkpoints(spec.checkpoint_interval_s / host.time_scale)
@@ -401,8 +445,6 @@ class RunExecution:
                     "job %s run %d on %s: checkpoint upload failed: %s", job_id, n, host.node_id, e
                 )
                 return
-            if not self.member.speaks_for_job:
-                return  # the result rank's checkpoint names the job's step
             last = self.runner.last if self.runner else Progress(0.0, 0, 0)
             progress = cp.step / last.total_steps if last.total_steps else last.progress
             await host.report(

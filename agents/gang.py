@@ -1,13 +1,17 @@
 """A node's place in a run: alone, or one rank of a multi-node gang.
 
 A ``StartRun`` lists the gang's nodes in ``placement``; this node's rank is
-its index there. Every rank writes its output and checkpoints under its own
-keys (``.../ranks/{rank}/...``), and one declared rank (the profile's
-``result_rank``, 0 by default) speaks for the job:
+its index there, and the generator learns its rank, the world size and its
+peers (``FRAMESPOOL_RANK``, ``FRAMESPOOL_WORLD_SIZE``, ``FRAMESPOOL_PEERS``,
+``FRAMESPOOL_MASTER``; see the README). No member starts its generator before
+the scheduler's ``BeginRun`` says every member holds its GPUs (the start
+barrier, :mod:`execution`). Every rank writes its output and checkpoints
+under its own keys (``.../ranks/{rank}/...``) and reports each checkpoint with
+its step; the scheduler resumes the gang from the latest step every rank
+checkpointed, each rank from its own file of that step. One declared rank
+(the profile's ``result_rank``, 0 by default) speaks for the job:
 
-1. only that rank reports ``RunCompleted`` (its output is the job's result)
-   and ``RunCheckpointed`` (its checkpoint names the step every rank resumes
-   from, each from its own key);
+1. only that rank reports ``RunCompleted`` (its output is the job's result);
 2. another rank whose generator exits 0 uploads its output if it wrote one,
    need not write one, and holds the run (listed in heartbeats) until the
    scheduler ends the gang with ``StopRun``; it then reports ``RunStopped``;
@@ -32,6 +36,7 @@ class Membership:
     rank: int
     world_size: int
     result_rank: int = 0
+    peers: tuple[str, ...] = ()  # the gang's node ids in rank order (empty alone)
 
     @property
     def gang(self) -> bool:
@@ -40,6 +45,11 @@ class Membership:
     @property
     def speaks_for_job(self) -> bool:
         return not self.gang or self.rank == self.result_rank
+
+    @property
+    def master(self) -> str:
+        """Rank 0's node id, where a gang's collectives rendezvous ("" alone)."""
+        return self.peers[0] if self.peers else ""
 
     @property
     def key_rank(self) -> int | None:
@@ -62,4 +72,4 @@ def membership(cmd: StartRun, node_id: str, result_rank: int = 0) -> Membership:
             f"the profile's result_rank {result_rank} is not a rank of a gang of"
             f" {len(nodes)} nodes; lower result_rank"
         )
-    return Membership(nodes.index(node_id), len(nodes), result_rank)
+    return Membership(nodes.index(node_id), len(nodes), result_rank, tuple(nodes))

@@ -44,6 +44,11 @@ def make_runner(
     )
 
 
+def host_of(cmd: StartRun) -> str:
+    """The one node of a run alone: its own peer list and master."""
+    return cmd.node_id
+
+
 def runner_for(
     profile: ModelProfile,
     cmd: StartRun,
@@ -69,6 +74,8 @@ def runner_for(
                 "FRAMESPOOL_RUN": n,
                 "FRAMESPOOL_RANK": rank,
                 "FRAMESPOOL_WORLD_SIZE": world,
+                "FRAMESPOOL_PEERS": ",".join(member.peers) or host_of(cmd),
+                "FRAMESPOOL_MASTER": member.master or host_of(cmd),
                 "HOME": str(workdir),
                 "TMPDIR": str(workdir / "tmp"),
             },

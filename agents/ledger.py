@@ -19,7 +19,10 @@ Fencing, in the order it is checked:
    here ``LAUNCH``-es and names the older run in ``supersedes`` so the shell
    stops it (its attempt is over);
 5. ``StopRun``/``CheckpointRun`` for a run this node runs act on it; for a run
-   it does not have they ``REPORT_STOPPED`` so the scheduler can release GPUs.
+   it does not have they ``REPORT_STOPPED`` so the scheduler can release GPUs;
+6. ``BeginRun`` (a gang's start barrier is passed) ``BEGIN``-s a run this node
+   holds and has not started computing; otherwise it is ``IGNORE``-d (a run
+   that is not here meets the scheduler's per-member lease).
 
 A node declared DOWN registers again (:meth:`RunLedger.reincarnate`): the ledger
 takes the new incarnation, so everything addressed to the old one is fenced by
@@ -45,9 +48,9 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from framespool.schemas.events import CheckpointRun, StartRun, StopRun
+from framespool.schemas.events import BeginRun, CheckpointRun, StartRun, StopRun
 
-Instruction = StartRun | StopRun | CheckpointRun
+Instruction = StartRun | StopRun | CheckpointRun | BeginRun
 RunKey = tuple[str, int]
 
 
@@ -58,6 +61,7 @@ class Action(enum.Enum):
     STOP = "stop"  # stop a run this node has
     CHECKPOINT = "checkpoint"  # ask a run this node has to checkpoint
     REPORT_STOPPED = "report_stopped"  # node has no such run: confirm it is gone
+    BEGIN = "begin"  # every gang member holds its GPUs: the run may compute
 
 
 class RunState(enum.Enum):
@@ -135,7 +139,16 @@ class RunLedger:
             self._seen_events.discard(self._event_order.popleft())
         if isinstance(cmd, StartRun):
             return self._start(cmd)
+        if isinstance(cmd, BeginRun):
+            return self._begin(cmd)
         return self._stop_or_checkpoint(cmd)
+
+    def _begin(self, cmd: BeginRun) -> Decision:
+        entry = self._runs.get((cmd.job_id, cmd.run))
+        if entry is None or entry.state is not RunState.LAUNCHING:
+            why = "no such run on this node" if entry is None else f"run is {entry.state.value}"
+            return self._ignore(cmd, why, cmd.job_id)
+        return Decision(Action.BEGIN, cmd.reason or "start barrier passed", cmd.job_id, cmd.run)
 
     def _start(self, cmd: StartRun) -> Decision:
         key = (cmd.spec.job_id, cmd.run)

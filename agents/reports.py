@@ -128,6 +128,7 @@ def checkpointed(
         incarnation=incarnation,
         checkpoint_uri=uri,
         progress=progress,
+        step=step,
     )
 
 

@@ -16,10 +16,11 @@ import pytest
 
 from framespool.agents.artifacts import LocalDirStore
 from framespool.agents.execution import RunExecution
-from framespool.agents.ledger import RunLedger
+from framespool.agents.ledger import Action, RunLedger
 from framespool.agents.profiles import ModelProfile, demo_profile
 from framespool.agents.sandbox import generator_identity
 from framespool.schemas.events import (
+    BeginRun,
     JobSpec,
     NodeSlice,
     RunCheckpointed,
@@ -102,13 +103,39 @@ def script_profile(script: str, **extra: Any) -> ModelProfile:
     )
 
 
-def execute(host: FakeHost, cmd: StartRun, profile: ModelProfile, then=None) -> RunExecution:
+def begin_run(host: FakeHost, cmd: StartRun) -> BeginRun:
+    return BeginRun(
+        event_id=uuid.uuid4().hex,
+        ts_ms=0,
+        node_id=host.node_id,
+        incarnation=host.incarnation,
+        job_id=cmd.spec.job_id,
+        run=cmd.run,
+    )
+
+
+async def play_scheduler_barrier(host: FakeHost, cmd: StartRun, execution: RunExecution) -> None:
+    """The scheduler's part of the start barrier, the rest of the gang being ready:
+    once this member reports it holds its GPUs, the go."""
+    while not host.of(RunStarted):
+        await asyncio.sleep(0.005)
+    if host.ledger.decide(begin_run(host, cmd)).action is Action.BEGIN:
+        execution.begin()
+
+
+def execute(
+    host: FakeHost, cmd: StartRun, profile: ModelProfile, then=None, go: bool = True
+) -> RunExecution:
+    """Run ``cmd`` to its end; a gang member gets its go once it reports ready
+    unless ``go`` is False (then ``then`` plays the scheduler)."""
     workdir = host.data_dir / "runs" / cmd.spec.job_id / str(cmd.run)
 
     async def main() -> RunExecution:
         host.ledger.decide(cmd)
         execution = RunExecution(host, cmd, profile, workdir, identity=host.identity)
         task = asyncio.ensure_future(execution.execute())
+        if go and len(cmd.placement) > 1:
+            asyncio.ensure_future(play_scheduler_barrier(host, cmd, execution))
         if then is not None:
             await then(execution)
         await asyncio.wait_for(task, 30)
@@ -323,7 +350,99 @@ def test_gang_checkpoints_are_per_rank_and_resume_from_the_same_step(tmp_path):
     out = json.loads(store.local_path("jobs/job-g/runs/2/ranks/1/output/output.bin").read_text())
     assert out == "rank one"
     assert store.exists("jobs/job-g/runs/2/ranks/1/checkpoints/5")
-    assert not host.of(RunCheckpointed)  # only the result rank's checkpoints name the job's
+    # every rank reports its own checkpoint and step: the scheduler resumes the
+    # gang from the latest step all ranks wrote
+    (ck,) = host.of(RunCheckpointed)
+    assert (ck.node_id, ck.step) == ("node-b", 5)
+    assert ck.checkpoint_uri == "local://jobs/job-g/runs/2/ranks/1/checkpoints/5"
+
+
+# -- gangs: the start barrier and what the generator learns of its gang ----------
+BARRIER_SCRIPT = WRITE_OUTPUT + (
+    "import json\n"
+    "open(os.path.join(os.environ['FRAMESPOOL_STARTED_FLAG']), 'w').write('x')\n"
+    "keys = ('FRAMESPOOL_RANK', 'FRAMESPOOL_WORLD_SIZE', 'FRAMESPOOL_PEERS', 'FRAMESPOOL_MASTER')\n"
+    "json.dump({k: os.environ[k] for k in keys}, open(sys.argv[1], 'w'))\n"
+)
+
+
+def test_a_gang_member_does_not_start_its_generator_before_the_go(tmp_path):
+    host = FakeHost(tmp_path, "node-a")
+    flag = tmp_path / "generator-started"
+    profile = script_profile(BARRIER_SCRIPT, env={"FRAMESPOOL_STARTED_FLAG": str(flag)})
+    cmd = start_run(host, "job-g", placement=GANG)
+    seen: dict[str, Any] = {}
+
+    async def then(execution: RunExecution) -> None:
+        while not host.of(RunStarted):  # ready: it holds its GPUs
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.5)  # time enough to start a process, had it not waited
+        seen["runner"], seen["flag"] = execution.runner, flag.exists()
+        seen["reports"] = [type(e) for e in host.reports]
+        assert host.ledger.decide(begin_run(host, cmd)).action is Action.BEGIN
+        execution.begin()
+
+    execute(host, cmd, profile, then, go=False)
+    assert seen == {"runner": None, "flag": False, "reports": [RunStarted]}
+    assert flag.exists()
+    (done,) = host.of(RunCompleted)
+    assert [type(e) for e in host.reports] == [RunStarted, RunCompleted]
+
+
+def test_a_gang_member_stopped_at_the_barrier_never_starts_and_confirms_the_stop(tmp_path):
+    host = FakeHost(tmp_path, "node-b")
+    flag = tmp_path / "generator-started"
+    profile = script_profile(BARRIER_SCRIPT, env={"FRAMESPOOL_STARTED_FLAG": str(flag)})
+    cmd = start_run(host, "job-g", placement=GANG)
+
+    async def then(execution: RunExecution) -> None:
+        while not host.of(RunStarted):
+            await asyncio.sleep(0.005)
+        host.ledger.decide(
+            StopRun(
+                event_id="s",
+                ts_ms=0,
+                node_id="node-b",
+                incarnation=7,
+                job_id="job-g",
+                run=1,
+                reason="gang requeued: member_lost",
+            )
+        )
+        await execution.stop()
+
+    execution = execute(host, cmd, profile, then, go=False)
+    assert execution.runner is None and not flag.exists()
+    assert [type(e) for e in host.reports] == [RunStarted, RunStopped]
+    assert host.of(RunStopped)[0].reason == "gang requeued: member_lost"
+
+
+def test_the_generator_learns_its_rank_world_size_and_peers(tmp_path):
+    host = FakeHost(tmp_path, "node-a")
+    profile = script_profile(BARRIER_SCRIPT, env={"FRAMESPOOL_STARTED_FLAG": "flag"})
+    execute(host, start_run(host, "job-g", placement=GANG), profile)
+    (done,) = host.of(RunCompleted)
+    env = json.loads(host.store.local_path(done.artifact_uri).read_text())
+    assert env == {
+        "FRAMESPOOL_RANK": "0",
+        "FRAMESPOOL_WORLD_SIZE": "2",
+        "FRAMESPOOL_PEERS": "node-a,node-b",
+        "FRAMESPOOL_MASTER": "node-a",
+    }
+
+
+def test_a_run_alone_is_its_own_world(tmp_path):
+    host = FakeHost(tmp_path)
+    profile = script_profile(BARRIER_SCRIPT, env={"FRAMESPOOL_STARTED_FLAG": "flag"})
+    execute(host, start_run(host), profile)
+    (done,) = host.of(RunCompleted)
+    env = json.loads(host.store.local_path(done.artifact_uri).read_text())
+    assert env == {
+        "FRAMESPOOL_RANK": "0",
+        "FRAMESPOOL_WORLD_SIZE": "1",
+        "FRAMESPOOL_PEERS": NODE,
+        "FRAMESPOOL_MASTER": NODE,
+    }
 
 
 def test_single_node_runs_keep_their_keys(tmp_path):

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from framespool.agents.ledger import Action, ProgressThrottle, RunLedger, RunState, StepRate
-from framespool.schemas.events import CheckpointRun, JobSpec, StartRun, StopRun
+from framespool.schemas.events import BeginRun, CheckpointRun, JobSpec, StartRun, StopRun
 
 NODE, INC = "node-a", 7
 
@@ -147,6 +147,32 @@ def test_start_arriving_after_its_stop_is_not_launched():
     assert ledger.decide(stop(run=4)).action is Action.REPORT_STOPPED
     assert ledger.decide(start(run=4)).action is Action.IGNORE
     assert ledger.decide(start(run=3)).action is Action.IGNORE
+
+
+def begin(job="job-1", run=1, *, node=NODE, inc=INC, eid=None):
+    return BeginRun(
+        event_id=eid or f"begin-{job}-{run}-{inc}",
+        ts_ms=0,
+        node_id=node,
+        incarnation=inc,
+        job_id=job,
+        run=run,
+    )
+
+
+def test_begin_releases_a_launching_run_once_and_nothing_else():
+    ledger = RunLedger(NODE, INC)
+    assert ledger.decide(begin(job="ghost")).action is Action.IGNORE  # nothing to release
+    ledger.decide(start())
+    d = ledger.decide(begin())
+    assert (d.action, d.job_id, d.run) == (Action.BEGIN, "job-1", 1)
+    assert ledger.decide(begin()).action is Action.IGNORE  # redelivered
+    assert ledger.decide(begin(inc=INC - 1, eid="old")).action is Action.IGNORE  # fenced
+    ledger.started("job-1", 1)
+    d = ledger.decide(begin(eid="late"))
+    assert d.action is Action.IGNORE and "running" in d.reason
+    ledger.decide(stop())
+    assert ledger.decide(begin(eid="after-stop")).action is Action.IGNORE
 
 
 def test_checkpoint_only_for_running_runs():
