@@ -27,8 +27,9 @@ Theory of operation
 6. On shutdown it kills its generators' process groups and exits without
    reporting; after a restart the scheduler reconciles the new incarnation.
    Declared ``DOWN`` while it lives (paused, partitioned), it heals itself
-   (:mod:`liveness`): it stops the old incarnation's runs (the scheduler
-   requeued them; their reports keep the old incarnation and stay fenced),
+   (:mod:`liveness` decides, :mod:`healing` acts): it stops the old
+   incarnation's runs (the scheduler requeued them; their reports keep the
+   old incarnation and stay fenced),
    registers again as incarnation + 1 and takes work; reconciliation stops
    whatever of the old incarnation is still listed.
 7. Generators get a minimal environment, run as ``generator_user`` where the
@@ -54,8 +55,9 @@ from framespool.agents import reports
 from framespool.agents.artifacts import ArtifactStore
 from framespool.agents.execution import RunExecution, now_ms
 from framespool.agents.gpus import GpuProbe, with_warm_models
+from framespool.agents.healing import Healing, next_incarnation
 from framespool.agents.ledger import Action, RunLedger
-from framespool.agents.liveness import Heal, Liveness
+from framespool.agents.liveness import Liveness
 from framespool.agents.profiles import ModelProfile
 from framespool.agents.sandbox import SandboxError, generator_identity, unreachable_part
 from framespool.log import LogError, LogProducer, Record, partition_for_key
@@ -67,7 +69,6 @@ from framespool.schemas.events import (
     BeginRun,
     CheckpointRun,
     NodeHeartbeat,
-    NodeStateChanged,
     RunProgress,
     StartRun,
     StopRun,
@@ -78,28 +79,13 @@ from framespool.schemas.topics import Topics, agent_group, partition_of_cell
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
-HEAL_STOP_WAIT_S = 30.0  # how long a healing node waits for its old runs to end
-
-
-def next_incarnation(data_dir: Path, requested: int | None = None) -> int:
-    """A number greater than every incarnation this node used before, persisted."""
-    path = data_dir / "incarnation"
-    try:
-        previous = int(path.read_text().strip())
-    except (OSError, ValueError):
-        previous = 0
-    value = requested if requested is not None else max(previous + 1, int(time.time() * 1000))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(max(value, previous)))
-    os.replace(tmp, path)
-    return value
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100] or "_"
 
 
-class NodeAgent:
+class NodeAgent(Healing):
     """One node's agent. ``await start()`` / ``await stop()``, or ``run_until_signalled()``."""
 
     def __init__(
@@ -452,65 +438,3 @@ class NodeAgent:
         set_busy = getattr(self.probe, "set_busy", None)
         if set_busy is not None:
             set_busy({g for r in self._runs.values() if r.runner is not None for g in r.cmd.gpus})
-
-    # -- self-healing ----------------------------------------------------------------
-    def on_node_state(self, event: NodeStateChanged) -> None:
-        """The scheduler's word on this node's state (job-events): a ``DOWN`` of the
-        current incarnation starts one re-registration (see :mod:`liveness`)."""
-        if self.closing:
-            return
-        verdict = self.liveness.on_node_state(event, time.monotonic())
-        if verdict.action is Heal.REREGISTER:
-            log.warning(
-                "agent %s incarnation %d: %s; registering again",
-                self.node_id,
-                self.incarnation,
-                verdict.reason,
-            )
-            self.spawn(self._heal(verdict.not_before_s, verdict.reason), "heal")
-
-    async def _heal(self, not_before_s: float, reason: str) -> None:
-        """Stop the old incarnation's runs, then register as incarnation + 1.
-
-        1. heartbeats pause (the old incarnation's would only be ignored);
-        2. after the backoff, the ledger takes the new incarnation: instructions
-           for the old one are fenced from now on;
-        3. the old runs are stopped, and waited for (bounded), so that no new run
-           is placed on GPUs an old process still holds;
-        4. ``NodeRegistered`` of the new incarnation; heartbeats resume.
-        """
-        self.healing = True
-        try:
-            delay = not_before_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            new = next_incarnation(self.data_dir, self.incarnation + 1)
-            old = self.incarnation
-            over = self.ledger.reincarnate(new, f"node declared DOWN as incarnation {old}")
-            for key in over:
-                self._stop_run(key)
-            deadline = time.monotonic() + HEAL_STOP_WAIT_S
-            while any(k in self._runs for k in over) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            left = [k for k in over if k in self._runs]
-            if left:
-                log.warning(
-                    "agent %s: runs %s of incarnation %d still ending; registering anyway",
-                    self.node_id,
-                    left,
-                    old,
-                )
-            self.incarnation = new
-            if self.closing:
-                return
-            await self.register()
-            log.warning(
-                "agent %s healed: incarnation %d -> %d (%s); stopped %d old run(s)",
-                self.node_id,
-                old,
-                new,
-                reason,
-                len(over),
-            )
-        finally:
-            self.healing = False
