@@ -154,3 +154,30 @@ def test_a_down_declaration_heals_only_its_node(tmp_path):
     # the old incarnation's instructions are fenced from now on
     decision = agents["node-b"].ledger.decide(stop_cmd("node-b", 9, "job-9", "late"))
     assert decision.action is Action.IGNORE and "stale incarnation 9" in decision.reason
+
+
+def test_an_agent_process_is_given_one_node_or_a_list_of_simulated_ones():
+    import argparse
+
+    import pytest
+
+    from framespool.services import node_specs
+
+    def args(**kw):
+        base = dict(node=None, nodes=None, cell="cell-0", rail="rail-0", simulated=True)
+        return argparse.Namespace(**{**base, **kw})
+
+    assert node_specs(args(node="n0", cell="cell-3")) == [("n0", "cell-3", "rail-0")]
+    assert node_specs(args(nodes="n0@cell-1/rail-2,n1@cell-0,n2")) == [
+        ("n0", "cell-1", "rail-2"),
+        ("n1", "cell-0", "rail-0"),
+        ("n2", "cell-0", "rail-0"),
+    ]
+    for bad, words in (
+        (args(), "exactly one of --node"),
+        (args(node="n0", nodes="n1"), "exactly one of --node"),
+        (args(nodes="n0,n0"), "distinct"),
+        (args(nodes="n0,n1", simulated=False), "one agent per real GPU node"),
+    ):
+        with pytest.raises(SystemExit, match=words):
+            node_specs(bad)
