@@ -167,6 +167,8 @@ class JobQueued:
     wait_estimate_s: float = -1.0
     position: int = 0
     reason: str = ""
+    wait_p50_s: float = -1.0  # calibrated wait quantiles (s); -1 = unknown
+    wait_p90_s: float = -1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,6 +247,8 @@ class JobWaitEstimated:
     wait_estimate_s: float
     position: int
     reason: str = ""
+    wait_p50_s: float = -1.0  # calibrated wait quantiles (s); -1 = unknown
+    wait_p90_s: float = -1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -45,11 +45,13 @@ PUBLISHED: dict[int, str] = {
     14039620250252508977: "JobFailed",  # v1, before cause
     11337470190741820709: "JobFailed",
     12655476728794218687: "JobPreempted",
-    6330376819410712608: "JobQueued",
+    6330376819410712608: "JobQueued",  # v1, before wait_p50_s/wait_p90_s
+    5421707228969922155: "JobQueued",
     3255541121579035984: "JobRejected",
     4184484722552005384: "JobRequeued",  # v1, before cause and failure_class
     10664622816892659894: "JobRequeued",
-    5600814957622728919: "JobWaitEstimated",
+    5600814957622728919: "JobWaitEstimated",  # v1, before wait_p50_s/wait_p90_s
+    1223824917002093173: "JobWaitEstimated",
     10334197358283290359: "NodeHeartbeat",  # v1, before runs
     2097034915834626238: "NodeHeartbeat",
     17100172342302756222: "NodeRegistered",
@@ -213,6 +215,8 @@ def test_there_is_history_to_test():
         "NodeHeartbeat.v1.avsc",
         "JobRequeued.v1.avsc",
         "JobFailed.v1.avsc",
+        "JobQueued.v1.avsc",
+        "JobWaitEstimated.v1.avsc",
     }
 
 
@@ -281,6 +285,19 @@ def test_submit_job_v1_gets_the_new_job_spec_defaults():
     )
     assert event.spec.shapes == () and event.spec.gpu_type == ""
     assert event.spec.callback_url is None
+
+
+@pytest.mark.parametrize("name", ["JobQueued", "JobWaitEstimated"])
+def test_wait_estimate_v1_reads_as_unknown_quantiles(name):
+    writer = load(HISTORY_DIR / f"{name}.v1.avsc")
+    datum = {"event_id": "q-1", "ts_ms": 5, "job_id": "job-1", "wait_estimate_s": 40.0}
+    datum |= {"position": 3, "reason": "fair-share queue"}
+    if name == "JobQueued":
+        datum |= {"tenant": "acme", "tier": "paid"}
+    event = codec.decode(frame(writer, datum))
+    assert type(event) is ev.EVENT_BY_NAME[name]
+    assert event.wait_estimate_s == 40.0 and event.position == 3
+    assert event.wait_p50_s == -1.0 and event.wait_p90_s == -1.0
 
 
 def test_node_heartbeat_v1_reports_no_runs():
