@@ -16,6 +16,7 @@ branch on the code, never on the wording of the reason.
 | ``node_down``       | its node missed heartbeats or never confirmed a stop           | node_lost       |
 | ``node_reregistered`` | its node came back as a new incarnation                      | node_lost       |
 | ``agent_stopped``   | the agent stopped it unasked (e.g. shutting down)              | node_lost       |
+| ``member_lost``     | one node of its gang went unreported within the report lease   | node_lost       |
 | ``preempted``       | more important work took its GPUs (checkpoint, then requeue)   | (not charged)   |
 | ``gpu_ecc``         | moved off a GPU with ECC errors (or a node draining for one)   | (not charged)   |
 | ``gpu_throttled``   | moved off a thermally or clock-throttled GPU                   | (not charged)   |
@@ -42,6 +43,7 @@ class RunCause(StrEnum):
     NODE_DOWN = "node_down"
     NODE_REREGISTERED = "node_reregistered"
     AGENT_STOPPED = "agent_stopped"
+    MEMBER_LOST = "member_lost"
     PREEMPTED = "preempted"
     GPU_ECC = "gpu_ecc"
     GPU_THROTTLED = "gpu_throttled"
@@ -67,6 +69,7 @@ RETRY_CLASS: dict[RunCause, str] = {
     RunCause.NODE_DOWN: NODE_LOST,
     RunCause.NODE_REREGISTERED: NODE_LOST,
     RunCause.AGENT_STOPPED: NODE_LOST,
+    RunCause.MEMBER_LOST: NODE_LOST,
 }
 
 

@@ -234,9 +234,13 @@ class Accounting:
             ("breaker_trips", dict),
             ("finished_marks", deque),
             ("finished_expired", int),
+            ("gang_runs", dict),
         ):
             if name not in self.__dict__:
                 setattr(self, name, make())
+        for run in self.runs.values():
+            if not hasattr(run, "gang"):  # pickled before gangs were tracked per member
+                run.gang = None
         if any(entries and isinstance(entries[0], int) for entries in self.failure_log.values()):
             self.failure_log = {}
 

@@ -13,9 +13,11 @@ deterministic:
 3. every iteration is over insertion-ordered dicts or sorted lists (never a
    set), and nothing reads a clock, a random source or the environment.
 
-The handlers live in three mixins along the domain's seams: ``jobs`` (admission,
-cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases)
-and ``scheduling`` (fair order, placement, reservation, backfill, preemption).
+The handlers live in mixins along the domain's seams: ``jobs`` (admission,
+cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases),
+``gangs`` (a multi-node run's start barrier, per-member liveness and per-rank
+checkpoints) and ``scheduling`` (fair order, placement, reservation, backfill,
+preemption).
 
 Cost model (``scheduling.py`` states it in full, ``test_core_costmodel.py``
 tests it): with n backlogged flows, q queued jobs and F nodes with free GPUs,
@@ -37,6 +39,7 @@ from . import lifecycle as lc
 from .accounting import Accounting
 from .config import CellConfig
 from .fairshare import FairTree
+from .gangs import GangHandlers
 from .jobs import JobHandlers
 from .model import Job, Node, Run, RunKey
 from .nodes import NodeHandlers
@@ -56,7 +59,7 @@ class TenantUse:
         self.queued = 0
 
 
-class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
+class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Accounting):
     def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
         self.config = config or CellConfig()
         self.cell_id = cell_id
@@ -81,6 +84,7 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         self.assigned_unstarted: dict[RunKey, None] = {}
         self.exiting: dict[RunKey, None] = {}
         self.stopping: dict[RunKey, None] = {}
+        self.gang_runs: dict[RunKey, None] = {}  # gangs past their start barrier
         self.limits: list[tuple[int, str, int]] = []  # heap of (limit_ms, job, run)
         # scheduling state
         self.reservation_job = ""
@@ -174,6 +178,8 @@ class Cell(JobHandlers, NodeHandlers, Scheduling, Reservations, Accounting):
         for run in self.runs.values():
             span = run.limit_ms - run.assigned_ms
             run.assigned_ms = run.started_ms = run.last_report_ms = first_ms
+            if run.gang is not None:
+                run.gang.seen = dict.fromkeys(run.gang.members, first_ms)
             run.limit_ms = first_ms + span
         self.limits = [(r.limit_ms, r.job_id, r.run) for r in self.runs.values()]
         heapq.heapify(self.limits)
@@ -215,4 +221,4 @@ Cell._HANDLERS = {
 }
 
 # Outputs the shell routes to agents (by node id); everything else is a job event.
-AGENT_COMMANDS = (ev.StartRun, ev.StopRun, ev.CheckpointRun)
+AGENT_COMMANDS = (ev.StartRun, ev.StopRun, ev.CheckpointRun, ev.BeginRun)

@@ -184,6 +184,9 @@ class JobHandlers:
         job = self.jobs[run.job_id]
         if self.refused(job, "start", event):
             return
+        if run.gang is not None:  # one member holds its GPUs: the start barrier (gangs.py)
+            self.member_ready(run, event.node_id, job)
+            return
         job.state = lc.next_state(job.job_id, job.state, "start")
         if run.phase == RunPhase.ASSIGNED:
             run.phase = RunPhase.RUNNING
@@ -196,6 +199,11 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs[run.job_id]
+        if run.gang is not None and event.step >= 0:  # one rank's; see gangs.py
+            run.last_report_ms = self.now_ms
+            if self.rank_checkpointed(run, job, event) and run.phase == RunPhase.EXITING:
+                self.finish_exit(run)
+            return
         if event.progress >= job.checkpoint_progress:  # a re-delivered older one never wins
             job.checkpoint = event.checkpoint_uri
             job.checkpoint_progress = event.progress

@@ -89,6 +89,7 @@ class Run:
         "checkpointable",
         "cpus",
         "mem_gb",
+        "gang",
     )
 
     def __init__(
@@ -127,6 +128,11 @@ class Run:
         self.checkpointable = job.spec.checkpoint_interval_s > 0
         self.cpus = job.spec.cpus
         self.mem_gb = job.spec.mem_gb
+        # A run on several nodes is a gang: per-member readiness, liveness and
+        # checkpoints (``gangs.py``); a run on one node keeps the run-wide fields.
+        self.gang = (
+            Gang(tuple(s.node_id for s in placement), now_ms) if len(placement) > 1 else None
+        )
 
     @property
     def key(self) -> RunKey:
@@ -142,6 +148,24 @@ class Run:
             return end
         slack = max(1000, int(self.estimate_s * 100))
         return max(now_ms + 1, min(self.limit_ms, now_ms + slack))
+
+
+class Gang:
+    """Per-member state of a multi-node run; a member's rank is its index in
+    ``members`` (the placement's order, as the agents number themselves)."""
+
+    __slots__ = ("members", "ready", "seen", "steps", "common_step")
+
+    def __init__(self, members: tuple[str, ...], now_ms: int) -> None:
+        self.members = members
+        self.ready: dict[str, None] = {}  # members that hold their GPUs, in report order
+        self.seen: dict[str, int] = dict.fromkeys(members, now_ms)  # last sign of the run there
+        # member -> {step: (checkpoint uri, progress)} not yet below the common step
+        self.steps: dict[str, dict[int, tuple[str, float]]] = {m: {} for m in members}
+        self.common_step = -1  # the latest step every member checkpointed in this run
+
+    def rank(self, node_id: str) -> int:
+        return self.members.index(node_id)
 
 
 class Node:

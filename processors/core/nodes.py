@@ -13,8 +13,9 @@ Theory of operation
    no longer ok gets no new work, and its runs are checkpointed and moved.
 4. Ticks expire leases: a silent node goes DOWN, an assigned run that never
    started is requeued, an unanswered checkpoint request becomes a stop, an
-   unconfirmed stop takes the node DOWN, and a run past its hard time limit is
-   stopped with failure class ``timeout``.
+   unconfirmed stop takes the node DOWN, a run past its hard time limit is
+   stopped with failure class ``timeout``, and a gang one of whose members
+   went silent is ended whole (``gangs.py``).
 """
 
 from __future__ import annotations
@@ -189,11 +190,15 @@ class NodeHandlers:
                 )
                 continue
             run.last_report_ms = self.now_ms
+            self.member_seen(run, node.node_id)
             if run.phase == RunPhase.ASSIGNED:
                 job = self.jobs.get(run.job_id)
                 if job is not None and job.run != run.run:
                     job = None
-                if job is None or not self.refused(job, "start", event):
+                if run.gang is not None:  # listed: this member holds its GPUs (gangs.py)
+                    if job is None or not self.refused(job, "start", event):
+                        self.member_ready(run, node.node_id, job)
+                elif job is None or not self.refused(job, "start", event):
                     if job is not None:
                         job.state = lc.next_state(job.job_id, job.state, "start")
                     run.phase = RunPhase.RUNNING
@@ -220,6 +225,14 @@ class NodeHandlers:
                 self.release_slice(run, node.node_id)
             elif run.phase == RunPhase.ASSIGNED:
                 continue  # the start lease (on Tick) covers assignments in flight
+            elif run.gang is not None:
+                if self.now_ms - run.gang.seen[node.node_id] > self.config.report_lease_s * 1000:
+                    self.on_node_lost_run(
+                        run,
+                        f"gang member {node.node_id} has not listed the run for "
+                        f"{self.config.report_lease_s:.0f}s: the whole gang is requeued",
+                        RunCause.MEMBER_LOST,
+                    )
             elif self.now_ms - run.last_report_ms > self.config.report_lease_s * 1000:
                 self.on_lease_lost(
                     run, f"run not reported by {node.node_id} for {self.config.report_lease_s:.0f}s"
@@ -348,6 +361,7 @@ class NodeHandlers:
                 f"{(run.limit_ms - run.started_ms) / 1000:.0f}s "
                 f"(estimate {run.estimate_s:.0f}s)",
             )
+        self.expire_gang_members()
 
     def on_lease_lost(self: Cell, run: Run, reason: str) -> None:
         self.on_node_lost_run(run, reason, RunCause.LEASE_EXPIRED)

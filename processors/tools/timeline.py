@@ -35,6 +35,7 @@ SOURCES = {
     ev.StartRun: "scheduler",
     ev.StopRun: "scheduler",
     ev.CheckpointRun: "scheduler",
+    ev.BeginRun: "scheduler",
     ev.RunStarted: "agent",
     ev.RunCheckpointed: "agent",
     ev.RunCompleted: "agent",
@@ -111,8 +112,11 @@ def summarize(e: Any) -> str:
         return f"{e.gpus} GPU(s) on {_placement(e.placement)}: {e.reason}{resume}"
     if isinstance(e, ev.StartRun):
         return f"start on GPUs {list(e.gpus)}, estimate {e.estimate_s:g}s"
+    if isinstance(e, ev.BeginRun):
+        return f"begin: {e.reason}"
     if isinstance(e, ev.RunCheckpointed):
-        return f"checkpoint {e.checkpoint_uri} at {e.progress:.0%}"
+        step = f", step {e.step}" if e.step >= 0 else ""
+        return f"checkpoint {e.checkpoint_uri} at {e.progress:.0%}{step}"
     if isinstance(e, ev.RunCompleted):
         return f"completed: {e.artifact_uri} ({e.size_bytes} bytes)"
     if isinstance(e, ev.RunFailed):

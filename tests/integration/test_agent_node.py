@@ -30,6 +30,7 @@ from framespool.agents.profiles import load_profiles
 from framespool.log import LogConsumer, LogProducer, Record, partition_for_key
 from framespool.schemas.codec import decode, encode
 from framespool.schemas.events import (
+    BeginRun,
     CheckpointRun,
     JobSpec,
     NodeHeartbeat,
@@ -174,6 +175,20 @@ class Harness:
             job_id=job_id,
             run=run,
             reason=reason,
+        )
+
+    def begin_run(
+        self, agent: NodeAgent, job_id: str, run: int = 1, node_id: str | None = None
+    ) -> BeginRun:
+        """The scheduler's go once every member of a gang is ready."""
+        return BeginRun(
+            event_id=uuid.uuid4().hex,
+            ts_ms=0,
+            node_id=node_id or self.node_id,
+            incarnation=agent.incarnation,
+            job_id=job_id,
+            run=run,
+            reason="start barrier passed",
         )
 
     def checkpoint_run(self, agent: NodeAgent, job_id: str, run: int = 1) -> CheckpointRun:
@@ -617,9 +632,22 @@ def test_gang_members_keep_per_rank_keys_and_only_the_result_rank_completes(
         params = {"steps": "4", "resolution": "64x36", "duration_s": "1"}
         await h.send(h.start_run(b, "job-gang", params=params, node_id=second, placement=gang))
         member_key = "jobs/job-gang/runs/1/ranks/1/output/output.gif"
+
+        def ready(node_id):
+            return lambda o: [s for s in o.of(RunStarted, "job-gang") if s.node_id == node_id]
+
+        # rank 1 holds its GPUs and waits at the start barrier: it computes nothing
+        await h.observer.wait_for(ready(second), what="rank 1 ready")
+        await asyncio.sleep(1.0)
+        await h.observer.wait_for(lambda o: True, what="one more poll")
+        assert not local_store.exists(member_key)
+        assert not [p for p in h.observer.progress if p.job_id == "job-gang"]
+        await h.send(h.begin_run(b, "job-gang", node_id=second))
         while not local_store.exists(member_key):
             await asyncio.sleep(0.05)
         await h.send(h.start_run(a, "job-gang", params=params, placement=gang))
+        await h.observer.wait_for(ready(h.node_id), what="rank 0 ready")
+        await h.send(h.begin_run(a, "job-gang"))
         done = await h.observer.wait_for(
             lambda o: o.of(RunCompleted, "job-gang"), what="RunCompleted"
         )

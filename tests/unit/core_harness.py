@@ -200,7 +200,23 @@ class Harness:
                 self.terminal[o.job_id] += 1
                 if self.terminal[o.job_id] > 1:
                     raise InvariantBroken(f"second terminal event for {o.job_id}: {o}")
-        # 3. a terminal job holds no queue slot and no live run
+        # 3. gangs start together: no member computes (RUNNING/EXITING, or a BeginRun
+        #    sent) before every member holds its GPUs and said so
+        for key, run in cell.runs.items():
+            gang = run.gang
+            if gang is None or run.phase in (RunPhase.ASSIGNED, RunPhase.STOPPING):
+                continue
+            if set(gang.ready) != set(gang.members) or set(run.held) != set(gang.members):
+                raise InvariantBroken(
+                    f"gang {key} is {run.phase} with ready {list(gang.ready)}, "
+                    f"held {list(run.held)}, members {gang.members}"
+                )
+        for o in out:
+            if isinstance(o, ev.BeginRun):
+                run = cell.runs.get((o.job_id, o.run))
+                if run is None or run.gang is None or set(run.gang.ready) != set(run.gang.members):
+                    raise InvariantBroken(f"BeginRun before every member was ready: {o}")
+        # 4. a terminal job holds no queue slot and no live run
         for job_id in cell.finished:
             if job_id in cell.jobs:
                 raise InvariantBroken(f"{job_id} both live and finished")
@@ -219,10 +235,12 @@ class Harness:
         ]
 
     def start_all(self) -> None:
+        """Every member of every assigned run reports it holds its GPUs."""
         for key in self.live_runs():
             run = self.cell.runs[key]
-            if run.phase == RunPhase.ASSIGNED:
-                self.report(ev.RunStarted, key[0], key[1], next(iter(run.held)))
+            for node_id in list(run.held):
+                if run.phase == RunPhase.ASSIGNED:
+                    self.report(ev.RunStarted, key[0], key[1], node_id)
 
     def complete(self, key: tuple[str, int]) -> list[Any]:
         run = self.cell.runs[key]

@@ -3,8 +3,9 @@
 Random action sequences drive a Cell through a harness that plays the agents
 (sometimes badly: stale, duplicated, late reports; silent and returning
 nodes; health faults) and checks after every step: no GPU in two runs,
-capacity never exceeded, gangs all-or-nothing, at most one terminal event per
-job; at the end every job drains to exactly one terminal event.
+capacity never exceeded, gangs all-or-nothing, no gang member computing before
+every member holds its GPUs, at most one terminal event per job; at the end
+every job drains to exactly one terminal event.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ action = st.one_of(
     st.tuples(st.just("complete"), st.integers(0, 50)),
     st.tuples(st.just("fail"), st.integers(0, 50), st.sampled_from(["generator_error", "hung"])),
     st.tuples(st.just("checkpoint"), st.integers(0, 50)),
+    # one member of a (possibly multi-node) run reports: ready, or a checkpoint of a step
+    st.tuples(
+        st.just("member"),
+        st.integers(0, 50),
+        st.integers(0, 3),
+        st.sampled_from(["start", "checkpoint"]),
+        st.integers(1, 4),
+    ),
     st.tuples(st.just("stale"), st.integers(0, 50), st.integers(1, 3)),
     st.tuples(st.just("heartbeat"), st.integers(0, 3), st.booleans()),
     st.tuples(st.just("hot"), st.integers(0, 3), st.integers(0, 7)),
@@ -74,6 +83,21 @@ def play(h: Harness, actions) -> None:
                 h.report(ev.RunFailed, *key, node, failure_class=a[2])
             else:
                 h.report(ev.RunCheckpointed, *key, node, checkpoint_uri=f"mem://{key}/ck")
+        elif kind == "member" and live:
+            _, which, member, what, step = a
+            key = live[which % len(live)]
+            held = list(h.cell.runs[key].held)
+            node = held[member % len(held)]
+            if what == "start":
+                h.report(ev.RunStarted, *key, node)
+            else:
+                h.report(
+                    ev.RunCheckpointed,
+                    *key,
+                    node,
+                    checkpoint_uri=f"mem://{key}/{node}/{step * 10}",
+                    step=step * 10,
+                )
         elif kind == "stale" and h.assigned():
             start = h.assigned()[a[1] % len(h.assigned())]
             job = h.cell.jobs.get(start.spec.job_id)
