@@ -41,6 +41,7 @@ from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState
 
 from .fairshare import Flow
 from .model import Job, Run
+from .waitbands import WaitBands
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -234,6 +235,7 @@ class Accounting:
             ("breaker_trips", dict),
             ("finished_marks", deque),
             ("finished_expired", int),
+            ("wait_bands", WaitBands),
             ("gang_runs", dict),
         ):
             if name not in self.__dict__:
@@ -362,10 +364,13 @@ class Accounting:
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait
                     budget -= 1
+                    p50, p90 = self.wait_bands.band(job.tier, wait)
                     self.emit(
                         ev.JobWaitEstimated,
                         job_id=job_id,
                         wait_estimate_s=round(wait, 3),
+                        wait_p50_s=round(p50, 3),
+                        wait_p90_s=round(p90, 3),
                         position=0,
                         reason=job.reason or "fair-share queue",
                     )

@@ -46,6 +46,7 @@ from .nodes import NodeHandlers
 from .placement import NodeIndex
 from .reservation import Reservations
 from .scheduling import Scheduling
+from .waitbands import WaitBands
 
 
 class TenantUse:
@@ -101,6 +102,7 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
         self.model_median: dict[str, float] = {}
         self.last_status_ms = -1
         self.last_estimate_ms = -1
+        self.wait_bands = WaitBands()  # P50/P90 learned from observed waits
         self.counters: dict[str, int] = {}
         # per-apply output buffer
         self._out: list[Any] = []

@@ -52,12 +52,16 @@ class JobHandlers:
         self.jobs[spec.job_id] = job
         self.enqueue(job, requeued=False)
         job.wait_estimate_s = ahead
+        self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead)
+        p50, p90 = self.wait_bands.band(spec.tier, ahead)
         self.emit(
             ev.JobQueued,
             job_id=spec.job_id,
             tenant=spec.tenant,
             tier=spec.tier,
             wait_estimate_s=round(ahead, 3),
+            wait_p50_s=round(p50, 3),
+            wait_p90_s=round(p90, 3),
             position=self.leaf_of(job).queued,
             reason="admitted: fair-share queue",
         )
@@ -330,6 +334,7 @@ class JobHandlers:
         """Terminal; the caller has checked ``action`` against the table."""
         job.state = lc.next_state(job.job_id, job.state, action)
         del self.jobs[job.job_id]
+        self.wait_bands.forget(job.job_id)  # ended before it ever started
         self.finished[job.job_id] = state
         if self.reservation_job == job.job_id:
             self.clear_reservation()

@@ -320,6 +320,7 @@ class Scheduling:
         job.state = lc.next_state(job.job_id, job.state, "assign")
         if job.first_start_ms < 0:
             job.first_start_ms = self.now_ms
+            self.wait_bands.started(job.job_id, self.now_ms)
         charged = self.cost_of(job, gpus, estimate)
         limit_ms = self.now_ms + int(
             (estimate * self.config.overrun_factor + self.config.overrun_grace_s) * 1000

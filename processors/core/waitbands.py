@@ -1,0 +1,137 @@
+"""Calibrated wait bands: a P50 and a P90 around the core's point estimate.
+
+Theory of operation
+-------------------
+The point estimate (``Accounting.predicted_wait_s``: fair-order work ahead
+plus running work, over capacity) is biased in ways that depend on the load,
+the tier and the job's shape. Rather than model them, the band learns them:
+
+1. At admission a job's point estimate ``e`` and its admission time are kept
+   (``admitted``).
+2. When the job first starts, its actual wait ``a`` gives the ratio
+   ``r = (a + FLOOR_S) / (e + FLOOR_S)`` (the floor keeps ``e = 0`` and
+   ``a = 0`` finite: a job that was told 0 and started at once has r = 1).
+   ``log2 r`` goes into a fixed-bucket histogram per (tier, estimate class)
+   and per tier (``started``).
+3. A band is ``(e + FLOOR_S) * m_q - FLOOR_S`` (at least 0) for q = 0.5 and
+   0.9, where ``m_q`` is the q-quantile of the learned ratios of the job's
+   (tier, class), or of its tier while the class has fewer than
+   ``MIN_SAMPLES``, or ``PRIOR`` before anything was learned (``band``).
+4. Histograms forget: when one holds ``HALVE_AT`` observations, every
+   bucket is halved, so the band follows a drifting load (old evidence weighs
+   half each time the window fills).
+
+Refreshed estimates of a queued job apply the same multipliers to the
+refreshed point estimate of the remaining wait.
+
+Everything is plain arithmetic on the event's time: deterministic, replayable.
+
+Cost: ``admitted``/``forget`` O(1); ``started`` O(1) plus, when a histogram
+fills, an O(BUCKETS) halving (amortized O(BUCKETS / HALVE_AT)); ``band``
+O(1) when its quantiles are cached, else O(BUCKETS) once per histogram
+change (BUCKETS = 193, so at most a few hundred additions per admission).
+Memory: one pending entry per queued-never-started job plus
+O(BUCKETS * tiers * classes).
+"""
+
+from __future__ import annotations
+
+import math
+
+FLOOR_S = 30.0  # additive floor of the ratio (s)
+STEP = 0.0625  # histogram bucket width in log2 units (about 4.4% in ratio)
+LOW, HIGH = -6.0, 6.0  # log2 range; ratios outside are clamped to the end buckets
+BUCKETS = int((HIGH - LOW) / STEP) + 1
+MIN_SAMPLES = 50
+HALVE_AT = 4000.0
+PRIOR = (1.0, 2.0)  # (m50, m90) before anything was observed
+QUANTILES = (0.5, 0.9)
+
+
+def estimate_class(point_s: float) -> int:
+    """0 for 'starts now', then one class per decade of the point estimate."""
+    if point_s <= 0:
+        return 0
+    return 1 + min(5, max(0, int(math.log10(max(point_s, 1.0)))))
+
+
+class Histogram:
+    __slots__ = ("counts", "total", "cached")
+
+    def __init__(self) -> None:
+        self.counts = [0.0] * BUCKETS
+        self.total = 0.0
+        self.cached: tuple[float, float] | None = None
+
+    def add(self, log_ratio: float) -> None:
+        i = int(round((min(HIGH, max(LOW, log_ratio)) - LOW) / STEP))
+        self.counts[i] += 1.0
+        self.total += 1.0
+        self.cached = None
+        if self.total >= HALVE_AT:
+            self.counts = [c / 2 for c in self.counts]
+            self.total /= 2
+
+    def multipliers(self) -> tuple[float, float]:
+        """(m50, m90): the ratio quantiles, nearest rank over the buckets."""
+        if self.cached is None:
+            out = []
+            want = iter(QUANTILES)
+            q = next(want)
+            seen = 0.0
+            for i, c in enumerate(self.counts):
+                seen += c
+                while q is not None and seen >= q * self.total - 1e-9 and c > 0:
+                    out.append(2.0 ** (LOW + i * STEP))
+                    q = next(want, None)
+                if q is None:
+                    break
+            while len(out) < len(QUANTILES):
+                out.append(2.0**HIGH)
+            self.cached = (out[0], out[1])
+        return self.cached
+
+
+class WaitBands:
+    """Per-tier learned spread of actual over estimated waits (see the module doc)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # False: the prior forever (a test's control)
+        self.pending: dict[str, tuple[str, int, float]] = {}  # job -> (tier, ms, point)
+        self.hists: dict[tuple[str, int], Histogram] = {}  # (tier, class or -1)
+
+    def multipliers(self, tier: str, point_s: float) -> tuple[float, float]:
+        for key in ((tier, estimate_class(point_s)), (tier, -1)):
+            hist = self.hists.get(key)
+            if hist is not None and hist.total >= MIN_SAMPLES:
+                return hist.multipliers()
+        return PRIOR
+
+    def band(self, tier: str, point_s: float) -> tuple[float, float]:
+        """(P50, P90) in seconds for a point estimate; (-1, -1) if it is unknown."""
+        if point_s < 0:
+            return -1.0, -1.0
+        m50, m90 = self.multipliers(tier, point_s)
+        base = point_s + FLOOR_S
+        return max(0.0, base * m50 - FLOOR_S), max(0.0, base * m90 - FLOOR_S)
+
+    def admitted(self, job_id: str, tier: str, now_ms: int, point_s: float) -> None:
+        if point_s >= 0:
+            self.pending[job_id] = (tier, now_ms, point_s)
+
+    def forget(self, job_id: str) -> None:
+        self.pending.pop(job_id, None)
+
+    def started(self, job_id: str, now_ms: int) -> None:
+        """A job's first start: learn from its admission estimate."""
+        entry = self.pending.pop(job_id, None)
+        if entry is None or not self.enabled:
+            return
+        tier, admitted_ms, point_s = entry
+        actual_s = max(0.0, (now_ms - admitted_ms) / 1000)
+        log_ratio = math.log2((actual_s + FLOOR_S) / (point_s + FLOOR_S))
+        for key in ((tier, estimate_class(point_s)), (tier, -1)):
+            hist = self.hists.get(key)
+            if hist is None:
+                hist = self.hists[key] = Histogram()
+            hist.add(log_ratio)
