@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 RETRY_S = 1.0
 POLL_RECORDS = 500
 COMMIT_EVERY_S = 0.5  # positions are committed at most this often (redelivery is fenced)
+# The job-events reader only waits for the rare DOWN of its nodes: a long fetch wait
+# (the broker holds each fetch that long) keeps a fleet of agents from flooding it
+# with fetches; a DOWN is then acted on within about this much.
+NODE_STATE_FETCH_WAIT_MS = 500
 
 
 def host_group(node_ids: Sequence[str]) -> str:
@@ -108,7 +112,11 @@ class AgentHost:
         start = await asyncio.to_thread(
             self._assignments.resume, self.topics.ASSIGNMENTS.name, self.assignment_partitions
         )
-        self._events = LogConsumer(self.bootstrap, group_id=self.group_id)
+        self._events = LogConsumer(
+            self.bootstrap,
+            group_id=self.group_id,
+            **{"fetch.wait.max.ms": NODE_STATE_FETCH_WAIT_MS},
+        )
         events_start = await asyncio.to_thread(
             self._events.resume, self.topics.JOB_EVENTS.name, self.event_partitions
         )
@@ -207,7 +215,7 @@ class AgentHost:
         consumer = self._events
         while not self.closing:
             try:
-                records = await self._read(consumer, 0.5)
+                records = await self._read(consumer, 1.0)
             except LogError as e:
                 log.warning("agent host: job-events: %s", e)
                 await asyncio.sleep(RETRY_S)
