@@ -208,8 +208,13 @@ def handle(args: argparse.Namespace) -> int:
         )
     finally:
         end_progress(bar)
+    from framespool.processors.sim.quality import format_tables
+
     for summary in summaries:
         print(_headline(summary))
+    for summary in summaries:
+        print()
+        print(format_tables(summary))
     if len(summaries) > 1:
         print()
         print(sim.comparison_table(summaries))

@@ -13,8 +13,10 @@ the tier and the job's shape. Rather than model them, the band learns them:
    ``a = 0`` finite: a job that was told 0 and started at once has r = 1).
    ``log2 r`` goes into a fixed-bucket histogram per (tier, estimate class)
    and per tier (``started``).
-3. A band is ``(e + FLOOR_S) * m_q - FLOOR_S`` (at least 0) for q = 0.5 and
-   0.9, where ``m_q`` is the q-quantile of the learned ratios of the job's
+3. A band is ``(e + FLOOR_S) * m_q - FLOOR_S`` (at least 0) for the P50
+   (q = 0.5) and the P90 (q = 0.95: the ratios learned are of jobs that have
+   started, so the longest waits of a backlog are still missing from them,
+   and the 0.9 quantile of what was seen is short of the truth), where ``m_q`` is the q-quantile of the learned ratios of the job's
    (tier, class), or of its tier while the class has fewer than
    ``MIN_SAMPLES``, or ``PRIOR`` before anything was learned (``band``).
 4. Histograms forget: when one holds ``HALVE_AT`` observations, every
@@ -42,10 +44,13 @@ FLOOR_S = 30.0  # additive floor of the ratio (s)
 STEP = 0.0625  # histogram bucket width in log2 units (about 4.4% in ratio)
 LOW, HIGH = -6.0, 6.0  # log2 range; ratios outside are clamped to the end buckets
 BUCKETS = int((HIGH - LOW) / STEP) + 1
-MIN_SAMPLES = 50
+MIN_SAMPLES = 30
 HALVE_AT = 4000.0
-PRIOR = (1.0, 2.0)  # (m50, m90) before anything was observed
-QUANTILES = (0.5, 0.9)
+PRIOR = (1.0, 3.0)  # (m50, m90) before anything was observed
+QUANTILES = (
+    0.5,
+    0.95,
+)  # P90 is read at 0.95: jobs still queued (the long waits) are not yet observed
 
 
 def estimate_class(point_s: float) -> int:

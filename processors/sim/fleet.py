@@ -56,6 +56,8 @@ class SimJob:
         "flow",
         "completed_run",
         "admitted",
+        "est_p50",
+        "est_p90",
     )
 
     def __init__(self, trace: TraceJob) -> None:
@@ -69,6 +71,7 @@ class SimJob:
         self.flow = None  # metrics.FlowStats of (tier, tenant)
         self.completed_run = 0  # run whose RunCompleted the agent sent
         self.admitted = False
+        self.est_p50 = self.est_p90 = -1.0  # the cell's wait band at admission (s)
 
 
 class SimRun:

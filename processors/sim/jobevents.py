@@ -88,6 +88,8 @@ class JobEvents:
     def _queued(self: Simulation, o: ev.JobQueued) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
+            if job.est_p50 < 0 and job.first_start_ms < 0:
+                job.est_p50, job.est_p90 = o.wait_p50_s, o.wait_p90_s
             self._enqueue(job)
 
     def _rejected(self: Simulation, o: ev.JobRejected) -> None:

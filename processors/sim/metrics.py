@@ -32,6 +32,7 @@ from typing import IO, Any
 from framespool.schemas.states import JobState
 
 from .fleet import SimJob
+from .quality import WaitRow, calibration_table, noisy_neighbour_table
 
 MAX_SAMPLES = 4000
 MAX_VIOLATION_EXAMPLES = 20
@@ -46,6 +47,8 @@ JOB_COLUMNS = (
     "end_s",
     "state",
     "runs",
+    "est_wait_p50_s",
+    "est_wait_p90_s",
 )
 RUN_COLUMNS = ("job_id", "run", "placement", "start_s", "end_s", "outcome")
 
@@ -132,6 +135,9 @@ class Recorder:
         self.examples: list[str] = []
         self.counters: dict[str, float] = {}
         self.goodput_gpu_ms = 0.0
+        self.wait_rows: list[WaitRow] = []  # started jobs, for the quality tables
+        self.tenant_jobs: dict[str, int] = {}
+        self.tenant_gpu_s: dict[str, float] = {}
         # time series for the report (decimated to stay under MAX_SAMPLES)
         self.sample_ms = 0
         self.samples_t: list[float] = []
@@ -210,6 +216,11 @@ class Recorder:
         if idx >= len(self.terminal):
             self.terminal.extend(bytes(idx + 1 - len(self.terminal)))
         self.flow_of(job)
+        trace = job.trace
+        self.tenant_jobs[trace.tenant] = self.tenant_jobs.get(trace.tenant, 0) + 1
+        self.tenant_gpu_s[trace.tenant] = (
+            self.tenant_gpu_s.get(trace.tenant, 0.0) + trace.gpus * trace.duration_s
+        )
 
     def queue_change(self, job: SimJob, delta: int, now: int) -> None:
         self.advance(now)
@@ -251,6 +262,8 @@ class Recorder:
         wait = (now - job.trace.submit_ms) / 1000
         self.waits.append(wait)
         job.flow.tier_stats.waits.append(wait)
+        trace = job.trace
+        self.wait_rows.append(WaitRow(trace.tier, trace.tenant, wait, job.est_p50, job.est_p90))
 
     def terminal_event(self, job_idx: int, job_id: str) -> bool:
         """Count a terminal event; False (and a violation) when it is not the first."""
@@ -284,6 +297,8 @@ class Recorder:
                     _s(now),
                     state,
                     job.runs,
+                    f"{job.est_p50:.3f}" if job.est_p50 >= 0 else "",
+                    f"{job.est_p90:.3f}" if job.est_p90 >= 0 else "",
                 )
             )
 
@@ -387,6 +402,10 @@ class Recorder:
             "wait_s": quantiles(self.waits),
             "wait_s_by_tier": {name: quantiles(t.waits) for name, t in sorted(self.tiers.items())},
             "jain_fairness": round(jain, 4) if jain is not None else None,
+            "wait_calibration": calibration_table(self.wait_rows),
+            "noisy_neighbour": noisy_neighbour_table(
+                self.wait_rows, self.tenant_jobs, self.tenant_gpu_s
+            ),
             "tenants": tenants,
         }
 

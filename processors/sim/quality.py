@@ -1,0 +1,137 @@
+"""Scheduling-quality tables of a simulation, as pure functions over per-job rows.
+
+- Calibration: of the jobs that started, the share whose actual wait was at
+  most the P50 (and the P90) the cell published at admission, per tier. An
+  honest estimator puts about half the jobs under its P50 and nine in ten
+  under its P90.
+- Noisy neighbours: per tier, the p50/p90 wait of jobs of light tenants (at
+  most ``LIGHT_JOBS`` jobs submitted) against heavy tenants (the top
+  ``HEAVY_SHARE`` of tenants by GPU-seconds submitted, at least one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+LIGHT_JOBS = 3
+HEAVY_SHARE = 0.05
+
+
+class WaitRow(NamedTuple):
+    """One started job: its tier and tenant, actual wait, admission P50/P90 (-1 = none)."""
+
+    tier: str
+    tenant: str
+    wait_s: float
+    p50_s: float
+    p90_s: float
+
+
+def _q(ordered: list[float], p: float) -> float | None:
+    if not ordered:
+        return None
+    n = len(ordered)
+    return round(ordered[min(n - 1, max(0, math.ceil(p * n) - 1))], 3)
+
+
+def _calibration(rows: list[WaitRow]) -> dict[str, Any]:
+    rated = [r for r in rows if r.p50_s >= 0 and r.p90_s >= 0]
+    n = len(rated)
+    if not n:
+        return {"n": 0, "le_p50": None, "le_p90": None, "waited": 0}
+    le50 = sum(1 for r in rated if r.wait_s <= r.p50_s + 1e-6)
+    le90 = sum(1 for r in rated if r.wait_s <= r.p90_s + 1e-6)
+    return {
+        "n": n,
+        "le_p50": round(le50 / n, 4),
+        "le_p90": round(le90 / n, 4),
+        "waited": sum(1 for r in rated if r.wait_s > 0),  # ties at 0 flatter the P50 share
+    }
+
+
+def calibration_table(rows: Iterable[WaitRow]) -> dict[str, dict[str, Any]]:
+    """Per tier (and ``all``): n, share of jobs with wait <= P50 and <= P90."""
+    by_tier: dict[str, list[WaitRow]] = {}
+    everyone: list[WaitRow] = []
+    for row in rows:
+        by_tier.setdefault(row.tier, []).append(row)
+        everyone.append(row)
+    table = {tier: _calibration(by_tier[tier]) for tier in sorted(by_tier)}
+    table["all"] = _calibration(everyone)
+    return table
+
+
+def tenant_classes(
+    jobs: Mapping[str, int], volume_gpu_s: Mapping[str, float]
+) -> tuple[set[str], set[str]]:
+    """(light, heavy) tenants from jobs submitted and GPU-seconds submitted per tenant."""
+    light = {t for t, n in jobs.items() if n <= LIGHT_JOBS}
+    ranked = sorted(volume_gpu_s, key=lambda t: (-volume_gpu_s[t], t))
+    heavy = set(ranked[: max(1, math.ceil(HEAVY_SHARE * len(ranked)))]) if ranked else set()
+    return light, heavy
+
+
+def noisy_neighbour_table(
+    rows: Iterable[WaitRow], jobs: Mapping[str, int], volume_gpu_s: Mapping[str, float]
+) -> dict[str, Any]:
+    """Per tier: p50/p90 wait (and job and tenant counts) of light vs heavy tenants."""
+    light, heavy = tenant_classes(jobs, volume_gpu_s)
+    waits: dict[str, dict[str, list[float]]] = {}
+    tenants: dict[str, dict[str, set[str]]] = {}
+    for row in rows:
+        for name, members in (("light", light), ("heavy", heavy)):
+            if row.tenant in members:
+                waits.setdefault(row.tier, {}).setdefault(name, []).append(row.wait_s)
+                tenants.setdefault(row.tier, {}).setdefault(name, set()).add(row.tenant)
+    table: dict[str, Any] = {}
+    for tier in sorted(waits):
+        entry = {}
+        for name in ("light", "heavy"):
+            ordered = sorted(waits[tier].get(name, []))
+            entry[name] = {
+                "tenants": len(tenants[tier].get(name, ())),
+                "jobs": len(ordered),
+                "p50_s": _q(ordered, 0.5),
+                "p90_s": _q(ordered, 0.9),
+            }
+        table[tier] = entry
+    return {
+        "light_jobs_max": LIGHT_JOBS,
+        "heavy_share": HEAVY_SHARE,
+        "light_tenants": len(light),
+        "heavy_tenants": len(heavy),
+        "tiers": table,
+    }
+
+
+def format_tables(summary: Mapping[str, Any]) -> str:
+    """The two tables of one summary as text lines."""
+    lines = [f"{summary.get('policy', '?')}: wait calibration (share of started jobs)"]
+    lines.append(f"  {'tier':<12}{'n':>8}{'<=P50':>8}{'<=P90':>8}{'waited':>8}")
+    for tier, row in summary.get("wait_calibration", {}).items():
+        p50 = "-" if row["le_p50"] is None else f"{row['le_p50']:.3f}"
+        p90 = "-" if row["le_p90"] is None else f"{row['le_p90']:.3f}"
+        lines.append(f"  {tier:<12}{row['n']:>8}{p50:>8}{p90:>8}{row['waited']:>8}")
+    nn = summary.get("noisy_neighbour")
+    if nn:
+        lines.append(
+            f"{summary.get('policy', '?')}: noisy neighbours, wait s "
+            f"(light <= {nn['light_jobs_max']} jobs: {nn['light_tenants']} tenants; "
+            f"heavy top {nn['heavy_share']:.0%}: {nn['heavy_tenants']})"
+        )
+        lines.append(
+            f"  {'tier':<12}{'light n':>8}{'p50':>9}{'p90':>9}{'heavy n':>9}{'p50':>9}{'p90':>9}"
+        )
+
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.0f}"
+
+        for tier, row in nn["tiers"].items():
+            lt, hv = row["light"], row["heavy"]
+            lines.append(
+                f"  {tier:<12}{lt['jobs']:>8}{fmt(lt['p50_s']):>9}{fmt(lt['p90_s']):>9}"
+                f"{hv['jobs']:>9}{fmt(hv['p50_s']):>9}{fmt(hv['p90_s']):>9}"
+            )
+    return "\n".join(lines)
