@@ -219,6 +219,8 @@ def _job_schema(with_timeline: bool) -> dict[str, Any]:
         "total_steps": i,
         "progress_message": _nullable(s),
         "wait_estimate_s": _nullable(n),
+        "wait_p50_s": _nullable(n),
+        "wait_p90_s": _nullable(n),
         "position": _nullable(i),
         "artifact_uri": _nullable(s),
         "created_ms": i,

@@ -123,6 +123,8 @@ class JobView:
     total_steps: int = 0
     progress_message: str = ""
     wait_estimate_s: float = -1.0
+    wait_p50_s: float = -1.0  # calibrated wait band while queued; -1 = unknown
+    wait_p90_s: float = -1.0
     position: int = 0
     reason: str = ""
     artifact_uri: str = ""
@@ -328,15 +330,24 @@ def _queued(v: JobView, e: JobQueued):
         tier=e.tier or v.tier,
         tenant=v.tenant or e.tenant,
         wait_estimate_s=e.wait_estimate_s,
+        wait_p50_s=e.wait_p50_s,
+        wait_p90_s=e.wait_p90_s,
         position=e.position,
         reason=e.reason or v.reason,
     )
-    return v, f"queued{_wait_text(e.position, e.wait_estimate_s)}"
+    return v, f"queued{_wait_text(e.position, e.wait_estimate_s, e.wait_p50_s, e.wait_p90_s)}"
 
 
 def _wait(v: JobView, e: JobWaitEstimated):
-    v = replace(v, wait_estimate_s=e.wait_estimate_s, position=e.position)
-    return v, f"wait estimate{_wait_text(e.position, e.wait_estimate_s)}"
+    v = replace(
+        v,
+        wait_estimate_s=e.wait_estimate_s,
+        wait_p50_s=e.wait_p50_s,
+        wait_p90_s=e.wait_p90_s,
+        position=e.position,
+    )
+    text = _wait_text(e.position, e.wait_estimate_s, e.wait_p50_s, e.wait_p90_s)
+    return v, f"wait estimate{text}"
 
 
 def _assigned(v: JobView, e: JobAssigned):
@@ -351,6 +362,8 @@ def _assigned(v: JobView, e: JobAssigned):
         reason=e.reason,
         position=0,
         wait_estimate_s=-1.0,
+        wait_p50_s=-1.0,
+        wait_p90_s=-1.0,
         step=0,
         total_steps=0,
         progress=v.progress if e.resume_from else 0.0,
@@ -436,6 +449,8 @@ def _terminal(state: str, summary: Callable[[Any], str], reason: Callable[[Any],
             progress=1.0 if state == COMPLETED else v.progress,
             position=0,
             wait_estimate_s=-1.0,
+            wait_p50_s=-1.0,
+            wait_p90_s=-1.0,
         )
         return v, summary(e)
 
@@ -446,12 +461,14 @@ def _report_ignored(v: JobView, e: ReportIgnored):
     return replace(v, ignored=v.ignored + 1), f"scheduler ignored a report: {e.reason}"
 
 
-def _wait_text(position: int, wait_s: float) -> str:
+def _wait_text(position: int, wait_s: float, p50_s: float = -1.0, p90_s: float = -1.0) -> str:
     parts = []
     if position > 0:
         parts.append(f"position {position}")
     if wait_s >= 0:
         parts.append(f"~{wait_s:.0f}s wait")
+    if p50_s >= 0 and p90_s >= 0:
+        parts.append(f"P50 {p50_s:.0f}s, P90 {p90_s:.0f}s")
     return f" ({', '.join(parts)})" if parts else ""
 
 

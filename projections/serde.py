@@ -79,6 +79,8 @@ def public_job(v: JobView, *, timeline: bool = True) -> dict[str, Any]:
         "total_steps": v.total_steps,
         "progress_message": v.progress_message or None,
         "wait_estimate_s": v.wait_estimate_s if v.wait_estimate_s >= 0 else None,
+        "wait_p50_s": v.wait_p50_s if v.wait_p50_s >= 0 else None,
+        "wait_p90_s": v.wait_p90_s if v.wait_p90_s >= 0 else None,
         "position": v.position or None,
         "artifact_uri": v.artifact_uri or None,
         "created_ms": v.created_ms,

@@ -130,6 +130,8 @@ def status(args: argparse.Namespace) -> int:
         f"{job['job_id']}  {job['state']}  run {job.get('run', 0)}  "
         f"progress {100 * (job.get('progress') or 0):.0f}%  {job.get('reason') or ''}"
     )
+    if job.get("wait_p50_s") is not None and job.get("wait_p90_s") is not None:
+        line += f"  wait P50 ~{job['wait_p50_s']:.0f}s, P90 ~{job['wait_p90_s']:.0f}s"
     return show(args, job, line)
 
 
