@@ -12,7 +12,9 @@ the tier and the job's shape. Rather than model them, the band learns them:
    ``r = (a + FLOOR_S) / (e + FLOOR_S)`` (the floor keeps ``e = 0`` and
    ``a = 0`` finite: a job that was told 0 and started at once has r = 1).
    ``log2 r`` goes into a fixed-bucket histogram per (tier, estimate class)
-   and per tier (``started``).
+   and, for jobs that had to queue (class >= 1), per tier (``started``).
+   Jobs told "starts now" (class 0) stay in their own class: a burst of them
+   says nothing about the spread of a queue's waits.
 3. A band is ``(e + FLOOR_S) * m_q - FLOOR_S`` (at least 0) for the P50
    (q = 0.5) and the P90 (q = 0.95: the ratios learned are of jobs that have
    started, so the longest waits of a backlog are still missing from them,
@@ -106,7 +108,8 @@ class WaitBands:
         self.hists: dict[tuple[str, int], Histogram] = {}  # (tier, class or -1)
 
     def multipliers(self, tier: str, point_s: float) -> tuple[float, float]:
-        for key in ((tier, estimate_class(point_s)), (tier, -1)):
+        cls = estimate_class(point_s)
+        for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
             hist = self.hists.get(key)
             if hist is not None and hist.total >= MIN_SAMPLES:
                 return hist.multipliers()
@@ -135,7 +138,8 @@ class WaitBands:
         tier, admitted_ms, point_s = entry
         actual_s = max(0.0, (now_ms - admitted_ms) / 1000)
         log_ratio = math.log2((actual_s + FLOOR_S) / (point_s + FLOOR_S))
-        for key in ((tier, estimate_class(point_s)), (tier, -1)):
+        cls = estimate_class(point_s)
+        for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
             hist = self.hists.get(key)
             if hist is None:
                 hist = self.hists[key] = Histogram()
