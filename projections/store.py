@@ -21,8 +21,9 @@ state (the API's submit-time queue cap reads ``queued_count``) and, in the
 same batch:
 
 5. deletes terminal views ``finished_horizon_s`` after they ended (default
-   7 days), oldest first. "Now" is the newest event time the store has seen,
-   never the wall clock, so a replay of the same log expires the same views;
+   7 days), oldest first. "Now" is the newest event time the store has seen
+   from the log (never the wall clock, nor the API's provisional views),
+   so a replay of the same log expires the same views;
 6. deletes a tenant's oldest terminal views beyond ``max_views_per_tenant``
    (default 100,000; live views are never deleted: the queue cap bounds them);
 7. deletes delivered or failed webhook outbox records ``outbox_horizon_s``
@@ -81,7 +82,9 @@ def _ms_key(ms: int) -> str:
 
 
 def _ended_ms(view: JobView) -> int:
-    return view.finished_ms or view.updated_ms
+    """When a terminal view ended, on the same clock as the store's "now" (the
+    view's last update: its terminal event, or a later one it recorded)."""
+    return view.updated_ms
 
 
 @dataclass
@@ -268,10 +271,12 @@ class RocksViewStore:
     def insert_if_absent(self, view: JobView) -> bool:
         if self._db.get(self._job_key(view.job_id)) is not None:
             return False
-        self.commit(Batch(views={view.job_id: view}))
+        self.commit(Batch(views={view.job_id: view}), from_log=False)
         return True
 
-    def commit(self, batch: Batch) -> None:
+    def commit(self, batch: Batch, from_log: bool = True) -> None:
+        """``from_log=False``: the API's provisional view, whose time is the API's
+        clock, not the log's: it does not move the store's "now"."""
         wb = WriteBatch(raw_mode=True)
         counts: dict[tuple[str, str], int] = {}
         newest = self._int(b"w/")  # the newest event time seen: the store's "now"
@@ -288,7 +293,8 @@ class RocksViewStore:
             if view.terminal and (old is None or not old.terminal):
                 for key in self._ended_keys(view):
                     wb.put(key, b"")
-            newest = max(newest, view.updated_ms)
+            if from_log:
+                newest = max(newest, view.updated_ms)
         for cell in batch.cells.values():
             wb.put(b"c/" + cell.cell.encode(), _dumps(cell_to_dict(cell)))
         for key, breaker in batch.breakers.items():
@@ -458,10 +464,10 @@ class InMemoryViewStore:
     def insert_if_absent(self, view: JobView) -> bool:
         if view.job_id in self._views:
             return False
-        self.commit(Batch(views={view.job_id: view}))
+        self.commit(Batch(views={view.job_id: view}), from_log=False)
         return True
 
-    def commit(self, batch: Batch) -> None:
+    def commit(self, batch: Batch, from_log: bool = True) -> None:
         counts: dict[tuple[str, str], int] = {}
         for job_id, view in batch.views.items():
             old = self._views.get(job_id)
@@ -471,7 +477,8 @@ class InMemoryViewStore:
                 entry = (_ended_ms(view), job_id)
                 heapq.heappush(self._ended, entry)
                 heapq.heappush(self._tenant_ended.setdefault(view.tenant, []), entry)
-            self._newest = max(self._newest, view.updated_ms)
+            if from_log:
+                self._newest = max(self._newest, view.updated_ms)
         self._cells.update(batch.cells)
         self._breakers.update(batch.breakers)
         for d in batch.deliveries:
