@@ -109,8 +109,8 @@ class ApiConfig:
     rate_limit: RateLimit = RateLimit()  # per tenant; generous by default
     rate_limit_overrides: dict[str, RateLimit] = field(default_factory=dict)
     # Jobs a tenant may have waiting (SUBMITTED or QUEUED in the read model); one
-    # more is refused with 429 and Retry-After (0 = no cap). Below the cells'
-    # own per-tenant cap (CellConfig.default_tenant.max_queued), the backstop.
+    # more is refused with 429 and Retry-After (0 = no cap). A cell's per-tenant
+    # max_queued, when configured, is the deterministic backstop behind it.
     queue_cap: int = 10_000
     queue_cap_overrides: dict[str, int] = field(default_factory=dict)
     queue_cap_retry_after_s: int = 30
