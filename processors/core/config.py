@@ -94,6 +94,11 @@ class CellConfig:
     # Fair share
     idle_credit_gpu_s: float = 0.0  # credit a returning entity may keep
     backfill_depth: int = 256  # candidates tested per pass after a block
+    # Jobs that hold a reservation at once (1 = EASY). More make backfill
+    # conservative for the next blocked gangs too, so a tenant of big gangs is
+    # not starved by a tenant of 1-GPU jobs between its gangs; each costs one
+    # walk of the release list per full pass (reservation.py).
+    reservations: int = 4
 
     # Preemption churn limits
     preemptions_per_minute: int = 20

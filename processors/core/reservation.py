@@ -11,6 +11,15 @@ Theory of operation
   only moves later (a start report sets ``started_ms`` to now), so an entry
   found early is re-filed at its true end when the walk reaches it; runs
   already past their estimate (few) are projected afresh per walk.
+- Conservative backfill: up to ``reservations - 1`` further blocked jobs
+  (in fair order) hold reservations too, each on nodes no earlier one holds,
+  so none delays another. A job may use a reservation's nodes only if it ends
+  before that reservation's shadow time. They are placed again at the start
+  of every full pass (the first promoted when the reservation is free); each
+  costs one lazy walk of the release list, so a full pass does at most
+  ``reservations`` walks. Why: with one reservation, a tenant of gangs got
+  ~0.82 of its fair share against a tenant of 1-GPU jobs (the cell drained
+  for one gang at a time; test_core_fairness.py).
 - Preemption: a blocked job may preempt when (a) its tier may preempt and it
   has waited past the tier's SLA target, or (b) its organisation or tier is
   under its guaranteed (reserved) GPUs and others borrow them. Victims are
@@ -30,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
 from framespool.schemas.causes import RunCause
-from framespool.schemas.states import GpuState, RunPhase
+from framespool.schemas.states import GpuState, JobState, RunPhase
 
 from .model import Job, Node, Run, RunKey
 
@@ -70,6 +79,7 @@ class Reservations:
                 return self.reserve(job)
             job.reason = "waiting: no healthy nodes can ever fit this shape right now"
             return
+        self.more_reservations().pop(job.job_id, None)
         changed = self.reservation_job != job.job_id or self.reservation_nodes != best[1]
         self.reservation_job = job.job_id
         self.reservation_shadow_ms = best[0]
@@ -168,6 +178,80 @@ class Reservations:
         self.reservation_job = ""
         self.reservation_nodes = ()
         self.reservation_shadow_ms = 0
+
+    # -- further reservations (conservative backfill) ---------------------------
+    def more_reservations(self: Cell) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Blocked jobs after the first that hold a reservation:
+        ``job -> (shadow ms, nodes)``, in the order they were made."""
+        more = self.__dict__.get("_more_reservations")
+        if more is None:  # first use (or a cell restored from an older snapshot)
+            more = self._more_reservations = {}
+        return more
+
+    def reserve_more(self: Cell, job: Job) -> None:
+        """Give ``job`` one of the ``reservations - 1`` further reservations, on
+        nodes no earlier reservation holds (so none delays another), at the
+        earliest time its shape fits there. Costs one walk of the release list."""
+        more = self.more_reservations()
+        if (
+            job.job_id == self.reservation_job
+            or job.job_id in more
+            or len(more) + 1 >= self.config.reservations
+        ):
+            return
+        taken = set(self.reservation_nodes)
+        for _, nodes in more.values():
+            taken.update(nodes)
+        best: tuple[int, tuple[str, ...], float] | None = None
+        for gpus, per_node, estimate in self.shapes_of(job):
+            base = self.node_filter(job, estimate, holder=True, claim_only=False)
+            fit = self.index.earliest_fit(
+                min(per_node, gpus),
+                -(-gpus // per_node),
+                self.releases(),
+                lambda node, base=base: node.node_id not in taken and base(node),
+            )
+            if fit is None:
+                continue
+            start_ms = max(fit[0], self.now_ms)
+            finish = start_ms + estimate * 1000
+            if best is None or finish < best[2]:
+                best = (start_ms, fit[1], finish)
+        if best is not None:
+            more[job.job_id] = (best[0], best[1])
+
+    def refresh_reservations(self: Cell) -> None:
+        """Start of a full pass: drop further reservations whose job left the
+        queue, promote the first to the reservation when that is free, and
+        place the rest again (in order) on the GPUs as they are now."""
+        more = self.more_reservations()
+        if not more:
+            return
+        jobs = [
+            self.jobs[j] for j in more if j in self.jobs and self.jobs[j].state == JobState.QUEUED
+        ]
+        more.clear()
+        for job in jobs:
+            if not self.reservation_job:
+                self.reserve(job)
+            else:
+                self.reserve_more(job)
+
+    def reserved_for_others(self: Cell, job_id: str, estimate_s: float, holder: bool) -> tuple:
+        """Nodes a job of ``estimate_s`` may not use now: those of every
+        reservation but its own whose shadow time it would run past."""
+        if holder:  # the first reservation goes before all the others
+            return ()
+        end = self.now_ms + estimate_s * 1000
+        reserved: tuple[str, ...] = ()
+        if self.reservation_job and end > self.reservation_shadow_ms:
+            reserved = self.reservation_nodes
+        more = self.__dict__.get("_more_reservations")
+        if more:
+            for other, (shadow_ms, nodes) in more.items():
+                if other != job_id and end > shadow_ms:
+                    reserved += nodes
+        return reserved
 
     # -- claims ---------------------------------------------------------------
     def claimed_nodes(self: Cell, except_job: str) -> dict[str, None]:

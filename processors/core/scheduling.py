@@ -83,6 +83,8 @@ class Scheduling:
                 self.clear_reservation()
             elif not self.try_start(holder, "reservation holder", holder=True) and full:
                 self.reserve(holder)
+        if full:
+            self.refresh_reservations()
         signature = self.walk_signature(full)
         if signature is not None and signature == self.__dict__.get("_idle_walk"):
             return  # the same walk found nothing to do, and nothing it reads changed
@@ -117,6 +119,7 @@ class Scheduling:
             self.reservation_job,
             self.reservation_shadow_ms,
             self.reservation_nodes,
+            tuple(self.more_reservations().items()),
             tuple(self.claims.items()),
         )
 
@@ -161,8 +164,11 @@ class Scheduling:
             why = "backfill" if self.reservation_job else "fair-share order"
             if not self.try_start(job, why, no_fit=no_fit):
                 fair.offset(leaf, job.cost)
-                if not self.reservation_job and full:
-                    self.reserve(job)
+                if full:
+                    if not self.reservation_job:
+                        self.reserve(job)
+                    else:
+                        self.reserve_more(job)
                 sensitive = sensitive or self.preempt_sensitive(job)
                 self.maybe_preempt(job)
             if self.reservation_job or not full:
@@ -250,9 +256,7 @@ class Scheduling:
         holds no claim and no reservation: equal keys, equal answers (within a
         pass, where claims and the reservation only ever exclude more nodes)."""
         spec = job.spec
-        reserved: tuple[str, ...] = ()
-        if self.reservation_job and self.now_ms + estimate_s * 1000 > self.reservation_shadow_ms:
-            reserved = self.reservation_nodes
+        reserved = self.reserved_for_others(job.job_id, estimate_s, holder=False)
         return (
             gpus,
             per_node,
@@ -276,13 +280,7 @@ class Scheduling:
         breakers = self.breakers
         claimed = self.claimed_nodes(job.job_id)
         own_claim = self.claims.get(job.job_id, ((), 0))[0]
-        reserved: tuple[str, ...] = ()
-        if (
-            not holder
-            and self.reservation_job
-            and now + estimate_s * 1000 > self.reservation_shadow_ms
-        ):
-            reserved = self.reservation_nodes
+        reserved = self.reserved_for_others(job.job_id, estimate_s, holder)
         per_node_cpu = spec.cpus / max(1, -(-spec.gpus // spec.gpus_per_node))
         per_node_mem = spec.mem_gb / max(1, -(-spec.gpus // spec.gpus_per_node))
 
@@ -353,6 +351,7 @@ class Scheduling:
         self.assigned_unstarted[run.key] = None
         if job.job_id == self.reservation_job:
             self.clear_reservation()
+        self.more_reservations().pop(job.job_id, None)
         self.claims.pop(job.job_id, None)
         reason = f"{why}; {placement.reason}"
         if len(self.shapes_of(job)) > 1:
