@@ -281,10 +281,18 @@ class Accounting:
     # -- periodic outputs ---------------------------------------------------------
     def publish_periodic(self: Cell) -> None:
         self.expire_finished()
+        # step-rate medians on their own cadence: straggler detection must not
+        # depend on CellStatus being published (the simulator turns that off)
+        median_every = int(self.config.straggler_interval_s * 1000)
+        if (
+            median_every
+            and self.now_ms - self.__dict__.get("_medians_ms", -median_every) >= median_every
+        ):
+            self._medians_ms = self.now_ms
+            self.refresh_medians()
         status_every = int(self.config.status_interval_s * 1000)
         if status_every and self.now_ms - self.last_status_ms >= status_every:
             self.last_status_ms = self.now_ms
-            self.refresh_medians()
             self.emit(
                 ev.CellStatus,
                 cell=self.cell_id,
@@ -352,6 +360,7 @@ class Accounting:
         """Refresh wait estimates of the jobs nearest the front of each flow,
         publishing only those that moved by more than 20% (and 5 s)."""
         budget = self.config.estimate_publish_limit
+        self.wait_bands.censor(self.now_ms)
         for leaf in self.active_leaves():
             ahead = 0.0
             for job_id in list(leaf.requeued) + list(leaf.queue):

@@ -111,6 +111,7 @@ class CellConfig:
     ecc_corrected_limit: int = 1000
     straggler_ratio: float = 0.5
     straggler_strikes: int = 3
+    straggler_interval_s: float = 5.0  # step-rate medians refreshed this often (0 = never)
     healthy_samples_to_recover: int = 5
 
     # Failure containment (processors/core/accounting.py). A breaker trips on

@@ -188,3 +188,32 @@ def test_user_max_running_caps_one_users_concurrent_runs():
     h.tick(1)
     users = sorted(h.admitted[r.job_id].user for r in h.cell.runs.values())
     assert users == ["u1", "u1", "u1", "u2"], users
+
+
+# -- stragglers ---------------------------------------------------------------------
+
+
+def straggler_cell(slow_rate: float, **kw) -> Harness:
+    """Three nodes running the same model; n2's run reports ``slow_rate``
+    steps/s against 10 on the others, for 15 heartbeat rounds a second apart."""
+    h = Harness(nodes=3, config=cfg(**kw))
+    for i in range(3):
+        h.submit(f"j{i}", gpus=8, checkpoint_interval_s=30, estimate_s=3600, model="m")
+    h.start_all()
+    for _ in range(15):
+        for node_id in ("n0", "n1", "n2"):
+            [key] = h.runs_on(node_id)
+            rate = slow_rate if node_id == "n2" else 10.0
+            h.heartbeat(node_id, runs=(ev.RunReport(job_id=key[0], run=key[1], step_rate=rate),))
+        h.tick(1)
+    return h
+
+
+def test_a_straggler_is_moved_and_its_node_degraded_after_its_strikes():
+    slow = straggler_cell(2.0)  # below straggler_ratio (0.5) x median 10
+    assert slow.cell.index.nodes["n2"].state == "DEGRADED"
+    assert slow.cell.runs[("j2", 1)].exit_intent == "straggler"
+    ok = straggler_cell(6.0)  # slower, but above half the median
+    assert ok.cell.index.nodes["n2"].state == "UP"
+    patient = straggler_cell(2.0, straggler_strikes=30)  # more strikes than it gets
+    assert patient.cell.index.nodes["n2"].state == "UP"
