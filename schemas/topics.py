@@ -96,7 +96,15 @@ class TopicSet:
     @classmethod
     def with_suffix(cls, suffix: str) -> TopicSet:
         """Every catalogue topic renamed ``<name>.<suffix>``."""
-        return cls(*(replace(t, name=f"{t.name}.{suffix}") for t in ALL_TOPICS), suffix=suffix)
+        renamed = {
+            name: replace(t, name=f"{t.name}.{suffix}")
+            for name, t in zip(
+                ("COMMANDS", "SCHEDULER", "ASSIGNMENTS", "JOB_EVENTS", "PROGRESS", "DEAD_LETTER"),
+                ALL_TOPICS,
+                strict=True,
+            )
+        }
+        return cls(**renamed, suffix=suffix)
 
     @property
     def all(self) -> tuple[Topic, ...]:
