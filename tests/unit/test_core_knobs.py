@@ -217,3 +217,21 @@ def test_a_straggler_is_moved_and_its_node_degraded_after_its_strikes():
     assert ok.cell.index.nodes["n2"].state == "UP"
     patient = straggler_cell(2.0, straggler_strikes=30)  # more strikes than it gets
     assert patient.cell.index.nodes["n2"].state == "UP"
+
+
+def test_interactive_preempts_within_its_sla_under_backlog():
+    """Under a backlog of batch work (nothing frees for an hour), an interactive
+    job waits no more than its tier's sla_wait_s (+ one Tick) before a
+    checkpointable batch run is asked to make room."""
+    sla = CellConfig().tier("interactive").sla_wait_s
+    assert sla <= 5.0
+    h = batch_cell(2)
+    for i in range(4):
+        h.submit(f"queued{i}", gpus=8, tier="batch", estimate_s=3600)
+    h.tick(100)
+    h.submit("hurry", gpus=2, tier="interactive", estimate_s=30)
+    waited, seen = 0, []
+    while not seen and waited < 60:
+        seen = asked(h.tick(1))
+        waited += 1
+    assert seen and waited <= sla + 1, (waited, seen)
