@@ -244,7 +244,7 @@ class Accounting:
             if not hasattr(run, "gang"):  # pickled before gangs were tracked per member
                 run.gang = None
         if any(entries and isinstance(entries[0], int) for entries in self.failure_log.values()):
-            self.failure_log = {}
+            self.failure_log.clear()
 
     def expire_finished(self: Cell) -> None:
         """Forget terminal job ids ``finished_horizon_s`` of cell time after they

@@ -69,15 +69,15 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
         self.finished: dict[str, str] = {}  # job id -> terminal state, oldest first
         # (cell time, ids ever added to ``finished``): when what; expiry reads it
         self.finished_marks: deque[tuple[int, int]] = deque()
-        self.finished_expired = 0
+        self.finished_expired: int = 0
         self.runs: dict[RunKey, Run] = {}
-        self.index = NodeIndex()
-        self.fair = FairTree(self.config.idle_credit_gpu_s)
+        self.index: NodeIndex = NodeIndex()
+        self.fair: FairTree = FairTree(self.config.idle_credit_gpu_s)
         self.leaves: dict[tuple[str, str, str], Any] = {}  # (tier, org, user) -> leaf flow
         self.org_use: dict[str, TenantUse] = {}
         self.user_use: dict[tuple[str, str], TenantUse] = {}
         self.tier_use: dict[str, int] = {}
-        self.queued_count = 0
+        self.queued_count: int = 0
         self.running_gpus = 0
         self.running_end_gpu_s = 0.0  # sum of gpus * (assigned_s + estimate_s) of runs
         # leases and timers
@@ -88,7 +88,7 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
         self.gang_runs: dict[RunKey, None] = {}  # gangs past their start barrier
         self.limits: list[tuple[int, str, int]] = []  # heap of (limit_ms, job, run)
         # scheduling state
-        self.reservation_job = ""
+        self.reservation_job: str = ""
         self.reservation_nodes: tuple[str, ...] = ()
         self.reservation_shadow_ms = 0
         self.claims: dict[str, tuple[tuple[str, ...], int]] = {}  # job -> (nodes, expiry)
@@ -100,8 +100,8 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
         self.breaker_trips: dict[tuple[str, str, str], int] = {}  # consecutive trips (backoff)
         self.model_rates: dict[str, dict[RunKey, float]] = {}
         self.model_median: dict[str, float] = {}
-        self.last_status_ms = -1
-        self.last_estimate_ms = -1
+        self.last_status_ms: int = -1
+        self.last_estimate_ms: int = -1
         self.wait_bands = WaitBands()  # P50/P90 learned from observed waits
         self.counters: dict[str, int] = {}
         # per-apply output buffer
@@ -115,7 +115,7 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
         self._out = []
         self._pos = position if position is not None else event.event_id
         self._input = event
-        handler: Callable[[Any], None] | None = self._HANDLERS.get(type(event))
+        handler: Callable[[Any, Any], None] | None = self._HANDLERS.get(type(event))
         if handler is None:
             self._count("unknown_event")
             self.ignore(

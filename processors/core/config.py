@@ -172,6 +172,13 @@ class CellConfig:
     def tier(self, name: str) -> TierConfig | None:
         return self._tiers.get(name)
 
+    def tier_of(self, name: str) -> TierConfig:
+        """The tier of a job the cell holds (admitted jobs name a known tier)."""
+        tier = self._tiers.get(name)
+        if tier is None:
+            raise LookupError(f"tier {name!r} is not configured in this cell")
+        return tier
+
     def tenant(self, name: str) -> TenantConfig:
         tenant = self._tenants.get(name)
         if tenant is None:

@@ -40,7 +40,7 @@ class JobHandlers:
         job = Job(spec, spec.tier, self.now_ms)
         job.cost = self.cost_of(job, spec.gpus, spec.estimate_s)
         ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog + job.cost)
-        tier = self.config.tier(spec.tier)
+        tier = self.config.tier_of(spec.tier)
         if tier.max_predicted_wait_s and ahead > tier.max_predicted_wait_s:
             self.reject(
                 spec,

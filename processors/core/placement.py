@@ -17,7 +17,7 @@ then insertion order of nodes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from framespool.schemas.events import NodeSlice
@@ -176,7 +176,11 @@ class NodeIndex:
 
     # -- what-if: when would a shape fit? -------------------------------------
     def earliest_fit(
-        self, per_node: int, nodes_needed: int, releases: list[tuple[int, str, int]], ok: NodeFilter
+        self,
+        per_node: int,
+        nodes_needed: int,
+        releases: Iterable[tuple[int, str, int]],
+        ok: NodeFilter,
     ) -> tuple[int, tuple[str, ...]] | None:
         """Walk future releases ``(time_ms, node_id, gpus)`` in time order and
         return when ``nodes_needed`` nodes will each have ``per_node`` free GPUs,
@@ -192,8 +196,8 @@ class NodeIndex:
         if len(ready) >= nodes_needed:
             return 0, tuple(list(ready)[:nodes_needed])
         for time_ms, node_id, gpus in releases:
-            node = self.nodes.get(node_id)
-            if node is None or not node.schedulable or not ok(node):
+            released = self.nodes.get(node_id)
+            if released is None or not released.schedulable or not ok(released):
                 continue
             free[node_id] = free.get(node_id, 0) + gpus
             if free[node_id] >= per_node and node_id not in ready:

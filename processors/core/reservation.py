@@ -183,9 +183,12 @@ class Reservations:
     def more_reservations(self: Cell) -> dict[str, tuple[int, tuple[str, ...]]]:
         """Blocked jobs after the first that hold a reservation:
         ``job -> (shadow ms, nodes)``, in the order they were made."""
-        more = self.__dict__.get("_more_reservations")
+        more: dict[str, tuple[int, tuple[str, ...]]] | None = self.__dict__.get(
+            "_more_reservations"
+        )
         if more is None:  # first use (or a cell restored from an older snapshot)
-            more = self._more_reservations = {}
+            more = {}
+            self._more_reservations = more
         return more
 
     def reserve_more(self: Cell, job: Job) -> None:
@@ -272,7 +275,7 @@ class Reservations:
     def maybe_preempt(self: Cell, job: Job) -> None:
         if job.job_id in self.claims:
             return
-        tier = self.config.tier(job.tier)
+        tier = self.config.tier_of(job.tier)
         victim_ok = None
         why = ""
         waited_s = (self.now_ms - job.queued_ms) / 1000
@@ -280,7 +283,7 @@ class Reservations:
             why = (
                 f"{job.tier} job waited {waited_s:.0f}s past its SLA target {tier.sla_wait_s:.0f}s"
             )
-            victim_ok = lambda run: self.config.tier(run.tier).rank > tier.rank
+            victim_ok = lambda run: self.config.tier_of(run.tier).rank > tier.rank
         elif self.under_guarantee(job):
             why = f"reclaiming reserved capacity of {job.tenant}/{job.tier}"
             victim_ok = lambda run: self.is_borrower(run, job)
@@ -324,7 +327,7 @@ class Reservations:
                 for run in self.runs_on(node)
                 if self.eligible_victim(run, node, min_run_ms) and victim_ok(run)
             ]
-            candidates.sort(key=lambda r: (-self.config.tier(r.tier).rank, -r.started_ms))
+            candidates.sort(key=lambda r: (-self.config.tier_of(r.tier).rank, -r.started_ms))
             chosen: list[Run] = []
             for run in candidates:
                 if free >= per_node:
@@ -362,7 +365,7 @@ class Reservations:
         org, _ = self.use_of(job)
         if tenant.reserved_gpus and org.gpus + job.shape[0] <= tenant.reserved_gpus:
             return True
-        tier = self.config.tier(job.tier)
+        tier = self.config.tier_of(job.tier)
         return bool(
             tier.reserved_gpus
             and self.tier_use.get(job.tier, 0) + job.shape[0] <= tier.reserved_gpus
@@ -375,7 +378,7 @@ class Reservations:
         org, _ = self.use_of(run)
         return (
             org.gpus > self.config.tenant(run.tenant).reserved_gpus
-            and self.tier_use.get(run.tier, 0) > self.config.tier(run.tier).reserved_gpus
+            and self.tier_use.get(run.tier, 0) > self.config.tier_of(run.tier).reserved_gpus
         )
 
     def guarantees_allow(self: Cell, job: Job, gpus: int) -> bool:

@@ -62,16 +62,28 @@ def estimate_class(point_s: float) -> int:
     return 1 + min(5, max(0, int(math.log10(max(point_s, 1.0)))))
 
 
+def _bucket(log_ratio: float) -> int:
+    return int(round((min(HIGH, max(LOW, log_ratio)) - LOW) / STEP))
+
+
 class Histogram:
-    __slots__ = ("counts", "total", "cached")
+    __slots__ = ("counts", "total", "cached", "censored", "censored_total")
 
     def __init__(self) -> None:
         self.counts = [0.0] * BUCKETS
         self.total = 0.0
         self.cached: tuple[float, float] | None = None
+        # queued jobs already past this histogram's P90, at their wait so far
+        self.censored: dict[int, float] = {}
+        self.censored_total = 0.0
+
+    def set_censored(self, buckets: dict[int, float]) -> None:
+        self.censored = buckets
+        self.censored_total = sum(buckets.values())
+        self.cached = None
 
     def add(self, log_ratio: float) -> None:
-        i = int(round((min(HIGH, max(LOW, log_ratio)) - LOW) / STEP))
+        i = _bucket(log_ratio)
         self.counts[i] += 1.0
         self.total += 1.0
         self.cached = None
@@ -86,9 +98,13 @@ class Histogram:
             want = iter(QUANTILES)
             q = next(want)
             seen = 0.0
+            total = self.total + self.censored_total
+            extra = self.censored
             for i, c in enumerate(self.counts):
+                if extra:
+                    c += extra.get(i, 0.0)
                 seen += c
-                while q is not None and seen >= q * self.total - 1e-9 and c > 0:
+                while q is not None and seen >= q * total - 1e-9 and c > 0:
                     out.append(2.0 ** (LOW + i * STEP))
                     q = next(want, None)
                 if q is None:
@@ -129,6 +145,30 @@ class WaitBands:
 
     def forget(self, job_id: str) -> None:
         self.pending.pop(job_id, None)
+
+    def censor(self, now_ms: int) -> None:
+        """Count queued jobs that have already waited past their band's P90 as
+        observations at their wait so far (a lower bound): without them a
+        backlog's longest waits are missing until they end. O(pending +
+        histograms * BUCKETS); run on the estimate cadence, not per event."""
+        if not self.enabled:
+            return
+        for hist in self.hists.values():
+            hist.set_censored({})
+        limits = {key: math.log2(h.multipliers()[1]) for key, h in self.hists.items()}
+        extra: dict[tuple[str, int], dict[int, float]] = {}
+        for tier, admitted_ms, point_s in self.pending.values():
+            waited_s = max(0.0, (now_ms - admitted_ms) / 1000)
+            log_ratio = math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S))
+            cls = estimate_class(point_s)
+            for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
+                limit = limits.get(key)
+                if limit is not None and log_ratio > limit:
+                    buckets = extra.setdefault(key, {})
+                    i = _bucket(log_ratio)
+                    buckets[i] = buckets.get(i, 0.0) + 1.0
+        for key, buckets in extra.items():
+            self.hists[key].set_censored(buckets)
 
     def started(self, job_id: str, now_ms: int) -> None:
         """A job's first start: learn from its admission estimate."""

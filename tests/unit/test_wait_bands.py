@@ -162,3 +162,16 @@ def test_noisy_neighbour_table_splits_light_from_heavy_tenants():
         "p50_s": None,
         "p90_s": None,
     }
+
+
+def test_jobs_queued_past_the_p90_widen_it_before_they_start():
+    bands = WaitBands()
+    _observe(bands, [1.0] * 100)  # so far every job started when estimated
+    before = bands.band("paid", 600.0)[1]
+    for i in range(40):  # 40 jobs told 600 s still queued after 3000 s
+        bands.admitted(f"late{i}", "paid", 0, 600.0)
+    bands.censor(3_000_000)
+    after = bands.band("paid", 600.0)[1]
+    assert after > 2 * before
+    bands.censor(0)  # at admission time nobody is late: back to what was learned
+    assert bands.band("paid", 600.0)[1] == before
