@@ -96,7 +96,7 @@ class Histogram:
         if self.cached is None:
             out = []
             want = iter(QUANTILES)
-            q = next(want)
+            q: float | None = next(want)
             seen = 0.0
             total = self.total + self.censored_total
             extra = self.censored

@@ -27,7 +27,8 @@ from framespool.schemas.topics import Topic
 pytestmark = pytest.mark.integration
 
 N = 60
-FAST_GROUP = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}  # docs/broker-notes.md#consumer-groups: ~1 s joins
+# docs/broker-notes.md#consumer-groups: ~1 s joins
+FAST_GROUP = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
 
 
 def _produce_keyed(bootstrap: str, topic: str, n: int = N) -> dict[int, list[tuple[bytes, bytes]]]:
