@@ -251,8 +251,17 @@ class Reservations:
             reserved = self.reservation_nodes
         more = self.__dict__.get("_more_reservations")
         if more:
+            # a further reservation binds only jobs of its holder's tier or a
+            # less important one: interactive work is not held back for batch gangs
+            job = self.jobs.get(job_id)
+            tier = self.config.tier(job.tier) if job is not None else None
+            rank = tier.rank if tier is not None else 0
             for other, (shadow_ms, nodes) in more.items():
-                if other != job_id and end > shadow_ms:
+                if other == job_id or end <= shadow_ms:
+                    continue
+                holder_job = self.jobs.get(other)
+                holder_tier = self.config.tier(holder_job.tier) if holder_job else None
+                if holder_tier is None or holder_tier.rank <= rank:
                     reserved += nodes
         return reserved
 
