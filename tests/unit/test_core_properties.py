@@ -101,11 +101,26 @@ def play(h: Harness, actions) -> None:
         elif kind == "stale" and h.assigned():
             start = h.assigned()[a[1] % len(h.assigned())]
             job = h.cell.jobs.get(start.spec.job_id)
-            if job is not None and job.run != start.run:
+            old_key = (start.spec.job_id, start.run)
+            if job is not None and job.run != start.run and old_key not in h.cell.runs:
                 before = state_digest(h.cell)
                 out = h.report(ev.RunCompleted, start.spec.job_id, start.run, start.node_id)
                 assert state_digest(h.cell) == before, "a stale report changed state"
                 assert [type(o) for o in out] == [ev.ReportIgnored]
+            elif job is not None and job.run != start.run:
+                # the old run is still being stopped: its end report confirms that node's
+                # exit (docs/design.md#job-lifecycle-and-fencing) and may release only that
+                # run's hold on that node; the job and its current run are untouched
+                def current_run():
+                    run = h.cell.runs.get((job.job_id, job.run))
+                    return run and (run.phase, tuple(sorted(run.held)))
+
+                before = (job.state, job.run, current_run())
+                out = h.report(ev.RunCompleted, start.spec.job_id, start.run, start.node_id)
+                assert (job.state, job.run, current_run()) == before
+                still = h.cell.runs.get(old_key)
+                assert still is None or start.node_id not in still.held
+                assert not any(isinstance(o, (ev.JobCompleted, ev.JobFailed)) for o in out)
         elif kind == "heartbeat":
             node_id = f"n{a[1]}"
             if h.cell.index.nodes[node_id].state != NodeState.DOWN:
