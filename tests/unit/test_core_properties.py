@@ -111,7 +111,7 @@ def play(h: Harness, actions) -> None:
                 # the old run is still being stopped: its end report confirms that node's
                 # exit (docs/design.md#job-lifecycle-and-fencing) and may release only that
                 # run's hold on that node; the job and its current run are untouched
-                def current_run():
+                def current_run(job=job):
                     run = h.cell.runs.get((job.job_id, job.run))
                     return run and (run.phase, tuple(sorted(run.held)))
 
