@@ -247,15 +247,18 @@ class Reservations:
             return ()
         end = self.now_ms + estimate_s * 1000
         reserved: tuple[str, ...] = ()
+        # a reservation binds only jobs of its holder's tier or a less
+        # important one: interactive work is not held back for batch gangs
+        job = self.jobs.get(job_id)
+        tier = self.config.tier(job.tier) if job is not None else None
+        rank = tier.rank if tier is not None else 0
         if self.reservation_job and end > self.reservation_shadow_ms:
-            reserved = self.reservation_nodes
+            first = self.jobs.get(self.reservation_job)
+            first_tier = self.config.tier(first.tier) if first is not None else None
+            if first_tier is None or first_tier.rank <= rank:
+                reserved = self.reservation_nodes
         more = self.__dict__.get("_more_reservations")
         if more:
-            # a further reservation binds only jobs of its holder's tier or a
-            # less important one: interactive work is not held back for batch gangs
-            job = self.jobs.get(job_id)
-            tier = self.config.tier(job.tier) if job is not None else None
-            rank = tier.rank if tier is not None else 0
             for other, (shadow_ms, nodes) in more.items():
                 if other == job_id or end <= shadow_ms:
                     continue
