@@ -268,3 +268,20 @@ def test_init_writes_settings_the_services_can_read(tmp_path):
     path = tmp_path / "secret.json"
     init.write_private(path, {"x": 1})
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(path.read_text()) == {"x": 1}
+
+
+def test_cells_are_spread_and_every_config_file_exists(services):
+    """Agents serve more than one cell, admission routes to exactly those cells, and
+    each processor's --config names a file the image carries (compose/ is copied)."""
+    from framespool.processors.config_file import load_admission_config
+
+    agent_cells, configs = set(), set()
+    for service in ours(services).values():
+        cmd = service["command"]
+        if "--cell" in cmd:
+            agent_cells.add(cmd[cmd.index("--cell") + 1])
+        if "--config" in cmd:
+            configs.add(cmd[cmd.index("--config") + 1])
+    assert len(agent_cells) >= 2
+    assert configs == {"compose/processors.toml"}
+    assert set(load_admission_config(ROOT / "compose/processors.toml").cells) == agent_cells
