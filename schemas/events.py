@@ -116,6 +116,34 @@ class QueueDepth:
     running_gpus: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeGroup:
+    """UP nodes of one GPU type with the same number of healthy GPUs."""
+
+    gpus: int
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuOffer:
+    """What a cell can run on one GPU type (a part of ``CellOffer``)."""
+
+    gpu_type: str
+    healthy_gpus: int = 0
+    free_gpus: int = 0
+    largest_job: int = 0  # GPUs of the largest job its UP nodes could ever host
+    groups: tuple[NodeGroup, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierBacklog:
+    """GPU-seconds queued that a new job of ``tier`` waits behind (its tier and
+    every more important one)."""
+
+    tier: str
+    queued_gpu_s: float = 0.0
+
+
 # --------------------------------------------------------------------------
 # Commands (written from outside into the log)
 # --------------------------------------------------------------------------
@@ -299,6 +327,35 @@ class CellStatus:
     queues: tuple[QueueDepth, ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellOffer:
+    """A cell's periodic offer to admission, sent to every commands partition:
+    the shapes it can run and the work a new job would wait behind."""
+
+    event_id: str
+    ts_ms: int
+    cell: str
+    capacity_gpus: int = 0
+    free_gpus: int = 0
+    running_gpu_s: float = 0.0
+    gpu_types: tuple[GpuOffer, ...] = ()
+    tiers: tuple[TierBacklog, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRerouted:
+    """A cell gave up a queued job it cannot run; admission routes it again."""
+
+    event_id: str
+    ts_ms: int
+    job_id: str
+    tenant: str
+    from_cell: str
+    reason: str
+    spec: JobSpec
+    run: int = 0
+
+
 # --------------------------------------------------------------------------
 # Instructions to agents (assignments topic, keyed by node id)
 # --------------------------------------------------------------------------
@@ -466,7 +523,19 @@ class Tick:
     now_ms: int
 
 
-NESTED_TYPES = (Shape, JobSpec, NodeSlice, GpuHealth, RunReport, GpuStatus, NodeStatus, QueueDepth)
+NESTED_TYPES = (
+    Shape,
+    JobSpec,
+    NodeSlice,
+    GpuHealth,
+    RunReport,
+    GpuStatus,
+    NodeStatus,
+    QueueDepth,
+    NodeGroup,
+    GpuOffer,
+    TierBacklog,
+)
 
 EVENT_TYPES = (
     SubmitJob,
@@ -485,6 +554,8 @@ EVENT_TYPES = (
     NodeStateChanged,
     BreakerTripped,
     CellStatus,
+    CellOffer,
+    JobRerouted,
     StartRun,
     StopRun,
     CheckpointRun,

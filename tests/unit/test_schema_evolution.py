@@ -37,6 +37,8 @@ PUBLISHED: dict[int, str] = {
     1449332226969916357: "BreakerTripped",
     5950304651811157114: "CancelJob",
     3992447068728216982: "CellStatus",
+    13222358012203505010: "CellOffer",
+    4347331174392688626: "JobRerouted",
     16670860553661131631: "CheckpointRun",
     5705835224117532517: "JobAdmitted",
     410677305261948217: "JobAssigned",
