@@ -2,10 +2,12 @@
 
 The commands topic is keyed by tenant; each partition has its own
 ``framespool.processors.core.admission.AdmissionState``. A record is decoded; one that
-is not a ``SubmitJob``/``CancelJob`` is dead-lettered; the rest go through
-``AdmissionState.apply`` with the position ``admission-<p>@<offset>``. A
-``JobAdmitted`` is produced twice, with one event id: to its cell's partition
-of the scheduler topic and to job-events (``framespool.processors.routing.destinations``).
+is not an admission input (``ADMISSION_INPUTS``: ``SubmitJob``/``CancelJob`` from
+the API, ``CellOffer``/``JobRerouted`` from the cells' schedulers) is
+dead-lettered; the rest go through ``AdmissionState.apply`` with the position
+``admission-<p>@<offset>``. A ``JobAdmitted`` is produced twice, with one event
+id: to its cell's partition of the scheduler topic and to job-events
+(``framespool.processors.routing.destinations``).
 """
 
 from __future__ import annotations

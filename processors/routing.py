@@ -9,6 +9,11 @@ The rules (docs/design.md#the-log):
   cell id) *and* to job-events (key: the job id);
 - a :class:`~framespool.processors.core.admission.CellCommand` (a forwarded ``CancelJob``)
   goes to the scheduler topic at its cell's partition;
+- ``CellOffer`` goes to *every* partition of the commands topic (key: the cell
+  id), so each admission partition folds every cell's offer in its own log
+  order and routing stays a pure function of that log; it is no job event;
+- ``JobRerouted`` goes to job-events (key: the job id) *and* to the commands
+  topic keyed by its tenant, the partition whose admission state decided it;
 - every other output is a job event for job-events, keyed by its ``job_id``, or
   by ``node_id`` (``NodeStateChanged``), ``cell`` (``CellStatus``), ``subject``
   (``ReportIgnored``) or ``key`` (``BreakerTripped``).
@@ -86,7 +91,7 @@ def route(output: Any, topics: Topics = catalogue) -> Destination:
     """The one destination of a cell output (``Cell.apply``)."""
     if isinstance(output, AGENT_COMMANDS):
         return _keyed(topics.ASSIGNMENTS, output.node_id)
-    if isinstance(output, (CellCommand, ev.JobAdmitted)):
+    if isinstance(output, (CellCommand, ev.JobAdmitted, ev.CellOffer, ev.JobRerouted)):
         raise RoutingError(f"{type(output).__name__} is not a cell output; use destinations()")
     return _keyed(topics.JOB_EVENTS, job_event_key(output))
 
@@ -99,6 +104,16 @@ def destinations(output: Any, topics: Topics = catalogue) -> tuple[Destination, 
         return (
             cell_destination(output.cell, topics),
             _keyed(topics.JOB_EVENTS, output.spec.job_id),
+        )
+    if isinstance(output, ev.CellOffer):
+        return tuple(
+            Destination(topics.COMMANDS.name, output.cell, p)
+            for p in range(topics.COMMANDS.partitions)
+        )
+    if isinstance(output, ev.JobRerouted):
+        return (
+            _keyed(topics.JOB_EVENTS, output.job_id),
+            _keyed(topics.COMMANDS, output.tenant),
         )
     return (route(output, topics),)
 

@@ -25,7 +25,10 @@ clock and is deterministic, so truncate-and-replay rebuilds the same views.
    seq, so the bounded timeline keeps the lifecycle and the latest progress.
 
 PREEMPTED and REQUEUED are shown as state QUEUED with ``phase`` naming them and
-``reason`` saying why; the view's ``state`` is what a user acts on.
+``reason`` saying why; the view's ``state`` is what a user acts on. A job a cell
+gave up (``JobRerouted``: it could not run it) is SUBMITTED again, phase
+REROUTED, with the reason, until admission's next ``JobAdmitted`` names its new
+cell; its run numbers start again there.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from framespool.schemas.events import (
     JobQueued,
     JobRejected,
     JobRequeued,
+    JobRerouted,
     JobSpec,
     JobWaitEstimated,
     ReportIgnored,
@@ -78,6 +82,7 @@ TRANSITIONS: dict[str, tuple[frozenset[str], str | None]] = {
     "JobCompleted": (ACTIVE_STATES, COMPLETED),
     "JobFailed": (ACTIVE_STATES, FAILED),
     "JobRejected": (ACTIVE_STATES, REJECTED),
+    "JobRerouted": (frozenset({SUBMITTED, QUEUED}), SUBMITTED),
     "ReportIgnored": (frozenset(STATES), None),
 }
 JOB_EVENT_TYPES = frozenset(TRANSITIONS)
@@ -437,6 +442,21 @@ def _requeued(v: JobView, e: JobRequeued):
     return v, f"run {e.run} requeued{ckpt}: {why} ({e.retries_left} retries left)"
 
 
+def _rerouted(v: JobView, e: JobRerouted):
+    v = replace(
+        v,
+        state=SUBMITTED,
+        phase="REROUTED",
+        reason=f"rerouted from {e.from_cell}: {e.reason}",
+        run=0,  # the next cell numbers its runs from 1 again
+        position=0,
+        wait_estimate_s=-1.0,
+        wait_p50_s=-1.0,
+        wait_p90_s=-1.0,
+    )
+    return v, f"rerouted from {e.from_cell}: {e.reason}"
+
+
 def _terminal(state: str, summary: Callable[[Any], str], reason: Callable[[Any], str]):
     def handler(v: JobView, e: Any):
         v = replace(
@@ -479,6 +499,7 @@ _HANDLERS: dict[str, Callable[[JobView, Any], tuple[JobView, str]]] = {
     "JobAssigned": _assigned,
     "JobPreempted": _preempted,
     "JobRequeued": _requeued,
+    "JobRerouted": _rerouted,
     "JobCancelled": _terminal(CANCELLED, lambda e: f"cancelled: {e.reason}", lambda e: e.reason),
     "JobCompleted": _terminal(
         COMPLETED, lambda e: f"run {e.run} completed: {e.artifact_uri}", lambda e: ""

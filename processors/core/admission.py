@@ -19,12 +19,42 @@ For a ``SubmitJob``, in this order:
    has one terminal event; with no asynchronous rate limit they are rare
    (an unknown tier or GPU type), not one per over-eager submit.
 2. **Validation** the API cannot do: the tier must be one the cells know.
-3. **Routing.** Among the cells that offer the job's GPU type (a cell with no
-   listed types offers any), the job goes to the one with the highest
-   rendezvous hash of (cell, job id): stable for a job, spread evenly, and
-   adding a cell moves only the jobs that now hash to it.
+3. **Routing by predicted wait.** Candidates are the cells configured for the
+   job's GPU type (a cell with no listed types offers any). Each cell's
+   scheduler publishes a ``CellOffer`` every status interval
+   (``framespool.processors.core.drain``); the shell sends it to every commands
+   partition, so this fold reads offers in its own log order and its decisions
+   stay a pure function of its input log. An offer older than
+   ``offer_stale_s`` of this state's clock is unknown (a dead scheduler).
+
+   a. Of the candidates with a fresh offer, those whose UP nodes could host
+      every shape of the job (``drain.job_fits``) are hosts. The job goes to the
+      host with the lowest predicted wait: (GPU-seconds queued in its tier and
+      every more important one + GPU-seconds routed there by this partition
+      since that offer + what running work still needs) / capacity, or 0 when
+      nothing is queued ahead and enough GPUs of the type are free: the
+      arithmetic of ``Accounting.predicted_wait_s``. Ties go to config order.
+   b. Stickiness: the tenant's home cell (the host with the highest rendezvous
+      hash of (cell, tenant)) wins while its wait is within
+      ``max(sticky_slack_s, sticky_slack_ratio * best)`` of the best, so a
+      tenant's jobs stay where its models are warm until waits really differ.
+   c. No fresh host: the candidates with no fresh offer, by rendezvous hash of
+      (cell, job id); none either: ``JobRejected(no_cell_can_run)`` naming the
+      largest job any cell can run now.
+   d. No offer at all yet (start-up, a stack whose cells do not publish):
+      rendezvous of (cell, job id) over the candidates, as before offers.
 4. ``JobAdmitted(spec, cell)``: the shell sends it to the cell's partition of
    the scheduler topic and to job-events.
+
+A cell that cannot run a queued job for its drain grace gives it up with a
+``JobRerouted`` (to job-events, and here, keyed by the tenant). It is routed
+again by the same rule without the cell it came from (a new ``JobAdmitted``)
+or rejected if no other cell can run it. A reroute counts only if it comes
+from the cell this state last sent the job to (a re-delivered or stale one is
+ignored); a reroute of a job whose cancel was forwarded meanwhile ends it
+(``JobCancelled``): the cancel reached a cell that no longer held it. A
+reroute of a job whose decision has expired is routed afresh, and remembered
+again from then.
 
 Admission does not rate-limit. Limits are synchronous: the API refuses what a
 tenant may not submit (its rate limit, its queue cap) at submit time with 429
@@ -40,8 +70,12 @@ only has to outlast re-sends of one command). Time here is the highest command
 ``ts_ms`` seen, so expiry is a pure function of the log and replay stays
 byte-identical. A ``CancelJob`` for a job whose decision has expired is still
 forwarded, to each cell its id can have been routed to; the cell that holds it
-acts, the others record it as ignored. Output event ids are
+acts, the others record it as ignored (once cells publish offers, a job can
+have been routed to any cell, and every cell gets it). Output event ids are
 ``f"{position}/{i}"``, as in the cell core.
+
+Cost model: an offer costs O(T + G) (tiers, GPU types); a submit costs
+O(C * (T + G + s)) for C candidate cells and s shapes, all small.
 """
 
 from __future__ import annotations
@@ -55,9 +89,11 @@ from typing import Any, NamedTuple
 from framespool.schemas import events as ev
 
 from .config import DEFAULT_TIERS
+from .drain import Groups, job_fits, largest_job
 
 INVALID_TIER = "invalid_tier"
 NO_MATCHING_CELL = "no_matching_cell"
+NO_CELL_CAN_RUN = "no_cell_can_run"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +103,22 @@ class AdmissionConfig:
     ``idempotency_horizon_s``: seconds of command time a job id and its
     idempotency key stay decided; a repeat after that is a new submission
     (default 10 minutes; it only has to outlast re-sends of one command).
+
+    ``offer_stale_s``: a cell's latest ``CellOffer`` older than this (command
+    time) says nothing: the cell is unknown (default 15 s, three of the cells'
+    default 5 s status intervals). ``sticky_slack_s`` and
+    ``sticky_slack_ratio``: a tenant's home cell keeps its jobs while its
+    predicted wait is within ``max(sticky_slack_s, sticky_slack_ratio * best)``
+    of the best cell's (defaults 30 s and 20 %; 0 and 0 route purely by wait).
     """
 
     cells: tuple[str, ...] = ("cell-0",)
     cell_gpu_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     tiers: tuple[str, ...] = tuple(t.name for t in DEFAULT_TIERS)
     idempotency_horizon_s: float = 600.0
+    offer_stale_s: float = 15.0
+    sticky_slack_s: float = 30.0
+    sticky_slack_ratio: float = 0.2
 
     def __post_init__(self) -> None:
         if not self.cells:
@@ -88,6 +134,17 @@ class AdmissionConfig:
             raise ValueError("tiers must name at least one tier")
         if self.idempotency_horizon_s <= 0:
             raise ValueError(f"idempotency_horizon_s={self.idempotency_horizon_s} must be positive")
+        if not self.offer_stale_s > 0:
+            raise ValueError(
+                f"offer_stale_s={self.offer_stale_s} must be positive; use about three "
+                "times the cells' status_interval_s"
+            )
+        if not self.sticky_slack_s >= 0:
+            raise ValueError(f"sticky_slack_s={self.sticky_slack_s} must be 0 or more")
+        if not 0 <= self.sticky_slack_ratio <= 1:
+            raise ValueError(
+                f"sticky_slack_ratio={self.sticky_slack_ratio} must be between 0 and 1"
+            )
 
     def cells_for(self, gpu_type: str) -> tuple[str, ...]:
         """The cells that can run ``gpu_type`` ("" = any GPU type), in config order."""
@@ -116,15 +173,44 @@ class Decision(NamedTuple):
     cell: str
     ts_ms: int = 0  # the state's clock when decided (never behind): expires a horizon later
     key: str | None = None  # the idempotency key it was submitted under
+    cancelled: bool = False  # a cancel was forwarded to ``cell``
 
 
 def rendezvous(job_id: str, cells: tuple[str, ...]) -> str:
-    """The cell with the highest hash of (cell, job id): stable for a job id."""
+    """The cell with the highest hash of (cell, job id): stable for a job id
+    (also used with a tenant for ``job_id``: the tenant's home cell)."""
 
     def weight(cell: str) -> bytes:
         return hashlib.blake2b(f"{cell}\x00{job_id}".encode(), digest_size=8).digest()
 
     return max(cells, key=weight)
+
+
+def offer_groups(offer: ev.CellOffer) -> Groups:
+    """An offer's UP nodes as ``drain.Groups``."""
+    return tuple((t.gpu_type, g.gpus, g.nodes) for t in offer.gpu_types for g in t.groups)
+
+
+def predicted_wait_s(
+    offer: ev.CellOffer, spec: ev.JobSpec, routed_gpu_s: float = 0.0, routed_gpus: int = 0
+) -> float:
+    """The wait ``offer``'s cell predicts for ``spec``, after the work this
+    partition routed there since the offer (``Accounting.predicted_wait_s``'s
+    arithmetic; -1 when the cell has no capacity)."""
+    if offer.capacity_gpus <= 0:
+        return -1.0
+    ahead = routed_gpu_s
+    for tier in offer.tiers:
+        if tier.tier == spec.tier:
+            ahead += tier.queued_gpu_s
+            break
+    if spec.gpu_type:
+        free = sum(t.free_gpus for t in offer.gpu_types if t.gpu_type == spec.gpu_type)
+    else:
+        free = offer.free_gpus
+    if free - routed_gpus >= spec.gpus and ahead <= 0:
+        return 0.0
+    return (ahead + offer.running_gpu_s) / offer.capacity_gpus
 
 
 class AdmissionState:
@@ -138,9 +224,22 @@ class AdmissionState:
         self.clock_ms = 0  # highest command ts_ms seen: the state's notion of now
         self.forgotten_ms = -1  # decision time of the newest expired decision
         self.counters: dict[str, int] = {}
+        self.init_offers()
         self._out: list[Any] = []
         self._pos = ""
         self._ts = 0
+
+    def init_offers(self) -> None:
+        self.offers: dict[str, ev.CellOffer] = {}  # cell -> its latest offer
+        # cell -> (GPU-seconds, GPUs) routed there since its latest offer
+        self.routed: dict[str, tuple[float, int]] = {}
+        self.superseded: dict[str, int] = {}  # job -> stale entries of it in ``expiry``
+
+    def __setstate__(self, state: dict) -> None:
+        """A snapshot from before offers gets them empty."""
+        self.__dict__.update(state)
+        if "offers" not in state:
+            self.init_offers()
 
     # ------------------------------------------------------------------
     def apply(self, command: Any, position: str | None = None) -> list[Any]:
@@ -180,6 +279,8 @@ class AdmissionState:
         self.counters[name] = self.counters.get(name, 0) + 1
 
     def _remember(self, job_id: str, decision: Decision) -> None:
+        if job_id in self.jobs:  # decided again (a reroute): its older entry is stale
+            self.superseded[job_id] = self.superseded.get(job_id, 0) + 1
         self.jobs[job_id] = decision
         if decision.key is not None:
             self.keys[(decision.tenant, decision.key)] = job_id
@@ -188,9 +289,20 @@ class AdmissionState:
     def _expire(self) -> None:
         """Forget decisions made more than the horizon before ``clock_ms``."""
         cutoff = self.clock_ms - int(self.config.idempotency_horizon_s * 1000)
-        expiry, jobs = self.expiry, self.jobs
-        # each id is in ``expiry`` once, and in ``jobs`` until it leaves both here
-        while expiry and jobs[expiry[0]].ts_ms < cutoff:
+        expiry, jobs, superseded = self.expiry, self.jobs, self.superseded
+        # an id is in ``jobs`` until its last entry in ``expiry`` leaves here; its
+        # earlier entries (``superseded``) are skipped without a look at the time
+        while expiry:
+            stale = superseded.get(expiry[0])
+            if stale:
+                if stale == 1:
+                    del superseded[expiry[0]]
+                else:
+                    superseded[expiry[0]] = stale - 1
+                expiry.popleft()
+                continue
+            if jobs[expiry[0]].ts_ms >= cutoff:
+                break
             job_id = expiry.popleft()
             decision = jobs.pop(job_id)
             self.forgotten_ms = max(self.forgotten_ms, decision.ts_ms)
@@ -243,12 +355,119 @@ class AdmissionState:
                 detail=problem[1],
             )
             return
-        cell = rendezvous(spec.job_id, self.config.cells_for(spec.gpu_type))
-        self._remember(
-            spec.job_id, Decision(spec.tenant, cell, self.clock_ms, command.idempotency_key)
-        )
-        self._count("admitted")
+        self._admit(spec, command.idempotency_key, exclude="")
+
+    def _admit(self, spec: ev.JobSpec, key: str | None, exclude: str, why: str = "") -> None:
+        """Route ``spec`` (never to ``exclude``): ``JobAdmitted``, or ``JobRejected``
+        when no cell can run it (``why`` says what came before)."""
+        cell = self._route(spec, exclude)
+        if cell is None:
+            self._remember(spec.job_id, Decision(spec.tenant, "", self.clock_ms, key))
+            self._count(f"rejected_{NO_CELL_CAN_RUN}")
+            self._emit(
+                ev.JobRejected,
+                job_id=spec.job_id,
+                tenant=spec.tenant,
+                reason=NO_CELL_CAN_RUN,
+                detail=(f"{why}; " if why else "") + self._cannot_run(spec, exclude),
+            )
+            return
+        self._remember(spec.job_id, Decision(spec.tenant, cell, self.clock_ms, key))
+        if cell in self.offers:
+            cost, gpus = self.routed.get(cell, (0.0, 0))
+            self.routed[cell] = (cost + spec.gpus * spec.estimate_s, gpus + spec.gpus)
+        self._count("admitted" if not exclude else "rerouted")
         self._emit(ev.JobAdmitted, spec=spec, cell=cell)
+
+    # -- routing (item 3 of the theory of operation) -------------------------
+    def _route(self, spec: ev.JobSpec, exclude: str) -> str | None:
+        candidates = tuple(c for c in self.config.cells_for(spec.gpu_type) if c != exclude)
+        if not candidates:
+            return None
+        if not self.offers:
+            return rendezvous(spec.job_id, candidates)
+        fresh = self._fresh_offers(candidates)
+        hosts = tuple(c for c in candidates if c in fresh and self._hosts(fresh[c], spec))
+        if hosts:
+            waits = {c: self._wait(fresh[c], spec) for c in hosts}
+            best = min(hosts, key=lambda c: waits[c])  # ties: config order
+            home = rendezvous(spec.tenant, hosts)
+            slack = max(self.config.sticky_slack_s, self.config.sticky_slack_ratio * waits[best])
+            return home if waits[home] <= waits[best] + slack else best
+        unknown = tuple(c for c in candidates if c not in fresh)
+        return rendezvous(spec.job_id, unknown) if unknown else None
+
+    def _fresh_offers(self, cells: tuple[str, ...]) -> dict[str, ev.CellOffer]:
+        oldest = self.clock_ms - int(self.config.offer_stale_s * 1000)
+        return {
+            c: offer
+            for c in cells
+            if (offer := self.offers.get(c)) is not None and offer.ts_ms >= oldest
+        }
+
+    @staticmethod
+    def _hosts(offer: ev.CellOffer, spec: ev.JobSpec) -> bool:
+        return offer.capacity_gpus > 0 and job_fits(offer_groups(offer), spec, every_shape=True)
+
+    def _wait(self, offer: ev.CellOffer, spec: ev.JobSpec) -> float:
+        cost, gpus = self.routed.get(offer.cell, (0.0, 0))
+        return predicted_wait_s(offer, spec, cost, gpus)
+
+    def _cannot_run(self, spec: ev.JobSpec, exclude: str) -> str:
+        """Why no cell takes ``spec``, naming the largest job any cell can run."""
+        cells = tuple(c for c in self.config.cells_for(spec.gpu_type) if c != exclude)
+        fresh = self._fresh_offers(cells)
+        kind = f"{spec.gpu_type} " if spec.gpu_type else ""
+        if not fresh:
+            return f"no cell other than {exclude} offers {kind or 'any '}GPUs"
+        sizes = {c: largest_job(offer_groups(o), spec.gpu_type) for c, o in fresh.items()}
+        biggest = max(sizes, key=lambda c: sizes[c])
+        return (
+            f"no cell can run {spec.gpus} {kind}GPU(s) at {spec.gpus_per_node} per node now; "
+            f"the largest job any cell can run is {sizes[biggest]} {kind}GPU(s) "
+            f"({biggest}); ask for at most that many"
+        )
+
+    # -- CellOffer ---------------------------------------------------------
+    def on_offer(self, offer: ev.CellOffer) -> None:
+        """Keep each configured cell's newest offer; it produces nothing."""
+        if offer.cell not in self.config.cells:
+            self._count("offers_unknown_cell")
+            return
+        held = self.offers.get(offer.cell)
+        if held is not None and held.ts_ms > offer.ts_ms:
+            self._count("offers_stale")  # a re-delivered older one never wins
+            return
+        self._count("offers")
+        self.offers[offer.cell] = offer
+        self.routed.pop(offer.cell, None)
+
+    # -- JobRerouted -------------------------------------------------------
+    def on_rerouted(self, event: ev.JobRerouted) -> None:
+        decided = self.jobs.get(event.job_id)
+        if decided is not None and decided.cell != event.from_cell:
+            where = f"now routed to {decided.cell}" if decided.cell else "ended"
+            self._ignore(
+                event.job_id,
+                f"stale reroute: job {event.job_id} left {event.from_cell} before and is {where}",
+                event,
+            )
+            return
+        if decided is not None and decided.tenant != event.tenant:
+            self._ignore(event.job_id, "reroute refused: job belongs to another tenant", event)
+            return
+        key = decided.key if decided is not None else None
+        if decided is not None and decided.cancelled:
+            self._remember(event.job_id, Decision(event.tenant, "", self.clock_ms, key))
+            self._count("cancelled_in_reroute")
+            self._emit(
+                ev.JobCancelled,
+                job_id=event.job_id,
+                run=0,
+                reason=f"cancelled while {event.from_cell} gave it up ({event.reason})",
+            )
+            return
+        self._admit(event.spec, key, exclude=event.from_cell, why=event.reason)
 
     def _problem(self, spec: ev.JobSpec) -> tuple[str, str] | None:
         if spec.tier not in self.config.tiers:
@@ -277,6 +496,7 @@ class AdmissionState:
         elif not decided.cell:
             self._ignore(command.job_id, "cancel refused: job was rejected at admission", command)
         else:
+            self.jobs[command.job_id] = decided._replace(cancelled=True)
             self._forward_cancel(decided.cell, command)
 
     def _forward_cancel(self, cell: str, command: ev.CancelJob) -> None:
@@ -292,7 +512,9 @@ class AdmissionState:
 
     def _cells_that_may_hold(self, job_id: str) -> list[str]:
         """Every cell routing can have sent ``job_id`` to, whatever its GPU type
-        was, in config order."""
+        was, in config order (every cell, once routing follows offers)."""
+        if self.offers:
+            return list(self.config.cells)
         listed = sorted({t for types in self.config.cell_gpu_types.values() for t in types})
         unlisted = "\x00unlisted"  # a type no cell lists: only the untyped cells offer it
         found = set()
@@ -306,7 +528,9 @@ class AdmissionState:
 _HANDLERS: dict[type, Callable[[AdmissionState, Any], None]] = {
     ev.SubmitJob: AdmissionState.on_submit,
     ev.CancelJob: AdmissionState.on_cancel,
+    ev.CellOffer: AdmissionState.on_offer,  # from the cells' schedulers, never the API
+    ev.JobRerouted: AdmissionState.on_rerouted,  # likewise
 }
 
-# The command types admission folds; anything else on the commands topic is dead-lettered.
+# What admission folds; anything else on the commands topic is dead-lettered.
 ADMISSION_INPUTS = tuple(_HANDLERS)

@@ -38,6 +38,7 @@ from framespool.schemas import events as ev
 from . import lifecycle as lc
 from .accounting import Accounting
 from .config import CellConfig
+from .drain import Drain
 from .fairshare import FairTree
 from .gangs import GangHandlers
 from .jobs import JobHandlers
@@ -60,7 +61,7 @@ class TenantUse:
         self.queued = 0
 
 
-class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Accounting):
+class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Drain, Accounting):
     def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
         self.config = config or CellConfig()
         self.cell_id = cell_id
@@ -104,6 +105,7 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
         self.last_estimate_ms: int = -1
         self.wait_bands = WaitBands()  # P50/P90 learned from observed waits
         self.counters: dict[str, int] = {}
+        self.init_drain()  # offers to admission, jobs drained to other cells (drain.py)
         # per-apply output buffer
         self._out: list[Any] = []
         self._pos = ""
@@ -168,6 +170,7 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
         self.expire_runs()
         self.schedule(full=True)
         self.publish_periodic()
+        self.offer_and_drain()
 
     def rebase_time(self, first_ms: int) -> None:
         """Before the first Tick the cell has no clock: whatever happened then
@@ -211,8 +214,8 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Ac
 
 Cell._HANDLERS = {
     ev.Tick: Cell.on_tick,
-    ev.JobAdmitted: Cell.on_job_admitted,
-    ev.CancelJob: Cell.on_cancel,
+    ev.JobAdmitted: Cell.on_admitted_here,  # drain.py: minds jobs that drained away
+    ev.CancelJob: Cell.on_cancel_here,
     ev.NodeRegistered: Cell.on_node_registered,
     ev.NodeHeartbeat: Cell.on_heartbeat,
     ev.RunStarted: Cell.on_run_started,

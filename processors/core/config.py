@@ -135,7 +135,11 @@ class CellConfig:
     # explain late reports; keep it above admission's idempotency_horizon_s.
     finished_horizon_s: float = 3600.0
 
-    # Read-model cadence
+    # Drain (processors/core/drain.py): a queued job no UP node here can run for
+    # this long is rerouted to another cell (0 = never: a lone cell keeps it)
+    drain_grace_s: float = 0.0
+
+    # Read-model cadence (status_interval_s also paces the CellOffer to admission)
     status_interval_s: float = 5.0
     estimate_interval_s: float = 30.0
     estimate_publish_limit: int = 2000

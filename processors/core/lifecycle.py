@@ -23,6 +23,7 @@ TRANSITIONS: dict[tuple[JobState, str], JobState] = {
     (JobState.QUEUED, "assign"): JobState.ASSIGNED,
     (JobState.QUEUED, "cancel"): JobState.CANCELLED,
     (JobState.QUEUED, "fail"): JobState.FAILED,  # e.g. no longer placeable anywhere
+    (JobState.QUEUED, "reroute"): JobState.QUEUED,  # leaves for another cell (drain.py)
     (JobState.ASSIGNED, "start"): JobState.RUNNING,
     (JobState.ASSIGNED, "complete"): JobState.COMPLETED,  # reports may arrive reordered
     (JobState.ASSIGNED, "fail"): JobState.FAILED,

@@ -17,8 +17,12 @@ Theory of operation
 4. **No state change from a stale run or incarnation** (``ledger``), and no
    input that made the fold raise (the runtime dead-letters it: a core bug).
 5. **Every submitted job accounted for**: admitted and then terminal, or still
-   live in its re-folded cell, or rejected; or in flight (its input is past the
-   processor's committed offset).
+   live in its re-folded cell (in one cell only), or rejected; or in flight (its
+   input is past the processor's committed offset). A job a cell drained
+   (``JobRerouted``) and that is live nowhere is in flight while admission has
+   not committed past the reroute on the commands topic, else lost. A job is
+   admitted more than once only after as many ``JobRerouted`` (a second
+   ``JobAdmitted`` without one is ``admitted_twice``).
 6. **Fairness**: GPU-seconds per tenant (``JobCompleted.gpu_seconds``, and the
    spans of all runs from ``JobAssigned`` to their end), and Jain's index of
    the weight-normalised run GPU-seconds.
@@ -248,6 +252,7 @@ def verify(log: LogContents, config: CellConfig | None = None) -> VerifyReport:
     cells: dict[str, Cell] = {}
     finished_at: dict[str, tuple[int, int]] = {}  # job -> (partition, input offset)
     admitted_in_cell: dict[str, str] = {}
+    rerouted_from: dict[str, str] = {}  # job -> the cell that gave it up last (re-fold)
     for p, records in log.scheduler_partitions().items():
         refold = Refold(p, config, log.topics)
         problems: list[Violation] = []
@@ -256,6 +261,8 @@ def verify(log: LogContents, config: CellConfig | None = None) -> VerifyReport:
             for o in refold.step(record):
                 if isinstance(o.event, ev.TERMINAL_EVENTS):
                     finished_at.setdefault(o.event.job_id, (p, record.offset))
+                elif isinstance(o.event, ev.JobRerouted):
+                    rerouted_from[o.event.job_id] = refold.cell_id
             for text in ownership_problems(refold.cell):
                 if text not in reported:
                     reported.add(text)
@@ -303,8 +310,17 @@ def verify(log: LogContents, config: CellConfig | None = None) -> VerifyReport:
             "gpus_held_at_end": len(report.held_at_end.setdefault(refold.cell_id, held_gpus(cell))),
         }
     _accounting(
-        report, log, commands, job_events, first_terminal, cells, finished_at, admitted_in_cell
+        report,
+        log,
+        commands,
+        job_events,
+        first_terminal,
+        cells,
+        finished_at,
+        admitted_in_cell,
+        set(rerouted_from),
     )
+    _reroutes(report, log, commands, job_events, first_terminal, cells, rerouted_from)
     report.fairness = fairness(job_events, commands, cells, config)
     return report
 
@@ -318,8 +334,10 @@ def _accounting(
     cells: dict[str, Cell],
     finished_at: dict[str, tuple[int, int]],
     admitted_in_cell: dict[str, str],
+    rerouted: frozenset[str] | set[str] = frozenset(),
 ) -> None:
-    """Item 5: every submitted job ends somewhere the log can show."""
+    """Item 5: every submitted job ends somewhere the log can show (a rerouted
+    job that is live nowhere and not ended: ``_reroutes``)."""
     submitted: dict[str, list] = {}
     for d in commands:
         if isinstance(d.event, ev.SubmitJob):
@@ -349,6 +367,8 @@ def _accounting(
                         f"cell-{p}@{offset}",
                     )
                 )
+        elif job_id in rerouted:
+            continue  # between cells: _reroutes accounts for it
         elif job_id in admitted:
             if job_id in admitted_in_cell:
                 report.violations.append(
@@ -390,6 +410,75 @@ def _accounting(
             f"{len(admitted - set(submitted))} job(s) admitted without a "
             "SubmitJob on the commands topic"
         )
+
+
+def _reroutes(
+    report: VerifyReport,
+    log: LogContents,
+    commands: list,
+    job_events: list,
+    first_terminal: dict[str, Any],
+    cells: dict[str, Cell],
+    rerouted_from: dict[str, str],
+) -> None:
+    """Item 5 for jobs that moved between cells: live in one cell at most, each
+    admission after the first preceded by a reroute, and a rerouted job that is
+    live nowhere and not ended is in flight or lost."""
+    holders: dict[str, list[str]] = {}
+    for cell_id, cell in cells.items():
+        for job_id in cell.jobs:
+            holders.setdefault(job_id, []).append(cell_id)
+    for job_id, where in holders.items():
+        if len(where) > 1:
+            report.violations.append(
+                Violation("live_in_two_cells", job_id, f"live in {', '.join(where)} at once")
+            )
+    admits: Counter = Counter()
+    reroutes: Counter = Counter()
+    seen: set[str] = set()
+    for d in job_events:
+        e = d.event
+        if e is None or e.event_id in seen:
+            continue
+        seen.add(e.event_id)
+        if isinstance(e, ev.JobAdmitted):
+            admits[e.spec.job_id] += 1
+        elif isinstance(e, ev.JobRerouted):
+            reroutes[e.job_id] += 1
+    for job_id, n in admits.items():
+        if n > 1 + reroutes[job_id]:
+            report.violations.append(
+                Violation(
+                    "admitted_twice",
+                    job_id,
+                    f"admitted {n} times on job-events after {reroutes[job_id]} reroute(s)",
+                )
+            )
+    reroute_at: dict[str, Any] = {}  # job -> its last JobRerouted record on the commands topic
+    for d in commands:
+        if isinstance(d.event, ev.JobRerouted):
+            reroute_at[d.event.job_id] = d.record
+    for job_id, cell_id in rerouted_from.items():
+        if job_id in holders or job_id in first_terminal:
+            continue
+        record = reroute_at.get(job_id)
+        if record is None and commands:
+            # the cell's output was not delivered (yet): replay reports a missing one
+            report.warnings.append(
+                f"{job_id}: rerouted by {cell_id}, not yet on the commands topic"
+            )
+        elif record is None or record.offset >= log.committed_offset("admission", record.partition):
+            report.jobs["in_flight"] += 1
+            report.in_flight.append(job_id)
+        else:
+            report.violations.append(
+                Violation(
+                    "lost_in_reroute",
+                    job_id,
+                    f"{cell_id} gave it up and admission read that, but no cell holds it "
+                    "and it has not ended",
+                )
+            )
 
 
 def fairness(
