@@ -134,7 +134,7 @@ class Drain:
         grace_ms = int(self.config.drain_grace_s * 1000)
         if grace_ms > 0 and self.now_ms > 0:
             check_every = max(1000, grace_ms // DRAIN_CHECK_FRACTION)
-            if self.now_ms - self.last_drain_ms >= check_every:
+            if self.last_drain_ms < 0 or self.now_ms - self.last_drain_ms >= check_every:
                 self.last_drain_ms = self.now_ms
                 self.drain(grace_ms)
 
