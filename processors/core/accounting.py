@@ -112,6 +112,22 @@ class Accounting:
             (ahead - job.cost + remaining) / capacity if ahead > job.cost else remaining / capacity
         )
 
+    def wait_depth(self: Cell, wait_s: float) -> float:
+        """Jobs that must end before a job told ``wait_s`` starts, for the wait
+        bands' depth prior: one (the first end that frees its GPUs) plus the
+        queued work the wait drains beyond the running work, over the mean
+        cost of a queued job. O(tiers): the tier flows keep their queued count
+        and backlog."""
+        queued, backlog = 0, 0.0
+        for tier in self.fair.root.active.values():
+            queued += tier.queued
+            backlog += tier.backlog
+        if wait_s <= 0 or queued <= 0 or backlog <= 0:
+            return 1.0
+        capacity = self.index.free_total + self.running_gpus
+        remaining = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
+        return 1.0 + max(0.0, wait_s * capacity - remaining) * queued / backlog
+
     # -- failure containment ----------------------------------------------------
     def note_failure(self: Cell, run: Run, node_id: str, failure_class: str) -> None:
         if failure_class != "generator_error":
@@ -373,7 +389,7 @@ class Accounting:
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait
                     budget -= 1
-                    p50, p90 = self.wait_bands.band(job.tier, wait)
+                    p50, p90 = self.wait_bands.band(job.tier, wait, self.wait_depth(wait))
                     self.emit(
                         ev.JobWaitEstimated,
                         job_id=job_id,

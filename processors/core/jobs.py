@@ -53,7 +53,7 @@ class JobHandlers:
         self.enqueue(job, requeued=False)
         job.wait_estimate_s = ahead
         self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead)
-        p50, p90 = self.wait_bands.band(spec.tier, ahead)
+        p50, p90 = self.wait_bands.band(spec.tier, ahead, self.wait_depth(ahead))
         self.emit(
             ev.JobQueued,
             job_id=spec.job_id,

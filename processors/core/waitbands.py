@@ -20,8 +20,24 @@ the tier and the job's shape. Rather than model them, the band learns them:
    started, so the longest waits of a backlog are still missing from them,
    and the 0.9 quantile of what was seen is short of the truth), where ``m_q`` is the q-quantile of the learned ratios of the job's
    (tier, class), or of its tier while the class has fewer than
-   ``MIN_SAMPLES``, or ``PRIOR`` before anything was learned (``band``).
-4. Histograms forget: when one holds ``HALVE_AT`` observations, every
+   ``MIN_SAMPLES``, or the depth prior before anything was learned (``band``).
+4. The depth prior. A deep queue's wait is the sum of many jobs' run times
+   over the capacity, so its relative spread shrinks like one job's spread
+   over the square root of the number of jobs ahead (the law of large
+   numbers): ``m50 = 1`` and ``m90 = exp(Z90 * sqrt(SIGMA_SYS**2 +
+   SIGMA_JOB**2 / depth))``, ``depth`` = jobs' worth of work the point
+   estimate drains (``Accounting.wait_depth``: the point estimate times the
+   capacity over the mean cost of a queued job). At most one job deep the
+   wait is one residual run time, which averages nothing: the fixed
+   ``PRIOR`` (``m90 = 3``). A flood admitted into a fresh cell (every job
+   admitted before any queued job starts, so nothing is learned in time)
+   gets a P90 a few percent above its point estimate instead of three times
+   it. ``SIGMA_SYS`` keeps a floor for what the sum does not average away.
+   The P50 stays the point estimate: its bias for a deep queue (the fluid
+   estimate counts all running work, though some still runs when the job
+   starts, and knows nothing of cold starts or of how estimates compare with
+   run times) is only learned from jobs that started (3.).
+5. Histograms forget: when one holds ``HALVE_AT`` observations, every
    bucket is halved, so the band follows a drifting load (old evidence weighs
    half each time the window fills).
 
@@ -30,7 +46,7 @@ refreshed point estimate of the remaining wait.
 
 Everything is plain arithmetic on the event's time: deterministic, replayable.
 
-Cost: ``admitted``/``forget`` O(1); ``started`` O(1) plus, when a histogram
+Cost: ``admitted``/``forget`` O(1); the depth prior O(1); ``started`` O(1) plus, when a histogram
 fills, an O(BUCKETS) halving (amortized O(BUCKETS / HALVE_AT)); ``band``
 O(1) when its quantiles are cached, else O(BUCKETS) once per histogram
 change (BUCKETS = 193, so at most a few hundred additions per admission).
@@ -48,7 +64,10 @@ LOW, HIGH = -6.0, 6.0  # log2 range; ratios outside are clamped to the end bucke
 BUCKETS = int((HIGH - LOW) / STEP) + 1
 MIN_SAMPLES = 30
 HALVE_AT = 4000.0
-PRIOR = (1.0, 3.0)  # (m50, m90) before anything was observed
+PRIOR = (1.0, 3.0)  # (m50, m90) before anything was observed, one job deep
+Z90 = 1.2816  # the standard normal's 0.9 quantile
+SIGMA_JOB = 0.6  # relative spread of one job's run time (durations ~50%, estimates ~25% off)
+SIGMA_SYS = 0.0  # log-spread a deep queue does not average away (none assumed)
 QUANTILES = (
     0.5,
     0.95,
@@ -60,6 +79,13 @@ def estimate_class(point_s: float) -> int:
     if point_s <= 0:
         return 0
     return 1 + min(5, max(0, int(math.log10(max(point_s, 1.0)))))
+
+
+def depth_prior(depth: float) -> tuple[float, float]:
+    """(m50, m90) before anything was learned, for a wait ``depth`` jobs deep."""
+    if depth <= 1.0:
+        return PRIOR
+    return PRIOR[0], math.exp(Z90 * math.sqrt(SIGMA_SYS**2 + SIGMA_JOB**2 / depth))
 
 
 def _bucket(log_ratio: float) -> int:
@@ -123,19 +149,20 @@ class WaitBands:
         self.pending: dict[str, tuple[str, int, float]] = {}  # job -> (tier, ms, point)
         self.hists: dict[tuple[str, int], Histogram] = {}  # (tier, class or -1)
 
-    def multipliers(self, tier: str, point_s: float) -> tuple[float, float]:
+    def multipliers(self, tier: str, point_s: float, depth: float = 1.0) -> tuple[float, float]:
         cls = estimate_class(point_s)
         for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
             hist = self.hists.get(key)
             if hist is not None and hist.total >= MIN_SAMPLES:
                 return hist.multipliers()
-        return PRIOR
+        return depth_prior(depth)
 
-    def band(self, tier: str, point_s: float) -> tuple[float, float]:
-        """(P50, P90) in seconds for a point estimate; (-1, -1) if it is unknown."""
+    def band(self, tier: str, point_s: float, depth: float = 1.0) -> tuple[float, float]:
+        """(P50, P90) in seconds for a point estimate; (-1, -1) if it is unknown.
+        ``depth``: jobs' worth of queued work the estimate drains (the depth prior)."""
         if point_s < 0:
             return -1.0, -1.0
-        m50, m90 = self.multipliers(tier, point_s)
+        m50, m90 = self.multipliers(tier, point_s, depth)
         base = point_s + FLOOR_S
         return max(0.0, base * m50 - FLOOR_S), max(0.0, base * m90 - FLOOR_S)
 

@@ -9,7 +9,7 @@ import math
 
 from framespool.commands import jobs as job_commands
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.core.waitbands import FLOOR_S, PRIOR, WaitBands
+from framespool.processors.core.waitbands import FLOOR_S, PRIOR, WaitBands, depth_prior
 from framespool.processors.sim.quality import (
     WaitRow,
     calibration_table,
@@ -175,3 +175,70 @@ def test_jobs_queued_past_the_p90_widen_it_before_they_start():
     assert after > 2 * before
     bands.censor(0)  # at admission time nobody is late: back to what was learned
     assert bands.band("paid", 600.0)[1] == before
+
+
+def _deep_queue_shares(depth_aware: bool, jobs: int = 1000) -> tuple[float, float]:
+    """A flood into a fresh cell: ``jobs`` jobs admitted at once, every one
+    before any queued job starts (so nothing is learned in time). A job
+    ``n`` jobs deep is told the fluid point estimate (n jobs' estimated run
+    time over the capacity); its actual wait is the same sum of *actual* run
+    times, each job's a lognormal draw whose mean is its estimate (log-spread
+    0.55: a relative spread of ~0.59, the prior's ``SIGMA_JOB``). Depths are log-uniform from 2 to
+    2000, each job an independent queue so the shares are a fair sample.
+    Returns the shares of jobs that waited at most their P50 and their P90."""
+    import random
+
+    rng = random.Random(7)
+    bands = WaitBands()
+    mean_s, capacity = 100.0, 16
+    le50 = le90 = 0
+    for k in range(jobs):
+        depth = int(2 * 1000 ** (k / (jobs - 1)))
+        point = depth * mean_s / capacity
+        p50, p90 = bands.band("paid", point, float(depth) if depth_aware else 1.0)
+        ran = sum(rng.lognormvariate(0.0, 0.55) for _ in range(depth)) / math.exp(0.55**2 / 2)
+        actual = ran * mean_s / capacity
+        le50 += actual <= p50
+        le90 += actual <= p90
+    return le50 / jobs, le90 / jobs
+
+
+def test_a_deep_queue_admitted_at_once_gets_calibrated_bands_from_the_depth_prior():
+    """The flood case: the learned ratios come too late, so the prior must be
+    honest for a deep queue. With the fixed one-job prior (P90 = 3x the point)
+    every job lands under its P90; the depth prior narrows the band with the
+    square root of the jobs ahead."""
+    le50, le90 = _deep_queue_shares(depth_aware=True)
+    assert 0.40 <= le50 <= 0.60, le50
+    assert 0.85 <= le90 <= 0.95, le90
+    # control: without the depth the band is the one-job prior, far too wide
+    _, wide = _deep_queue_shares(depth_aware=False)
+    assert wide > 0.98, wide
+
+
+def test_the_depth_prior_is_the_old_prior_one_job_deep_and_narrows_after():
+    assert depth_prior(1.0) == PRIOR and depth_prior(0.0) == PRIOR
+    m90s = [depth_prior(d)[1] for d in (2.0, 10.0, 100.0, 10_000.0)]
+    assert m90s == sorted(m90s, reverse=True) and m90s[0] < PRIOR[1]
+    assert 1.0 < m90s[-1] < 1.05  # a floor remains (what the sum does not average away)
+
+
+def test_cell_gives_a_deep_job_a_narrower_band_than_a_shallow_one():
+    cell = Cell(CellConfig(status_interval_s=0, estimate_interval_s=0), "c")
+    cell.apply(
+        ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n0", incarnation=1, cell="c", gpus=8)
+    )
+    cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+    queued = []
+    for i in range(400):
+        spec = ev.JobSpec(
+            job_id=f"q{i}", tenant="x", tier="paid", gpus=1, gpus_per_node=1, estimate_s=60
+        )
+        out = cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=1000, spec=spec))
+        queued += [o for o in out if isinstance(o, ev.JobQueued)]
+    first, second, deep = queued[8], queued[9], queued[-1]  # q0-q7 started at once
+    assert first.wait_p50_s > 0 and deep.wait_p50_s > 0
+    ratio = lambda q: (q.wait_p90_s + FLOOR_S) / (q.wait_p50_s + FLOOR_S)
+    assert math.isclose(ratio(first), PRIOR[1])  # waits for one end: the one-job prior
+    assert 1.5 < ratio(second) < PRIOR[1]  # two ends
+    assert ratio(deep) < 1.1  # ~390 ends ahead: the sum averages out
