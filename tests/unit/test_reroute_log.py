@@ -1,0 +1,307 @@
+"""Routing by predicted wait through the processors' own folds (no broker).
+
+A two-cell log is built in memory by the admission and scheduler folds, every
+output routed by ``framespool.processors.routing`` exactly as the processors
+write it. On it: where ``CellOffer`` and ``JobRerouted`` go, ``verify`` and
+``replay`` accept a drain, the job view shows it, and the API cannot write
+either event.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+from framespool.log import Record, partition_for_key
+from framespool.processors.core import CellConfig
+from framespool.processors.core.admission import AdmissionConfig
+from framespool.processors.routing import destinations, encode_outputs
+from framespool.processors.tools.history import AdmissionRefold, LogContents, Refold
+from framespool.processors.tools.replay import replay
+from framespool.processors.tools.verify import verify
+from framespool.projections import jobs as view
+from framespool.schemas import codec
+from framespool.schemas import events as ev
+from framespool.schemas import topics as catalogue
+from framespool.schemas.states import JobState
+
+T0 = 1_800_000_000_000
+CELLS = ("cell-0", "cell-1")
+CELL_CONFIG = CellConfig(status_interval_s=5, estimate_interval_s=0, drain_grace_s=20)
+ADMISSION = AdmissionConfig(cells=CELLS)
+
+
+class TwoCells:
+    """Admission over every commands partition and two cells, records in, records out."""
+
+    def __init__(self) -> None:
+        self.topics: dict[tuple[str, int], list[Record]] = {}
+        self.admission = {
+            p: AdmissionRefold(p, ADMISSION) for p in range(catalogue.COMMANDS.partitions)
+        }
+        self.cells = {p: Refold(p, CELL_CONFIG) for p in range(len(CELLS))}
+        self.read: dict[tuple[str, int], int] = {}
+        self.now = T0
+        self.alive: dict[str, tuple[str, int]] = {}  # node -> (cell, incarnation)
+        self.paused = False  # True: admission stops reading (its offsets stay where they are)
+
+    def append(self, topic: str, partition: int, key: str, value: bytes) -> None:
+        log = self.topics.setdefault((topic, partition), [])
+        log.append(Record(topic, partition, len(log), key.encode(), value))
+
+    def put(self, event: Any, topic: str, partition: int, key: str) -> None:
+        self.append(topic, partition, key, codec.encode(event))
+        self.pump()
+
+    def pump(self) -> None:
+        moved = True
+        while moved:
+            moved = False
+            for (topic, p), records in list(self.topics.items()):
+                start = self.read.get((topic, p), 0)
+                if start == len(records):
+                    continue
+                if topic == catalogue.COMMANDS.name:
+                    if self.paused:
+                        continue
+                    fold: Any = self.admission[p]
+                elif topic == catalogue.SCHEDULER.name:
+                    fold = self.cells[p]
+                else:
+                    self.read[(topic, p)] = len(records)
+                    continue
+                for record in records[start:]:
+                    for out in fold.step(record):
+                        assert out.partition is not None, out  # no dead letters here
+                        self.append(out.topic, out.partition, out.key.decode(), out.value)
+                self.read[(topic, p)] = len(records)
+                moved = True
+
+    # -- the outside world ----------------------------------------------------
+    def submit(self, job_id: str, tenant: str = "acme", **spec: Any) -> None:
+        body = ev.JobSpec(job_id=job_id, tenant=tenant, estimate_s=60, **spec)
+        partition = partition_for_key(tenant, catalogue.COMMANDS.partitions)
+        command = ev.SubmitJob(event_id=f"api:{job_id}", ts_ms=self.now, spec=body)
+        self.put(command, catalogue.COMMANDS.name, partition, tenant)
+
+    def register(self, cell: int, node: str, gpus: int = 8) -> None:
+        inc = self.alive.get(node, ("", 0))[1] + 1
+        self.alive[node] = (CELLS[cell], inc)
+        event = ev.NodeRegistered(
+            event_id=f"reg:{node}:{inc}",
+            ts_ms=self.now,
+            node_id=node,
+            incarnation=inc,
+            cell=CELLS[cell],
+            gpus=gpus,
+        )
+        self.put(event, catalogue.SCHEDULER.name, cell, CELLS[cell])
+
+    def tick(self, seconds: int, dead: tuple[str, ...] = ()) -> None:
+        for _ in range(seconds):
+            self.now += 1000
+            for p, cell in enumerate(CELLS):
+                for node, (home, inc) in self.alive.items():
+                    if home == cell and node not in dead:
+                        beat = ev.NodeHeartbeat(
+                            event_id=f"hb:{node}:{self.now}",
+                            ts_ms=self.now,
+                            node_id=node,
+                            incarnation=inc,
+                        )
+                        self.append(catalogue.SCHEDULER.name, p, cell, codec.encode(beat))
+                tick = ev.Tick(
+                    event_id=f"clock:{cell}:{self.now}", ts_ms=self.now, cell=cell, now_ms=self.now
+                )
+                self.append(catalogue.SCHEDULER.name, p, cell, codec.encode(tick))
+            self.pump()
+
+    # -- reading ----------------------------------------------------------------
+    def records(self, topic: str) -> list[Record]:
+        return [r for (t, _), rs in sorted(self.topics.items()) for r in rs if t == topic]
+
+    def events(self, topic: str, cls: type | None = None) -> list[Any]:
+        out = [codec.decode(r.value) for r in self.records(topic)]
+        return [e for e in out if cls is None or isinstance(e, cls)]
+
+    def contents(self) -> LogContents:
+        committed = {
+            "scheduler": {
+                p: len(self.topics.get((catalogue.SCHEDULER.name, p), [])) for p in (0, 1)
+            },
+            "admission": {
+                p: self.read.get((catalogue.COMMANDS.name, p), 0)
+                for p in range(catalogue.COMMANDS.partitions)
+            },
+        }
+        return LogContents(
+            scheduler=self.records(catalogue.SCHEDULER.name),
+            job_events=self.records(catalogue.JOB_EVENTS.name),
+            assignments=self.records(catalogue.ASSIGNMENTS.name),
+            commands=self.records(catalogue.COMMANDS.name),
+            committed=committed,
+        )
+
+
+def drained_world() -> TwoCells:
+    """cell-0 has one 8-GPU node, cell-1 four; a 32-GPU job, then cell-0's agent dies."""
+    w = TwoCells()
+    w.register(0, "a0")
+    for i in range(4):
+        w.register(1, f"b{i}")
+    w.tick(6)  # both cells offer
+    w.submit("big", gpus=32, gpus_per_node=8)
+    w.submit("hold", gpus=8, gpus_per_node=8, tenant="globex")  # fills cell-1's spare room
+    for i in range(3):
+        w.submit(f"small{i}", gpus=8, gpus_per_node=8, tenant="initech")
+    w.tick(40, dead=("a0",))  # a0 DOWN after 10 s; cell-0's queue drains after 20 s more
+    return w
+
+
+def test_offers_go_to_every_commands_partition_and_reroutes_to_the_tenants():
+    offer = ev.CellOffer(event_id="cell-1@3/0", ts_ms=0, cell="cell-1")
+    ds = destinations(offer)
+    assert [(d.topic, d.partition, d.key) for d in ds] == [
+        (catalogue.COMMANDS.name, p, "cell-1") for p in range(catalogue.COMMANDS.partitions)
+    ]
+    moved = ev.JobRerouted(
+        event_id="cell-0@9/0",
+        ts_ms=0,
+        job_id="j1",
+        tenant="acme",
+        from_cell="cell-0",
+        reason="r",
+        spec=ev.JobSpec(job_id="j1", tenant="acme"),
+    )
+    ds = destinations(moved)
+    assert [(d.topic, d.key) for d in ds] == [
+        (catalogue.JOB_EVENTS.name, "j1"),
+        (catalogue.COMMANDS.name, "acme"),
+    ]
+    assert ds[1].partition == partition_for_key("acme", catalogue.COMMANDS.partitions)
+    assert len(encode_outputs([offer, moved])) == catalogue.COMMANDS.partitions + 2
+
+
+def test_a_big_job_lands_in_the_cell_that_can_run_it_and_a_dead_cell_drains():
+    w = drained_world()
+    admitted = {e.spec.job_id: e.cell for e in w.events(catalogue.JOB_EVENTS.name, ev.JobAdmitted)}
+    assert admitted["big"] == "cell-1"
+    assert not w.events(catalogue.JOB_EVENTS.name, ev.JobRejected)
+    moved = w.events(catalogue.JOB_EVENTS.name, ev.JobRerouted)
+    assert moved and all(m.from_cell == "cell-0" for m in moved)
+    cells = {p: r.cell for p, r in w.cells.items()}
+    assert not cells[0].jobs  # the dead cell holds nothing
+    for m in moved:
+        assert m.job_id in cells[1].jobs
+    # each rerouted job was admitted twice: once by its submit, once by its reroute
+    admits = [e.spec.job_id for e in w.events(catalogue.JOB_EVENTS.name, ev.JobAdmitted)]
+    assert all(admits.count(m.job_id) == 2 for m in moved)
+
+
+def test_verify_and_replay_accept_a_drain():
+    w = drained_world()
+    log = w.contents()
+    report = verify(log, CELL_CONFIG)
+    assert report.ok, report.render()
+    assert report.jobs.get("in_flight", 0) == 0
+    again = replay(log, CELL_CONFIG, admission_config=ADMISSION)
+    assert again.ok, again.render()
+    assert again.counts["matched"] > 0 and again.admission_counts["matched"] > 0
+
+
+def test_verify_flags_a_second_admission_without_a_reroute():
+    w = drained_world()
+    log = w.contents()
+    first = next(e for e in w.events(catalogue.JOB_EVENTS.name, ev.JobAdmitted))
+    forged = ev.JobAdmitted(event_id="admission-9@0/0", ts_ms=T0, spec=first.spec, cell="cell-1")
+    log.job_events.append(
+        Record(
+            catalogue.JOB_EVENTS.name, 0, 10_000, first.spec.job_id.encode(), codec.encode(forged)
+        )
+    )
+    kinds = verify(log, CELL_CONFIG).by_kind()
+    assert kinds["admitted_twice"] == 1
+
+
+def test_verify_counts_a_reroute_admission_has_not_read_as_in_flight():
+    w = TwoCells()
+    w.submit("j1", gpus=8, gpus_per_node=8, tenant="t3")  # no offers yet: rendezvous
+    assert w.cells[0].cell.jobs, "the scenario needs j1 in cell-0 (rendezvous of its id)"
+    w.register(1, "b0")
+    w.paused = True  # admission reads nothing more
+    w.tick(30)  # cell-0 never had a node: j1 drains after 20 s
+    assert w.events(catalogue.COMMANDS.name, ev.JobRerouted)
+    report = verify(w.contents(), CELL_CONFIG)
+    assert report.ok, report.render()
+    assert report.in_flight == ["j1"]
+    # had admission committed past the reroute without acting, the job would be lost
+    log = w.contents()
+    log.committed = {**log.committed, "admission": {p: 10_000 for p in range(4)}}
+    assert verify(log, CELL_CONFIG).by_kind()["lost_in_reroute"] == 1
+
+
+def test_the_job_view_shows_the_reroute_and_follows_the_new_cell():
+    w = drained_world()
+    moved = w.events(catalogue.JOB_EVENTS.name, ev.JobRerouted)[0]
+    mine = [e for e in w.events(catalogue.JOB_EVENTS.name) if view.job_id_of(e) == moved.job_id]
+    v = view.fold(mine)
+    assert v is not None and v.cell == "cell-1"
+    assert v.state in (JobState.QUEUED, JobState.ASSIGNED)
+    summaries = [e.summary for e in v.timeline]
+    assert any(s.startswith("rerouted from cell-0: cell-0 has no UP nodes") for s in summaries)
+    # while between cells: SUBMITTED, phase REROUTED, the reason shown
+    upto = mine[: mine.index(moved) + 1]
+    between = view.fold(upto)
+    assert between.state == view.SUBMITTED and between.phase == "REROUTED"
+    assert between.reason.startswith("rerouted from cell-0")
+
+
+def test_the_job_view_takes_the_new_cells_runs_from_1_again():
+    spec = ev.JobSpec(job_id="j", tenant="t")
+    placed = ev.NodeSlice(node_id="n", gpus=(0,))
+    events = [
+        ev.JobAdmitted(event_id="a/0", ts_ms=1, spec=spec, cell="cell-0"),
+        ev.JobQueued(event_id="c0@1/0", ts_ms=1, job_id="j", tenant="t", tier="free"),
+        ev.JobAssigned(
+            event_id="c0@2/0", ts_ms=2, job_id="j", run=1, placement=(placed,), gpus=1, estimate_s=1
+        ),
+        ev.JobRequeued(event_id="c0@3/0", ts_ms=3, job_id="j", run=1, reason="node lost"),
+        ev.JobRerouted(
+            event_id="c0@4/0",
+            ts_ms=4,
+            job_id="j",
+            tenant="t",
+            from_cell="cell-0",
+            reason="r",
+            spec=spec,
+            run=1,
+        ),
+        ev.JobAdmitted(event_id="a/1", ts_ms=4, spec=spec, cell="cell-1"),
+        ev.JobQueued(event_id="c1@1/0", ts_ms=5, job_id="j", tenant="t", tier="free"),
+        ev.JobAssigned(
+            event_id="c1@2/0", ts_ms=6, job_id="j", run=1, placement=(placed,), gpus=1, estimate_s=1
+        ),
+    ]
+    v = view.fold(events)
+    assert v.state == JobState.ASSIGNED and v.run == 1 and v.cell == "cell-1" and v.ignored == 0
+
+
+def test_the_api_can_write_neither_offers_nor_reroutes():
+    """The API produces only SubmitJob and CancelJob: nothing in producers/ names
+    the events only the cells' schedulers may write to the commands topic."""
+    root = Path(__file__).resolve().parents[2] / "producers"
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not names & {"CellOffer", "JobRerouted"}, path
+
+
+def test_offers_and_reroutes_are_admission_inputs_and_never_scheduler_inputs():
+    from framespool.processors.core.admission import ADMISSION_INPUTS
+    from framespool.processors.scheduler import SCHEDULER_INPUTS
+
+    assert {ev.CellOffer, ev.JobRerouted} <= set(ADMISSION_INPUTS)
+    assert not {ev.CellOffer, ev.JobRerouted} & set(SCHEDULER_INPUTS)
