@@ -44,6 +44,9 @@ from framespool.schemas.states import NodeState
 DEFAULT_TENANTS = (("acme", "enterprise"), ("studio", "paid"), ("hobby", "free"))
 RESTART_BACKOFF_S = (0.5, 10.0)  # first delay, cap; doubled after each quick death
 STABLE_AFTER_S = 30.0  # a process up this long has its backoff reset
+# With several cells, a queued job no UP node of its cell can run for this long
+# is rerouted to another (CellConfig.drain_grace_s; unset, a cell keeps it forever)
+DRAIN_GRACE_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +243,8 @@ class Stack:
             raise StackError(f"schedulers={self.config.schedulers}: at least one is needed")
         doc = read_config_file(self.config.processor_config) if self.config.processor_config else {}
         doc.setdefault("admission", {}).setdefault("cells", self.cell_ids)
+        if self.config.cells > 1:  # a cell that cannot run a queued job sends it on
+            doc.setdefault("scheduler", {}).setdefault("drain_grace_s", DRAIN_GRACE_S)
         path = self.data_dir / "processors-config.json"
         path.write_text(json.dumps(doc, indent=2))
         return path

@@ -305,3 +305,32 @@ def test_offers_and_reroutes_are_admission_inputs_and_never_scheduler_inputs():
 
     assert {ev.CellOffer, ev.JobRerouted} <= set(ADMISSION_INPUTS)
     assert not {ev.CellOffer, ev.JobRerouted} & set(SCHEDULER_INPUTS)
+
+
+def test_a_stack_of_several_cells_drains_and_a_stack_of_one_does_not(tmp_path):
+    import json
+
+    from framespool.processors.config_file import load_admission_config, load_cell_config
+    from framespool.stack import DRAIN_GRACE_S, Stack, StackConfig
+
+    for name in ("one", "two", "three"):
+        (tmp_path / name).mkdir()
+    two = Stack(StackConfig(data_dir=tmp_path / "two", cells=2)).write_processor_config()
+    assert load_cell_config(two).drain_grace_s == DRAIN_GRACE_S > 0
+    assert load_admission_config(two).cells == CELLS
+    one = Stack(StackConfig(data_dir=tmp_path / "one", cells=1)).write_processor_config()
+    assert load_cell_config(one).drain_grace_s == 0
+    # the operator's file wins
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"scheduler": {"drain_grace_s": 5}}))
+    three = Stack(
+        StackConfig(data_dir=tmp_path / "three", cells=2, processor_config=mine)
+    ).write_processor_config()
+    assert load_cell_config(three).drain_grace_s == 5
+
+
+def test_compose_drains_between_its_two_cells():
+    from framespool.processors.config_file import load_cell_config
+
+    root = Path(__file__).resolve().parents[2]
+    assert load_cell_config(root / "compose/processors.toml").drain_grace_s > 0
