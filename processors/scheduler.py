@@ -5,7 +5,10 @@ Partition p of the scheduler topic is cell ``cell-<p>``; its state is a
 cell (undecodable, another event type, or an event that names another cell)
 is dead-lettered; the rest go through ``Cell.apply`` with the position
 ``cell-<p>@<offset>``, so output event ids are ``cell-<p>@<offset>/<i>``, and
-the outputs are routed by :func:`framespool.processors.routing.route`.
+the outputs are routed by :func:`framespool.processors.routing.destinations`:
+job events and agent commands, and the cell's ``CellOffer`` (to every commands
+partition) and ``JobRerouted`` (to job-events and the tenant's commands
+partition), which admission folds.
 """
 
 from __future__ import annotations

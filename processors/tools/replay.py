@@ -15,6 +15,11 @@ For each replayed input, each expected output is:
   offset (the processor commits only after its outputs were acknowledged);
 - **pending**: not emitted, input not committed yet (the processor is behind).
 
+A cell's ``CellOffer`` (on every commands partition) and ``JobRerouted`` (on
+job-events and the commands topic) are checked like any output, each copy on
+its own partition; when the commands topic was not read they are counted
+``not_read``.
+
 An emitted output of a replayed cell whose id the re-fold never produced is
 **unexpected** if its input was replayed (it names an offset at or below the
 last one replayed); outputs of later inputs are left out (``beyond``).
