@@ -5,7 +5,14 @@
 in-memory fake for unit tests); the names below are the public ones.
 """
 
-from framespool.log.kafka import FETCH_WAIT_MS, LogConsumer, LogProducer, create_topics, read_all
+from framespool.log.kafka import (
+    FETCH_WAIT_MS,
+    LogConsumer,
+    LogProducer,
+    Role,
+    create_topics,
+    read_all,
+)
 from framespool.log.partitioning import murmur2, partition_for_key
 from framespool.log.port import (
     Consumer,
@@ -37,6 +44,7 @@ __all__ = [
     "Producer",
     "ProducerFactory",
     "Record",
+    "Role",
     "Sender",
     "TopicMismatch",
     "TopicPartition",

@@ -23,15 +23,22 @@ fake is ``framespool.log.memory``) and handles the broker's quirks in one place
 4. Consumer groups use the classic protocol with short session timeouts: the
    broker holds a join for half the session timeout.
 5. Tansu answers a Fetch only when ``fetch.wait.max.ms`` has passed, even if
-   records arrived meanwhile (Kafka answers at once), so consumers wait at most
-   ``FETCH_WAIT_MS`` instead of librdkafka's 500 ms: measured median delivery
-   latency 3.7 ms at 10 ms, 27 ms at 100 ms, 200 ms at the default.
+   records arrived meanwhile (Kafka answers at once), so the fetch wait is the
+   latency a record pays per hop, and each idle consumer costs the broker one
+   Fetch per wait. It is therefore set per consumer :class:`Role`
+   (``docs/broker-notes.md#fetch-wait``): ``REQUEST_PATH`` consumers
+   (admission, scheduler, the agents' assignments reader) wait
+   ``FETCH_WAIT_MS_REQUEST_PATH``; ``BACKGROUND`` ones (projections, webhooks,
+   tools) ``FETCH_WAIT_MS_BACKGROUND``. Producers likewise linger
+   ``LINGER_MS_REQUEST_PATH`` or ``LINGER_MS_BACKGROUND``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import os
 import threading
 import time
 import uuid
@@ -65,6 +72,60 @@ log = logging.getLogger(__name__)
 
 def _delivery_error(topic: str, key: bytes | None, error: KafkaError) -> DeliveryError:
     return DeliveryError(topic, key, f"{error.name()}: {error.str()}")
+
+
+# --------------------------------------------------------------------------
+# Latency settings per role (docs/broker-notes.md#fetch-wait)
+# --------------------------------------------------------------------------
+class Role(enum.Enum):
+    """What a client is on the way of: it picks the fetch wait and the linger.
+
+    ``REQUEST_PATH``: a hop between a submission and its decision or delivery
+    (admission, the scheduler, the agents' assignments reader and the reports
+    they write, the API's commands): every millisecond of wait is a millisecond
+    of submit -> assigned. ``BACKGROUND``: read models, webhooks, tools, whose
+    readers can wait longer and so cost the broker fewer idle Fetches.
+    """
+
+    REQUEST_PATH = "request_path"
+    BACKGROUND = "background"
+
+
+def _env_ms(name: str, default: int) -> int:
+    """``default``, or the environment's ``name`` (whole milliseconds >= 0): a way
+    to tune a deployment or a bench run without a code change."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={raw!r}: expected whole milliseconds >= 0 (default {default})")
+    return value
+
+
+# Tansu holds every Fetch for the full wait, even when records arrive meanwhile:
+# the wait is added to every hop (submit -> assigned crosses three), and an idle
+# consumer sends up to 1000/wait Fetches a second; background readers keep 20 ms.
+# Measured trade-off: docs/broker-notes.md#fetch-wait.
+FETCH_WAIT_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_FETCH_WAIT_REQUEST_PATH_MS", 2)
+FETCH_WAIT_MS_BACKGROUND = _env_ms("FRAMESPOOL_FETCH_WAIT_BACKGROUND_MS", 20)
+FETCH_WAIT_MS_BY_ROLE = {
+    Role.REQUEST_PATH: FETCH_WAIT_MS_REQUEST_PATH,
+    Role.BACKGROUND: FETCH_WAIT_MS_BACKGROUND,
+}
+FETCH_WAIT_MS = FETCH_WAIT_MS_REQUEST_PATH  # a LogConsumer's unless given a role
+# A request-path producer sends what it has at once (a processor's batch is
+# flushed anyway, and records queued while a request is in flight still go
+# together); background producers gather records for a few milliseconds.
+LINGER_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_LINGER_REQUEST_PATH_MS", 0)
+LINGER_MS_BACKGROUND = _env_ms("FRAMESPOOL_LINGER_BACKGROUND_MS", 5)
+LINGER_MS_BY_ROLE = {
+    Role.REQUEST_PATH: LINGER_MS_REQUEST_PATH,
+    Role.BACKGROUND: LINGER_MS_BACKGROUND,
+}
 
 
 # --------------------------------------------------------------------------
@@ -158,7 +219,8 @@ class LogProducer:
     :meth:`produce` queues and returns at once (failures surface in :meth:`flush`
     or the given ``on_delivery``); ``await`` :meth:`send` returns once the broker
     has acknowledged the record. Defaults: ``acks=all``, idempotence on,
-    ``linger.ms=2``, murmur2 partitioning, no topic auto-creation. ``conf`` holds
+    ``linger.ms`` of its ``role`` (:data:`LINGER_MS_BY_ROLE`), murmur2 partitioning, no
+    topic auto-creation. ``conf`` holds
     extra librdkafka settings (dots as in librdkafka: pass them via ``**{...}``).
     Always :meth:`close` it (or use ``with``): the poll thread keeps it alive.
     The first delivery of a new producer takes 0.5-1 s (librdkafka acquires the
@@ -168,12 +230,14 @@ class LogProducer:
     _POLL_S = 0.05
     _QUEUE_FULL_WAIT_S = 30.0
 
-    def __init__(self, bootstrap_servers: str, **conf: object) -> None:
+    def __init__(
+        self, bootstrap_servers: str, *, role: Role = Role.REQUEST_PATH, **conf: object
+    ) -> None:
         settings: dict[str, object] = {
             "bootstrap.servers": bootstrap_servers,
             "acks": "all",
             "enable.idempotence": True,
-            "linger.ms": 2,
+            "linger.ms": LINGER_MS_BY_ROLE[role],
             "partitioner": "murmur2_random",
             "allow.auto.create.topics": False,
             # An unknown topic fails after this long rather than after delivery.timeout.ms.
@@ -360,7 +424,6 @@ class LogProducer:
 # --------------------------------------------------------------------------
 # Consumer
 # --------------------------------------------------------------------------
-FETCH_WAIT_MS = 20
 # Errors that are a caller's mistake, not a transient broker condition.
 _RAISE_ON = {
     KafkaError.UNKNOWN_TOPIC_OR_PART,
@@ -396,7 +459,8 @@ class LogConsumer:
     Auto-commit is off, ``auto.offset.reset`` is ``earliest`` (``latest`` relies on
     ListOffsets(latest), which Tansu gets wrong) and the classic group protocol is
     kept (``group.protocol=consumer`` never assigns on Tansu); both are refused if
-    passed in ``conf``. The consumer is not thread-safe: use it from one thread
+    passed in ``conf``. ``fetch.wait.max.ms`` is its ``role``'s
+    (:data:`FETCH_WAIT_MS_BY_ROLE`) unless ``conf`` sets it. The consumer is not thread-safe: use it from one thread
     at a time (``await asyncio.to_thread(c.poll, 1.0)`` from async code).
     """
 
@@ -407,6 +471,7 @@ class LogConsumer:
         *,
         session_timeout_ms: int = 6000,
         heartbeat_interval_ms: int = 1000,
+        role: Role = Role.REQUEST_PATH,
         **conf: object,
     ) -> None:
         if str(conf.get("group.protocol", "classic")).lower() != "classic":
@@ -434,7 +499,7 @@ class LogConsumer:
             "heartbeat.interval.ms": heartbeat_interval_ms,
             # Tansu holds every Fetch for the full wait even when records arrive,
             # so this is the added latency per hop (librdkafka default 500 ms).
-            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.wait.max.ms": FETCH_WAIT_MS_BY_ROLE[role],
             "error_cb": self._on_error,
         }
         settings.update(conf)
