@@ -1,0 +1,74 @@
+"""Fetch wait and linger per client role (framespool.log.kafka.Role)."""
+
+from __future__ import annotations
+
+import pytest
+
+from framespool.log import kafka
+from framespool.log.kafka import Role
+
+
+class Recorded:
+    settings: list[dict] = []
+
+    def __init__(self, settings: dict) -> None:
+        Recorded.settings.append(settings)
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    Recorded.settings = []
+    monkeypatch.setattr(kafka, "Consumer", Recorded)
+    monkeypatch.setattr(kafka, "Producer", Recorded)
+    return Recorded.settings
+
+
+def test_request_path_consumers_wait_less_than_background_ones(recorded):
+    kafka.LogConsumer("b:1")
+    kafka.LogConsumer("b:1", role=Role.REQUEST_PATH)
+    kafka.LogConsumer("b:1", role=Role.BACKGROUND)
+    kafka.LogConsumer("b:1", role=Role.BACKGROUND, **{"fetch.wait.max.ms": 7})
+    waits = [s["fetch.wait.max.ms"] for s in recorded]
+    assert waits == [
+        kafka.FETCH_WAIT_MS_REQUEST_PATH,
+        kafka.FETCH_WAIT_MS_REQUEST_PATH,
+        kafka.FETCH_WAIT_MS_BACKGROUND,
+        7,  # an explicit setting wins
+    ]
+    assert kafka.FETCH_WAIT_MS_REQUEST_PATH < kafka.FETCH_WAIT_MS_BACKGROUND
+    assert kafka.FETCH_WAIT_MS == kafka.FETCH_WAIT_MS_REQUEST_PATH
+
+
+def test_request_path_producers_linger_less_than_background_ones(recorded):
+    producers = [
+        kafka.LogProducer("b:1"),
+        kafka.LogProducer("b:1", role=Role.BACKGROUND),
+    ]
+    for p in producers:
+        p.close()
+    lingers = [s["linger.ms"] for s in recorded]
+    assert lingers == [kafka.LINGER_MS_REQUEST_PATH, kafka.LINGER_MS_BACKGROUND]
+    assert kafka.LINGER_MS_REQUEST_PATH < kafka.LINGER_MS_BACKGROUND
+
+
+def test_an_environment_override_is_whole_milliseconds(monkeypatch):
+    monkeypatch.setenv("FRAMESPOOL_TEST_WAIT_MS", "5")
+    assert kafka._env_ms("FRAMESPOOL_TEST_WAIT_MS", 2) == 5
+    monkeypatch.setenv("FRAMESPOOL_TEST_WAIT_MS", "")
+    assert kafka._env_ms("FRAMESPOOL_TEST_WAIT_MS", 2) == 2
+    for bad in ("-1", "2.5", "fast"):
+        monkeypatch.setenv("FRAMESPOOL_TEST_WAIT_MS", bad)
+        with pytest.raises(ValueError, match="FRAMESPOOL_TEST_WAIT_MS.*milliseconds"):
+            kafka._env_ms("FRAMESPOOL_TEST_WAIT_MS", 2)
