@@ -27,7 +27,10 @@ Theory of operation
 6. On shutdown it kills its generators' process groups and exits without
    reporting; after a restart the scheduler reconciles the new incarnation.
    Declared ``DOWN`` while it lives (paused, partitioned), it heals itself
-   (:mod:`liveness` decides, :mod:`healing` acts): it stops the old
+   (:mod:`liveness` decides, :mod:`healing` acts) when the ``NodeStateChanged``
+   reaches it on its assignments partition, in order with its instructions
+   (the scheduler sends a node's own state changes there too; the agent reads
+   no job-events): it stops the old
    incarnation's runs (the scheduler requeued them; their reports keep the
    old incarnation and stay fenced),
    registers again as incarnation + 1 and takes work; reconciliation stops
@@ -69,6 +72,7 @@ from framespool.schemas.events import (
     BeginRun,
     CheckpointRun,
     NodeHeartbeat,
+    NodeStateChanged,
     RunProgress,
     StartRun,
     StopRun,
@@ -295,6 +299,9 @@ class NodeAgent(Healing):
             cmd = decode(record.value)
         except DecodeError as e:
             return await self._dead_letter(record, e.reason, str(e))
+        if isinstance(cmd, NodeStateChanged):
+            # the scheduler's word on this node (a DOWN heals it: healing.py)
+            return self.on_node_state(cmd)
         if not isinstance(cmd, (StartRun, StopRun, CheckpointRun, BeginRun)):
             return await self._dead_letter(
                 record,

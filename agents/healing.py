@@ -42,8 +42,9 @@ def next_incarnation(data_dir: Path, requested: int | None = None) -> int:
 
 class Healing:
     def on_node_state(self: NodeAgent, event: NodeStateChanged) -> None:
-        """The scheduler's word on this node's state (job-events): a ``DOWN`` of the
-        current incarnation starts one re-registration (see :mod:`liveness`)."""
+        """The scheduler's word on this node's state (a ``NodeStateChanged`` on the
+        node's assignments partition): a ``DOWN`` of the current incarnation starts
+        one re-registration (see :mod:`liveness`)."""
         if self.closing:
             return
         verdict = self.liveness.on_node_state(event, time.monotonic())

@@ -13,18 +13,19 @@ the IO is shared:
    that answer one poll's instructions are written together and acknowledged
    before the poll's positions are committed;
 2. one reader of the assignments partitions the nodes' ids hash to (their
-   union; manual assignment, positions committed under the host's group).
+   union; manual assignment, positions committed under the host's group,
+   fetch wait of the request path: ``framespool.log.Role``).
    Each record is dispatched by its key to the one node it is for; a record
    keyed for a node this process does not host is skipped undecoded, so a
-   record for node B never reaches node A's ledger;
-3. one reader of the job-events partitions the nodes' ids hash to, where the
-   scheduler declares a node ``DOWN`` (``NodeStateChanged`` keyed by node
-   id): only records keyed for a hosted node are decoded, and a
-   ``NodeStateChanged`` goes to that node's self-healing (:mod:`liveness`);
-4. one heartbeat pass every ``heartbeat_s``: a ``NodeHeartbeat`` per
+   record for node B never reaches node A's ledger. The scheduler also writes
+   a node's own ``NodeStateChanged`` there (a ``DOWN`` starts its
+   self-healing, :mod:`liveness`), so a host reads no job-events: it used to,
+   and decoding every job event of its partitions cost it about a fifth of
+   its CPU;
+3. one heartbeat pass every ``heartbeat_s``: a ``NodeHeartbeat`` per
    registered node, queued together and delivered in the producer's batches.
 
-Stop order: every node ends its generators, then the readers close, then the
+Stop order: every node ends its generators, then the reader closes, then the
 producer flushes and closes.
 """
 
@@ -38,8 +39,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
-from framespool.schemas.codec import DecodeError, decode
-from framespool.schemas.events import NodeStateChanged
 from framespool.schemas.topics import agent_group
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,10 +49,6 @@ log = logging.getLogger(__name__)
 RETRY_S = 1.0
 POLL_RECORDS = 500
 COMMIT_EVERY_S = 0.5  # positions are committed at most this often (redelivery is fenced)
-# The job-events reader only waits for the rare DOWN of its nodes: a long fetch wait
-# (the broker holds each fetch that long) keeps a fleet of agents from flooding it
-# with fetches; a DOWN is then acted on within about this much.
-NODE_STATE_FETCH_WAIT_MS = 500
 
 
 def host_group(node_ids: Sequence[str]) -> str:
@@ -89,17 +84,13 @@ class AgentHost:
         self.assignment_partitions = sorted(
             {partition_for_key(a.node_id, self.topics.ASSIGNMENTS.partitions) for a in agents}
         )
-        self.event_partitions = sorted(
-            {partition_for_key(a.node_id, self.topics.JOB_EVENTS.partitions) for a in agents}
-        )
         self.closing = False
         self._tasks: set[asyncio.Task] = set()
         self._producer: LogProducer | None = None
         self._assignments: LogConsumer | None = None
-        self._events: LogConsumer | None = None
-        # The two readers block in their polls: each has its own thread, so they
-        # never hold the default executor the runs' file work and uploads share.
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-host-read")
+        # The reader blocks in its polls: it has its own thread, so it never holds
+        # the default executor the runs' file work and uploads share.
+        self._readers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-host-read")
         self._pending: dict[str, dict[tuple[str, int], int]] = {}
         self._committed_at: dict[str, float] = {}
 
@@ -112,27 +103,15 @@ class AgentHost:
         start = await asyncio.to_thread(
             self._assignments.resume, self.topics.ASSIGNMENTS.name, self.assignment_partitions
         )
-        self._events = LogConsumer(
-            self.bootstrap,
-            group_id=self.group_id,
-            **{"fetch.wait.max.ms": NODE_STATE_FETCH_WAIT_MS},
-        )
-        events_start = await asyncio.to_thread(
-            self._events.resume, self.topics.JOB_EVENTS.name, self.event_partitions
-        )
         log.info(
-            "agent host of %d node(s) reads %s%s from %s and %s%s from %s under %s",
+            "agent host of %d node(s) reads %s%s from %s under %s",
             len(self.agents),
             self.topics.ASSIGNMENTS.name,
             self.assignment_partitions,
             start,
-            self.topics.JOB_EVENTS.name,
-            self.event_partitions,
-            events_start,
             self.group_id,
         )
         self.spawn(self._consume_assignments(), "assignments")
-        self.spawn(self._consume_node_states(), "node-states")
         self.spawn(self._heartbeat_loop(), "heartbeat")
 
     async def stop(self) -> None:
@@ -147,9 +126,8 @@ class AgentHost:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        for consumer in (self._assignments, self._events):
-            if consumer is not None:
-                await asyncio.to_thread(consumer.close)
+        if self._assignments is not None:
+            await asyncio.to_thread(self._assignments.close)
         self._readers.shutdown(wait=False)
         if self._producer is not None:
             with contextlib.suppress(LogError):
@@ -210,37 +188,9 @@ class AgentHost:
         if acks:
             await asyncio.gather(*acks, return_exceptions=True)
 
-    async def _consume_node_states(self) -> None:
-        assert self._events is not None
-        consumer = self._events
-        while not self.closing:
-            try:
-                records = await self._read(consumer, 1.0)
-            except LogError as e:
-                log.warning("agent host: job-events: %s", e)
-                await asyncio.sleep(RETRY_S)
-                continue
-            for record in records:
-                self.node_state_record(record)
-            await self._commit(consumer, records, "job-events")
-        await self._commit(consumer, (), "job-events", final=True)
-
     async def _read(self, consumer: LogConsumer, timeout_s: float) -> list[Record]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, consumer.consume, POLL_RECORDS, timeout_s)
-
-    def node_state_record(self, record: Record) -> None:
-        """A job-events record: a ``NodeStateChanged`` of a hosted node goes to its
-        self-healing; everything else (other keys, other types) is not ours."""
-        agent = self.by_key.get(record.key) if record.key is not None else None
-        if agent is None or record.value is None:
-            return
-        try:
-            event = decode(record.value)
-        except DecodeError:
-            return  # job-events is not this process's input: its readers dead-letter it
-        if isinstance(event, NodeStateChanged):
-            agent.on_node_state(event)
 
     async def _commit(
         self, consumer: LogConsumer, records: Sequence[Record], what: str, final: bool = False

@@ -3,11 +3,11 @@
 Theory of operation
 -------------------
 The scheduler declares a node ``DOWN`` (missed heartbeats, an unconfirmed stop)
-with a ``NodeStateChanged`` on job-events, keyed by the node id. From then on
-it ignores the node's reports as stale and waits for a new registration. The
-agent reads that partition of job-events and hands each such event (already
-decoded, keyed for one of its nodes) to :class:`Liveness`, which answers with
-one :class:`Verdict`:
+with a ``NodeStateChanged`` keyed by the node id, on job-events and on the
+node's assignments partition. From then on it ignores the node's reports as
+stale and waits for a new registration. The agent reads it among its
+instructions and hands each such event (already decoded, keyed for one of its
+nodes) to :class:`Liveness`, which answers with one :class:`Verdict`:
 
 1. an event for another node, or about one GPU (``gpu >= 0``), or with a state
    other than ``DOWN``, is ``IGNORE``;

@@ -16,7 +16,10 @@ The rules (docs/design.md#the-log):
   topic keyed by its tenant, the partition whose admission state decided it;
 - every other output is a job event for job-events, keyed by its ``job_id``, or
   by ``node_id`` (``NodeStateChanged``), ``cell`` (``CellStatus``), ``subject``
-  (``ReportIgnored``) or ``key`` (``BreakerTripped``).
+  (``ReportIgnored``) or ``key`` (``BreakerTripped``);
+- a node's own ``NodeStateChanged`` (``gpu == -1``: registered, DOWN, ...) goes
+  to the assignments topic too, keyed by ``node_id``: its agent reads only
+  that partition, and heals itself from a ``DOWN`` there.
 
 Partitions are always computed here (Kafka's murmur2 for keyed topics, the
 cell number for the scheduler topic), so placement never depends on which
@@ -115,6 +118,10 @@ def destinations(output: Any, topics: Topics = catalogue) -> tuple[Destination, 
             _keyed(topics.JOB_EVENTS, output.job_id),
             _keyed(topics.COMMANDS, output.tenant),
         )
+    if isinstance(output, ev.NodeStateChanged) and output.gpu < 0:
+        # the node's agent reads only its assignments partition: that is where it
+        # learns it was declared DOWN (agents/healing.py)
+        return (route(output, topics), _keyed(topics.ASSIGNMENTS, output.node_id))
     return (route(output, topics),)
 
 

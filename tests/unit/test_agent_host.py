@@ -121,22 +121,25 @@ def test_one_heartbeat_pass_beats_for_every_node_with_its_own_incarnation(tmp_pa
 
 
 def test_a_down_declaration_heals_only_its_node(tmp_path):
+    """The DOWN arrives on the node's assignments partition (the host reads no job-events)."""
     host, agents, producer = hosted(tmp_path)
 
-    def down(node: str, inc: int, eid: str) -> Record:
+    def down(node: str, inc: int, eid: str, gpu: int = -1) -> Record:
         event = ev.NodeStateChanged(
-            event_id=eid, ts_ms=1, node_id=node, incarnation=inc, state=NodeState.DOWN
+            event_id=eid, ts_ms=1, node_id=node, incarnation=inc, state=NodeState.DOWN, gpu=gpu
         )
-        return record(node, event, topic=catalogue.JOB_EVENTS.name)
+        return record(node, event, topic=catalogue.ASSIGNMENTS.name)
 
     async def scenario() -> None:
-        for r in (
-            down("node-b", 9, "d1"),
-            down("node-b", 9, "d1"),  # redelivered: one re-registration
-            down("node-a", 4, "d0"),  # an older incarnation of A: healed long ago
-            down("node-x", 1, "dx"),  # not hosted
-        ):
-            host.node_state_record(r)
+        await host.dispatch(
+            [
+                down("node-b", 9, "d1"),
+                down("node-b", 9, "d1"),  # redelivered: one re-registration
+                down("node-a", 4, "d0"),  # an older incarnation of A: healed long ago
+                down("node-c", 12, "dg", gpu=1),  # one GPU of C: not a node DOWN
+                down("node-x", 1, "dx"),  # not hosted
+            ]
+        )
         for _ in range(100):
             if agents["node-b"].incarnation == 10 and not agents["node-b"].healing:
                 break
@@ -149,6 +152,8 @@ def test_a_down_declaration_heals_only_its_node(tmp_path):
         "node-c": 12,
     }
     assert agents["node-b"].ledger.incarnation == 10
+    assert not producer.on(catalogue.DEAD_LETTER.name)  # a node's state belongs there
+    assert not hasattr(host, "event_partitions")  # no job-events reader any more
     regs = [(r.node_id, r.incarnation) for r in sent(producer, ev.NodeRegistered)]
     assert regs.count(("node-b", 10)) == 1 and ("node-a", 6) not in regs
     # the old incarnation's instructions are fenced from now on

@@ -93,6 +93,24 @@ def test_job_admitted_goes_to_its_cell_and_to_job_events():
         route(admitted)  # not a cell output
 
 
+def test_a_nodes_own_state_change_goes_to_job_events_and_its_assignment_partition():
+    """The agent reads only its assignments partition: a DOWN must reach it there."""
+    down = ev.NodeStateChanged(event_id="e", ts_ms=0, node_id="n3", incarnation=2, state="DOWN")
+    assert [(d.topic, d.key, d.partition) for d in destinations(down)] == [
+        (catalogue.JOB_EVENTS.name, "n3", partition_for_key("n3", catalogue.JOB_EVENTS.partitions)),
+        (
+            catalogue.ASSIGNMENTS.name,
+            "n3",
+            partition_for_key("n3", catalogue.ASSIGNMENTS.partitions),
+        ),
+    ]
+    # one GPU's health is the cell's business, not the agent's
+    gpu = ev.NodeStateChanged(
+        event_id="e", ts_ms=0, node_id="n3", incarnation=2, state="DEGRADED", gpu=1
+    )
+    assert [d.topic for d in destinations(gpu)] == [catalogue.JOB_EVENTS.name]
+
+
 def test_a_forwarded_cancel_goes_to_the_cells_partition_unwrapped():
     cancel = ev.CancelJob(event_id="p@1/0", ts_ms=0, job_id="job-1", tenant="acme")
     (d,) = destinations(CellCommand("cell-2", cancel))
