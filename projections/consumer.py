@@ -19,6 +19,13 @@ through ``prepare`` (pure apart from store reads) and ``finish``:
 5. commit views, cells, outbox and offsets in one store batch;
 6. publish every changed view to the SSE hub and wake the webhook dispatcher.
 
+Steps 1-3 and 5 (decoding, folding, store reads and the commit) run on one
+thread of the consumer's own (``fold_thread``), not on the event loop the API
+shares: an HTTP request never waits for a fold, only (for a store call) for
+the one store call in progress. The store must then be safe to share
+(``framespool.projections.serialized_store``, which the service wires in).
+Steps 4 and 6 run on the loop (the producer's futures, the hub's queues).
+
 A crash between 4 and 5 re-sends a dead letter (at-least-once, like every
 topic); a crash before 5 re-folds the records, which the store makes a no-op.
 """
@@ -28,9 +35,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from framespool.log import Consumer, LogConsumer, Record, Sender
+from framespool.log import Consumer, LogConsumer, Record, Role, Sender
 from framespool.projections import cluster as cluster_fold
 from framespool.projections import jobs as job_fold
 from framespool.projections.cluster import ClusterView
@@ -99,6 +107,7 @@ class ProjectionConsumer:
         consumer_factory: Callable[[], Consumer] | None = None,
         max_records: int = 500,
         poll_timeout_s: float = 0.5,
+        fold_thread: bool = False,
     ) -> None:
         self.store = store
         self.topics = tuple(topics)
@@ -106,7 +115,10 @@ class ProjectionConsumer:
         self._sender = dead_letter_sender
         self.hub = hub
         self._on_deliveries = on_deliveries
-        self._factory = consumer_factory or (lambda: LogConsumer(bootstrap_servers))
+        # a read model, not a hop of submit -> assigned: the background fetch wait
+        self._factory = consumer_factory or (
+            lambda: LogConsumer(bootstrap_servers, role=Role.BACKGROUND)
+        )
         self._max_records = max_records
         self._poll_timeout_s = poll_timeout_s
         self.cluster = store.load_cluster()
@@ -114,6 +126,12 @@ class ProjectionConsumer:
         self._progress = asyncio.Condition()
         self._lock = asyncio.Lock()  # one fold-and-commit at a time across topics
         self._fence = EpochFence()
+        # one thread: folds stay in order, and prepare/commit never race each other
+        self._folder = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="projection-fold")
+            if fold_thread
+            else None
+        )
 
     # -- the pure-ish part ------------------------------------------------------
     def prepare(self, records: Sequence[Record]) -> Step:
@@ -189,7 +207,12 @@ class ProjectionConsumer:
                     "a record must be dead-lettered but no dead-letter sender is set"
                 )
             await self._sender.send(self.dead_letter_topic, dl.key, dl.value, headers=dl.headers)
-        self.store.commit(step.batch)
+        if self._folder is None:
+            self.store.commit(step.batch)
+        else:
+            await asyncio.get_running_loop().run_in_executor(
+                self._folder, self.store.commit, step.batch
+            )
         self.counters.commits += 1
         self.cluster = step.cluster or self.cluster
         if self.hub is not None:
@@ -202,7 +225,17 @@ class ProjectionConsumer:
 
     async def handle(self, records: Sequence[Record]) -> None:
         async with self._lock:
-            await self.finish(self.prepare(records))
+            if self._folder is None:
+                step = self.prepare(records)
+            else:
+                loop = asyncio.get_running_loop()
+                step = await loop.run_in_executor(self._folder, self.prepare, records)
+            await self.finish(step)
+
+    def close(self) -> None:
+        """Stop the fold thread (after the fold in progress, if any)."""
+        if self._folder is not None:
+            self._folder.shutdown(wait=True)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds after some commit (tests, readiness checks)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from framespool.log import Sender
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
+from framespool.projections.serialized_store import SerializedStore
 from framespool.projections.store import RocksViewStore, ViewStore
 from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS, PROJECTION_STORE
@@ -43,11 +44,16 @@ class ProjectionService:
         progress: str = PROGRESS.name,
         dead_letter: str = DEAD_LETTER.name,
     ) -> ProjectionService:
-        """``producer`` (a ``LogProducer``, or the memory fake) sends dead letters; ``webhooks=None`` disables them."""
+        """``producer`` (a ``LogProducer``, or the memory fake) sends dead letters; ``webhooks=None`` disables them.
+
+        The projection folds on a thread of its own, off the API's event loop, so
+        the store every part shares is serialized (``SerializedStore``)."""
         if store is None:
             path = Path(data_dir) / PROJECTION_STORE
             path.parent.mkdir(parents=True, exist_ok=True)
             store = RocksViewStore(str(path))
+        if not isinstance(store, SerializedStore):
+            store = SerializedStore(store)
         hub = Hub()
         dispatcher = WebhookDispatcher(store, webhooks) if webhooks is not None else None
         consumer = ProjectionConsumer(
@@ -58,6 +64,7 @@ class ProjectionService:
             dead_letter_sender=producer,
             hub=hub,
             on_deliveries=dispatcher.notify if dispatcher is not None else None,
+            fold_thread=True,
         )
         return cls(store, hub, consumer, dispatcher)
 
@@ -70,4 +77,5 @@ class ProjectionService:
         return runs
 
     def close(self) -> None:
+        self.consumer.close()
         self.store.close()

@@ -1,0 +1,122 @@
+"""The projection folds off the API's event loop, on a store every part may share."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from framespool.log.memory import MemoryProducer
+from framespool.projections.consumer import ProjectionConsumer
+from framespool.projections.jobs import JobView
+from framespool.projections.serialized_store import SerializedStore
+from framespool.projections.service import ProjectionService
+from framespool.projections.store import Batch, InMemoryViewStore
+from framespool.projections.testing import lifecycle, records_for
+
+
+class ThreadRecordingStore(InMemoryViewStore):
+    """Notes the thread of every read and commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def get(self, job_id: str) -> JobView | None:
+        self.threads.add(threading.get_ident())
+        return super().get(job_id)
+
+    def commit(self, batch: Batch, from_log: bool = True) -> None:
+        self.threads.add(threading.get_ident())
+        super().commit(batch, from_log)
+
+
+def fold_threads(fold_thread: bool) -> tuple[set[int], int, JobView | None]:
+    store = ThreadRecordingStore()
+    consumer = ProjectionConsumer(
+        store, dead_letter_sender=MemoryProducer(), fold_thread=fold_thread
+    )
+
+    async def scenario() -> int:
+        await consumer.handle(records_for(lifecycle("j1")))
+        return threading.get_ident()
+
+    try:
+        loop_thread = asyncio.run(scenario())
+    finally:
+        consumer.close()
+    threads = set(store.threads)  # before this thread reads the result below
+    return threads, loop_thread, store.get("j1")
+
+
+def test_the_fold_and_the_commit_run_off_the_event_loop():
+    threads, loop_thread, view = fold_threads(True)
+    assert threads and loop_thread not in threads
+    assert len(threads) == 1  # one fold thread: folds stay in order
+    assert view is not None and view.state == "COMPLETED"
+
+
+def test_control_without_the_fold_thread_the_loop_folds():
+    threads, loop_thread, view = fold_threads(False)
+    assert threads == {loop_thread}
+    assert view is not None and view.state == "COMPLETED"
+
+
+def test_the_service_folds_off_the_loop_on_a_serialized_store(tmp_path):
+    service = ProjectionService.open(tmp_path, "unused:9092", MemoryProducer())
+    try:
+        assert isinstance(service.store, SerializedStore)
+        assert service.consumer.store is service.store
+        assert service.consumer._folder is not None
+    finally:
+        service.close()
+
+
+class OverlapDetectingStore(InMemoryViewStore):
+    """Counts calls that ran while another call was still inside the store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = 0
+        self.overlaps = 0
+
+    def _enter(self) -> None:
+        self.inside += 1
+        if self.inside > 1:
+            self.overlaps += 1
+        time.sleep(0.0002)  # give the other threads the interpreter meanwhile
+        self.inside -= 1
+
+    def get(self, job_id: str) -> JobView | None:
+        self._enter()
+        return super().get(job_id)
+
+    def commit(self, batch: Batch, from_log: bool = True) -> None:
+        self._enter()
+        super().commit(batch, from_log)
+
+
+def hammer(store) -> None:
+    def work(n: int) -> None:
+        for i in range(60):
+            store.get(f"j{n}-{i}")
+            store.commit(Batch(offsets={("t", n): i}))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_a_serialized_store_runs_one_call_at_a_time():
+    inner = OverlapDetectingStore()
+    hammer(SerializedStore(inner))
+    assert inner.overlaps == 0
+    assert [inner.offset("t", n) for n in range(4)] == [59] * 4
+
+
+def test_control_an_unserialized_store_is_entered_concurrently():
+    inner = OverlapDetectingStore()
+    hammer(inner)
+    assert inner.overlaps > 0
