@@ -31,12 +31,21 @@ the figures include one consumer hop.
 
    All processes run on one machine and share its clock, so differences of
    their timestamps are meaningful to the millisecond.
+
+4. the CPU each process used (:class:`CpuMeter`, from ``/proc``; % of one
+   core, agents and scheduler instances summed per kind): while the stack
+   idles (``cpu_idle_pct``: what the consumers' fetch waits cost at rest) and
+   during the latency phase (``cpu_latency_pct``).
+
+The bench's reader of job-events is a request-path reader
+(``framespool.log.Role``): it stands for a client waiting for its decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -65,6 +74,8 @@ class PipelineResult:
     agent_processes: int = 0
     failed: int = 0
     hops_ms: dict[str, dict[str, float]] | None = None
+    cpu_idle_pct: dict[str, float] | None = None
+    cpu_latency_pct: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -75,10 +86,10 @@ class EventWatcher(threading.Thread):
 
     def __init__(self, bootstrap: str) -> None:
         super().__init__(daemon=True)
-        from framespool.log import LogConsumer
+        from framespool.log import LogConsumer, Role
         from framespool.schemas.topics import JOB_EVENTS
 
-        self.consumer = LogConsumer(bootstrap)
+        self.consumer = LogConsumer(bootstrap, role=Role.REQUEST_PATH)
         self.consumer.assign(JOB_EVENTS.name, range(JOB_EVENTS.partitions), 0)
         self.assigned: dict[str, float] = {}
         self.assigned_wall: dict[str, float] = {}  # ms since the epoch, for hop_split
@@ -166,6 +177,58 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 HOPS = ("api", "admission", "decision", "delivery", "observe")
+IDLE_CPU_S = 3.0  # how long the idle stack's CPU is sampled
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used; None if it is gone
+    or there is no ``/proc`` (then the bench reports no CPU figures)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_kind(name: str) -> str:
+    """The row a process's CPU is summed into: ``agent-node-3`` -> ``agents``,
+    ``scheduler-1`` -> ``scheduler``, anything else by its own name."""
+    if name.startswith("agent"):
+        return "agents"
+    if name.startswith("scheduler"):
+        return "scheduler"
+    return name
+
+
+class CpuMeter:
+    """% of one core each kind of process used between :meth:`start` and :meth:`stop`.
+
+    Cost: one read of ``/proc/<pid>/stat`` per process at each end.
+    """
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        self._start: dict[str, float | None] = {}
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._start = {name: process_cpu_s(pid) for name, pid in self.pids.items()}
+        self._t0 = time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        elapsed = max(1e-9, time.monotonic() - self._t0)
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            before, after = self._start.get(name), process_cpu_s(pid)
+            if before is None or after is None:
+                continue  # gone or restarted meanwhile: no figure rather than a wrong one
+            kind = process_kind(name)
+            out[kind] = out.get(kind, 0.0) + 100 * (after - before) / elapsed
+        out = {k: round(v, 1) for k, v in sorted(out.items())}
+        if out:
+            out["total"] = round(sum(out.values()), 1)
+        return out
 
 
 def hop_split(
@@ -279,6 +342,15 @@ def bench_pipeline(
             warm: dict[str, float] = {}
             asyncio.run(submit_many(stack.api_url, key, 20, 0, 4, warm))
             wait_for(watcher.completed, warm, 60, watcher.failed)
+            pids = {p.name: p.popen.pid for p in stack.processes}
+            if stack.broker is not None and stack.broker.pid is not None:
+                pids["broker"] = stack.broker.pid
+            pids["bench"] = os.getpid()
+            meter = CpuMeter(pids)
+            # 4. the idle stack's CPU: mostly the consumers' fetches
+            meter.start()
+            time.sleep(IDLE_CPU_S)
+            cpu_idle = meter.stop()
             # 1. throughput
             sent: dict[str, float] = {}
             t0 = time.perf_counter()
@@ -291,10 +363,12 @@ def bench_pipeline(
             lat_wall: dict[str, float] = {}
             n = int(rate * seconds)
             s0 = time.perf_counter()
+            meter.start()
             asyncio.run(submit_many(stack.api_url, key, n, rate, concurrency, lat, lat_wall))
             submit_elapsed = time.perf_counter() - s0
             wait_for(watcher.assigned, lat, 120, watcher.failed)
             wait_for(watcher.completed, lat, 120, watcher.failed)
+            cpu_latency = meter.stop()
             # 3. the per-hop split of the latency phase, from the log's timestamps
             stamps = log_stamps(stack.broker.bootstrap_servers, set(lat_wall))
         finally:
@@ -316,4 +390,6 @@ def bench_pipeline(
         agent_processes=-(-nodes // max(1, nodes_per_agent)),
         failed=len(watcher.failed),
         hops_ms=hop_split(lat_wall, stamps, watcher.assigned_wall),
+        cpu_idle_pct=cpu_idle or None,
+        cpu_latency_pct=cpu_latency or None,
     )

@@ -266,6 +266,10 @@ def handle_pipeline(args: argparse.Namespace) -> int:
     print("  submit->assigned by hop (p50 / p99 ms):")
     for hop, q in (result.get("hops_ms") or {}).items():
         print(f"    {hop:<10} {q['p50']:>8} {q['p99']:>8}")
+    for phase, key in (("idle", "cpu_idle_pct"), ("latency phase", "cpu_latency_pct")):
+        if result.get(key):
+            row = ", ".join(f"{k} {v}" for k, v in result[key].items())
+            print(f"  CPU % of one core, {phase}: {row}")
     return write_json(args.json, result)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from framespool.cli import main
 from framespool.processors.bench import bench_placement
 
@@ -66,6 +68,36 @@ def test_hop_split_measures_each_hop_between_its_two_stamps():
     assert hops["decision"] == {"p50": 20.0, "p99": 20.0, "max": 20.0}
     assert hops["delivery"]["max"] == 1.0
     assert hops["observe"]["max"] == 0.0  # ms-truncated clocks: never negative
+
+
+def test_cpu_meter_sums_each_kind_of_process_and_skips_the_gone():
+    import os
+    import subprocess
+    import sys
+
+    from framespool.pipeline_bench import CpuMeter, process_cpu_s, process_kind
+
+    assert [process_kind(n) for n in ("agent-node-3", "agent-1", "scheduler-0", "api")] == [
+        "agents",
+        "agents",
+        "scheduler",
+        "api",
+    ]
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert process_cpu_s(gone.pid) is None
+    me = os.getpid()
+    meter = CpuMeter({"agent-0": me, "agent-1": me, "bench": me, "broker": gone.pid})
+    meter.start()
+    spent = process_cpu_s(me)
+    assert spent is not None
+    while process_cpu_s(me) - spent < 0.05:  # burn some CPU of our own
+        sum(range(10_000))
+    cpu = meter.stop()
+    assert set(cpu) == {"agents", "bench", "total"}  # the gone broker has no figure
+    assert cpu["agents"] == pytest.approx(2 * cpu["bench"], abs=0.2)
+    assert cpu["bench"] > 0
+    assert cpu["total"] == pytest.approx(cpu["agents"] + cpu["bench"], abs=0.2)
 
 
 def test_bench_core_runs_light_and_backlog_side_by_side(tmp_path: Path, capsys) -> None:
