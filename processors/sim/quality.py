@@ -7,6 +7,9 @@
 - Noisy neighbours: per tier, the p50/p90 wait of jobs of light tenants (at
   most ``LIGHT_JOBS`` jobs submitted) against heavy tenants (the top
   ``HEAVY_SHARE`` of tenants by GPU-seconds submitted, at least one).
+- Fair share (workloads of a few tenants, such as ``shapes``): each tenant's
+  share of the GPU-time while backlogged and its ``fair_ratio`` (that time
+  over its entitlement; metrics.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, NamedTuple
 
 LIGHT_JOBS = 3
 HEAVY_SHARE = 0.05
+FAIR_SHARE_TENANTS = 8  # the per-tenant fair-share table is printed up to this many tenants
 
 
 class WaitRow(NamedTuple):
@@ -134,4 +138,30 @@ def format_tables(summary: Mapping[str, Any]) -> str:
                 f"  {tier:<12}{lt['jobs']:>8}{fmt(lt['p50_s']):>9}{fmt(lt['p90_s']):>9}"
                 f"{hv['jobs']:>9}{fmt(hv['p50_s']):>9}{fmt(hv['p90_s']):>9}"
             )
+    lines.extend(fair_share_lines(summary))
     return "\n".join(lines)
+
+
+def fair_share_lines(
+    summary: Mapping[str, Any], max_tenants: int = FAIR_SHARE_TENANTS
+) -> list[str]:
+    """Each tenant's GPU-time share while backlogged against its fair share
+    (``fair_ratio``: 1.0 = exactly its share), for workloads of a few tenants
+    (``shapes``, ``flood``); nothing for more than ``max_tenants``."""
+    tenants = summary.get("tenants") or {}
+    if not tenants or len(tenants) > max_tenants:
+        return []
+    lines = [
+        f"{summary.get('policy', '?')}: fair share while backlogged "
+        "(fair_ratio 1.0 = exactly its share)"
+    ]
+    lines.append(f"  {'tenant':<12}{'weight':>8}{'gpu_s':>12}{'share':>8}{'fair_ratio':>12}")
+    for name, row in tenants.items():
+        share = row.get("share_while_backlogged")
+        ratio = row.get("fair_ratio")
+        lines.append(
+            f"  {name:<12}{row.get('weight', 1.0):>8.2f}{row.get('gpu_s', 0.0):>12,.0f}"
+            f"{'-' if share is None else f'{share:.3f}':>8}"
+            f"{'-' if ratio is None else f'{ratio:.3f}':>12}"
+        )
+    return lines

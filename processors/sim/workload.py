@@ -403,5 +403,7 @@ def synthetic(
 
 
 from .multitenant import multitenant  # noqa: E402  (it builds on the helpers above)
+from .shapes import shapes  # noqa: E402
 
 SYNTHETIC["multitenant"] = multitenant
+SYNTHETIC["shapes"] = shapes
