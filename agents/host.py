@@ -14,7 +14,7 @@ the IO is shared:
    before the poll's positions are committed;
 2. one reader of the assignments partitions the nodes' ids hash to (their
    union; manual assignment, positions committed under the host's group,
-   fetch wait of the request path: ``framespool.log.Role``).
+   the fleet's fetch wait: ``framespool.log.Role.FLEET``).
    Each record is dispatched by its key to the one node it is for; a record
    keyed for a node this process does not host is skipped undecoded, so a
    record for node B never reaches node A's ledger. The scheduler also writes
@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from framespool.log import LogConsumer, LogError, LogProducer, Record, partition_for_key
+from framespool.log import LogConsumer, LogError, LogProducer, Record, Role, partition_for_key
 from framespool.schemas.topics import agent_group
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,9 +97,9 @@ class AgentHost:
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> None:
         """Open the producer, register every node, then read and beat."""
-        self._producer = LogProducer(self.bootstrap)
+        self._producer = LogProducer(self.bootstrap, role=Role.FLEET)
         await asyncio.gather(*(a.open(self._producer) for a in self.agents))
-        self._assignments = LogConsumer(self.bootstrap, group_id=self.group_id)
+        self._assignments = LogConsumer(self.bootstrap, group_id=self.group_id, role=Role.FLEET)
         start = await asyncio.to_thread(
             self._assignments.resume, self.topics.ASSIGNMENTS.name, self.assignment_partitions
         )

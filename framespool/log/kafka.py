@@ -27,9 +27,10 @@ fake is ``framespool.log.memory``) and handles the broker's quirks in one place
    latency a record pays per hop, and each idle consumer costs the broker one
    Fetch per wait. It is therefore set per consumer :class:`Role`
    (``docs/broker-notes.md#fetch-wait``): ``REQUEST_PATH`` consumers
-   (admission, scheduler, the agents' assignments reader) wait
-   ``FETCH_WAIT_MS_REQUEST_PATH``; ``BACKGROUND`` ones (projections, webhooks,
-   tools) ``FETCH_WAIT_MS_BACKGROUND``. Producers likewise linger
+   (admission, scheduler) wait ``FETCH_WAIT_MS_REQUEST_PATH``, ``FLEET`` ones
+   (the agents' assignments readers, one per node or agent process)
+   ``FETCH_WAIT_MS_FLEET``, ``BACKGROUND`` ones (projections, webhooks, tools)
+   ``FETCH_WAIT_MS_BACKGROUND``. Producers likewise linger
    ``LINGER_MS_REQUEST_PATH`` or ``LINGER_MS_BACKGROUND``.
 """
 
@@ -80,14 +81,18 @@ def _delivery_error(topic: str, key: bytes | None, error: KafkaError) -> Deliver
 class Role(enum.Enum):
     """What a client is on the way of: it picks the fetch wait and the linger.
 
-    ``REQUEST_PATH``: a hop between a submission and its decision or delivery
-    (admission, the scheduler, the agents' assignments reader and the reports
-    they write, the API's commands): every millisecond of wait is a millisecond
-    of submit -> assigned. ``BACKGROUND``: read models, webhooks, tools, whose
-    readers can wait longer and so cost the broker fewer idle Fetches.
+    ``REQUEST_PATH``: a hop between a submission and its decision (admission,
+    the scheduler, the API's commands): every millisecond of wait is a
+    millisecond of submit -> assigned, and there are few such clients.
+    ``FLEET``: the node agents (their assignments reader and their reports):
+    on the way from decision to start, but there is one per node (or per agent
+    process), so the broker's idle Fetches grow with the fleet.
+    ``BACKGROUND``: read models, webhooks, tools, whose readers can wait longer
+    and so cost the broker fewer idle Fetches.
     """
 
     REQUEST_PATH = "request_path"
+    FLEET = "fleet"
     BACKGROUND = "background"
 
 
@@ -109,11 +114,14 @@ def _env_ms(name: str, default: int) -> int:
 # Tansu holds every Fetch for the full wait, even when records arrive meanwhile:
 # the wait is added to every hop (submit -> assigned crosses three), and an idle
 # consumer sends up to 1000/wait Fetches a second; background readers keep 20 ms.
-# Measured trade-off: docs/broker-notes.md#fetch-wait.
+# Measured trade-off: docs/broker-notes.md#fetch-wait. (Apache Kafka answers a
+# Fetch as soon as a record arrives: there every role may wait 500 ms.)
 FETCH_WAIT_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_FETCH_WAIT_REQUEST_PATH_MS", 2)
+FETCH_WAIT_MS_FLEET = _env_ms("FRAMESPOOL_FETCH_WAIT_FLEET_MS", 10)
 FETCH_WAIT_MS_BACKGROUND = _env_ms("FRAMESPOOL_FETCH_WAIT_BACKGROUND_MS", 20)
 FETCH_WAIT_MS_BY_ROLE = {
     Role.REQUEST_PATH: FETCH_WAIT_MS_REQUEST_PATH,
+    Role.FLEET: FETCH_WAIT_MS_FLEET,
     Role.BACKGROUND: FETCH_WAIT_MS_BACKGROUND,
 }
 FETCH_WAIT_MS = FETCH_WAIT_MS_REQUEST_PATH  # a LogConsumer's unless given a role
@@ -124,6 +132,7 @@ LINGER_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_LINGER_REQUEST_PATH_MS", 0)
 LINGER_MS_BACKGROUND = _env_ms("FRAMESPOOL_LINGER_BACKGROUND_MS", 5)
 LINGER_MS_BY_ROLE = {
     Role.REQUEST_PATH: LINGER_MS_REQUEST_PATH,
+    Role.FLEET: LINGER_MS_REQUEST_PATH,  # a node's reports answer its instructions
     Role.BACKGROUND: LINGER_MS_BACKGROUND,
 }
 

@@ -38,16 +38,23 @@ def recorded(monkeypatch):
 def test_request_path_consumers_wait_less_than_background_ones(recorded):
     kafka.LogConsumer("b:1")
     kafka.LogConsumer("b:1", role=Role.REQUEST_PATH)
+    kafka.LogConsumer("b:1", role=Role.FLEET)
     kafka.LogConsumer("b:1", role=Role.BACKGROUND)
     kafka.LogConsumer("b:1", role=Role.BACKGROUND, **{"fetch.wait.max.ms": 7})
     waits = [s["fetch.wait.max.ms"] for s in recorded]
     assert waits == [
         kafka.FETCH_WAIT_MS_REQUEST_PATH,
         kafka.FETCH_WAIT_MS_REQUEST_PATH,
+        kafka.FETCH_WAIT_MS_FLEET,
         kafka.FETCH_WAIT_MS_BACKGROUND,
         7,  # an explicit setting wins
     ]
-    assert kafka.FETCH_WAIT_MS_REQUEST_PATH < kafka.FETCH_WAIT_MS_BACKGROUND
+    # a reader per node waits longer than the few on the request path
+    assert (
+        kafka.FETCH_WAIT_MS_REQUEST_PATH
+        < kafka.FETCH_WAIT_MS_FLEET
+        <= kafka.FETCH_WAIT_MS_BACKGROUND
+    )
     assert kafka.FETCH_WAIT_MS == kafka.FETCH_WAIT_MS_REQUEST_PATH
 
 
