@@ -6,6 +6,12 @@ it asks the core's own predicates (``node_filter``, ``index.find``,
 scheduling pass asks, so the answer is the scheduler's, not a second opinion.
 It only reads the cell (the predicates it calls read, and ``leaf_of`` finds
 the job's existing flow).
+
+Reservations: every reservation (the first, then conservative backfill's
+further ones) is listed with its holder, tier, nodes and shadow time, and
+whether it binds the job: the core's rule (``reserved_for_others``), a
+reservation binds only jobs of its holder's tier or a less important one, and
+only past its shadow time; a job that holds one is told which.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ def explain_wait(cell: Cell, job_id: str) -> dict[str, Any]:
         "nodes": list(cell.reservation_nodes),
         "shadow_in_s": _in_s(cell, cell.reservation_shadow_ms) if cell.reservation_job else None,
     }
+    out["reservations"] = reservations_view(cell, job, job.shape[2])
     out["claims"] = {
         j: {"nodes": list(nodes), "expires_in_s": _in_s(cell, until)}
         for j, (nodes, until) in cell.claims.items()
@@ -87,6 +94,74 @@ def explain_wait(cell: Cell, job_id: str) -> dict[str, Any]:
 
 def _in_s(cell: Cell, ms: int) -> float:
     return round((ms - cell.now_ms) / 1000, 3)
+
+
+def _rank(cell: Cell, tier_name: str) -> int | None:
+    tier = cell.config.tier(tier_name)
+    return tier.rank if tier is not None else None
+
+
+def reservations_view(cell: Cell, job: Job, estimate_s: float) -> list[dict[str, Any]]:
+    """Every reservation in the cell (the first, then the further ones of
+    conservative backfill, in order) as ``job`` sees it: who holds which nodes
+    until when, and whether it binds ``job``. The rule is the core's
+    (``Reservations.reserved_for_others``): the first reservation's holder is
+    bound by none; any other job may not use a reservation's nodes past its
+    shadow time if the holder's tier is the job's own or a more important one
+    (a reservation binds only jobs of its holder's tier or less important ones)."""
+    rows = []
+    entries = []
+    if cell.reservation_job:
+        entries.append((cell.reservation_job, cell.reservation_shadow_ms, cell.reservation_nodes))
+    entries.extend((j, shadow, nodes) for j, (shadow, nodes) in cell.more_reservations().items())
+    rank = _rank(cell, job.tier)
+    rank = 0 if rank is None else rank
+    first_holder = job.job_id == cell.reservation_job
+    end_ms = cell.now_ms + estimate_s * 1000
+    for i, (holder, shadow_ms, nodes) in enumerate(entries):
+        other = cell.jobs.get(holder)
+        tier = other.tier if other is not None else None
+        holder_rank = _rank(cell, tier) if tier is not None else None
+        if holder == job.job_id:
+            binds, why = False, "its own"
+        elif first_holder:
+            binds, why = False, "the first reservation's holder goes before every other"
+        elif holder_rank is not None and holder_rank > rank:
+            binds, why = (
+                False,
+                (
+                    f"held for a less important tier ({tier}); it binds only {tier} "
+                    "and less important tiers"
+                ),
+            )
+        elif end_ms <= shadow_ms:
+            binds, why = False, "this job would end before the shadow time (backfill)"
+        else:
+            binds, why = (
+                True,
+                (
+                    f"held for tier {tier}, "
+                    + (
+                        "this job's own tier"
+                        if tier == job.tier
+                        else f"more important than {job.tier}"
+                    )
+                    + "; this job would not end before the shadow time"
+                ),
+            )
+        rows.append(
+            {
+                "holder": holder,
+                "tier": tier,
+                "first": i == 0 and holder == cell.reservation_job,
+                "order": i + 1,
+                "nodes": list(nodes),
+                "shadow_in_s": _in_s(cell, shadow_ms),
+                "binds": binds,
+                "why": why,
+            }
+        )
+    return rows
 
 
 def run_status(cell: Cell, job: Job) -> dict[str, Any]:
@@ -170,13 +245,10 @@ def _why_not(cell: Cell, job: Job, node: Node, estimate_s: float, holder: bool) 
     spec = job.spec
     if node.node_id in cell.claimed_nodes(job.job_id):
         return "claimed by a preemptor"
-    if (
-        not holder
-        and cell.reservation_job
-        and node.node_id in cell.reservation_nodes
-        and cell.now_ms + estimate_s * 1000 > cell.reservation_shadow_ms
-    ):
-        return "reserved for the reservation holder"
+    if node.node_id in cell.reserved_for_others(job.job_id, estimate_s, holder):
+        if cell.reservation_job and node.node_id in cell.reservation_nodes:
+            return "reserved for the reservation holder"
+        return "reserved for a further reservation (conservative backfill)"
     if spec.gpu_type and node.gpu_type != spec.gpu_type:
         return f"GPU type {node.gpu_type}, job needs {spec.gpu_type}"
     model = f"{spec.model}@{spec.model_version}"
@@ -315,23 +387,57 @@ def _verdict(cell: Cell, job: Job, view: dict[str, Any]) -> tuple[list[dict], li
             "more (or repaired) nodes of that shape join the cell, or the job asks for fewer "
             "GPUs per node",
         )
+    reservations = view.get("reservations", [])
+    own = next((r for r in reservations if r["holder"] == job.job_id), None)
+    binding = [r for r in reservations if r["binds"]]
+    per = min(best["gpus_per_node"], best["gpus"])
+    with_room = [
+        r
+        for r in binding
+        if any(
+            n in cell.index.nodes and cell.index.nodes[n].free_count() >= per for n in r["nodes"]
+        )
+    ]
+    binding = with_room or binding  # the ones that keep it off GPUs free now first
+    tier_note = "others of its tier or a less important one backfill around it"
     if view["reservation"]["holder"] == job.job_id:
         block(
             "reservation_holder",
             f"it holds the reservation on "
             f"{', '.join(view['reservation']['nodes'])} from t+"
-            f"{view['reservation']['shadow_in_s']:.0f}s; others backfill around it",
+            f"{view['reservation']['shadow_in_s']:.0f}s; {tier_note} only if they end "
+            "before then (more important tiers are not held back)",
             "the reserved nodes free up (running runs end) and it starts there",
         )
-    elif best["fits_ignoring_reservation"]:
-        res = view["reservation"]
+    elif own is not None:
         block(
-            "reservation",
-            f"{res['holder']} holds {', '.join(res['nodes'])} until t+"
-            f"{res['shadow_in_s']:.0f}s and this job ({best['estimate_s']:g}s) would not finish "
-            "before then (EASY backfill)",
-            f"{res['holder']} starts, or a shape that ends before the reservation's shadow time",
+            "reservation_holder",
+            f"it holds reservation {own['order']} of {len(reservations)} (conservative "
+            f"backfill) on {', '.join(own['nodes'])} from t+{own['shadow_in_s']:.0f}s; "
+            f"{tier_note} only if they end before then",
+            "the reserved nodes free up (running runs end) and it starts there",
         )
+    if view["reservation"]["holder"] != job.job_id and best["fits_ignoring_reservation"]:
+        res = view["reservation"]
+        for r in binding or [
+            {"holder": res["holder"], "nodes": res["nodes"], "shadow_in_s": res["shadow_in_s"], "tier": None, "first": True, "why": ""}
+        ]:  # fmt: skip
+            kind = "EASY backfill" if r["first"] else "conservative backfill"
+            rule = (
+                f" (tier {r['tier']}: a reservation binds jobs of its holder's tier or a "
+                f"less important one, and {job.tier} is "
+                + ("the same tier" if r["tier"] == job.tier else f"less important than {r['tier']}")
+                + ")"
+                if r["tier"]
+                else ""
+            )
+            block(
+                "reservation",
+                f"{r['holder']} holds {', '.join(r['nodes'])} until t+"
+                f"{r['shadow_in_s']:.0f}s and this job ({best['estimate_s']:g}s) would not "
+                f"finish before then ({kind}){rule}",
+                f"{r['holder']} starts, or a shape that ends before the reservation's shadow time",
+            )
     if any(s["blocked_by_guarantees"] for s in shapes):
         block(
             "guarantees",
@@ -422,6 +528,13 @@ class AuditReport:
                     for lv in fair["levels"]
                 )
             )
+            for r in x.get("reservations", []):
+                lines.append(
+                    f"reservation {r['order']}: {r['holder']} (tier {r['tier'] or '?'}) holds "
+                    f"{', '.join(r['nodes'])} from t+{r['shadow_in_s']:.0f}s: "
+                    + ("binds this job" if r["binds"] else "does not bind this job")
+                    + f" ({r['why']})"
+                )
             for b in x["blockers"]:
                 lines.append(f"blocked ({b['code']}): {b['detail']}")
             for u in x["unblock"]:
