@@ -216,8 +216,15 @@ def bench_takeover(
 
 def _run(records, suffix, nodes, job_every, bootstrap, shared_location, workdir, progress):
     topics = topics_with_suffix(f"takeover-{uuid.uuid4().hex[:8]}")
-    create_topics(
-        bootstrap, [topics.SCHEDULER, topics.ASSIGNMENTS, topics.JOB_EVENTS, topics.DEAD_LETTER]
+    create_topics(  # the cell also writes its CellOffer to the commands topic
+        bootstrap,
+        [
+            topics.SCHEDULER,
+            topics.ASSIGNMENTS,
+            topics.JOB_EVENTS,
+            topics.COMMANDS,
+            topics.DEAD_LETTER,
+        ],
     )
     ns = topics.SCHEDULER.name
     shared = open_shared_snapshots(shared_location)

@@ -38,9 +38,11 @@ For a ``SubmitJob``, in this order:
       hash of (cell, tenant)) wins while its wait is within
       ``max(sticky_slack_s, sticky_slack_ratio * best)`` of the best, so a
       tenant's jobs stay where its models are warm until waits really differ.
-   c. No fresh host: the candidates with no fresh offer, by rendezvous hash of
-      (cell, job id); none either: ``JobRejected(no_cell_can_run)`` naming the
-      largest job any cell can run now.
+   c. No fresh host: the candidates with no fresh offer, or a fresh one with
+      no UP node (a cell starting, or whose agents are restarting, says nothing
+      about what it can run), by rendezvous hash of (cell, job id); none
+      either: ``JobRejected(no_cell_can_run)`` naming the largest job any cell
+      can run now.
    d. No offer at all yet (start-up, a stack whose cells do not publish):
       rendezvous of (cell, job id) over the candidates, as before offers.
 4. ``JobAdmitted(spec, cell)``: the shell sends it to the cell's partition of
@@ -386,7 +388,7 @@ class AdmissionState:
             return None
         if not self.offers:
             return rendezvous(spec.job_id, candidates)
-        fresh = self._fresh_offers(candidates)
+        fresh = self._live_offers(candidates)
         hosts = tuple(c for c in candidates if c in fresh and self._hosts(fresh[c], spec))
         if hosts:
             waits = {c: self._wait(fresh[c], spec) for c in hosts}
@@ -405,6 +407,11 @@ class AdmissionState:
             if (offer := self.offers.get(c)) is not None and offer.ts_ms >= oldest
         }
 
+    def _live_offers(self, cells: tuple[str, ...]) -> dict[str, ev.CellOffer]:
+        """Fresh offers of cells with UP nodes. A cell with none (starting, its
+        agents restarting) says nothing about what it can run: it is unknown."""
+        return {c: o for c, o in self._fresh_offers(cells).items() if offer_groups(o)}
+
     @staticmethod
     def _hosts(offer: ev.CellOffer, spec: ev.JobSpec) -> bool:
         return offer.capacity_gpus > 0 and job_fits(offer_groups(offer), spec, every_shape=True)
@@ -416,7 +423,7 @@ class AdmissionState:
     def _cannot_run(self, spec: ev.JobSpec, exclude: str) -> str:
         """Why no cell takes ``spec``, naming the largest job any cell can run."""
         cells = tuple(c for c in self.config.cells_for(spec.gpu_type) if c != exclude)
-        fresh = self._fresh_offers(cells)
+        fresh = self._live_offers(cells)
         kind = f"{spec.gpu_type} " if spec.gpu_type else ""
         if not fresh:
             return f"no cell other than {exclude} offers {kind or 'any '}GPUs"

@@ -52,9 +52,13 @@ def uninterrupted(inputs: list, topics) -> dict:
 
 
 def outputs_with_headers(bootstrap: str, topics) -> list[tuple[str, str, int, bytes, tuple]]:
-    out = []
-    for topic in (topics.JOB_EVENTS.name, topics.ASSIGNMENTS.name):
-        for r in read_all(bootstrap, topic, timeout_s=10):
+    out = []  # of the commands topic (the cells' offers) partition 0, as expected_outputs
+    for topic, parts in (
+        (topics.JOB_EVENTS.name, None),
+        (topics.ASSIGNMENTS.name, None),
+        (topics.COMMANDS.name, [0]),
+    ):
+        for r in read_all(bootstrap, topic, parts, timeout_s=10):
             out.append((topic, codec.decode(r.value).event_id, r.partition, r.value, r.headers))
     return out
 

@@ -176,6 +176,18 @@ def _home_and_other(tenant: str) -> tuple[str, str]:
     return home, next(c for c in CELLS if c != home)
 
 
+def test_a_fresh_offer_of_a_cell_with_no_up_node_is_unknown_not_a_no():
+    state = AdmissionState(PURE_WAIT)
+    # both cells just started (no agent registered yet) or lost every node
+    feed(state, offer("cell-0", nodes=0), offer("cell-1", nodes=0))
+    out = feed(state, submit("j1", gpus=8, gpus_per_node=8))
+    assert admitted_to(out) == [rendezvous("j1", CELLS)]
+    # one cell with nodes that cannot host it and one empty: the empty one is tried
+    state = AdmissionState(PURE_WAIT)
+    feed(state, offer("cell-0", nodes=0), offer("cell-1", nodes=1))
+    assert admitted_to(feed(state, submit("j2", gpus=16, gpus_per_node=8))) == ["cell-0"]
+
+
 def test_a_tenant_sticks_to_its_home_cell_while_waits_are_close():
     home, other = _home_and_other("acme")
     # home 20 s worse than the other: within max(30 s, 20 %) -> home

@@ -334,7 +334,8 @@ class World:
 
     def deliver(self, o: Any, source: str) -> None:
         if isinstance(o, ev.JobAdmitted):
-            fresh = self.admission._fresh_offers((o.cell,))
+            # a fresh offer with UP nodes is binding; one with none is "unknown"
+            fresh = self.admission._live_offers((o.cell,))
             if o.cell in fresh and not job_fits(offer_groups(fresh[o.cell]), o.spec, True):
                 self.routed_badly.append(f"{o.spec.job_id} -> {o.cell}")
             self.scheduler[o.cell].append(o)
