@@ -28,7 +28,7 @@ PREEMPTED and REQUEUED are shown as state QUEUED with ``phase`` naming them and
 ``reason`` saying why; the view's ``state`` is what a user acts on. A job a cell
 gave up (``JobRerouted``: it could not run it) is SUBMITTED again, phase
 REROUTED, with the reason, until admission's next ``JobAdmitted`` names its new
-cell; its run numbers start again there.
+cell, which numbers its runs on from the last one and resumes its checkpoint.
 """
 
 from __future__ import annotations
@@ -448,7 +448,6 @@ def _rerouted(v: JobView, e: JobRerouted):
         state=SUBMITTED,
         phase="REROUTED",
         reason=f"rerouted from {e.from_cell}: {e.reason}",
-        run=0,  # the next cell numbers its runs from 1 again
         position=0,
         wait_estimate_s=-1.0,
         wait_p50_s=-1.0,

@@ -173,6 +173,8 @@ class JobAdmitted:
     ts_ms: int
     spec: JobSpec
     cell: str = ""
+    run: int = 0  # runs it had in cells that gave it up: this cell numbers from run + 1
+    resume_from: str | None = None  # a rerouted job's last checkpoint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -354,6 +356,7 @@ class JobRerouted:
     reason: str
     spec: JobSpec
     run: int = 0
+    resume_from: str | None = None
 
 
 # --------------------------------------------------------------------------

@@ -359,9 +359,17 @@ class AdmissionState:
             return
         self._admit(spec, command.idempotency_key, exclude="")
 
-    def _admit(self, spec: ev.JobSpec, key: str | None, exclude: str, why: str = "") -> None:
+    def _admit(
+        self,
+        spec: ev.JobSpec,
+        key: str | None,
+        exclude: str,
+        why: str = "",
+        moved: ev.JobRerouted | None = None,
+    ) -> None:
         """Route ``spec`` (never to ``exclude``): ``JobAdmitted``, or ``JobRejected``
-        when no cell can run it (``why`` says what came before)."""
+        when no cell can run it (``why`` says what came before). A job ``moved``
+        from another cell keeps its run numbers and its checkpoint."""
         cell = self._route(spec, exclude)
         if cell is None:
             self._remember(spec.job_id, Decision(spec.tenant, "", self.clock_ms, key))
@@ -379,7 +387,12 @@ class AdmissionState:
             cost, gpus = self.routed.get(cell, (0.0, 0))
             self.routed[cell] = (cost + spec.gpus * spec.estimate_s, gpus + spec.gpus)
         self._count("admitted" if not exclude else "rerouted")
-        self._emit(ev.JobAdmitted, spec=spec, cell=cell)
+        if moved is None:
+            self._emit(ev.JobAdmitted, spec=spec, cell=cell)
+        else:
+            self._emit(
+                ev.JobAdmitted, spec=spec, cell=cell, run=moved.run, resume_from=moved.resume_from
+            )
 
     # -- routing (item 3 of the theory of operation) -------------------------
     def _route(self, spec: ev.JobSpec, exclude: str) -> str | None:
@@ -474,7 +487,7 @@ class AdmissionState:
                 reason=f"cancelled while {event.from_cell} gave it up ({event.reason})",
             )
             return
-        self._admit(event.spec, key, exclude=event.from_cell, why=event.reason)
+        self._admit(event.spec, key, exclude=event.from_cell, why=event.reason, moved=event)
 
     def _problem(self, spec: ev.JobSpec) -> tuple[str, str] | None:
         if spec.tier not in self.config.tiers:

@@ -20,9 +20,11 @@ this cell's UP nodes' healthy GPUs (the cell emptied, its agents died, its
 nodes of that type are DOWN) for ``drain_grace_s`` of cell time leaves the
 cell: it is dequeued and forgotten exactly as a cancelled queued job is
 (fair-share backlog, tenant counts, wait bands, reservations), but not
-recorded as finished, and a ``JobRerouted`` carrying its spec goes to
-job-events and to the commands topic, keyed by its tenant, where admission
-routes it again, to another cell. A run of the job still stopping here is
+recorded as finished, and a ``JobRerouted`` carrying its spec, its last run
+number and its last checkpoint goes to job-events and to the commands topic,
+keyed by its tenant, where admission routes it again, to another cell (whose
+``JobAdmitted`` carries both on: runs are numbered on from there, and the next
+run resumes from the checkpoint). A run of the job still stopping here is
 released as any old run is.
 
 1. ``unplaceable`` maps each queued job that cannot run here to the cell time
@@ -228,6 +230,7 @@ class Drain:
             ),
             spec=spec,
             run=job.run,
+            resume_from=job.checkpoint,
         )
 
     # -- inputs that meet a rerouted job ---------------------------------------

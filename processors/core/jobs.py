@@ -38,6 +38,8 @@ class JobHandlers:
             self.reject(spec, *problem)
             return
         job = Job(spec, spec.tier, self.now_ms)
+        # a job another cell gave up (drain.py) goes on from its runs and checkpoint there
+        job.run, job.checkpoint = event.run, event.resume_from
         job.cost = self.cost_of(job, spec.gpus, spec.estimate_s)
         ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog + job.cost)
         tier = self.config.tier_of(spec.tier)

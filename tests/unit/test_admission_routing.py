@@ -6,6 +6,7 @@ routing rule is in ``framespool.processors.core.admission``'s theory of operatio
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -248,6 +249,19 @@ def test_a_rerouted_job_goes_to_another_cell_once():
     cancel = ev.CancelJob(event_id="c", ts_ms=T0 + 2000, job_id="j1", tenant="acme")
     out = feed(state, cancel)
     assert [(type(o), o.cell) for o in out] == [(CellCommand, "cell-1")]
+
+
+def test_a_rerouted_job_keeps_its_run_numbers_and_checkpoint():
+    state = AdmissionState(PURE_WAIT)
+    feed(state, offer("cell-0"), offer("cell-1"))
+    feed(state, submit("j1"))
+    moved = dataclasses.replace(
+        rerouted("j1", state.jobs["j1"].cell, ts=T0 + 1000), run=3, resume_from="mem://ck"
+    )
+    [admitted] = feed(state, moved)
+    assert (admitted.run, admitted.resume_from) == (3, "mem://ck")
+    fresh = feed(state, submit("j2"))[0]
+    assert (fresh.run, fresh.resume_from) == (0, None)
 
 
 def test_a_reroute_with_no_other_cell_is_rejected_with_both_reasons():

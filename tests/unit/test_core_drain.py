@@ -140,6 +140,33 @@ def test_a_node_back_within_the_grace_keeps_the_job():
     assert not of(out, ev.JobRerouted) and "wide" in h.cell.jobs
 
 
+def test_a_rerouted_job_takes_its_runs_and_checkpoint_to_the_next_cell():
+    h = Harness(DRAIN, nodes=1, gpus=8)
+    h.submit("ck", gpus=8, per_node=8, checkpoint_interval_s=10)
+    h.start_all()
+    h.report(ev.RunCheckpointed, "ck", 1, "n0", checkpoint_uri="mem://ck/1", progress=0.4)
+    out = go_silent(h, 100)  # n0 DOWN: requeued from its checkpoint, then rerouted
+    [moved] = of(out, ev.JobRerouted)
+    assert (moved.run, moved.resume_from) == (1, "mem://ck/1")
+    # the next cell (here a fresh one) goes on from there
+    other = Harness(DRAIN, nodes=1, gpus=8)
+    other.admitted["ck"] = moved.spec
+    out = other.feed(
+        ev.JobAdmitted(
+            event_id="admission-0@5/0",
+            ts_ms=other.now_ms,
+            spec=moved.spec,
+            cell="cell-0",
+            run=moved.run,
+            resume_from=moved.resume_from,
+        )
+    )
+    [assigned] = of(out, ev.JobAssigned)
+    assert (assigned.run, assigned.resume_from) == (2, "mem://ck/1")
+    [start] = of(out, ev.StartRun)
+    assert (start.run, start.resume_from) == (2, "mem://ck/1")
+
+
 def test_the_drain_grace_knob_off_keeps_jobs_forever():
     h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=0), nodes=1, gpus=8)
     h.submit("j1", gpus=8, per_node=8)

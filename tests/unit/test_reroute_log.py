@@ -257,7 +257,7 @@ def test_the_job_view_shows_the_reroute_and_follows_the_new_cell():
     assert between.reason.startswith("rerouted from cell-0")
 
 
-def test_the_job_view_takes_the_new_cells_runs_from_1_again():
+def test_the_job_view_follows_the_runs_the_next_cell_numbers_on():
     spec = ev.JobSpec(job_id="j", tenant="t")
     placed = ev.NodeSlice(node_id="n", gpus=(0,))
     events = [
@@ -276,15 +276,28 @@ def test_the_job_view_takes_the_new_cells_runs_from_1_again():
             reason="r",
             spec=spec,
             run=1,
+            resume_from="mem://ck",
         ),
-        ev.JobAdmitted(event_id="a/1", ts_ms=4, spec=spec, cell="cell-1"),
+        ev.JobAdmitted(
+            event_id="a/1", ts_ms=4, spec=spec, cell="cell-1", run=1, resume_from="mem://ck"
+        ),
         ev.JobQueued(event_id="c1@1/0", ts_ms=5, job_id="j", tenant="t", tier="free"),
         ev.JobAssigned(
-            event_id="c1@2/0", ts_ms=6, job_id="j", run=1, placement=(placed,), gpus=1, estimate_s=1
+            event_id="c1@2/0",
+            ts_ms=6,
+            job_id="j",
+            run=2,
+            placement=(placed,),
+            gpus=1,
+            estimate_s=1,
+            resume_from="mem://ck",
         ),
     ]
     v = view.fold(events)
-    assert v.state == JobState.ASSIGNED and v.run == 1 and v.cell == "cell-1" and v.ignored == 0
+    assert v.state == JobState.ASSIGNED and v.run == 2 and v.cell == "cell-1" and v.ignored == 0
+    # a late report of cell-0's run 1 is stale in the view too
+    late = ev.JobRequeued(event_id="c0@9/0", ts_ms=7, job_id="j", run=1, reason="late")
+    assert view.apply(v, late).ignored == 1
 
 
 def test_the_api_can_write_neither_offers_nor_reroutes():

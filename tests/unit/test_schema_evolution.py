@@ -38,9 +38,11 @@ PUBLISHED: dict[int, str] = {
     5950304651811157114: "CancelJob",
     3992447068728216982: "CellStatus",
     13222358012203505010: "CellOffer",
-    4347331174392688626: "JobRerouted",
+    4347331174392688626: "JobRerouted",  # v1, before resume_from
+    2743375956041810172: "JobRerouted",
     16670860553661131631: "CheckpointRun",
-    5705835224117532517: "JobAdmitted",
+    5705835224117532517: "JobAdmitted",  # v1, before run and resume_from
+    14886996547017134977: "JobAdmitted",
     410677305261948217: "JobAssigned",
     11590368638228278672: "JobCancelled",
     11409721385229893718: "JobCompleted",
