@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from framespool.commands import jobs as job_commands
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.waitbands import FLOOR_S, PRIOR, WaitBands, depth_prior
@@ -242,3 +245,24 @@ def test_cell_gives_a_deep_job_a_narrower_band_than_a_shallow_one():
     assert math.isclose(ratio(first), PRIOR[1])  # waits for one end: the one-job prior
     assert 1.5 < ratio(second) < PRIOR[1]  # two ends
     assert ratio(deep) < 1.1  # ~390 ends ahead: the sum averages out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    point=st.floats(min_value=0.0, max_value=1e6),
+    d1=st.floats(min_value=0.0, max_value=1e7),
+    d2=st.floats(min_value=0.0, max_value=1e7),
+    ratios=st.lists(st.floats(min_value=0.01, max_value=100.0), max_size=60),
+)
+def test_bands_are_ordered_and_a_deeper_queue_never_gets_a_wider_prior(point, d1, d2, ratios):
+    """Invariants: 0 <= P50 <= P90 for any point, depth and learned history; and
+    before anything is learned, more jobs ahead never widen the band."""
+    bands = WaitBands()
+    _observe(bands, ratios, point=600.0)
+    for depth in (d1, d2):
+        p50, p90 = bands.band("paid", point, depth)
+        assert 0.0 <= p50 <= p90
+    fresh = WaitBands()
+    lo, hi = sorted((d1, d2))
+    assert fresh.band("free", point, hi)[1] <= fresh.band("free", point, lo)[1]
+    assert fresh.band("free", point, hi)[0] == fresh.band("free", point, lo)[0]  # P50: the point
