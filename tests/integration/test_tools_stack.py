@@ -95,7 +95,8 @@ def test_replay_verify_and_audit_on_a_real_log_then_a_forged_terminal(stack, fra
     assert counts.get("unexpected", 0) == 0 and counts.get("differing", 0) == 0
     # admission re-folded too, under the config the stack's processors ran with
     admission = replayed["admission"]["counts"]
-    assert admission["inputs"] == 4 and admission["matched"] == 2 * 4  # both topics
+    # its inputs: the 4 submits and the cells' offers, which decide nothing themselves
+    assert admission["inputs"] > 4 and admission["outputs"] == admission["matched"] == 2 * 4
     assert {"cell-0", "cell-1"} <= set(replayed["cells"])
 
     status, verified = framespool("verify")
