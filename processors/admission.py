@@ -23,6 +23,7 @@ from framespool.processors.routing import (
     decode_input,
     encode_outputs,
 )
+from framespool.processors.scheduler import same_config
 from framespool.schemas import topics as catalogue
 from framespool.schemas.topics import Topics
 
@@ -46,7 +47,7 @@ class AdmissionFold:
         return AdmissionState(self.config)
 
     def adopt(self, state: AdmissionState, partition: int) -> AdmissionState:
-        if state.config != self.config:
+        if not same_config(state.config, self.config):
             log.warning(
                 "admission partition %d: the configuration differs from the snapshot's; "
                 "the new one applies from the next command",

@@ -45,6 +45,16 @@ SCHEDULER_INPUTS: tuple[type, ...] = (
 )
 
 
+def same_config(loaded: object, configured: object) -> bool:
+    """Whether a snapshot's config equals the configured one. A frozen, slotted
+    config pickled before a field existed lacks that field (comparing it raises
+    AttributeError): it differs."""
+    try:
+        return loaded == configured
+    except AttributeError:
+        return False
+
+
 def position(cell: str, offset: int) -> str:
     """The input position of a scheduler record: the prefix of its outputs' event ids."""
     return f"{cell}@{offset}"
@@ -62,7 +72,7 @@ class SchedulerFold:
 
     def adopt(self, cell: Cell, partition: int) -> Cell:
         """A cell loaded from a snapshot runs under the configured policy from now on."""
-        if cell.config != self.config:
+        if not same_config(cell.config, self.config):
             log.warning(
                 "%s: the configuration differs from the snapshot's; the new one applies "
                 "from the next input",

@@ -10,6 +10,7 @@ either event.
 from __future__ import annotations
 
 import ast
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -347,3 +348,30 @@ def test_compose_drains_between_its_two_cells():
 
     root = Path(__file__).resolve().parents[2]
     assert load_cell_config(root / "compose/processors.toml").drain_grace_s > 0
+
+
+def _as_pickled_before_new_fields(config: Any, fields: int) -> Any:
+    """``config`` as a snapshot written before its last fields existed unpickles:
+    a frozen, slotted dataclass with those slots unset."""
+    old = object.__new__(type(config))
+    old.__setstate__(config.__getstate__()[:fields])
+    return old
+
+
+def test_snapshots_from_before_routing_are_adopted_under_the_new_config():
+    from framespool.processors.admission import AdmissionFold
+    from framespool.processors.core import Cell
+    from framespool.processors.core.admission import AdmissionState
+    from framespool.processors.scheduler import SchedulerFold
+
+    state = AdmissionState(ADMISSION)
+    for name in ("offers", "routed", "superseded"):
+        del state.__dict__[name]
+    state = pickle.loads(pickle.dumps(state))
+    state.config = _as_pickled_before_new_fields(ADMISSION, 4)  # before offer_stale_s
+    adopted = AdmissionFold(ADMISSION).adopt(state, 0)
+    assert adopted.config == ADMISSION and adopted.offers == {}
+    cell = Cell(CELL_CONFIG, "cell-0")
+    cell.config = _as_pickled_before_new_fields(CELL_CONFIG, 32)  # before drain_grace_s
+    adopted_cell = SchedulerFold(CELL_CONFIG).adopt(cell, 0)
+    assert adopted_cell.config == CELL_CONFIG
