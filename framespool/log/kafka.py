@@ -113,9 +113,9 @@ def _env_ms(name: str, default: int) -> int:
 
 # Tansu holds every Fetch for the full wait, even when records arrive meanwhile:
 # the wait is added to every hop (submit -> assigned crosses three), and an idle
-# consumer sends up to 1000/wait Fetches a second. Measured (docs/broker-notes.md
-# #fetch-wait): 5 ms delivers in ~4 ms (p50) for about half the broker's idle CPU
-# that 1-2 ms costs; background readers keep 20 ms. (Apache Kafka answers a
+# consumer sends up to 1000/wait Fetches a second. Measured: 5 ms delivers in
+# ~4 ms (p50) for about half the broker's idle CPU that 1-2 ms costs; background
+# readers keep 20 ms (docs/broker-notes.md#fetch-wait). (Apache Kafka answers a
 # Fetch as soon as a record arrives: there every role may wait 500 ms.)
 FETCH_WAIT_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_FETCH_WAIT_REQUEST_PATH_MS", 5)
 FETCH_WAIT_MS_FLEET = _env_ms("FRAMESPOOL_FETCH_WAIT_FLEET_MS", 10)
