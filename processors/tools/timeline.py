@@ -97,7 +97,11 @@ def summarize(e: Any) -> str:
             f"{s.estimate_s:g}s{', preemptible' if s.preemptible else ''}"
         )
     if isinstance(e, ev.JobAdmitted):
-        return f"admitted to {e.cell or '?'}"
+        moved = f" after run {e.run} elsewhere" if e.run else ""
+        resume = f", resumes from {e.resume_from}" if e.resume_from else ""
+        return f"admitted to {e.cell or '?'}{moved}{resume}"
+    if isinstance(e, ev.JobRerouted):
+        return f"rerouted from {e.from_cell}: {e.reason}"
     if isinstance(e, ev.JobRejected):
         return f"rejected ({e.reason}): {e.detail}"
     if isinstance(e, ev.JobQueued):

@@ -375,3 +375,15 @@ def test_snapshots_from_before_routing_are_adopted_under_the_new_config():
     cell.config = _as_pickled_before_new_fields(CELL_CONFIG, 32)  # before drain_grace_s
     adopted_cell = SchedulerFold(CELL_CONFIG).adopt(cell, 0)
     assert adopted_cell.config == CELL_CONFIG
+
+
+def test_audit_of_a_rerouted_job_explains_it_in_the_cell_that_holds_it():
+    from framespool.processors.tools.audit import audit
+
+    w = drained_world()
+    moved = w.events(catalogue.JOB_EVENTS.name, ev.JobRerouted)[0]
+    report = audit(w.contents(), moved.job_id, CELL_CONFIG)
+    assert report.cell == "cell-1"
+    summaries = [e.summary for e in report.timeline]
+    assert any(s.startswith("rerouted from cell-0: cell-0 has no UP nodes") for s in summaries)
+    assert report.explanation and report.explanation["cell"] == "cell-1"
