@@ -387,3 +387,26 @@ def test_audit_of_a_rerouted_job_explains_it_in_the_cell_that_holds_it():
     summaries = [e.summary for e in report.timeline]
     assert any(s.startswith("rerouted from cell-0: cell-0 has no UP nodes") for s in summaries)
     assert report.explanation and report.explanation["cell"] == "cell-1"
+
+
+def test_the_routing_knobs_come_from_the_processors_config_file(tmp_path):
+    import pytest
+
+    from framespool.processors.config_file import (
+        ConfigError,
+        load_admission_config,
+        load_cell_config,
+    )
+
+    good = tmp_path / "p.toml"
+    good.write_text(
+        '[admission]\ncells = ["cell-0", "cell-1"]\noffer_stale_s = 9\n'
+        "sticky_slack_s = 0\nsticky_slack_ratio = 0.5\n[scheduler]\ndrain_grace_s = 45\n"
+    )
+    config = load_admission_config(good)
+    assert (config.offer_stale_s, config.sticky_slack_s, config.sticky_slack_ratio) == (9, 0, 0.5)
+    assert load_cell_config(good).drain_grace_s == 45
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[admission]\ncells = ["cell-0"]\nsticky_slack_ratio = 2\n')
+    with pytest.raises(ConfigError, match="sticky_slack_ratio=2.0 must be between 0 and 1"):
+        load_admission_config(bad)
