@@ -343,15 +343,19 @@ class JobHandlers:
         self.claims.pop(job.job_id, None)
 
     def enqueue(self: Cell, job: Job, requeued: bool) -> None:
+        bounds = self.queue_bounds()  # before the job joins: a rebuild must not count it
         job.state = JobState.QUEUED
         self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
+        bounds.add(*self.bound_key(job))
         self.queued_count += 1
         org, user = self.use_of(job)
         org.queued += 1
         user.queued += 1
 
     def dequeue(self: Cell, job: Job) -> None:
+        bounds = self.queue_bounds()
         if self.fair.remove(self.leaf_of(job), job.job_id, job.cost):
+            bounds.remove(*self.bound_key(job))
             self.queued_count -= 1
             org, user = self.use_of(job)
             org.queued -= 1

@@ -17,7 +17,7 @@ then insertion order of nodes).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from framespool.schemas.events import NodeSlice
@@ -79,10 +79,12 @@ class NodeIndex:
                 self.warm_nodes.get(old, {}).pop(node.node_id, None)
         self.warm_nodes.setdefault(model, {})[node.node_id] = None
 
-    def largest_free(self) -> int:
-        """The most free healthy GPUs on any one schedulable node."""
+    def largest_free(self, barred: Collection[str] = ()) -> int:
+        """The most free healthy GPUs on any one schedulable node not in ``barred``.
+        Cost: O(max GPUs per node + len(barred))."""
         for free in range(self.max_gpus, 0, -1):
-            if self.buckets.get(free):
+            bucket = self.buckets.get(free)
+            if bucket and (not barred or any(n not in barred for n in bucket)):
                 return free
         return 0
 

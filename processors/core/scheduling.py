@@ -56,6 +56,7 @@ from . import lifecycle as lc
 from .fairshare import Flow
 from .model import Job, Node, Run
 from .placement import Placement
+from .queuebounds import QueueBounds
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -142,7 +143,12 @@ class Scheduling:
         no_fit: dict[tuple, None] = {}
         budget = self.config.backfill_depth if full else QUICK_PASS_TESTS
         after_block = 0
+        recheck = True  # whether nothing_fits() may have changed its answer
         while self.index.free_total > 0:
+            if recheck:
+                recheck = False
+                if self.nothing_fits():
+                    break  # the rest of the walk could change nothing (queuebounds.py)
             leaf = fair.pick()
             if leaf is None:
                 break
@@ -167,15 +173,88 @@ class Scheduling:
                 if full:
                     if not self.reservation_job:
                         self.reserve(job)
-                    else:
+                        recheck = True
+                    elif len(self.more_reservations()) + 1 < self.config.reservations:
                         self.reserve_more(job)
+                        recheck = True
                 sensitive = sensitive or self.preempt_sensitive(job)
                 self.maybe_preempt(job)
+            else:
+                recheck = True
             if self.reservation_job or not full:
                 after_block += 1
                 if after_block >= budget:
                     break
         return sensitive
+
+    def nothing_fits(self: Cell) -> bool:
+        """Whether no candidate left in this pass can start, reserve or preempt,
+        so the walk may stop with the very outcome of walking on (the three
+        conditions of ``queuebounds.py``). Cost: O(gpus_per_node + barred nodes)."""
+        bounds = self.queue_bounds()
+        if not bounds.size:
+            return True
+        if bounds.sensitive:
+            return False
+        if not self.reservation_job or len(self.more_reservations()) + 1 < self.config.reservations:
+            return False
+        need = bounds.min_need()
+        # nodes no candidate may use: every claim's (claimants are skipped), and
+        # those of each reservation that binds the shortest job of the most
+        # important tier queued (``reserved_for_others``), but its own holder
+        barred: dict[str, None] = self.claimed_nodes("")
+        end_ms = self.now_ms + bounds.min_estimate() * 1000
+        rank = bounds.min_rank()
+        own: list[tuple[str, tuple[str, ...]]] = []  # further holders, their own nodes
+        for job_id, shadow_ms, nodes in self.reservation_list():
+            holder = self.jobs.get(job_id)
+            tier = self.config.tier(holder.tier) if holder is not None else None
+            if end_ms > shadow_ms and (tier is None or tier.rank <= rank):
+                barred.update(dict.fromkeys(nodes))
+                if job_id != self.reservation_job:  # the first holder is no candidate
+                    own.append((job_id, nodes))
+        if self.index.largest_free(barred) >= need:
+            return False
+        for job_id, nodes in own:  # may a further holder use its own nodes?
+            holder = self.jobs.get(job_id)
+            if holder is None or holder.state != JobState.QUEUED:
+                continue
+            allowed = {n: None for n in barred if n not in nodes}
+            if self.index.largest_free(allowed) >= self.bound_key(holder)[0]:
+                return False
+        return True
+
+    def reservation_list(self: Cell) -> list[tuple[str, int, tuple[str, ...]]]:
+        """Every reservation as ``(holder, shadow ms, nodes)``, the first one first."""
+        out = [(self.reservation_job, self.reservation_shadow_ms, self.reservation_nodes)]
+        out.extend((j, shadow, nodes) for j, (shadow, nodes) in self.more_reservations().items())
+        return out
+
+    def queue_bounds(self: Cell) -> QueueBounds:
+        """Bounds over the queued jobs (``queuebounds.py``), kept by ``enqueue`` and
+        ``dequeue``; built from the queues on first use (or a cell restored from
+        an older snapshot)."""
+        bounds: QueueBounds | None = self.__dict__.get("_queue_bounds")
+        if bounds is None:
+            bounds = self._queue_bounds = QueueBounds()
+            for leaf in self.leaves.values():
+                for source in (leaf.requeued, leaf.queue):
+                    for job_id in source:
+                        bounds.add(*self.bound_key(self.jobs[job_id]))
+        return bounds
+
+    def bound_key(self: Cell, job: Job) -> tuple[int, float, int, bool]:
+        """What ``QueueBounds`` keeps of a queued job: its smallest per-node GPU
+        need and estimate over its shapes, its tier's rank, and whether it may
+        preempt. All fixed while it is queued (spec and config only)."""
+        shapes = self.shapes_of(job)
+        tier = self.config.tier(job.tier)
+        return (
+            min(min(gpus, per_node) for gpus, per_node, _ in shapes),
+            min(estimate for _, _, estimate in shapes),
+            tier.rank if tier is not None else 0,
+            self.preempt_sensitive(job),
+        )
 
     def preemption_scan(self: Cell) -> None:
         """With the cell full no placement is tried, so look at the heads of the
