@@ -241,6 +241,13 @@ class Accounting:
             )
 
     # -- bounded state ------------------------------------------------------------
+    def __getstate__(self: Cell) -> dict:
+        """A snapshot leaves out caches of outputs (rebuilt on first use)."""
+        state = self.__dict__
+        if "_status_cache" in state:
+            state = {k: v for k, v in state.items() if k != "_status_cache"}
+        return state
+
     def __setstate__(self: Cell, state: dict) -> None:
         """Unpickle a snapshot; one taken before the breaker and bounded-state
         fields existed gets them empty (its old failure log, of bare times,
@@ -328,8 +335,20 @@ class Accounting:
         }
 
     def node_statuses(self: Cell) -> tuple[ev.NodeStatus, ...]:
+        """Every node's status. A node whose state, GPU states and owners are as
+        at the last status reuses that (immutable) status: O(GPUs) of tuple
+        compares per node instead of building GPUs + 1 events."""
+        cache: dict[str, tuple[tuple, ev.NodeStatus]] | None = self.__dict__.get("_status_cache")
+        if cache is None:
+            cache = {}
+            self._status_cache = cache
         out = []
         for node in self.index.nodes.values():
+            key = (node.state, tuple(node.gpu_state), tuple(node.owner), node.gpu_type, node.rail)
+            hit = cache.get(node.node_id)
+            if hit is not None and hit[0] == key:
+                out.append(hit[1])
+                continue
             gpus = []
             for i in range(node.total):
                 owner = node.owner[i]
@@ -346,15 +365,15 @@ class Accounting:
                         run=owner[1] if owner else 0,
                     )
                 )
-            out.append(
-                ev.NodeStatus(
-                    node_id=node.node_id,
-                    state=node.state,
-                    gpu_type=node.gpu_type,
-                    rail=node.rail,
-                    gpus=tuple(gpus),
-                )
+            status = ev.NodeStatus(
+                node_id=node.node_id,
+                state=node.state,
+                gpu_type=node.gpu_type,
+                rail=node.rail,
+                gpus=tuple(gpus),
             )
+            cache[node.node_id] = (key, status)
+            out.append(status)
         return tuple(out)
 
     def queue_depths(self: Cell) -> tuple[ev.QueueDepth, ...]:
