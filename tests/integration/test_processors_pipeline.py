@@ -83,9 +83,17 @@ def test_scheduler_assigns_and_tells_the_node(kafka_bootstrap, fresh_topics, tmp
             t.JOB_EVENTS.name,
             lambda got: any(isinstance(e, ev.JobAssigned) for _, e in got),
         )
-        starts = wait_for(kafka_bootstrap, t.ASSIGNMENTS.name, lambda got: len(got) >= 1)
+        node_records = wait_for(
+            kafka_bootstrap,
+            t.ASSIGNMENTS.name,
+            lambda got: any(isinstance(e, ev.StartRun) for _, e in got),
+        )
     (assigned,) = [e for _, e in events if isinstance(e, ev.JobAssigned)]
     assert assigned.job_id == "job-1" and assigned.placement[0].node_id == "node-a"
+    # the node's own state (UP on registering) reaches its agent there too, first
+    states = [(r, e) for r, e in node_records if isinstance(e, ev.NodeStateChanged)]
+    assert [(e.node_id, e.state, r.key) for r, e in states] == [("node-a", "UP", b"node-a")]
+    starts = [(r, e) for r, e in node_records if not isinstance(e, ev.NodeStateChanged)]
     ((record, start),) = starts
     assert isinstance(start, ev.StartRun) and start.spec.job_id == "job-1"
     assert record.key == b"node-a"
