@@ -88,6 +88,18 @@ class NodeIndex:
                 return free
         return 0
 
+    def count_free(self, need: int, enough: int, barred: Collection[str] = ()) -> int:
+        """Schedulable nodes not in ``barred`` with at least ``need`` free GPUs,
+        counted up to ``enough``. Cost: O(max GPUs per node + enough + len(barred))."""
+        count = 0
+        for free in range(self.max_gpus, need - 1, -1):
+            for node_id in self.buckets.get(free, ()):
+                if node_id not in barred:
+                    count += 1
+                    if count >= enough:
+                        return count
+        return count
+
     # -- search --------------------------------------------------------------
     def find(self, gpus: int, per_node: int, model: str, ok: NodeFilter) -> Placement | None:
         if gpus > self.free_total:

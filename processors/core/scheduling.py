@@ -147,7 +147,7 @@ class Scheduling:
         while self.index.free_total > 0:
             if recheck:
                 recheck = False
-                if self.nothing_fits():
+                if self.nothing_fits(full):
                     break  # the rest of the walk could change nothing (queuebounds.py)
             leaf = fair.pick()
             if leaf is None:
@@ -187,40 +187,52 @@ class Scheduling:
                     break
         return sensitive
 
-    def nothing_fits(self: Cell) -> bool:
+    def nothing_fits(self: Cell, full: bool) -> bool:
         """Whether no candidate left in this pass can start, reserve or preempt,
         so the walk may stop with the very outcome of walking on (the three
-        conditions of ``queuebounds.py``). Cost: O(gpus_per_node + barred nodes)."""
+        conditions of ``queuebounds.py``; a quick pass reserves nothing).
+        Cost: O(gpus_per_node * (reservations + held nodes) + F)."""
         bounds = self.queue_bounds()
         if not bounds.size:
             return True
         if bounds.sensitive:
             return False
-        if not self.reservation_job or len(self.more_reservations()) + 1 < self.config.reservations:
+        if full and (
+            not self.reservation_job or len(self.more_reservations()) + 1 < self.config.reservations
+        ):
             return False
-        need = bounds.min_need()
-        # nodes no candidate may use: every claim's (claimants are skipped), and
-        # those of each reservation that binds the shortest job of the most
-        # important tier queued (``reserved_for_others``), but its own holder
-        barred: dict[str, None] = self.claimed_nodes("")
-        end_ms = self.now_ms + bounds.min_estimate() * 1000
-        rank = bounds.min_rank()
-        own: list[tuple[str, tuple[str, ...]]] = []  # further holders, their own nodes
-        for job_id, shadow_ms, nodes in self.reservation_list():
+        # claimants are skipped, so no candidate may use a claimed node; a
+        # reservation's nodes only jobs that end by its shadow time or outrank
+        # its holder (``reserved_for_others``), and a further holder its own
+        claimed = self.claimed_nodes("")
+        reservations = self.reservation_list()
+        held = dict(claimed)
+        for _, _, nodes in reservations:
+            held.update(dict.fromkeys(nodes))
+        ranks = []
+        for job_id, _, _ in reservations:
             holder = self.jobs.get(job_id)
             tier = self.config.tier(holder.tier) if holder is not None else None
-            if end_ms > shadow_ms and (tier is None or tier.rank <= rank):
-                barred.update(dict.fromkeys(nodes))
-                if job_id != self.reservation_job:  # the first holder is no candidate
-                    own.append((job_id, nodes))
-        if self.index.largest_free(barred) >= need:
-            return False
-        for job_id, nodes in own:  # may a further holder use its own nodes?
-            holder = self.jobs.get(job_id)
-            if holder is None or holder.state != JobState.QUEUED:
-                continue
-            allowed = {n: None for n in barred if n not in nodes}
-            if self.index.largest_free(allowed) >= self.bound_key(holder)[0]:
+            own = (
+                self.bound_key(holder)[0]
+                if job_id != self.reservation_job  # the first holder is no candidate
+                and holder is not None
+                and holder.state == JobState.QUEUED
+                else 0
+            )
+            ranks.append((tier.rank if tier is not None else None, own))
+        index = self.index
+        for need in bounds.need:
+            wanted = bounds.fewest_nodes(need)
+            usable = index.count_free(need, wanted, held)
+            for (_, shadow_ms, nodes), (rank, own) in zip(reservations, ranks):
+                if usable >= wanted:
+                    break
+                if own == need or bounds.may_use(need, self.now_ms, shadow_ms, rank):
+                    usable += sum(
+                        1 for n in nodes if n not in claimed and index.bucket_of.get(n, 0) >= need
+                    )
+            if usable >= wanted:
                 return False
         return True
 
@@ -243,14 +255,15 @@ class Scheduling:
                         bounds.add(*self.bound_key(self.jobs[job_id]))
         return bounds
 
-    def bound_key(self: Cell, job: Job) -> tuple[int, float, int, bool]:
+    def bound_key(self: Cell, job: Job) -> tuple[int, int, float, int, bool]:
         """What ``QueueBounds`` keeps of a queued job: its smallest per-node GPU
-        need and estimate over its shapes, its tier's rank, and whether it may
-        preempt. All fixed while it is queued (spec and config only)."""
+        need, node count and estimate over its shapes, its tier's rank, and
+        whether it may preempt. All fixed while it is queued (spec and config)."""
         shapes = self.shapes_of(job)
         tier = self.config.tier(job.tier)
         return (
             min(min(gpus, per_node) for gpus, per_node, _ in shapes),
+            min(-(-gpus // per_node) for gpus, per_node, _ in shapes),
             min(estimate for _, _, estimate in shapes),
             tier.rank if tier is not None else 0,
             self.preempt_sensitive(job),

@@ -102,6 +102,9 @@ class NaiveCell(Cell):
     def walk_signature(self, full: bool):  # never skip a walk
         return None
 
+    def nothing_fits(self, full: bool) -> bool:  # never stop a walk early
+        return False
+
     def guarantees_allow(self, job, gpus: int) -> bool:
         unused = 0
         for tenant in self.config.tenants:
