@@ -23,7 +23,13 @@ Cost model (``scheduling.py`` states it in full, ``test_core_costmodel.py``
 tests it): with n backlogged flows, q queued jobs and F nodes with free GPUs,
 every handler costs O(log n + log q) amortized, plus O(F) per shape a
 placement searches; a Tick's pass tests at most ``backfill_depth`` candidates
-after a block and is skipped outright when nothing it reads has changed.
+after a block, is skipped outright when nothing it reads has changed, and
+stops once no candidate left can start, reserve or preempt (``queuebounds.py``).
+Not yet within it: ``work_ahead`` (admission, estimates) visits every
+backlogged sibling flow; each full pass re-places every reservation (one walk
+of the release list each, re-projecting runs past their estimate); the
+periodic CellStatus and estimates are O(nodes + queued jobs) per publish; and
+gang liveness is checked over every running gang per Tick.
 """
 
 from __future__ import annotations

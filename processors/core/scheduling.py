@@ -36,6 +36,11 @@ for placement, O(F) per shape tried:
   case something is freed mid-pass). A pass tests at most ``backfill_depth``
   candidates after a block, so a Tick is O(depth * (log n + F)) however long
   the backlog;
+- and it stops as soon as no candidate left can start, reserve or preempt
+  (``nothing_fits``, bounds kept per enqueue/dequeue in O(log q),
+  ``queuebounds.py``): in a backlogged cell whose few free GPUs fit no queued
+  shape, a pass costs O(gpus_per_node * reservations) instead of ``depth``
+  failed candidates;
 - the reservation walks running runs' ends from a list kept sorted as runs
   start and release (``reservation.py``), consuming only as many as it needs.
 
