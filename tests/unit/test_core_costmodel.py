@@ -239,3 +239,50 @@ def test_config_lookups_do_not_scan() -> None:
     assert config.tenant("nobody").name == "nobody"
     assert config.tier("paid").rank == 2 and config.tier("nope") is None
     assert config.retry_budget("hung") == 1
+
+
+def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
+    # 1 GPU free, 2,000 queued 2-GPU jobs, every reservation slot taken: the walk
+    # tests no candidate at all (the bounds say none fits), and decides as a full walk
+    def build() -> Cell:
+        config = CellConfig(status_interval_s=0, estimate_interval_s=0, backfill_depth=256)
+        cell = Cell(config, "c")
+        for n in range(4):
+            cell.apply(
+                ev.NodeRegistered(
+                    event_id=f"r{n}", ts_ms=0, node_id=f"n{n}", incarnation=1, cell="c", gpus=8
+                )
+            )
+        cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+        for n in range(4):
+            spec = ev.JobSpec(
+                job_id=f"s{n}", tenant="x", tier="paid", gpus=7, gpus_per_node=7, estimate_s=1e5
+            )
+            cell.apply(ev.JobAdmitted(event_id=f"s{n}", ts_ms=0, spec=spec))
+        for i in range(2000):
+            spec = ev.JobSpec(
+                job_id=f"q{i}", tenant=f"t{i}", tier="paid", gpus=2, gpus_per_node=2, estimate_s=60
+            )
+            cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=0, spec=spec))
+        return cell
+
+    outputs = []
+    for stop in (True, False):
+        cell = build()
+        if not stop:
+            monkeypatch.setattr(cell, "nothing_fits", lambda full: False)
+        tried: list = []
+
+        def counted(job, *a, _inner=cell.try_start, _tried=tried, **k):
+            _tried.append(job)
+            return _inner(job, *a, **k)
+
+        monkeypatch.setattr(cell, "try_start", counted)
+        outputs.append(cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000)))
+        assert cell.reservation_job and len(cell.more_reservations()) == 3
+        if stop:
+            # the holder, and the jobs that take the further reservations
+            assert len(tried) <= cell.config.reservations, len(tried)
+        else:
+            assert len(tried) > 100  # the walk it replaces
+    assert outputs[0] == outputs[1]
