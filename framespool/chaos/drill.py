@@ -96,6 +96,7 @@ class Watcher(threading.Thread):
         self.node_state: dict[str, tuple[str, float, str]] = {}  # node -> (state, since, why)
         self.incarnation: dict[str, int] = {}  # node -> the incarnation its last state named
         self.busy_gpus: dict[str, int] = {}  # cell -> GPUs its last CellStatus shows in use
+        self.queued: dict[str, int] = {}  # cell -> jobs its last CellStatus shows queued
         self.statuses: Counter = Counter()  # cell -> CellStatus records seen
         self.recent: deque = deque(maxlen=600)  # agent-report records
         self.dead_values: set[bytes] = set()
@@ -126,6 +127,7 @@ class Watcher(threading.Thread):
                         self.incarnation[e.node_id] = e.incarnation
                     elif isinstance(e, ev.CellStatus):
                         self.busy_gpus[e.cell] = sum(1 for n in e.nodes for g in n.gpus if g.job_id)
+                        self.queued[e.cell] = sum(q.queued for q in e.queues)
                         self.statuses[e.cell] += 1
                 for rec in sched:
                     try:
@@ -154,7 +156,7 @@ def chaos_stack(
     shared_snapshots: bool = False,
 ) -> Stack:
     """An embedded stack configured as the drill runs it: no admission rate limit, the
-    timing's leases, simulated GPUs whose faults follow ``agents/<node>/faults.json``,
+    timing's leases (and, with several cells, its drain grace), simulated GPUs whose faults follow ``agents/<node>/faults.json``,
     ``cells`` cells shared by ``schedulers`` instances, with shared snapshots in
     ``<data_dir>/shared-snapshots`` if asked (the drill asks)."""
     data_dir = Path(data_dir).resolve()
@@ -165,10 +167,11 @@ def chaos_stack(
         shutil.rmtree(shared, ignore_errors=True)  # the log they were cut from is gone
         env["FRAMESPOOL_SHARED_SNAPSHOTS"] = str(shared)
     config_path = data_dir / "chaos-processors.json"
+    scheduler = timing.scheduler_config()
+    if cells > 1:  # the stack's own default (60 s) would make an emptied cell's fault long
+        scheduler["drain_grace_s"] = timing.drain_grace_s
     config_path.write_text(
-        json.dumps(
-            {"admission": {"rate": {"rate_per_s": 0}}, "scheduler": timing.scheduler_config()}
-        )
+        json.dumps({"admission": {"rate": {"rate_per_s": 0}}, "scheduler": scheduler})
     )
     return Stack(
         StackConfig(
@@ -476,8 +479,12 @@ class ChaosRun:
         node = self._node(a)
         agent = f"agent-{node}"
         instance = "" if node or a.kind not in chaos.SCHEDULER_FAULTS else self._instance(a)
+        nodes: list[str] = []
         try:
-            if a.op == "crash" and node:
+            if a.kind == chaos.EMPTY_CELL:
+                nodes = self._cell_nodes(a.target)
+                detail = self._empty_cell(a, nodes)
+            elif a.op == "crash" and node:
                 self.held.add(node)
                 _, p = self._process(agent)
                 killed = node_faults.crash_node(p.popen.pid)
@@ -539,10 +546,12 @@ class ChaosRun:
             "kind": a.kind,
             "op": a.op,
             "node": node,
-            "target": node or instance,
+            "target": node or instance or a.target,
             "ok": ok,
             "detail": detail,
         }
+        if nodes:
+            entry["nodes"] = nodes
         self.fault_log.append(entry)
         if node and node != a.target:
             entry["detail"] = f"(planned {a.target}: busier node) {detail}".rstrip()
@@ -550,6 +559,33 @@ class ChaosRun:
             f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
             f"{entry['target'] or a.target} {entry['detail']}".rstrip()
         )
+
+    def _cell_nodes(self, cell: str) -> list[str]:
+        """The nodes of ``cell`` (node ``i`` is in cell ``i mod cells``)."""
+        index = int(cell.removeprefix("cell-"))
+        return [f"node-{i}" for i in range(index, self.config.nodes, self.config.cells)]
+
+    def _empty_cell(self, a: chaos.Action, nodes: list[str]) -> str:
+        """An ``empty_cell`` step: ``crash`` SIGKILLs every agent of the cell and its
+        generators and holds the nodes (the supervisor leaves them dead); ``restart``
+        starts them again. The watcher's last ``CellStatus`` of the cell says how
+        many jobs were queued there (the report reads the log instead)."""
+        with self.watcher.lock:
+            queued = self.watcher.queued.get(a.target, 0)
+        if a.op == "crash":
+            self.held.update(nodes)
+            killed = 0
+            for node in nodes:
+                _, p = self._process(f"agent-{node}")
+                if p.alive():
+                    killed += len(node_faults.crash_node(p.popen.pid))
+                    p.popen.wait(5)
+            return f"{', '.join(nodes)} killed with {killed} generator(s); {queued} queued"
+        for node in nodes:
+            self._restart(f"agent-{node}")
+            self.last_restart[node] = time.monotonic()
+            self.held.discard(node)
+        return f"{', '.join(nodes)} restarted; {queued} queued"
 
     def _node(self, a: chaos.Action) -> str:
         """The node a node fault hits: the planned one, or for an agent fault (when
@@ -760,6 +796,7 @@ class ChaosRun:
             self.wedged,
             self.config.time_scale,
             verdict=verdict,
+            timing=self.config.timing,
         )
         c = self.config
         changes = [

@@ -19,7 +19,12 @@ Everything random is drawn up front from the seed, as data:
    ``MAX_IMPAIRED_NODES`` nodes are impaired at once, and a cell keeps two
    whole nodes so its 16-GPU gangs stay placeable. Scheduler faults (an
    instance killed, or paused past its session timeout and resumed: a zombie)
-   hit one instance at a time, so another takes its cells over.
+   hit one instance at a time, so another takes its cells over. With several
+   cells, one ``empty_cell`` fault kills every agent of one cell (and their
+   generators) for longer than the heartbeat lease plus the drain grace, then
+   restarts them: its queued jobs (those waiting, and the runs it lost) must be
+   rerouted to the other cells (``JobRerouted``) and complete there. No other
+   node fault overlaps it, so the other cells stay whole meanwhile.
 
 The driver (:class:`framespool.chaos.drill.ChaosRun`, the imperative shell) starts a
 :class:`~framespool.stack.Stack`,
@@ -69,6 +74,7 @@ THROTTLE_GPU = "throttle_gpu"  # thermal throttling on one GPU for a while
 WEDGE_GENERATOR = "wedge_generator"  # SIGSTOP one running generator once (a one-off hang)
 CRASH_GENERATOR = "crash_generator"  # a job whose generator crashes every time (params)
 HANG_GENERATOR = "hang_generator"  # a job whose generator hangs every time (params)
+EMPTY_CELL = "empty_cell"  # SIGKILL every agent of one cell past the drain grace, restart
 
 NODE_FAULTS = (KILL_AGENT, PAUSE_AGENT, ECC_GPU, DOWN_AGENT)
 PROCESS_FAULTS = (KILL_AGENT, PAUSE_AGENT, DOWN_AGENT)  # may move to a busier node of the cell
@@ -97,6 +103,7 @@ class Timing:
     session_timeout_s: float = 6.0  # the processors' consumer-group session timeout
     rebalance_s: float = 3.0  # the group's rebalance after it (about 3 s on Tansu)
     heal_s: float = 15.0  # a resumed DOWN agent has this long to re-register by itself
+    drain_grace_s: float = 12.0  # with several cells: a queued job no UP node can run leaves
 
     def scheduler_config(self) -> dict:
         hb = self.heartbeat_timeout_s
@@ -109,6 +116,21 @@ class Timing:
             "status_interval_s": 1.0,
             "estimate_interval_s": 5.0,
         }
+
+    def empty_cell_s(self) -> float:
+        """How long an ``empty_cell`` fault keeps its agents dead: the lease (the
+        nodes go DOWN), the drain grace (the queued jobs leave) and a margin."""
+        return self.heartbeat_timeout_s + self.drain_grace_s + 10.0
+
+    def drain_window_ms(self, start_ms: int, end_ms: int) -> tuple[int, int]:
+        """The part of an ``empty_cell`` fault (killed at ``start_ms``, restarted at
+        ``end_ms``) in which a job queued in the cell must leave before the agents
+        come back: its nodes are DOWN by then, and a whole grace (plus a drain
+        check, every grace/8) is left before the restart."""
+        return (
+            start_ms + int((self.heartbeat_timeout_s + 3.0) * 1000),
+            end_ms - int((self.drain_grace_s + 2.0) * 1000),
+        )
 
 
 # ==================================================================================
@@ -208,10 +230,12 @@ class Action:
         return (self.at_s, self.fault_id, self.step)
 
 
-def fault_counts(jobs: int, schedulers: int = 1) -> dict[str, int]:
+def fault_counts(jobs: int, schedulers: int = 1, cells: int = 1) -> dict[str, int]:
     """How many faults of each kind a run of ``jobs`` gets (pausing the only
-    scheduler instance would show no takeover: that kind needs two)."""
+    scheduler instance would show no takeover: that kind needs two; emptying
+    the only cell would leave its jobs nowhere to go: that kind needs two cells)."""
     return {
+        EMPTY_CELL: 1 if cells > 1 else 0,
         DOWN_AGENT: max(1, jobs // 250),
         PAUSE_SCHEDULER: max(1, jobs // 250) if schedulers > 1 else 0,
         KILL_AGENT: max(1, jobs // 150),
@@ -272,11 +296,18 @@ def build_schedule(
     rng.shuffle(node_ids)
     start, end = 2.0, max(4.0, window_s)
     faults: list[Fault] = []
-    counts = fault_counts(jobs, schedulers)
+    counts = fault_counts(jobs, schedulers, cells)
     node_kinds = [k for k in NODE_FAULTS for _ in range(counts[k])]
     rng.shuffle(node_kinds)
     times = sorted(rng.uniform(start, end) for _ in node_kinds)
     impaired: list[tuple[float, float, str]] = []  # (from, free again at, node)
+    # an emptied cell holds every node: no node fault overlaps it (``*`` is no node)
+    for _ in range(counts[EMPTY_CELL]):
+        at = round(rng.uniform(start + 0.25 * (end - start), start + 0.6 * (end - start)), 3)
+        duration = timing.empty_cell_s()
+        cell = rng.randrange(cells)
+        impaired += [(at, at + duration + 3.0, "*")] * MAX_IMPAIRED_NODES
+        faults.append(Fault(0, EMPTY_CELL, at, f"cell-{cell}", duration_s=round(duration, 3)))
     for n, (kind, at) in enumerate(zip(node_kinds, times)):
         node = node_ids[n % len(node_ids)]
         if kind == KILL_AGENT:
@@ -291,7 +322,7 @@ def build_schedule(
             if (
                 len(overlap) < MAX_IMPAIRED_NODES
                 and all(nd != node for *_, nd in overlap)
-                and sum(1 for *_, nd in overlap if cell_of[nd] == cell_of[node]) < per_cell
+                and sum(1 for *_, nd in overlap if cell_of.get(nd) == cell_of[node]) < per_cell
             ):
                 break
             at = min(e for _, e, _ in overlap) + 0.5
@@ -382,6 +413,8 @@ def actions_of(faults: Iterable[Fault], timing: Timing = Timing()) -> list[Actio
                 a(f.duration_s, "resume", False),
                 a(f.duration_s + timing.heal_s, "heal_check"),
             ]
+        elif f.kind == EMPTY_CELL:
+            out += [a(0, "crash", False), a(f.duration_s, "restart")]
         elif f.kind == DUPLICATE_REPORTS:
             out.append(a(0, "duplicate"))
         elif f.kind == MALFORMED_RECORDS:
@@ -675,10 +708,10 @@ def classify_run_end(
     hits = [
         f
         for f in fault_log
-        if f.get("node") in nodes
+        if (f.get("node") in nodes or any(n in nodes for n in f.get("nodes", ())))
         and f["t_ms"] <= at + 1000
         and at - f["t_ms"] <= 120_000
-        and f["kind"] in NODE_FAULTS + ("supervisor",)
+        and f["kind"] in NODE_FAULTS + (EMPTY_CELL, "supervisor")
     ]
     if hits:
         return max(hits, key=lambda f: f["t_ms"])["kind"]
@@ -775,6 +808,58 @@ def dead_letter_check(injected: Sequence[Malformed], dead: Sequence[Any]) -> dic
     }
 
 
+def drain_checks(
+    job_events: Sequence[Any], fault_log: Sequence[Mapping[str, Any]], timing: Timing
+) -> list[dict[str, Any]]:
+    """Per ``empty_cell`` fault: the most jobs the emptied cell's ``CellStatus``
+    showed queued inside its drain window (:meth:`Timing.drain_window_ms`: DOWN,
+    with a whole grace left before the restart), and the ``JobRerouted`` out of
+    it from the kill to a grace past the restart. ``expected``: some job was
+    queued in the window, so at least one reroute must have happened (a fault
+    whose restart is not in the log counts to the last event)."""
+    events = unique(job_events)
+    last_ms = max((e.ts_ms for e in events), default=0)
+    rows = []
+    for start in fault_log:
+        if start["kind"] != EMPTY_CELL or start.get("op") != "crash" or not start["ok"]:
+            continue
+        end_ms = next(
+            (
+                e["t_ms"]
+                for e in fault_log
+                if e["fault_id"] == start["fault_id"] and e.get("op") == "restart"
+            ),
+            last_ms,
+        )
+        cell = start["target"]
+        lo, hi = timing.drain_window_ms(start["t_ms"], end_ms)
+        queued = [
+            sum(q.queued for q in e.queues)
+            for e in events
+            if isinstance(e, ev.CellStatus) and e.cell == cell and lo <= e.ts_ms <= hi
+        ]
+        out = [
+            e
+            for e in events
+            if isinstance(e, ev.JobRerouted)
+            and e.from_cell == cell
+            and start["t_ms"] <= e.ts_ms <= end_ms + int(timing.drain_grace_s * 1000)
+        ]
+        rows.append(
+            {
+                "fault_id": start["fault_id"],
+                "cell": cell,
+                "nodes": list(start.get("nodes", ())),
+                "statuses_in_window": len(queued),
+                "queued_max": max(queued, default=0),
+                "rerouted": len(out),
+                "rerouted_jobs": sorted({e.job_id for e in out})[:50],
+                "expected": max(queued, default=0) > 0,
+            }
+        )
+    return rows
+
+
 def account(
     job_events: Sequence[Any],
     scheduler_events: Sequence[Any],
@@ -787,6 +872,7 @@ def account(
     time_scale: float,
     *,
     verdict: Any,
+    timing: Timing = Timing(),
 ) -> dict[str, Any]:
     """The run's report from what the log says (see the module docstring);
     ``verdict`` is verify's report on the same log (None: it could not run)."""
@@ -807,6 +893,8 @@ def account(
     )
     report["reports_ignored"] = ignored_reports(ordered)
     report["dead_letter"] = dead_letter_check(injected, dead)
+    report["reroutes"] = sum(1 for e in unique(job_events) if isinstance(e, ev.JobRerouted))
+    report["drains"] = drain_checks(job_events, fault_log, timing)
     return report
 
 
@@ -822,6 +910,12 @@ def failures(report: Mapping[str, Any]) -> list[str]:
         out.append(f"{len(missing)} malformed record(s) never reached dead-letter")
     if report.get("submit_errors"):
         out.append(f"{len(report['submit_errors'])} job(s) could not be submitted")
+    for row in report.get("drains", ()):
+        if row["expected"] and not row["rerouted"]:
+            out.append(
+                f"no reroute: empty_cell #{row['fault_id']} left {row['queued_max']} job(s) "
+                f"queued in {row['cell']} past the drain grace and none was rerouted"
+            )
     verdict = report.get("verify") or {}
     if "verify" in report and verdict.get("ok") is None:
         out.append(
@@ -904,6 +998,12 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"{r.get('takeover_from_fault_s_max')} s); unfinished "
             f"{len(r.get('takeovers_unfinished', ()))}"
         )
+    lines.append(f"  jobs rerouted to another cell: {r.get('reroutes', 0)}")
+    for row in r.get("drains", ()):
+        lines.append(
+            f"  empty_cell #{row['fault_id']} {row['cell']}: up to {row['queued_max']} job(s) "
+            f"queued while it was empty, {row['rerouted']} rerouted"
+        )
     for row in r.get("self_healing", ()):
         lines.append(
             f"  down_agent #{row['fault_id']} {row['node']}: declared DOWN "
@@ -935,6 +1035,7 @@ SUMMARY_KEYS = (
     "takeover_decide_s_max",
     "takeover_detect_s_max",
     "takeover_from_fault_s_max",
+    "reroutes",
     "supervisor_restarts",
     "finished_before_timeout",
     "wall_s",

@@ -101,6 +101,110 @@ def test_with_several_cells_and_instances_one_instance_and_one_node_per_cell_is_
         assert all(end - start > moved_s for start, end, _ in sched)
 
 
+def test_with_several_cells_one_cell_is_emptied_past_the_drain_grace_and_nothing_overlaps_it():
+    timing = chaos.Timing()
+    assert chaos.fault_counts(500, 2, cells=1)[chaos.EMPTY_CELL] == 0  # nowhere to drain to
+    for seed in range(20):
+        faults = chaos.build_schedule(seed, 300, 6, 8, 120, timing, cells=2, schedulers=2)
+        emptied = [f for f in faults if f.kind == chaos.EMPTY_CELL]
+        assert len(emptied) == 1
+        (f,) = emptied
+        assert f.target in ("cell-0", "cell-1")
+        # dead past the lease (the nodes go DOWN) and a whole grace with a margin
+        assert f.duration_s > timing.heartbeat_timeout_s + timing.drain_grace_s + 5
+        lo, hi = timing.drain_window_ms(int(f.at_s * 1000), int((f.at_s + f.duration_s) * 1000))
+        assert hi > lo  # a job queued in the window has a grace to leave before the restart
+        for g in faults:
+            if g.kind in chaos.NODE_FAULTS:
+                end = g.at_s + chaos.node_fault_length_s(g.kind, g.duration_s, timing)
+                assert end <= f.at_s or g.at_s >= f.at_s + f.duration_s, (seed, g, f)
+        steps = [a for a in chaos.actions_of(faults, timing) if a.fault_id == f.fault_id]
+        assert [(a.at_s, a.op, a.final) for a in steps] == [
+            (f.at_s, "crash", False),
+            (round(f.at_s + f.duration_s, 3), "restart", True),
+        ]
+    # one cell: the plan (and so every seeded single-cell run) is as before
+    assert chaos.EMPTY_CELL not in {f.kind for f in chaos.build_schedule(3, 300, 6, 8, 120)}
+
+
+def _empty_cell_log(timing, queued_at_s, rerouted_at_s):
+    """An empty_cell fault on cell-1 from t=100 s to t=130 s, a CellStatus of cell-1
+    showing 2 queued jobs at ``queued_at_s`` and a JobRerouted out of it at
+    ``rerouted_at_s`` (None: no reroute), plus noise from cell-0."""
+    t = 1_000_000
+    fault_log = [
+        {"t_ms": t + 100_000, "fault_id": 4, "kind": chaos.EMPTY_CELL, "op": "crash",
+         "node": "", "target": "cell-1", "nodes": ["node-1", "node-3"], "ok": True},
+        {"t_ms": t + 130_000, "fault_id": 4, "kind": chaos.EMPTY_CELL, "op": "restart",
+         "node": "", "target": "cell-1", "nodes": ["node-1", "node-3"], "ok": True},
+    ]  # fmt: skip
+    depth = (ev.QueueDepth(tier="free", tenant="a", queued=2),)
+    events = [
+        ev.CellStatus(event_id="cell-1@5/0", ts_ms=t + queued_at_s * 1000, cell="cell-1",
+                      queues=depth),
+        ev.CellStatus(event_id="cell-0@5/0", ts_ms=t + 110_000, cell="cell-0", queues=depth),
+        ev.JobRerouted(event_id="cell-0@6/0", ts_ms=t + 111_000, job_id="job_x", tenant="a",
+                       from_cell="cell-0", reason="elsewhere",
+                       spec=ev.JobSpec(job_id="job_x", tenant="a")),
+    ]  # fmt: skip
+    if rerouted_at_s is not None:
+        events.append(
+            ev.JobRerouted(event_id="cell-1@9/0", ts_ms=t + rerouted_at_s * 1000, job_id="job_y",
+                           tenant="a", from_cell="cell-1", reason="no UP node can run it",
+                           spec=ev.JobSpec(job_id="job_y", tenant="a"))
+        )  # fmt: skip
+    return events, fault_log
+
+
+def test_a_cell_emptied_with_jobs_queued_must_reroute_them_or_the_drill_fails():
+    timing = chaos.Timing(heartbeat_timeout_s=6.0, drain_grace_s=12.0)
+    # queued at t=110 s: DOWN by then (100 + 6 + 3) and a grace left before 130 - 14
+    events, fault_log = _empty_cell_log(timing, 110, 124)
+    (row,) = chaos.drain_checks(events, fault_log, timing)
+    assert row["expected"] and row["queued_max"] == 2
+    assert (row["cell"], row["rerouted"], row["rerouted_jobs"]) == ("cell-1", 1, ["job_y"])
+    report = {"drains": [row], "dead_letter": {"missing": []}}
+    assert chaos.failures(report) == []
+    # the same without the reroute (cell-0's reroute does not count): a named failure
+    events, fault_log = _empty_cell_log(timing, 110, None)
+    (row,) = chaos.drain_checks(events, fault_log, timing)
+    assert row["expected"] and row["rerouted"] == 0
+    assert chaos.failures({"drains": [row]}) == [
+        "no reroute: empty_cell #4 left 2 job(s) queued in cell-1 past the drain grace and "
+        "none was rerouted"
+    ]
+    # queued only before the nodes were DOWN, or too close to the restart to drain:
+    # nothing was owed, so no reroute is no failure
+    for at in (104, 120):
+        events, fault_log = _empty_cell_log(timing, at, None)
+        (row,) = chaos.drain_checks(events, fault_log, timing)
+        assert not row["expected"] and chaos.failures({"drains": [row]}) == []
+    # a fault that failed to inject owes nothing either
+    events, fault_log = _empty_cell_log(timing, 110, None)
+    fault_log[0]["ok"] = False
+    assert chaos.drain_checks(events, fault_log, timing) == []
+
+
+def test_account_counts_every_reroute_and_reports_the_drains():
+    timing = chaos.Timing()
+    events, fault_log = _empty_cell_log(timing, 110, 124)
+    report = chaos.account(
+        events + events[-1:],  # a redelivered reroute counts once
+        [], [], [], {}, [], fault_log, (), 10.0, verdict=None, timing=timing,
+    )  # fmt: skip
+    assert report["reroutes"] == 2
+    assert [row["rerouted"] for row in report["drains"]] == [1]
+    assert "reroutes" in chaos.SUMMARY_KEYS
+    assert chaos.summary({**report, "config": {}})["reroutes"] == 2
+
+
+def test_a_run_lost_to_an_emptied_cell_is_blamed_on_it():
+    end = SimpleNamespace(ts_ms=5_000, cause=RunCause.NODE_DOWN, failure_class="")
+    fault_log = [{"t_ms": 4_000, "kind": chaos.EMPTY_CELL, "node": "", "nodes": ["node-1"]}]
+    kind = chaos.classify_run_end(end, False, chaos.NORMAL, False, ["node-1"], fault_log)
+    assert kind == chaos.EMPTY_CELL
+
+
 def test_a_down_agent_is_paused_past_its_lease_resumed_and_never_restarted():
     timing = chaos.Timing(heal_s=15.0)
     faults = (
