@@ -111,7 +111,9 @@ class AdmissionConfig:
     default 5 s status intervals). ``sticky_slack_s`` and
     ``sticky_slack_ratio``: a tenant's home cell keeps its jobs while its
     predicted wait is within ``max(sticky_slack_s, sticky_slack_ratio * best)``
-    of the best cell's (defaults 30 s and 20 %; 0 and 0 route purely by wait).
+    of the best cell's (defaults 5 s and 20 %; 0 and 0 route purely by wait). The
+    absolute slack is about one cold start of a model: affinity may cost a job a
+    warm-up's worth of waiting, never tens of seconds while GPUs idle elsewhere.
     """
 
     cells: tuple[str, ...] = ("cell-0",)
@@ -119,7 +121,7 @@ class AdmissionConfig:
     tiers: tuple[str, ...] = tuple(t.name for t in DEFAULT_TIERS)
     idempotency_horizon_s: float = 600.0
     offer_stale_s: float = 15.0
-    sticky_slack_s: float = 30.0
+    sticky_slack_s: float = 5.0
     sticky_slack_ratio: float = 0.2
 
     def __post_init__(self) -> None:
