@@ -313,6 +313,7 @@ class ChaosRun:
         self.heal_from: dict[int, int] = {}  # down_agent fault -> incarnation when paused
         self.instances: dict[int, str] = {}  # scheduler fault -> the instance it hit
         self.nodes_hit: dict[int, str] = {}  # agent fault -> the node it hit
+        self.emptied: set[str] = set()  # nodes an empty_cell fault holds dead
         self.checkpointing: dict[str, bool] = {}  # job -> it checkpoints
         self.t0 = 0.0
 
@@ -480,10 +481,12 @@ class ChaosRun:
         agent = f"agent-{node}"
         instance = "" if node or a.kind not in chaos.SCHEDULER_FAULTS else self._instance(a)
         nodes: list[str] = []
+        cell = ""
         try:
             if a.kind == chaos.EMPTY_CELL:
-                nodes = self._cell_nodes(a.target)
-                detail = self._empty_cell(a, nodes)
+                cell = a.target
+                nodes = self._cell_nodes(cell)
+                detail = self._empty_cell(a, cell, nodes)
             elif a.op == "crash" and node:
                 self.held.add(node)
                 _, p = self._process(agent)
@@ -537,7 +540,7 @@ class ChaosRun:
         except Exception as e:  # one failed action must not end the drill
             ok, detail = False, f"failed: {e!r}"
             log.exception("chaos action %s failed", a)
-        if a.final and node:
+        if a.final and node and node not in self.emptied:
             self.held.discard(node)
         entry = {
             "t_s": round(time.monotonic() - self.t0, 2),
@@ -546,7 +549,7 @@ class ChaosRun:
             "kind": a.kind,
             "op": a.op,
             "node": node,
-            "target": node or instance or a.target,
+            "target": node or instance or cell,
             "ok": ok,
             "detail": detail,
         }
@@ -560,20 +563,25 @@ class ChaosRun:
             f"{entry['target'] or a.target} {entry['detail']}".rstrip()
         )
 
+    def _cell_of(self, node: str) -> str:
+        return f"cell-{int(node.removeprefix('node-')) % self.config.cells}"
+
     def _cell_nodes(self, cell: str) -> list[str]:
         """The nodes of ``cell`` (node ``i`` is in cell ``i mod cells``)."""
         index = int(cell.removeprefix("cell-"))
         return [f"node-{i}" for i in range(index, self.config.nodes, self.config.cells)]
 
-    def _empty_cell(self, a: chaos.Action, nodes: list[str]) -> str:
+    def _empty_cell(self, a: chaos.Action, cell: str, nodes: list[str]) -> str:
         """An ``empty_cell`` step: ``crash`` SIGKILLs every agent of the cell and its
-        generators and holds the nodes (the supervisor leaves them dead); ``restart``
-        starts them again. The watcher's last ``CellStatus`` of the cell says how
-        many jobs were queued there (the report reads the log instead)."""
+        generators and holds the nodes (the supervisor, and the end of another
+        fault on one of them, leave them dead); ``restart`` starts them again. The
+        watcher's last ``CellStatus`` of the cell says how many jobs were queued
+        there (the report reads the log instead)."""
         with self.watcher.lock:
-            queued = self.watcher.queued.get(a.target, 0)
+            queued = self.watcher.queued.get(cell, 0)
         if a.op == "crash":
             self.held.update(nodes)
+            self.emptied.update(nodes)
             killed = 0
             for node in nodes:
                 _, p = self._process(f"agent-{node}")
@@ -585,6 +593,7 @@ class ChaosRun:
             self._restart(f"agent-{node}")
             self.last_restart[node] = time.monotonic()
             self.held.discard(node)
+            self.emptied.discard(node)
         return f"{', '.join(nodes)} restarted; {queued} queued"
 
     def _node(self, a: chaos.Action) -> str:
@@ -638,15 +647,21 @@ class ChaosRun:
         if a.fault_id not in self.instances:
             names = [p.name for p in self.stack.processes if p.name.startswith("scheduler-")]
             now = int(time.time() * 1000)
-            owners = []
+            emptied = {int(self._cell_of(node).removeprefix("cell-")) for node in self.emptied}
+            owners, spare = [], []
             for p in self.stack.processes:
                 if p.name in names and p.alive():
                     changes = takeover.ownership_changes(read_lines(p.log_path), p.name)
                     owned = takeover.owned_at(changes, p.name, now) or set()
                     if any(q < self.config.cells for q in owned):
                         owners.append(p.name)
+                        if not owned & emptied:
+                            spare.append(p.name)
+            # an instance that owns no emptied cell, if any: that cell keeps draining
             rng = random.Random(f"scheduler/{self.config.seed}/{a.fault_id}")
-            self.instances[a.fault_id] = rng.choice(sorted(owners) or sorted(names))
+            self.instances[a.fault_id] = rng.choice(
+                sorted(spare) or sorted(owners) or sorted(names)
+            )
         return self.instances[a.fault_id]
 
     def _heal_check(self, a: chaos.Action, node: str) -> str:

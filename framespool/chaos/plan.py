@@ -20,11 +20,13 @@ Everything random is drawn up front from the seed, as data:
    whole nodes so its 16-GPU gangs stay placeable. Scheduler faults (an
    instance killed, or paused past its session timeout and resumed: a zombie)
    hit one instance at a time, so another takes its cells over. With several
-   cells, one ``empty_cell`` fault kills every agent of one cell (and their
-   generators) for longer than the heartbeat lease plus the drain grace, then
-   restarts them: its queued jobs (those waiting, and the runs it lost) must be
-   rerouted to the other cells (``JobRerouted``) and complete there. No other
-   node fault overlaps it, so the other cells stay whole meanwhile.
+   cells, one ``empty_cell`` fault kills every agent of one cell and their
+   generators for longer than the heartbeat lease plus the drain grace (and a
+   takeover's pause), then restarts them: its queued jobs (those waiting, and
+   the runs it lost) must be rerouted to the other cells (``JobRerouted``) and
+   complete there. No other node fault of that cell overlaps it; no scheduler
+   fault is under way when it starts, and the drill aims one that starts
+   during it at an instance that does not own that cell.
 
 The driver (:class:`framespool.chaos.drill.ChaosRun`, the imperative shell) starts a
 :class:`~framespool.stack.Stack`,
@@ -80,6 +82,7 @@ NODE_FAULTS = (KILL_AGENT, PAUSE_AGENT, ECC_GPU, DOWN_AGENT)
 PROCESS_FAULTS = (KILL_AGENT, PAUSE_AGENT, DOWN_AGENT)  # may move to a busier node of the cell
 SCHEDULER_FAULTS = (KILL_SCHEDULER, PAUSE_SCHEDULER)
 MAX_IMPAIRED_NODES = 2  # at once in the whole stack; per cell, all but two whole nodes
+EMPTY_CELL_SETTLE_S = 10.0  # after an emptied cell's restart, before the next node fault
 
 NORMAL, CRASH, HANG = "normal", "crash", "hang"
 SECONDS_PER_STEP = 2.0  # job seconds per demo-generator step
@@ -119,8 +122,9 @@ class Timing:
 
     def empty_cell_s(self) -> float:
         """How long an ``empty_cell`` fault keeps its agents dead: the lease (the
-        nodes go DOWN), the drain grace (the queued jobs leave) and a margin."""
-        return self.heartbeat_timeout_s + self.drain_grace_s + 10.0
+        nodes go DOWN), the drain grace (the queued jobs leave) and a margin that
+        also covers a takeover of the cell (a rebalance after a scheduler fault)."""
+        return self.heartbeat_timeout_s + self.drain_grace_s + 16.0
 
     def drain_window_ms(self, start_ms: int, end_ms: int) -> tuple[int, int]:
         """The part of an ``empty_cell`` fault (killed at ``start_ms``, restarted at
@@ -301,12 +305,15 @@ def build_schedule(
     rng.shuffle(node_kinds)
     times = sorted(rng.uniform(start, end) for _ in node_kinds)
     impaired: list[tuple[float, float, str]] = []  # (from, free again at, node)
-    # an emptied cell holds every node: no node fault overlaps it (``*`` is no node)
+    # An emptied cell holds all its nodes: no node fault of that cell overlaps it, nor
+    # starts before its agents have re-registered; the other cells' faults go on (their
+    # limits are their own, so they stay placeable for its rerouted jobs).
+    emptied: list[tuple[float, float, int]] = []  # (from, free again at, cell)
     for _ in range(counts[EMPTY_CELL]):
         at = round(rng.uniform(start + 0.25 * (end - start), start + 0.6 * (end - start)), 3)
         duration = timing.empty_cell_s()
         cell = rng.randrange(cells)
-        impaired += [(at, at + duration + 3.0, "*")] * MAX_IMPAIRED_NODES
+        emptied.append((at, at + duration + EMPTY_CELL_SETTLE_S, cell))
         faults.append(Fault(0, EMPTY_CELL, at, f"cell-{cell}", duration_s=round(duration, 3)))
     for n, (kind, at) in enumerate(zip(node_kinds, times)):
         node = node_ids[n % len(node_ids)]
@@ -319,10 +326,20 @@ def build_schedule(
         length = node_fault_length_s(kind, duration, timing)
         while True:  # a fault pushed later may overlap one planned after it, so compare spans
             overlap = [(s, e, nd) for s, e, nd in impaired if s < at + length and at < e]
+            blocked = [
+                e for s, e, c in emptied if s < at + length and at < e and c == cell_of[node]
+            ]
+            if blocked:  # to a node of another cell (same time), else after the restart
+                others = [nd for nd in node_ids if cell_of[nd] != cell_of[node]]
+                if others:
+                    node = others[n % len(others)]
+                else:
+                    at = max(blocked) + 0.5
+                continue
             if (
                 len(overlap) < MAX_IMPAIRED_NODES
                 and all(nd != node for *_, nd in overlap)
-                and sum(1 for *_, nd in overlap if cell_of.get(nd) == cell_of[node]) < per_cell
+                and sum(1 for *_, nd in overlap if cell_of[nd] == cell_of[node]) < per_cell
             ):
                 break
             at = min(e for _, e, _ in overlap) + 0.5
@@ -361,7 +378,11 @@ def build_schedule(
                 else:
                     duration = rng.uniform(*timing.scheduler_down_s)
                 target = "scheduler" if schedulers > 1 else "scheduler-0"
-                at = round(max(at, scheduler_free_at), 3)
+                at = max(at, scheduler_free_at)
+                for e_from, _, _ in emptied:  # its cell has an owner when it is emptied
+                    if at < e_from < at + duration + moved_s + 2.0:
+                        at = e_from + 0.5  # and the drill aims this at another instance
+                at = round(at, 3)
                 scheduler_free_at = at + duration + moved_s + 2.0
                 faults.append(Fault(0, kind, at, target, duration_s=round(duration, 3)))
             elif kind == DUPLICATE_REPORTS:

@@ -101,8 +101,9 @@ def test_with_several_cells_and_instances_one_instance_and_one_node_per_cell_is_
         assert all(end - start > moved_s for start, end, _ in sched)
 
 
-def test_with_several_cells_one_cell_is_emptied_past_the_drain_grace_and_nothing_overlaps_it():
+def test_with_several_cells_one_cell_is_emptied_past_the_drain_grace_alone_in_its_cell():
     timing = chaos.Timing()
+    cell_of = {f"node-{i}": f"cell-{i % 2}" for i in range(6)}
     assert chaos.fault_counts(500, 2, cells=1)[chaos.EMPTY_CELL] == 0  # nowhere to drain to
     for seed in range(20):
         faults = chaos.build_schedule(seed, 300, 6, 8, 120, timing, cells=2, schedulers=2)
@@ -114,10 +115,15 @@ def test_with_several_cells_one_cell_is_emptied_past_the_drain_grace_and_nothing
         assert f.duration_s > timing.heartbeat_timeout_s + timing.drain_grace_s + 5
         lo, hi = timing.drain_window_ms(int(f.at_s * 1000), int((f.at_s + f.duration_s) * 1000))
         assert hi > lo  # a job queued in the window has a grace to leave before the restart
+        back = round(f.at_s + f.duration_s + chaos.EMPTY_CELL_SETTLE_S, 3)
         for g in faults:
-            if g.kind in chaos.NODE_FAULTS:
+            # no other node fault of its cell until its agents are back
+            if g.kind in chaos.NODE_FAULTS and cell_of[g.target] == f.target:
                 end = g.at_s + chaos.node_fault_length_s(g.kind, g.duration_s, timing)
-                assert end <= f.at_s or g.at_s >= f.at_s + f.duration_s, (seed, g, f)
+                assert end <= f.at_s or g.at_s >= back, (seed, g, f)
+            if g.kind in chaos.SCHEDULER_FAULTS:  # the cell has an owner when emptied
+                moved_s = timing.session_timeout_s + timing.rebalance_s
+                assert not g.at_s < f.at_s < g.at_s + g.duration_s + moved_s + 2.0
         steps = [a for a in chaos.actions_of(faults, timing) if a.fault_id == f.fault_id]
         assert [(a.at_s, a.op, a.final) for a in steps] == [
             (f.at_s, "crash", False),
