@@ -14,7 +14,9 @@ threads of its own besides the caller's:
    agents whose node left service without a fault of ours, or whose process
    died (an operator's job), and decides when the run is over. A node of a
    ``down_agent`` fault is left alone until the fault's ``heal_check``: its
-   agent must re-register by itself, and the report says whether it did.
+   agent must re-register by itself, and the report says whether it did. The
+   nodes of an ``empty_cell`` fault stay dead until its restart, whatever else
+   ends meanwhile.
 
 The stack runs ``cells`` cells and ``schedulers`` scheduler instances
 (``scheduler-<i>``) sharing them through their consumer group, with shared
@@ -156,9 +158,10 @@ def chaos_stack(
     shared_snapshots: bool = False,
 ) -> Stack:
     """An embedded stack configured as the drill runs it: no admission rate limit, the
-    timing's leases (and, with several cells, its drain grace), simulated GPUs whose faults follow ``agents/<node>/faults.json``,
-    ``cells`` cells shared by ``schedulers`` instances, with shared snapshots in
-    ``<data_dir>/shared-snapshots`` if asked (the drill asks)."""
+    timing's leases (and, with several cells, its drain grace), simulated GPUs whose
+    faults follow ``agents/<node>/faults.json``, ``cells`` cells shared by
+    ``schedulers`` instances, with shared snapshots in ``<data_dir>/shared-snapshots``
+    if asked (the drill asks)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     env: dict[str, str] = {}

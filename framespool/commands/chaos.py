@@ -18,12 +18,14 @@ def register(subparsers: Any) -> None:
         description="Start the embedded stack, submit a seeded mix of jobs (1-16 GPUs, some "
         "checkpointing, some preemptible, a few that crash or hang every time) and "
         "inject faults from the same seed: agents killed and paused (one must heal "
-        "itself once DOWN), scheduler instances killed and paused past their session "
-        "timeout (another takes their cells over), duplicated and reordered agent reports, malformed records, ECC "
+        "itself once DOWN), with several cells every agent of one cell killed past the drain "
+        "grace (its queued jobs must be rerouted to another cell), scheduler instances killed "
+        "and paused past their session timeout (another takes their cells over), duplicated and reordered agent reports, malformed records, ECC "
         "errors, throttling and wedged generators. When every job is terminal it "
         "prints what the log says: lost jobs, duplicate terminal events, leaked and "
-        "double-booked GPUs, and GPU-time wasted per fault. Exit status 1 if any "
-        "of those is non-zero (or a malformed record never reached dead-letter).",
+        "double-booked GPUs, jobs rerouted, and GPU-time wasted per fault. Exit status 1 if "
+        "any of those is non-zero (or a malformed record never reached dead-letter, or the "
+        "emptied cell held queued jobs and none was rerouted).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--jobs", type=int, default=100)
