@@ -23,8 +23,8 @@ def register(subparsers: Any) -> None:
         "and paused past their session timeout (another takes their cells over), duplicated and reordered agent reports, malformed records, ECC "
         "errors, throttling and wedged generators. When every job is terminal it "
         "prints what the log says: lost jobs, duplicate terminal events, leaked and "
-        "double-booked GPUs, jobs rerouted, and GPU-time wasted per fault. Exit status 1 if "
-        "any of those is non-zero (or a malformed record never reached dead-letter, or the "
+        "double-booked GPUs, GPU-time wasted per fault and jobs rerouted. Exit status 1 if "
+        "any of the first four is non-zero (or a malformed record never reached dead-letter, or the "
         "emptied cell held queued jobs and none was rerouted).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
