@@ -854,3 +854,16 @@ def test_a_down_agent_healed_itself_only_if_it_came_back_up_with_a_new_incarnati
     assert chaos.summary({"self_healing": list(rows.values()), "dead_letter": {}})[
         "self_healed"
     ] == [True, False, None]
+
+
+def test_the_drill_runs_several_cells_with_its_short_drain_grace_and_one_cell_without(tmp_path):
+    from framespool.chaos.drill import chaos_stack
+    from framespool.processors.config_file import load_cell_config
+
+    timing = chaos.Timing(drain_grace_s=7.0)
+    for cells, grace in ((2, 7.0), (1, 0.0)):
+        stack = chaos_stack(tmp_path / f"c{cells}", nodes=6, timing=timing, cells=cells)
+        path = stack.write_processor_config()  # the file the processors are started with
+        assert load_cell_config(path).drain_grace_s == grace  # not the stack's 60 s
+    # the emptied cell's fault lasts past the lease and this grace
+    assert timing.empty_cell_s() > timing.heartbeat_timeout_s + timing.drain_grace_s
