@@ -41,7 +41,7 @@ import time
 import urllib.error
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 OUT_OF_SERVICE = (NodeState.DOWN, NodeState.DEGRADED, NodeState.DRAINING)
 SUPERVISOR_GRACE_S = 3.0
 SUPERVISOR_MIN_GAP_S = 15.0
+WEDGE_PATIENCE_S = 30.0  # a wedge with no generator to hit is retried this long, then skipped
 
 
 @dataclass
@@ -317,6 +318,7 @@ class ChaosRun:
         self.instances: dict[int, str] = {}  # scheduler fault -> the instance it hit
         self.nodes_hit: dict[int, str] = {}  # agent fault -> the node it hit
         self.emptied: set[str] = set()  # nodes an empty_cell fault holds dead
+        self.wedge_first: dict[int, float] = {}  # wedge fault -> its planned time
         self.checkpointing: dict[str, bool] = {}  # job -> it checkpoints
         self.t0 = 0.0
 
@@ -371,7 +373,9 @@ class ChaosRun:
         while True:
             now = time.monotonic() - self.t0
             while pending and pending[0].at_s <= now:
-                self._do(pending.pop(0))
+                retry = self._do(pending.pop(0))
+                if retry is not None:
+                    pending = sorted([*pending, retry], key=lambda x: x.sort_key)
             self._supervise(now)
             with self.watcher.lock:
                 done = sum(1 for j in self.job_ids.values() if j in self.watcher.terminal)
@@ -477,7 +481,9 @@ class ChaosRun:
             ecc={g: (0, 1) for g in state["ecc"].values()},
         )
 
-    def _do(self, a: chaos.Action) -> None:
+    def _do(self, a: chaos.Action) -> chaos.Action | None:
+        """Carry out one step and log it; or return it, later, to be tried again (a
+        wedge that finds no generator running, e.g. while a cell is emptied)."""
         detail = ""
         ok = True
         node = self._node(a)
@@ -540,6 +546,10 @@ class ChaosRun:
             elif a.op == "wedge":
                 detail = self._wedge(a)
                 ok = detail.startswith("wedged")
+                first = self.wedge_first.setdefault(a.fault_id, a.at_s)
+                now = time.monotonic() - self.t0
+                if not ok and now - first < WEDGE_PATIENCE_S:
+                    return replace(a, at_s=round(now + 2.0, 3))
         except Exception as e:  # one failed action must not end the drill
             ok, detail = False, f"failed: {e!r}"
             log.exception("chaos action %s failed", a)
