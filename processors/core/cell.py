@@ -142,6 +142,18 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Dr
         self._out.append(out)
         return out
 
+    def instruct(self, cls: type, node: Node, job_id: str, run: int, reason: str) -> Any:
+        """Emit the agent command ``cls`` (``StopRun``, ``CheckpointRun``,
+        ``BeginRun``) for run ``run`` of ``job_id`` to ``node``'s current incarnation."""
+        return self.emit(
+            cls,
+            node_id=node.node_id,
+            incarnation=node.incarnation,
+            job_id=job_id,
+            run=run,
+            reason=reason,
+        )
+
     def ignore(self, subject: str, reason: str, source: Any) -> None:
         """Record a report the fold refused; it changes nothing else."""
         self._count("ignored")

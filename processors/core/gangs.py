@@ -69,14 +69,12 @@ class GangHandlers:
         self.assigned_unstarted.pop(run.key, None)
         self.gang_runs[run.key] = None
         for node_id in gang.members:
-            node = self.index.nodes[node_id]
-            self.emit(
+            self.instruct(
                 ev.BeginRun,
-                node_id=node_id,
-                incarnation=node.incarnation,
-                job_id=run.job_id,
-                run=run.run,
-                reason=f"start barrier passed: all {len(gang.members)} members hold their GPUs",
+                self.index.nodes[node_id],
+                run.job_id,
+                run.run,
+                f"start barrier passed: all {len(gang.members)} members hold their GPUs",
             )
 
     def expire_gang_members(self: Cell) -> None:

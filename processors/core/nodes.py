@@ -180,13 +180,12 @@ class NodeHandlers:
             listed[key] = None
             run = self.runs.get(key)
             if run is None or node.node_id not in run.held:
-                self.emit(
+                self.instruct(
                     ev.StopRun,
-                    node_id=node.node_id,
-                    incarnation=node.incarnation,
-                    job_id=report.job_id,
-                    run=report.run,
-                    reason="reconcile: running but not assigned here",
+                    node,
+                    report.job_id,
+                    report.run,
+                    "reconcile: running but not assigned here",
                 )
                 continue
             run.last_report_ms = self.now_ms
@@ -208,13 +207,8 @@ class NodeHandlers:
                 run.phase == RunPhase.STOPPING and self.now_ms - run.stop_sent_ms >= STOP_RESEND_MS
             ):
                 run.stop_sent_ms = self.now_ms
-                self.emit(
-                    ev.StopRun,
-                    node_id=node.node_id,
-                    incarnation=node.incarnation,
-                    job_id=run.job_id,
-                    run=run.run,
-                    reason="reconcile: stop not yet obeyed",
+                self.instruct(
+                    ev.StopRun, node, run.job_id, run.run, "reconcile: stop not yet obeyed"
                 )
             if report.step_rate > 0:
                 self.note_step_rate(node, run, report.step_rate)
@@ -408,15 +402,7 @@ class NodeHandlers:
         job.state = lc.next_state(job.job_id, job.state, "checkpoint")
         job.reason = reason
         for node_id in run.held:
-            node = self.index.nodes[node_id]
-            self.emit(
-                ev.CheckpointRun,
-                node_id=node_id,
-                incarnation=node.incarnation,
-                job_id=run.job_id,
-                run=run.run,
-                reason=reason,
-            )
+            self.instruct(ev.CheckpointRun, self.index.nodes[node_id], run.job_id, run.run, reason)
         return True
 
     def finish_exit(self: Cell, run: Run) -> None:

@@ -495,14 +495,7 @@ class Scheduling:
             if node_id in confirmed or node.state == NodeState.DOWN:
                 self.release_slice(run, node_id)
             else:
-                self.emit(
-                    ev.StopRun,
-                    node_id=node_id,
-                    incarnation=node.incarnation,
-                    job_id=run.job_id,
-                    run=run.run,
-                    reason=reason,
-                )
+                self.instruct(ev.StopRun, node, run.job_id, run.run, reason)
 
     def settle(self: Cell, run: Run) -> None:
         """Correct the fair-share charge to the GPU-time really used, once."""
