@@ -23,7 +23,7 @@ from framespool.processors.routing import (
     decode_input,
     encode_outputs,
 )
-from framespool.processors.scheduler import same_config
+from framespool.processors.snapshots import same_config
 from framespool.schemas import topics as catalogue
 from framespool.schemas.topics import Topics
 

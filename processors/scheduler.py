@@ -23,6 +23,7 @@ from framespool.processors.routing import (
     decode_input,
     encode_outputs,
 )
+from framespool.processors.snapshots import same_config
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.deadletter import DeadLetterReason
@@ -43,16 +44,6 @@ SCHEDULER_INPUTS: tuple[type, ...] = (
     ev.RunFailed,
     ev.RunStopped,
 )
-
-
-def same_config(loaded: object, configured: object) -> bool:
-    """Whether a snapshot's config equals the configured one. A frozen, slotted
-    config pickled before a field existed lacks that field (comparing it raises
-    AttributeError): it differs."""
-    try:
-        return loaded == configured
-    except AttributeError:
-        return False
 
 
 def position(cell: str, offset: int) -> str:

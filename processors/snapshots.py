@@ -487,3 +487,13 @@ class StatefulProcessor:
             part.published_offset = part.offset
             part.published_at = now
             self.published += 1
+
+
+def same_config(loaded: object, configured: object) -> bool:
+    """Whether a snapshot's config equals the configured one. A frozen, slotted
+    config pickled before a field existed lacks that field (comparing it raises
+    AttributeError): it differs."""
+    try:
+        return loaded == configured
+    except AttributeError:
+        return False
