@@ -10,18 +10,7 @@ from dataclasses import replace
 from framespool.processors.core import CellConfig
 from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
-
-
-def of(out, cls):
-    return [o for o in out if isinstance(o, cls)]
-
-
-def cfg(**kw) -> CellConfig:
-    base = dict(
-        status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1e9, report_lease_s=1e9
-    )
-    base.update(kw)
-    return CellConfig(**base)
+from tests.unit.test_core_knobs import asked, cfg, of
 
 
 def with_tier_limit(tier: str, limit_s: float, **kw) -> CellConfig:
@@ -90,10 +79,6 @@ def small_batch_cell(**kw) -> Harness:
         )
     h.start_all()
     return h
-
-
-def asked(out) -> list[str]:
-    return sorted(o.job_id for o in of(out, ev.CheckpointRun))
 
 
 def test_a_preemption_needing_more_victims_than_the_churn_limit_allows_takes_none():
