@@ -309,7 +309,13 @@ class Reservations:
             return
         gpus, per_node, _ = job.shape
         plan = self.plan_victims(min(per_node, gpus), -(-gpus // per_node), victim_ok)
-        if plan is None or len(plan[1]) > room:
+        if plan is None:
+            return
+        if len(plan[1]) > room:
+            job.reason = (
+                f"waiting: preemption churn limit reached (needs {len(plan[1])} victims,"
+                f" {room} of {self.config.preemptions_per_minute} a minute left)"
+            )
             return
         nodes, victims = plan
         self.claims[job.job_id] = (

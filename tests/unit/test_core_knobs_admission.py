@@ -92,6 +92,9 @@ def test_a_preemption_needing_more_victims_than_the_churn_limit_allows_takes_non
         assert asked(h.tick(30)) == []
     assert h.cell.preempt_times == []
     assert all(h.cell.runs[(f"b{i}", 1)].phase == "running" for i in range(8))
+    # the job says why it waits: the churn limit, not "no capacity"
+    assert h.cell.jobs["hurry"].reason.startswith("waiting: preemption churn limit reached")
+    assert "needs 8 victims, 4 of 4 a minute left" in h.cell.jobs["hurry"].reason
 
 
 def test_a_multi_victim_preemption_within_the_limit_takes_all_its_victims_at_once():
@@ -114,6 +117,7 @@ def test_victims_already_taken_this_minute_count_against_a_multi_victim_preempti
     h.cell.preempt_times = [h.now_ms - 1000, h.now_ms - 1000]  # two victims a second ago
     h.submit("hurry", gpus=8, tier="interactive", estimate_s=30)
     assert asked(h.tick(10)) == []  # 6 of room < 8 victims
+    assert "needs 8 victims, 6 of 8 a minute left" in h.cell.jobs["hurry"].reason
     assert asked(h.tick(10)) == []
     seen = []
     for _ in range(4):
