@@ -159,6 +159,24 @@ def test_processes_use_the_internal_bootstrap_and_distinct_state(services):
     assert len(nodes) >= 2 and len(set(nodes)) == len(nodes)
 
 
+def test_every_process_waits_long_on_kafka_fetches(services, monkeypatch):
+    """Kafka answers a Fetch once a record arrives: a long wait costs no latency and
+    spares the brokers idle Fetches (docs/broker-notes.md#fetch-wait). Every role's
+    override is set, under the names the log adapter reads."""
+    import inspect
+
+    import framespool.log.kafka as kafka
+
+    source = inspect.getsource(kafka)
+    for name, service in ours(services).items():
+        env = service["environment"]
+        for role in ("REQUEST_PATH", "FLEET", "BACKGROUND"):
+            var = f"FRAMESPOOL_FETCH_WAIT_{role}_MS"
+            assert f'_env_ms("{var}"' in source, var
+            monkeypatch.setenv(var, str(env[var]))
+            assert kafka._env_ms(var, 5) >= 500, (name, var)
+
+
 def test_init_creates_topics_and_bucket_where_the_services_look(services):
     init = services["init"]["command"]
     assert init[1] == "compose/init_stack.py"
