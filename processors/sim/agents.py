@@ -126,6 +126,9 @@ class Agents:
             rec.count("cold_start_gpu_s", run.gpus * self.opts.cold_start_s)
         else:
             rec.count("warm_starts")
+        rec.run_launched(
+            job.job_id, run.run, run.gpus, now, self.opts.cold_start_s if cold else 0.0
+        )
         self.push(run.end_ms, RUN_END, run)
         if trace.checkpoint_s > 0:
             due = run.work_start_ms + int(trace.checkpoint_s * 1000)
@@ -148,6 +151,7 @@ class Agents:
         if not run.alive:
             return
         run.alive = False
+        self.recorder.run_halted(run.job.job_id, run.run, run.gpus, self.now)
         for node_id, gpus in run.slices:
             node = self.node_by_id[node_id]
             for g in gpus:
@@ -202,6 +206,7 @@ class Agents:
         job = run.job
         done = run.done_s(self.now)
         self.recorder.count("checkpoints")
+        self.recorder.run_saved(job.job_id, run.run, self.now)
         send(
             ev.RunCheckpointed(
                 event_id=f"ck:{job.job_id}:{run.run}:{self.now}",
@@ -218,6 +223,8 @@ class Agents:
     def _checkpoint_run(self: Simulation, o: ev.CheckpointRun) -> None:
         run = self.runs.get((o.job_id, o.run))
         node = self.node_by_id.get(o.node_id)
+        if run is not None and run.alive:
+            self.recorder.exit_requested(o.job_id, o.run, self.now)
         # One answer per gang (from its leader); a generator that cannot checkpoint stays silent
         # and the cell's checkpoint grace runs out.
         if (

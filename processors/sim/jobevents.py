@@ -136,6 +136,8 @@ class JobEvents:
         job = self._job(o.job_id, o)
         if job is not None:
             self.recorder.count("preemptions")
+            by = self.jobs.get(o.by_job_id)
+            self.recorder.preempted(o.job_id, o.run, by.trace.tier if by else "?")
             self._close_run(job, o.run, RunCause.PREEMPTED)
 
     def _requeued(self: Simulation, o: ev.JobRequeued) -> None:

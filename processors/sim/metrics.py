@@ -19,6 +19,23 @@ GPU-time over what its backlogged peers held together (1/n for n equal
 weights), and ``jain_fairness`` is Jain's index over the tenants' fair ratios.
 Metrics always use the job's original tenant and tier, whatever the policy
 presented to the cell.
+
+Preemption cost (``preemption_cost``): the GPU-time a preemption throws away,
+charged to the tier of the job it made room for (``by_job_id``), in three
+disjoint parts on the victim's timeline:
+
+1. ``lost``: GPU-s from the victim's last checkpoint (or its start, cold start
+   included, if it never checkpointed) to the exit request (``CheckpointRun``):
+   work the resumed run must do again. Zero when the checkpoint answering the
+   request is the one it resumes from.
+2. ``grace``: GPU-s from the exit request to the processes' stop (the
+   checkpoint and stop grace; it is all of the wait when the generator cannot
+   answer and the cell's grace runs out).
+3. ``restart``: the cold start of the resumed run (GPUs x ``cold_start_s``),
+   when it lands on GPUs whose warm model differs.
+
+The total is also given as a share of the delivered GPU-s (busy GPU-time).
+Cost: O(1) per agent event, one entry per job with a live run.
 """
 
 from __future__ import annotations
@@ -136,6 +153,14 @@ class Recorder:
         self.counters: dict[str, float] = {}
         self.goodput_gpu_ms = 0.0
         self.wait_rows: list[WaitRow] = []  # started jobs, for the quality tables
+        # preemption cost (module doc), per job: its live run's latest save and exit request
+        self.saved_ms: dict[str, tuple[int, int]] = {}  # job -> (run, last checkpoint or start)
+        self.exit_ms: dict[str, tuple[int, int]] = {}  # job -> (run, first exit request)
+        self.halted: dict[str, tuple[int, float, float]] = {}  # job -> (run, lost, grace) GPU-ms
+        self.preempt_pending: dict[str, tuple[int, str]] = {}  # job -> (run, tier): not yet halted
+        self.resume_tier: dict[str, str] = {}  # job -> preempting tier, until it runs again
+        self.preempt_cost: dict[str, list[float]] = {}  # tier -> [lost, grace, restart] GPU-ms
+        self.preempt_victims: dict[str, int] = {}  # tier -> runs it preempted
         self.tenant_jobs: dict[str, int] = {}
         self.tenant_gpu_s: dict[str, float] = {}
         # time series for the report (decimated to stay under MAX_SAMPLES)
@@ -280,6 +305,7 @@ class Recorder:
         return True
 
     def finished(self, job: SimJob, state: str, now: int) -> None:
+        self._forget_runs(job.job_id)
         self.states[state] = self.states.get(state, 0) + 1
         self.end_ms = max(self.end_ms, now)
         if state == JobState.COMPLETED:
@@ -309,6 +335,90 @@ class Recorder:
         self.count("outcome:" + outcome)
         if self.runs_csv is not None:
             self.runs_csv.writerow((job_id, run, placement, _s(start_ms), _s(end_ms), outcome))
+
+    # -- preemption cost (module doc) -------------------------------------------------
+    def run_launched(self, job_id: str, run: int, gpus: int, now: int, cold_s: float) -> None:
+        """A run's processes started (``cold_s``: its cold start, 0 if warm)."""
+        self.saved_ms[job_id] = (run, now)
+        self.exit_ms.pop(job_id, None)
+        self.halted.pop(job_id, None)
+        self.preempt_pending.pop(job_id, None)
+        tier = self.resume_tier.pop(job_id, None)
+        if tier is not None and cold_s > 0:
+            self._preempt_row(tier)[2] += gpus * cold_s * 1000
+
+    def run_saved(self, job_id: str, run: int, now: int) -> None:
+        """The run wrote a checkpoint its resumed run would start from."""
+        self.saved_ms[job_id] = (run, now)
+
+    def exit_requested(self, job_id: str, run: int, now: int) -> None:
+        """The cell asked the run to checkpoint and leave (the first ask counts)."""
+        if self.exit_ms.get(job_id, (-1, 0))[0] != run:
+            self.exit_ms[job_id] = (run, now)
+
+    def run_halted(self, job_id: str, run: int, gpus: int, now: int) -> None:
+        """The run's processes stopped; its unproductive tail is kept if it was asked to exit."""
+        asked = self.exit_ms.pop(job_id, None)
+        saved = self.saved_ms.pop(job_id, None)
+        if asked is None or asked[0] != run:
+            return
+        request = min(asked[1], now)
+        since = saved[1] if saved is not None and saved[0] == run else request
+        lost = gpus * max(0, request - since)
+        grace = gpus * (now - request)
+        self.halted[job_id] = (run, float(lost), float(grace))
+        pending = self.preempt_pending.pop(job_id, None)
+        if pending is not None and pending[0] == run:
+            self._charge(job_id, pending[1])
+
+    def preempted(self, job_id: str, run: int, tier: str) -> None:
+        """The cell says the run was preempted for a job of ``tier``."""
+        halted = self.halted.get(job_id)
+        if halted is not None and halted[0] == run:
+            self._charge(job_id, tier)
+        else:
+            self.preempt_pending[job_id] = (run, tier)
+
+    def _charge(self, job_id: str, tier: str) -> None:
+        _, lost, grace = self.halted.pop(job_id)
+        row = self._preempt_row(tier)
+        row[0] += lost
+        row[1] += grace
+        self.preempt_victims[tier] = self.preempt_victims.get(tier, 0) + 1
+        self.resume_tier[job_id] = tier
+
+    def _preempt_row(self, tier: str) -> list[float]:
+        row = self.preempt_cost.get(tier)
+        if row is None:
+            row = self.preempt_cost[tier] = [0.0, 0.0, 0.0]
+        return row
+
+    def _forget_runs(self, job_id: str) -> None:
+        for table in (self.saved_ms, self.exit_ms, self.halted, self.preempt_pending):
+            table.pop(job_id, None)
+        self.resume_tier.pop(job_id, None)
+
+    def preemption_cost(self) -> dict[str, Any]:
+        """GPU-s lost to preemption, per preempting tier and in all (module doc)."""
+
+        def row(parts: list[float], victims: int) -> dict[str, Any]:
+            total = sum(parts)
+            return {
+                "victims": victims,
+                "lost_gpu_s": round(parts[0] / 1000, 1),
+                "grace_gpu_s": round(parts[1] / 1000, 1),
+                "restart_gpu_s": round(parts[2] / 1000, 1),
+                "gpu_s": round(total / 1000, 1),
+                "share_of_delivered": round(total / self.busy_ms, 6) if self.busy_ms else None,
+            }
+
+        all_parts = [sum(r[i] for r in self.preempt_cost.values()) for i in range(3)]
+        table = {
+            tier: row(self.preempt_cost[tier], self.preempt_victims.get(tier, 0))
+            for tier in sorted(self.preempt_cost)
+        }
+        table["all"] = row(all_parts, sum(self.preempt_victims.values()))
+        return table
 
     # -- time series ----------------------------------------------------------------
     def sample(self, now: int) -> None:
@@ -407,6 +517,7 @@ class Recorder:
                 self.wait_rows, self.tenant_jobs, self.tenant_gpu_s
             ),
             "tenants": tenants,
+            "preemption_cost": self.preemption_cost(),
         }
 
 

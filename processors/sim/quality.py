@@ -139,7 +139,33 @@ def format_tables(summary: Mapping[str, Any]) -> str:
                 f"{hv['jobs']:>9}{fmt(hv['p50_s']):>9}{fmt(hv['p90_s']):>9}"
             )
     lines.extend(fair_share_lines(summary))
+    lines.extend(preemption_cost_lines(summary))
     return "\n".join(lines)
+
+
+def preemption_cost_lines(summary: Mapping[str, Any]) -> list[str]:
+    """GPU-s thrown away by preemption, per preempting tier (metrics.py):
+    work lost since the victims' last checkpoint, the checkpoint/stop grace, and
+    the resumed runs' cold starts; and their sum as a share of delivered GPU-s."""
+    cost = summary.get("preemption_cost") or {}
+    if not cost:
+        return []
+    lines = [
+        f"{summary.get('policy', '?')}: GPU-time cost of preemption, by preempting tier "
+        "(share of delivered GPU-s)"
+    ]
+    lines.append(
+        f"  {'tier':<12}{'victims':>8}{'lost':>12}{'grace':>12}{'restart':>12}"
+        f"{'gpu_s':>12}{'share':>10}"
+    )
+    for tier, row in cost.items():
+        share = row.get("share_of_delivered")
+        lines.append(
+            f"  {tier:<12}{row['victims']:>8,}{row['lost_gpu_s']:>12,.0f}{row['grace_gpu_s']:>12,.0f}"
+            f"{row['restart_gpu_s']:>12,.0f}{row['gpu_s']:>12,.0f}"
+            f"{'-' if share is None else f'{share:.4%}':>10}"
+        )
+    return lines
 
 
 def fair_share_lines(

@@ -22,6 +22,8 @@ COMPARISON_COLUMNS = (
     ("jain", "jain_fairness", "{:.3f}"),
     ("warm_ratio", "warm_start_ratio", "{:.3f}"),
     ("preempt", "preemptions", "{:,}"),
+    ("preempt_gpu_s", ("preemption_cost", "all", "gpu_s"), "{:,.0f}"),
+    ("preempt_share", ("preemption_cost", "all", "share_of_delivered"), "{:.4f}"),
     ("violations", "invariant_violations", "{:,}"),
     ("wall_s", "wall_s", "{:.1f}"),
 )
