@@ -11,11 +11,13 @@ The rules (docs/design.md#the-log):
   goes to the scheduler topic at its cell's partition;
 - ``CellOffer`` goes to *every* partition of the commands topic (key: the cell
   id), so each admission partition folds every cell's offer in its own log
-  order and routing stays a pure function of that log; it is no job event;
+  order and routing stays a pure function of that log, *and* to job-events
+  (key: the cell id), where the API's cluster projection keeps each cell's
+  latest offer to refuse at submit a job past its tier's wait limit;
 - ``JobRerouted`` goes to job-events (key: the job id) *and* to the commands
   topic keyed by its tenant, the partition whose admission state decided it;
 - every other output is a job event for job-events, keyed by its ``job_id``, or
-  by ``node_id`` (``NodeStateChanged``), ``cell`` (``CellStatus``), ``subject``
+  by ``node_id`` (``NodeStateChanged``), ``cell`` (``CellStatus``, ``CellOffer``), ``subject``
   (``ReportIgnored``) or ``key`` (``BreakerTripped``);
 - a node's own ``NodeStateChanged`` (``gpu == -1``: registered, DOWN, ...) goes
   to the assignments topic too, keyed by ``node_id``: its agent reads only
@@ -75,7 +77,7 @@ def job_event_key(output: Any) -> str:
     """The job-events key of a job event (see the module docstring)."""
     if isinstance(output, ev.NodeStateChanged):
         return output.node_id
-    if isinstance(output, ev.CellStatus):
+    if isinstance(output, (ev.CellStatus, ev.CellOffer)):
         return output.cell
     if isinstance(output, ev.ReportIgnored):
         return output.subject
@@ -112,7 +114,7 @@ def destinations(output: Any, topics: Topics = catalogue) -> tuple[Destination, 
         return tuple(
             Destination(topics.COMMANDS.name, output.cell, p)
             for p in range(topics.COMMANDS.partitions)
-        )
+        ) + (_keyed(topics.JOB_EVENTS, output.cell),)
     if isinstance(output, ev.JobRerouted):
         return (
             _keyed(topics.JOB_EVENTS, output.job_id),

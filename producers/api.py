@@ -26,9 +26,12 @@ Submission protocol (``POST /v1/jobs``):
 2. a known id with the same request fingerprint answers 200 with that job; a
    different request under the same key answers 409;
 3. refuse with 429 and ``Retry-After`` a tenant that already has its queue cap
-   of jobs waiting (SUBMITTED or QUEUED in the read model): what a tenant may
-   not submit is refused now, never accepted with 202 and rejected later;
-   write ``SubmitJob`` (key = tenant) to ``commands`` and wait for the ack;
+   of jobs waiting (SUBMITTED or QUEUED in the read model), and a job whose
+   predicted wait in the best cell that can run it exceeds its tier's
+   ``max_predicted_wait_s`` (``_check_predicted_wait``, from the cells' latest
+   offers): what a tenant may not submit is refused now, never accepted with
+   202 and rejected later; write ``SubmitJob`` (key = tenant) to ``commands``
+   and wait for the ack;
 4. store a provisional SUBMITTED view unless the projection already has one,
    so an immediate GET finds the job; answer 202.
 """
@@ -46,7 +49,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from framespool.callbacks.targets import TargetPolicy, check_address
 from framespool.log import Sender
+from framespool.processors.core.offers import PREDICTED_WAIT, live_offers, wait_refusal
 from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
@@ -115,6 +119,13 @@ class ApiConfig:
     queue_cap_overrides: dict[str, int] = field(default_factory=dict)
     queue_cap_retry_after_s: int = 30
     monotonic: Callable[[], float] = time.monotonic  # the rate limiter's clock
+    # The cells' latest offers (cell -> offer, as the cluster projection folds them
+    # from job-events), to refuse a job past its tier's predicted-wait limit at
+    # submit. None: those of the projection consumer among ``background``; no
+    # consumer there, no offers, nothing refused. An offer older than
+    # ``offer_stale_s`` (this API's clock) is unknown and refuses nothing.
+    offers: Callable[[], Mapping[str, Any]] | None = None
+    offer_stale_s: float = 15.0
     resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
     resolve_timeout_s: float = 2.0
     dashboard_dir: Path | None = dashboard.DIRECTORY  # None: no dashboard
@@ -148,6 +159,7 @@ METRICS = web.AppKey("metrics", Metrics)
 LOCKS = web.AppKey("submit_locks", dict)
 TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
+OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
 OPENAPI = web.AppKey("openapi", dict)
 ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", list)  # [RateLimiter]
 STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
@@ -310,6 +322,40 @@ def _check_queue_cap(config: ApiConfig, tenant: str) -> None:
         )
 
 
+def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: JobSpec) -> None:
+    """Refuse now a job whose predicted wait in the best cell that can run it
+    exceeds its tier's limit, which the cells publish with their offers
+    (``framespool.processors.core.offers``: the arithmetic admission routes by).
+    Stale or missing offers are unknown: nothing is refused on them. Cost per
+    submit: O(C * (T + G + s)) for C cells' offers of T tiers and G node groups,
+    s shapes; no store read (the offers are the projection's, in memory)."""
+    if not offers:
+        return
+    live = live_offers(offers, sorted(offers), int(config.clock() * 1000), config.offer_stale_s)
+    refusal = wait_refusal(live, spec)
+    if refusal is None:
+        return
+    retry = str(refusal.retry_after_s)
+    raise ApiError(
+        429,
+        PREDICTED_WAIT,
+        f"tier {spec.tier!r}: {refusal.message}; retry after {retry} s",
+        "tier",
+        headers={"Retry-After": retry},
+    )
+
+
+def _offers_of(config: ApiConfig) -> Callable[[], Mapping[str, Any]]:
+    """Where the cells' latest offers are read: ``config.offers``, else the
+    cluster view of the projection consumer that runs with the app."""
+    if config.offers is not None:
+        return config.offers
+    for part in projection_parts(config.background):
+        if hasattr(part, "cluster"):
+            return lambda part=part: part.cluster.offers
+    return dict
+
+
 def _own_job(request: web.Request, principal: Principal) -> JobView:
     job_id = request.match_info["job_id"]
     view = request.app[CONFIG].store.get(job_id)
@@ -385,6 +431,11 @@ async def submit_job(request: web.Request) -> web.Response:
                 metrics.submits.labels(spec.tier, "replayed").inc()
                 return _accepted(existing, 200)
             _check_queue_cap(config, principal.tenant)
+            try:
+                _check_predicted_wait(request.app[OFFERS](), config, spec)
+            except ApiError:
+                metrics.submits.labels(spec.tier, PREDICTED_WAIT).inc()
+                raise
             command = SubmitJob(
                 event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key
             )
@@ -747,6 +798,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app[STREAMS] = {}
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
+    app[OFFERS] = _offers_of(config)
     app[OPENAPI] = openapi_doc.build(config.limits, max_body_bytes=config.max_body_bytes)
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/jobs", submit_job)

@@ -43,6 +43,7 @@ ERROR_CODES = (
     "method_not_allowed",
     "rate_limited",
     "queue_full",
+    "predicted_wait",
     "too_many_streams",
     "webhooks_unavailable",
     "secret_not_stored",
@@ -458,7 +459,7 @@ def _error(status: int, description: str | None = None) -> dict[str, Any]:
     if status == 429:
         response["headers"] = {
             "Retry-After": {
-                "description": "seconds until the tenant's bucket has a token again",
+                "description": "seconds after which the same request may succeed",
                 "schema": {"type": "string", "pattern": patterns.schema(patterns.DIGITS)},
             }
         }
@@ -523,9 +524,19 @@ def paths() -> dict[str, Any]:
                     409,
                     413,
                     422,
-                    429,
                     503,
-                ),
+                )
+                | {
+                    "429": _error(
+                        429,
+                        "Refused now, never accepted and rejected later: over the tenant's "
+                        "rate limit (code rate_limited), its queue cap (queue_full), or the "
+                        "tier's predicted-wait limit, the job's predicted wait in the best "
+                        "cell that can run it exceeding the tier's max_predicted_wait_s "
+                        "(predicted_wait, field 'tier'); retry after Retry-After seconds "
+                        "or use a higher tier",
+                    )
+                },
             },
             "get": {
                 "operationId": "listJobs",

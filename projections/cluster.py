@@ -1,4 +1,5 @@
-"""The cluster read model: a pure fold of ``CellStatus`` (and node/breaker events).
+"""The cluster read model: a pure fold of ``CellStatus`` (and node/breaker events,
+and the cells' ``CellOffer``).
 
 Theory of operation
 -------------------
@@ -13,6 +14,13 @@ view; the cluster view is the set of cells, and totals are computed from it.
    ``CellStatus`` supersedes it anyway.
 3. ``BreakerTripped`` keeps the latest breaker per (model version, scope, key);
    a breaker past ``until_ms`` is shown as expired by ``to_dict(now_ms)``.
+4. ``CellOffer`` keeps each cell's newest offer in ``offers`` (an older or
+   duplicate one is a no-op). The API refuses at submit, from these, a job whose
+   predicted wait exceeds its tier's limit
+   (``framespool.processors.core.offers.wait_refusal``). Offers live in memory
+   only, in the consumer's view: they are stale within seconds, so a restarted
+   API has none until the next one arrives (one status interval), and none means
+   "unknown": nothing is refused on it.
 
 GPU counting: a GPU of a node that is DOWN counts as down; a free GPU of a node
 that is DEGRADED or DRAINING counts as degraded (it takes no new work).
@@ -31,6 +39,7 @@ from typing import Any
 
 from framespool.schemas.events import (
     BreakerTripped,
+    CellOffer,
     CellStatus,
     GpuStatus,
     NodeStateChanged,
@@ -38,7 +47,7 @@ from framespool.schemas.events import (
 )
 from framespool.schemas.states import GpuSlot, NodeState
 
-CLUSTER_EVENT_TYPES = frozenset({"CellStatus", "NodeStateChanged", "BreakerTripped"})
+CLUSTER_EVENT_TYPES = frozenset({"CellStatus", "NodeStateChanged", "BreakerTripped", "CellOffer"})
 GPU_BUCKETS = (GpuSlot.BUSY, GpuSlot.FREE, GpuSlot.DEGRADED, GpuSlot.DOWN)
 _NODE_OUT = frozenset({NodeState.DEGRADED, NodeState.DRAINING})  # up, but takes no new work
 
@@ -67,6 +76,7 @@ class ClusterView:
     cells: dict[str, CellView] = field(default_factory=dict)
     breakers: dict[str, Breaker] = field(default_factory=dict)
     updated_ms: int = 0
+    offers: dict[str, CellOffer] = field(default_factory=dict)  # cell -> newest (not stored)
 
 
 def is_cluster_event(event: Any) -> bool:
@@ -89,6 +99,11 @@ def apply(view: ClusterView | None, event: Any) -> ClusterView:
         return _touch(replace(view, cells={**view.cells, event.cell: cell}), event.ts_ms)
     if isinstance(event, NodeStateChanged):
         return _node_changed(view, event)
+    if isinstance(event, CellOffer):
+        held = view.offers.get(event.cell)
+        if held is not None and (event.ts_ms, event.event_id) <= (held.ts_ms, held.event_id):
+            return view
+        return replace(view, offers={**view.offers, event.cell: event})
     if isinstance(event, BreakerTripped):
         key = f"{event.model_version}|{event.scope}|{event.key}"
         old = view.breakers.get(key)

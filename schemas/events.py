@@ -142,6 +142,7 @@ class TierBacklog:
 
     tier: str
     queued_gpu_s: float = 0.0
+    max_wait_s: float = 0.0  # the tier's predicted-wait limit here (0 = none)
 
 
 # --------------------------------------------------------------------------

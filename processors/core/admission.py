@@ -34,6 +34,8 @@ For a ``SubmitJob``, in this order:
       since that offer + what running work still needs) / capacity, or 0 when
       nothing is queued ahead and enough GPUs of the type are free: the
       arithmetic of ``Accounting.predicted_wait_s``. Ties go to config order.
+      Freshness, hosting and the wait are ``framespool.processors.core.offers``,
+      which the edge also uses to refuse a job past its tier's wait limit.
    b. Stickiness: the tenant's home cell (the host with the highest rendezvous
       hash of (cell, tenant)) wins while its wait is within
       ``max(sticky_slack_s, sticky_slack_ratio * best)`` of the best, so a
@@ -91,7 +93,8 @@ from typing import Any, NamedTuple
 from framespool.schemas import events as ev
 
 from .config import DEFAULT_TIERS
-from .drain import Groups, job_fits, largest_job
+from .drain import largest_job
+from .offers import hosts, live_offers, offer_groups, predicted_wait_s
 
 INVALID_TIER = "invalid_tier"
 NO_MATCHING_CELL = "no_matching_cell"
@@ -188,33 +191,6 @@ def rendezvous(job_id: str, cells: tuple[str, ...]) -> str:
         return hashlib.blake2b(f"{cell}\x00{job_id}".encode(), digest_size=8).digest()
 
     return max(cells, key=weight)
-
-
-def offer_groups(offer: ev.CellOffer) -> Groups:
-    """An offer's UP nodes as ``drain.Groups``."""
-    return tuple((t.gpu_type, g.gpus, g.nodes) for t in offer.gpu_types for g in t.groups)
-
-
-def predicted_wait_s(
-    offer: ev.CellOffer, spec: ev.JobSpec, routed_gpu_s: float = 0.0, routed_gpus: int = 0
-) -> float:
-    """The wait ``offer``'s cell predicts for ``spec``, after the work this
-    partition routed there since the offer (``Accounting.predicted_wait_s``'s
-    arithmetic; -1 when the cell has no capacity)."""
-    if offer.capacity_gpus <= 0:
-        return -1.0
-    ahead = routed_gpu_s
-    for tier in offer.tiers:
-        if tier.tier == spec.tier:
-            ahead += tier.queued_gpu_s
-            break
-    if spec.gpu_type:
-        free = sum(t.free_gpus for t in offer.gpu_types if t.gpu_type == spec.gpu_type)
-    else:
-        free = offer.free_gpus
-    if free - routed_gpus >= spec.gpus and ahead <= 0:
-        return 0.0
-    return (ahead + offer.running_gpu_s) / offer.capacity_gpus
 
 
 class AdmissionState:
@@ -414,22 +390,13 @@ class AdmissionState:
         unknown = tuple(c for c in candidates if c not in fresh)
         return rendezvous(spec.job_id, unknown) if unknown else None
 
-    def _fresh_offers(self, cells: tuple[str, ...]) -> dict[str, ev.CellOffer]:
-        oldest = self.clock_ms - int(self.config.offer_stale_s * 1000)
-        return {
-            c: offer
-            for c in cells
-            if (offer := self.offers.get(c)) is not None and offer.ts_ms >= oldest
-        }
-
     def _live_offers(self, cells: tuple[str, ...]) -> dict[str, ev.CellOffer]:
-        """Fresh offers of cells with UP nodes. A cell with none (starting, its
-        agents restarting) says nothing about what it can run: it is unknown."""
-        return {c: o for c, o in self._fresh_offers(cells).items() if offer_groups(o)}
+        """Fresh offers of cells with UP nodes (``offers.live_offers``)."""
+        return live_offers(self.offers, cells, self.clock_ms, self.config.offer_stale_s)
 
     @staticmethod
     def _hosts(offer: ev.CellOffer, spec: ev.JobSpec) -> bool:
-        return offer.capacity_gpus > 0 and job_fits(offer_groups(offer), spec, every_shape=True)
+        return hosts(offer, spec)
 
     def _wait(self, offer: ev.CellOffer, spec: ev.JobSpec) -> float:
         cost, gpus = self.routed.get(offer.cell, (0.0, 0))

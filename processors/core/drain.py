@@ -9,10 +9,12 @@ healthy GPUs (so admission can tell whether a gang of ``gpus`` at
 healthy GPUs of the type) and the largest job they could ever host; the cell's
 capacity, free GPUs and the GPU-seconds its running work still needs; and per
 tier the GPU-seconds queued in that tier and every more important one (lower
-rank). That is what ``Accounting.predicted_wait_s`` divides by the capacity,
-so admission predicts a job's wait in each cell by the same arithmetic
-(``framespool.processors.core.admission``). The shell sends the offer to every
-commands partition, where admission folds it; it never goes to job-events.
+rank), with the tier's ``max_predicted_wait_s``. That is what
+``Accounting.predicted_wait_s`` divides by the capacity, so admission predicts
+a job's wait in each cell by the same arithmetic, and the edge refuses a job
+past its tier's limit by it (``framespool.processors.core.offers``). The shell
+sends the offer to every commands partition, where admission folds it, and to
+job-events, where the API's cluster projection keeps each cell's latest.
 
 **Drain** (``CellConfig.drain_grace_s`` > 0; off by default: a lone cell has
 nowhere to send its jobs). A queued job that none of its shapes can run on
@@ -142,6 +144,11 @@ class Drain:
 
     # -- offers ---------------------------------------------------------------
     def publish_offer(self: Cell) -> None:
+        self.emit(ev.CellOffer, **self.offer_fields())
+
+    def offer_fields(self: Cell) -> dict[str, object]:
+        """The fields of the cell's ``CellOffer`` now (it reads, never changes,
+        the state: the simulator's edge builds offers from it between inputs)."""
         groups = self.host_groups()
         free: Counter[str] = Counter()
         for node in self.index.nodes.values():
@@ -164,10 +171,15 @@ class Drain:
         for tier in sorted(self.config.tiers, key=lambda t: t.rank):
             flow = self.fair.root.children.get(tier.name)
             ahead += flow.backlog if flow is not None else 0.0
-            tiers.append(ev.TierBacklog(tier=tier.name, queued_gpu_s=round(ahead, 3)))
+            tiers.append(
+                ev.TierBacklog(
+                    tier=tier.name,
+                    queued_gpu_s=round(ahead, 3),
+                    max_wait_s=tier.max_predicted_wait_s,
+                )
+            )
         running = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
-        self.emit(
-            ev.CellOffer,
+        return dict(
             cell=self.cell_id,
             capacity_gpus=self.index.free_total + self.running_gpus,
             free_gpus=sum(free.values()),

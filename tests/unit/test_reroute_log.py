@@ -165,6 +165,12 @@ def test_offers_go_to_every_commands_partition_and_reroutes_to_the_tenants():
     ds = destinations(offer)
     assert [(d.topic, d.partition, d.key) for d in ds] == [
         (catalogue.COMMANDS.name, p, "cell-1") for p in range(catalogue.COMMANDS.partitions)
+    ] + [  # and job-events, where the API's cluster projection keeps each cell's latest
+        (
+            catalogue.JOB_EVENTS.name,
+            partition_for_key("cell-1", catalogue.JOB_EVENTS.partitions),
+            "cell-1",
+        )
     ]
     moved = ev.JobRerouted(
         event_id="cell-0@9/0",
@@ -181,7 +187,7 @@ def test_offers_go_to_every_commands_partition_and_reroutes_to_the_tenants():
         (catalogue.COMMANDS.name, "acme"),
     ]
     assert ds[1].partition == partition_for_key("acme", catalogue.COMMANDS.partitions)
-    assert len(encode_outputs([offer, moved])) == catalogue.COMMANDS.partitions + 2
+    assert len(encode_outputs([offer, moved])) == catalogue.COMMANDS.partitions + 3
 
 
 def test_a_big_job_lands_in_the_cell_that_can_run_it_and_a_dead_cell_drains():

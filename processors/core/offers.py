@@ -1,0 +1,165 @@
+"""What the cells' offers say about a job: where it could go, how long it would
+wait there, and whether its tier's wait limit refuses it (pure).
+
+Theory of operation
+-------------------
+Each cell publishes a ``CellOffer`` every status interval (``drain.py``): its UP
+nodes grouped by healthy GPUs, its capacity and free GPUs, the GPU-seconds its
+running work still needs, and per tier the GPU-seconds queued in that tier and
+every more important one, with the tier's ``max_predicted_wait_s``
+(``TierBacklog.max_wait_s``). Two readers take the same decisions from them,
+through the functions here:
+
+- admission's routing (``admission.py``) sends a job to the host with the
+  lowest predicted wait;
+- the edge (the HTTP API, and the simulator's submit) refuses a job whose
+  predicted wait in that best host exceeds its tier's limit (``wait_refusal``),
+  before it is accepted, so a job that was accepted is never rejected later for
+  its predicted wait.
+
+1. ``live_offers``: an offer older than ``stale_s`` of the reader's clock says
+   nothing (a dead or partitioned scheduler), nor does one with no UP node (a
+   cell starting, its agents restarting): such a cell is unknown.
+2. ``hosts``: a live offer hosts a job when its UP nodes could run every shape
+   of it (``drain.job_fits``).
+3. ``predicted_wait_s``: (GPU-seconds queued in its tier and every more
+   important one + GPU-seconds routed there since the offer + what running
+   work still needs) / capacity, or 0 when nothing is queued ahead and enough
+   GPUs of the type are free: the arithmetic of ``Accounting.predicted_wait_s``.
+4. ``best_host``: the host with the lowest wait (ties: the order of ``cells``),
+   or None when no live offer hosts the job: unknown, never refused.
+5. ``wait_refusal``: the best host's wait exceeds the limit that cell publishes
+   for the job's tier (0 = no limit). Unknown is never refused: a missing or
+   stale offer lets the job through, and the cell queues it.
+
+Cost model: ``live_offers`` is O(C) for C cells; ``best_host`` and
+``wait_refusal`` are O(C * (T + G + s)) for T tiers, G node groups and s shapes
+per offer, all small; nothing here allocates per queued job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from framespool.schemas import events as ev
+
+from .drain import Groups, job_fits
+
+PREDICTED_WAIT = "predicted_wait"
+
+
+def offer_groups(offer: ev.CellOffer) -> Groups:
+    """An offer's UP nodes as ``drain.Groups``."""
+    return tuple((t.gpu_type, g.gpus, g.nodes) for t in offer.gpu_types for g in t.groups)
+
+
+def live_offers(
+    offers: Mapping[str, ev.CellOffer], cells: Iterable[str], now_ms: int, stale_s: float
+) -> dict[str, ev.CellOffer]:
+    """The offers of ``cells`` (in that order) no older than ``stale_s`` at
+    ``now_ms`` and with UP nodes (item 1 of the theory of operation)."""
+    oldest = now_ms - int(stale_s * 1000)
+    return {
+        c: offer
+        for c in cells
+        if (offer := offers.get(c)) is not None and offer.ts_ms >= oldest and offer_groups(offer)
+    }
+
+
+def hosts(offer: ev.CellOffer, spec: ev.JobSpec) -> bool:
+    """Whether the offer's UP nodes could run every shape of ``spec``."""
+    return offer.capacity_gpus > 0 and job_fits(offer_groups(offer), spec, every_shape=True)
+
+
+def predicted_wait_s(
+    offer: ev.CellOffer, spec: ev.JobSpec, routed_gpu_s: float = 0.0, routed_gpus: int = 0
+) -> float:
+    """The wait ``offer``'s cell predicts for ``spec``, after the work routed
+    there since the offer (``Accounting.predicted_wait_s``'s arithmetic; -1 when
+    the cell has no capacity)."""
+    if offer.capacity_gpus <= 0:
+        return -1.0
+    ahead = routed_gpu_s
+    for tier in offer.tiers:
+        if tier.tier == spec.tier:
+            ahead += tier.queued_gpu_s
+            break
+    if spec.gpu_type:
+        free = sum(t.free_gpus for t in offer.gpu_types if t.gpu_type == spec.gpu_type)
+    else:
+        free = offer.free_gpus
+    if free - routed_gpus >= spec.gpus and ahead <= 0:
+        return 0.0
+    return (ahead + offer.running_gpu_s) / offer.capacity_gpus
+
+
+def tier_limit_s(offer: ev.CellOffer, tier: str) -> float:
+    """The longest predicted wait the offering cell admits for ``tier`` (0 = no limit)."""
+    for backlog in offer.tiers:
+        if backlog.tier == tier:
+            return backlog.max_wait_s
+    return 0.0
+
+
+class Host(NamedTuple):
+    cell: str
+    wait_s: float
+
+
+def best_host(
+    live: Mapping[str, ev.CellOffer],
+    spec: ev.JobSpec,
+    routed: Mapping[str, tuple[float, int]] | None = None,
+) -> Host | None:
+    """The live offer that hosts ``spec`` with the lowest predicted wait (ties:
+    ``live``'s order); ``routed``: cell -> (GPU-seconds, GPUs) sent there since
+    its offer. None: no live offer hosts it (unknown)."""
+    best: Host | None = None
+    for cell, offer in live.items():
+        if not hosts(offer, spec):
+            continue
+        cost, gpus = routed.get(cell, (0.0, 0)) if routed else (0.0, 0)
+        wait = predicted_wait_s(offer, spec, cost, gpus)
+        if best is None or wait < best.wait_s:
+            best = Host(cell, wait)
+    return best
+
+
+class WaitRefusal(NamedTuple):
+    """A job refused because even its best host predicts a wait past its tier's limit."""
+
+    cell: str
+    wait_s: float
+    limit_s: float
+    tier: str
+
+    @property
+    def retry_after_s(self) -> int:
+        """When the work ahead could have drained to the limit: the excess wait,
+        rounded up, at least 1 s."""
+        return max(1, math.ceil(self.wait_s - self.limit_s))
+
+    @property
+    def message(self) -> str:
+        return (
+            f"predicted wait {self.wait_s:.0f}s exceeds the {self.tier} tier limit of "
+            f"{self.limit_s:.0f}s (best cell {self.cell}); retry later or use a higher tier"
+        )
+
+
+def wait_refusal(
+    live: Mapping[str, ev.CellOffer],
+    spec: ev.JobSpec,
+    routed: Mapping[str, tuple[float, int]] | None = None,
+) -> WaitRefusal | None:
+    """Why ``spec`` is refused for its predicted wait, or None (item 5 of the
+    theory of operation: within the limit, no limit, or unknown)."""
+    best = best_host(live, spec, routed)
+    if best is None:
+        return None
+    limit = tier_limit_s(live[best.cell], spec.tier)
+    if limit > 0 and best.wait_s > limit:
+        return WaitRefusal(best.cell, best.wait_s, limit, spec.tier)
+    return None
