@@ -16,8 +16,10 @@ class TierConfig:
     ``rank``: lower is more important; only a lower rank may preempt a higher one.
     ``sla_wait_s``: queued longer than this, a job of a tier with ``may_preempt``
     may preempt preemptible, checkpointable work of higher-ranked tiers.
-    ``max_predicted_wait_s``: admission rejects when the predicted wait exceeds it
-    (0 = never reject on predicted wait).
+    ``max_predicted_wait_s``: the edge (the API at submit, the simulator's
+    submit) refuses a job whose predicted wait in its best cell exceeds it, from
+    the cells' offers, which carry it (``framespool.processors.core.offers``); the
+    cell itself never rejects on it (0 = no limit).
     """
 
     name: str

@@ -41,16 +41,10 @@ class JobHandlers:
         # a job another cell gave up (drain.py) goes on from its runs and checkpoint there
         job.run, job.checkpoint = event.run, event.resume_from
         job.cost = self.cost_of(job, spec.gpus, spec.estimate_s)
+        # No rejection by predicted wait here: the tier's limit is the edge's, at
+        # submit, from the cells' offers (``offers.wait_refusal``), so a job the API
+        # accepted is never rejected later for its wait.
         ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog + job.cost)
-        tier = self.config.tier_of(spec.tier)
-        if tier.max_predicted_wait_s and ahead > tier.max_predicted_wait_s:
-            self.reject(
-                spec,
-                "predicted_wait",
-                f"predicted wait {ahead:.0f}s exceeds the {tier.name} tier limit of "
-                f"{tier.max_predicted_wait_s:.0f}s; retry later or use a higher tier",
-            )
-            return
         self.jobs[spec.job_id] = job
         self.enqueue(job, requeued=False)
         job.wait_estimate_s = ahead

@@ -43,6 +43,7 @@ from framespool.schemas import events as ev
 from framespool.schemas.states import JobState
 
 from .agents import Agents
+from .edge import SubmitEdge
 from .fleet import SimJob, SimNode, SimRun
 from .jobevents import JobEvents
 from .kinds import (
@@ -131,6 +132,7 @@ class Simulation(Agents, JobEvents):
         self.opts = opts
         self.config = cell_config(policy.configure(base_config, workload.tenants), opts)
         self.cell = Cell(self.config, CELL)
+        self.edge = SubmitEdge(self.config)  # the API's predicted-wait refusal, at submit
         self.recorder = Recorder(out_dir, opts.capacity_gpus, workload.tenants)
         self.progress = progress
         self.tape = tape  # when a list: every input event, for benchmarks
@@ -353,6 +355,10 @@ class Simulation(Agents, JobEvents):
             checkpoint_interval_s=trace.checkpoint_s,
             submitted_ms=trace.submit_ms,
         )
+        refused = self.edge.refusal(self.cell, spec, self.now)
+        if refused is not None:  # the API's 429: it never reaches the cell
+            self._rejected(self.edge.rejection(spec, refused, self.now))
+            return
         self.feed(
             ev.JobAdmitted(event_id=f"adm:{job.job_id}", ts_ms=self.now, spec=spec, cell=CELL)
         )

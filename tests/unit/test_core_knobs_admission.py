@@ -1,24 +1,36 @@
 """Knob tests (issue #10) for two policies that had none: admission by
 predicted wait (``TierConfig.max_predicted_wait_s``) and the preemption churn
 limit on a preemption that needs several victims at once. Each has a control
-that changes the outcome, so a broken knob fails its test."""
+that changes the outcome, so a broken knob fails its test.
+
+The predicted-wait limit is the edge's (the API at submit, the simulator's
+submit): the cell publishes each tier's limit and backlog in its offer, and
+``offers.wait_refusal`` refuses from it; the cell itself queues whatever was
+admitted. The API's 429 is test_api_predicted_wait; the simulator's refusal is
+at the end of this part."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from framespool.processors.core import CellConfig
+from framespool.processors.core.offers import live_offers, wait_refusal
+from framespool.processors.sim import POLICIES, SimOptions, Simulation, synthetic
 from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
 from tests.unit.test_core_knobs import asked, cfg, of
 
 
 def with_tier_limit(tier: str, limit_s: float, **kw) -> CellConfig:
-    config = cfg(**kw)
-    tiers = tuple(
-        replace(t, max_predicted_wait_s=limit_s) if t.name == tier else t for t in config.tiers
+    return replace(cfg(**kw), tiers=tiers(limit_s, tier))
+
+
+def tiers(limit_s: float, tier: str = "free") -> tuple:
+    """The default tiers with ``tier``'s predicted-wait limit set to ``limit_s``."""
+    return tuple(
+        replace(t, max_predicted_wait_s=limit_s) if t.name == tier else t
+        for t in CellConfig().tiers
     )
-    return replace(config, tiers=tiers)
 
 
 # -- admission by predicted wait ----------------------------------------------------
@@ -34,31 +46,68 @@ def busy_cell(config: CellConfig) -> Harness:
     return h
 
 
-def test_a_job_predicted_to_wait_past_its_tier_limit_is_rejected_with_the_reason():
+def refusal(h: Harness, tier: str, gpus: int = 8, estimate_s: float = 60):
+    """What the edge decides for a job from the cell's offer now."""
+    offer = ev.CellOffer(event_id="o", ts_ms=h.now_ms, **h.cell.offer_fields())
+    live = live_offers({offer.cell: offer}, [offer.cell], h.now_ms, 15.0)
+    spec = ev.JobSpec(
+        job_id="late",
+        tenant="acme",
+        tier=tier,
+        gpus=gpus,
+        gpus_per_node=gpus,
+        estimate_s=estimate_s,
+    )
+    return wait_refusal(live, spec)
+
+
+def test_a_job_predicted_to_wait_past_its_tier_limit_is_refused_with_the_reason():
     h = busy_cell(with_tier_limit("free", 600))
-    out = h.submit("late", gpus=8, tier="free", estimate_s=60)
-    rejected = of(out, ev.JobRejected)
-    assert [r.job_id for r in rejected] == ["late"] and not of(out, ev.JobQueued)
-    assert rejected[0].reason == "predicted_wait"
-    detail = rejected[0].detail
+    refused = refusal(h, "free")
+    assert refused is not None and refused.cell == h.cell.cell_id
     # the wait, the tier, its limit, and what to do about it
-    assert "predicted wait 3590s" in detail and "free tier limit of 600s" in detail
-    assert "retry later or use a higher tier" in detail
-    assert "late" not in h.cell.jobs  # nothing queued, nothing held
+    assert "predicted wait 3590s" in refused.message
+    assert "free tier limit of 600s" in refused.message
+    assert "retry later or use a higher tier" in refused.message
+    assert refused.retry_after_s == 2990
 
 
 def test_the_predicted_wait_limit_binds_only_its_own_tier_and_only_past_the_limit():
     """Controls: the same job in a tier without a limit, or under a limit above
-    its predicted wait, or while the node is free, is queued."""
+    its predicted wait, or while the node is free, is not refused."""
     h = busy_cell(with_tier_limit("free", 600))
-    assert of(h.submit("paid", gpus=8, tier="paid", estimate_s=60), ev.JobQueued)
-    h = busy_cell(with_tier_limit("free", 7200))
-    assert of(h.submit("late", gpus=8, tier="free", estimate_s=60), ev.JobQueued)
-    h = busy_cell(with_tier_limit("free", 0))  # 0 = never reject on predicted wait
-    assert of(h.submit("late", gpus=8, tier="free", estimate_s=60), ev.JobQueued)
+    assert refusal(h, "paid") is None
+    assert refusal(busy_cell(with_tier_limit("free", 7200)), "free") is None
+    assert refusal(busy_cell(with_tier_limit("free", 0)), "free") is None  # 0 = no limit
     h = Harness(nodes=1, config=with_tier_limit("free", 1))
-    out = h.submit("now", gpus=8, tier="free", estimate_s=60)  # starts now: wait 0
+    assert refusal(h, "free") is None  # it would start now: wait 0
+
+
+def test_the_cell_queues_a_job_past_its_limit_it_no_longer_rejects_after_the_202():
+    """Whatever the edge let through (a stale offer, a burst since the offer) is
+    queued: a job the API accepted is never rejected later for its wait."""
+    h = busy_cell(with_tier_limit("free", 600))
+    assert refusal(h, "free") is not None  # the edge would have refused it
+    out = h.submit("late", gpus=8, tier="free", estimate_s=60)
     assert of(out, ev.JobQueued) and not of(out, ev.JobRejected)
+    assert "late" in h.cell.jobs
+
+
+def test_the_simulators_submit_refuses_past_the_limit_as_the_edge_does():
+    """``framespool simulate`` plays the edge at submit (processors/sim/edge.py):
+    a flood of free-tier work on a small fleet is refused past a 60 s limit and
+    counted as ``predicted_wait`` rejections; without the limit none is."""
+
+    def run(limit_s: float) -> dict:
+        workload = synthetic("steady", 300, 3, capacity_gpus=16, load=2.0)
+        opts = SimOptions(nodes=2, gpus_per_node=8, max_sim_s=3600)
+        return Simulation(
+            workload, POLICIES["framespool"], opts, CellConfig(tiers=tiers(limit_s))
+        ).run()
+
+    limited, free = run(60.0), run(0.0)
+    assert limited["rejections"].get("predicted_wait", 0) > 0, limited["rejections"]
+    assert "predicted_wait" not in free["rejections"]
 
 
 # -- churn limit on a multi-victim preemption ---------------------------------------
