@@ -17,10 +17,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from framespool.log.memory import MemoryProducer
 from framespool.processors.routing import destinations
 from framespool.producers import openapi
-from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.api import OFFERS, ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
+from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.store import InMemoryViewStore
+from framespool.projections.testing import records_for
 from framespool.schemas import events as ev
 from framespool.schemas.topics import COMMANDS, JOB_EVENTS
 
@@ -156,6 +158,20 @@ def test_the_offers_come_from_the_projection_consumer_that_runs_with_the_app():
 
     config = make_config(None, background=(Consumer().run,))
     assert asyncio.run(submit(config))[0] == 429
+
+
+def test_the_projection_consumer_folds_offers_from_job_events_and_the_api_reads_them():
+    """The real chain: an offer record on job-events is folded (not
+    dead-lettered) by the consumer that runs with the app, and the API reads it."""
+    store = InMemoryViewStore()
+    consumer = ProjectionConsumer(store, dead_letter_sender=MemoryProducer())
+    asyncio.run(consumer.handle(records_for([offer()])))
+    assert consumer.counters.dead_lettered == 0 and consumer.counters.applied == 1
+    assert consumer.cluster.offers == {"cell-0": offer()}
+    # the app finds the consumer among its background runs (not started here)
+    offers = make_app(make_config(None, background=(consumer.run,)))[OFFERS]
+    assert offers() == {"cell-0": offer()}
+    assert asyncio.run(submit(make_config(offers())))[0] == 429
 
 
 def test_the_cluster_fold_keeps_each_cells_newest_offer():
