@@ -46,6 +46,15 @@ class ArtifactStoreContract:
         assert (tmp_path / "dst" / "copy").read_bytes() == data
         assert got.sha256 == stored.sha256 and got.size_bytes == len(data)
 
+    @pytest.mark.parametrize("data", [b"", b"frames" * 1000], ids=["empty", "bytes"])
+    def test_put_bytes_stores_what_put_file_would(self, store, tmp_path, data):
+        by_bytes = store.put_bytes(output_key("job-b", 1, "out.bin"), data)
+        by_file = store.put_file(output_key("job-f", 1, "out.bin"), _write(tmp_path / "s", data))
+        assert by_bytes.sha256 == by_file.sha256 == hashlib.sha256(data).hexdigest()
+        assert by_bytes.size_bytes == len(data) and store.exists(by_bytes.uri)
+        got = store.get_file(by_bytes.uri, tmp_path / "dst")
+        assert (tmp_path / "dst").read_bytes() == data and got.sha256 == by_bytes.sha256
+
     def test_get_accepts_the_key_or_the_uri(self, store, tmp_path):
         key = checkpoint_key("job-1", 2, 7)
         stored = store.put_file(key, _write(tmp_path / "src", b"ckpt"))

@@ -86,3 +86,18 @@ def test_tampered_signed_url_is_refused(tamper, tmp_path):
 def test_a_secret_is_required(tmp_path):
     with pytest.raises(ValueError):
         LocalDirStore(tmp_path, secret="")
+
+
+def test_only_an_object_with_bytes_is_fsynced(store, tmp_path, monkeypatch):
+    """An empty object (the noop builtin's output) has no data a crash could lose:
+    its fsync is skipped; any object with bytes is synced before it is renamed in."""
+    import os
+
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    store.put_bytes(output_key("job-e", 1, "out"), b"")
+    assert synced == []
+    store.put_bytes(output_key("job-d", 1, "out"), b"data")
+    (tmp_path / "src").write_bytes(b"more")
+    store.put_file(output_key("job-f", 1, "out"), tmp_path / "src")
+    assert len(synced) == 2
