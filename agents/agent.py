@@ -431,7 +431,11 @@ class NodeAgent(Healing):
             log.exception("agent %s: heartbeat not built", self.node_id)
 
     def heartbeat(self) -> NodeHeartbeat:
-        runs = [self._runs[key].report() for key in sorted(self._runs)]
+        """This node's sample: GPU health and the runs it holds, less those whose
+        final report is already queued ahead of this heartbeat (``RunExecution.ending``)."""
+        runs = [
+            self._runs[key].report() for key in sorted(self._runs) if not self._runs[key].ending
+        ]
         return reports.heartbeat(
             event_id=uuid.uuid4().hex,
             node_id=self.node_id,

@@ -8,8 +8,14 @@ subprocess run does: ``RunStarted``, progress up to 1.0, then one final report.
 Builtins (``ModelProfile.builtin``):
 
 ``noop``
-    Writes an empty output file and reports progress 1.0 (step 1 of 1): zero
+    Completes with an empty output and reports progress 1.0 (step 1 of 1): zero
     work, for measuring the pipeline itself (``framespool bench pipeline``).
+
+A builtin's output is the agent's own bytes (``Outcome.output_data``), not a
+file a generator names: it needs no work directory, no staging and no copy,
+and the run keeps it in the store with one ``put_bytes``
+(:mod:`framespool.agents.keeping`). Cost of a noop run: no thread hop and no
+file of its own; its output is one store write.
 """
 
 from __future__ import annotations
@@ -17,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from framespool.agents.profiles import ModelProfile
-from framespool.agents.runner import COMPLETED, FAILED, STOPPED, Checkpoint, Outcome, Progress
+from framespool.agents.runner import COMPLETED, STOPPED, Checkpoint, Outcome, Progress
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +40,11 @@ class BuiltinRunner:
         self,
         profile: ModelProfile,
         *,
-        output_path: Path,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> None:
         if profile.builtin != "noop":
             raise ValueError(f"profile {profile.name!r}: no builtin {profile.builtin!r}")
         self.profile = profile
-        self.output_path = output_path
         self._on_progress = on_progress
         self._task: asyncio.Task[Outcome] | None = None
         self._stopped = False
@@ -57,21 +60,13 @@ class BuiltinRunner:
 
     async def _noop(self) -> Outcome:
         await asyncio.sleep(0)  # like a process, it works after start() returns
-        try:  # on a thread: many nodes' noops share one agent's event loop
-            await asyncio.to_thread(self._write_output)
-        except OSError as e:
-            return Outcome(FAILED, 1, failure_class="generator_error", reason=str(e))
         self.last = Progress(1.0, 1, 1)
         if self._on_progress is not None:
             try:
                 self._on_progress(self.last)
             except Exception:  # a reporting bug must not fail the run
                 log.exception("builtin %s: progress callback failed", self.profile.name)
-        return Outcome(COMPLETED, 0, output_path=self.output_path)
-
-    def _write_output(self) -> None:
-        self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        self.output_path.write_bytes(b"")
+        return Outcome(COMPLETED, 0, output_data=b"")
 
     async def wait(self) -> Outcome:
         assert self._task is not None, "start() first"

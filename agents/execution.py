@@ -11,8 +11,12 @@ Theory of operation
    reports ``RunStarted`` (it holds its GPUs) and waits at the start barrier
    for the scheduler's ``BeginRun`` (every member holds its GPUs) before it
    starts anything; a stop (or the agent closing) ends the wait instead. The
-   generator starts with a minimal environment (a run alone reports
-   ``RunStarted`` now); a stop that arrived meanwhile stops it at once.
+   generator starts with a minimal environment (a run alone queues
+   ``RunStarted`` now, without waiting for the broker: the producer keeps the
+   partition's order, and a short run's final report shares its request); a
+   stop that arrived meanwhile stops it at once. A builtin (``noop``) runs in
+   the agent: it gets no work directory, and its output is kept from memory
+   (:meth:`RunFiles.keep_result`).
    Periodic checkpoints are requested every
    ``checkpoint_interval_s / time_scale`` when the spec asks for them.
 4. Progress goes to the progress topic through a per-run throttle; every
@@ -24,7 +28,8 @@ Theory of operation
 5. When the process group is gone, pending checkpoint uploads finish, then the
    run ends with exactly one of ``RunCompleted`` (output uploaded with its
    digest), ``RunFailed`` (class, reason with stderr tail, exit code) or
-   ``RunStopped``. A gang member other than the result rank that exits 0
+   ``RunStopped``; once that report is queued the node's heartbeats stop
+   listing the run. A gang member other than the result rank that exits 0
    holds the run until the gang is stopped (see :mod:`gang`). While the agent
    shuts down nothing is reported.
 """
@@ -32,6 +37,7 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import time
@@ -118,6 +124,11 @@ class RunExecution:
         self._checkpointing: asyncio.Task | None = None
         self._gang_ended = asyncio.Event()
         self._go = asyncio.Event()  # BeginRun: the gang's start barrier is passed
+        self._has_workdir = False  # a builtin runs in the agent and needs none
+        # Set once the run's final report is queued: heartbeats stop listing the run,
+        # so one produced behind that report cannot make the scheduler stop a run it
+        # already counts as ended (reconcile: "running but not assigned here").
+        self.ending = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -178,7 +189,7 @@ class RunExecution:
         entry = host.ledger.entry(job_id, n)
         if not self._go.is_set() or (entry is not None and entry.state is RunState.STOPPING):
             reason = entry.stop_reason if entry and entry.stop_reason else "stopped at the barrier"
-            await host.report(
+            await self._final(
                 reports.stopped(host.node_id, self.incarnation, job_id, n, now_ms(), reason)
             )
             return False
@@ -239,20 +250,24 @@ class RunExecution:
             self.files = RunFiles(
                 host.store, profile, job_id, n, self.member, self.workdir, self.staging
             )
-            # off the event loop: an agent hosting many nodes must not stall on the disk
-            await asyncio.to_thread(self._prepare_workdir)
+            in_process = bool(profile.builtin)  # no generator: no work directory to give it
+            if not in_process:
+                self._has_workdir = True
+                # off the event loop: an agent hosting many nodes must not stall on the disk
+                await asyncio.to_thread(self._prepare_workdir)
             resume = await self.files.resume(self.cmd.resume_from, host.node_id)
             if host.closing:
                 return
             entry = host.ledger.entry(job_id, n)
             if entry is not None and entry.state is RunState.STOPPING:
-                await host.report(
+                await self._final(
                     reports.stopped(
                         host.node_id, self.incarnation, job_id, n, now_ms(), entry.stop_reason
                     )
                 )
                 return
-            await asyncio.to_thread(hand_over, self.workdir, self.identity)
+            if not in_process:
+                await asyncio.to_thread(hand_over, self.workdir, self.identity)
             if self.member.gang and not await self._start_barrier():
                 return
             runner = runner_for(
@@ -277,8 +292,14 @@ class RunExecution:
                 await self.runner.stop()  # a stop arrived while it was starting
             else:
                 if not self.member.gang:  # a gang member reported it at the barrier
-                    await host.report(
-                        reports.started(host.node_id, self.incarnation, job_id, n, now_ms())
+                    # Queued, not awaited: the producer keeps the cell partition's order,
+                    # so the run goes on at once and a short run's final report can share
+                    # RunStarted's produce request (one broker request, not two).
+                    host.spawn(
+                        host.report(
+                            reports.started(host.node_id, self.incarnation, job_id, n, now_ms())
+                        ),
+                        f"started-{job_id}-{n}",
                     )
                 if spec.checkpoint_interval_s > 0 and profile.can_checkpoint:
                     periodic = asyncio.create_task(
@@ -297,7 +318,8 @@ class RunExecution:
                 self.runner.kill()  # cancelled mid-run (shutdown): no process group outlives it
             host.ledger.finished(job_id, n)
             host.run_ended(self)
-            await asyncio.shield(asyncio.to_thread(self._remove_workdir))
+            if self._has_workdir:
+                await asyncio.shield(asyncio.to_thread(self._remove_workdir))
 
     def _prepare_workdir(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)  # nothing left from an earlier agent
@@ -307,10 +329,17 @@ class RunExecution:
     def _remove_workdir(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
         shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the job's directory, once its last run is gone
+            self.workdir.parent.rmdir()
+
+    async def _final(self, event: Any) -> None:
+        """Write the run's one final report; from here heartbeats no longer list it."""
+        self.ending = True
+        await self.host.report(event)
 
     async def _fail(self, failure_class: str, reason: str, exit_code: int = 0) -> None:
         host = self.host
-        await host.report(
+        await self._final(
             reports.failed(
                 host.node_id,
                 self.incarnation,
@@ -326,9 +355,9 @@ class RunExecution:
         """A gang member's part is done: keep its output, hold the run until the
         scheduler ends the gang (see :mod:`gang`)."""
         host, (job_id, n) = self.host, self.key
-        if outcome.output_path is not None:
+        if outcome.output_path is not None or outcome.output_data is not None:
             try:
-                await self.files.keep_output(outcome.output_path)
+                await self.files.keep_result(outcome)
             except Exception as e:
                 log.warning(
                     "job %s run %d on %s: rank %d output not kept: %s",
@@ -350,7 +379,7 @@ class RunExecution:
         if not host.closing:
             entry = host.ledger.entry(job_id, n)
             reason = entry.stop_reason if entry and entry.stop_reason else "gang ended"
-            await host.report(
+            await self._final(
                 reports.stopped(host.node_id, self.incarnation, job_id, n, now_ms(), reason)
             )
 
@@ -360,13 +389,12 @@ class RunExecution:
         if outcome.kind == STOPPED:
             entry = host.ledger.entry(job_id, n)
             reason = entry.stop_reason if entry and entry.stop_reason else "stopped"
-            await host.report(
+            await self._final(
                 reports.stopped(host.node_id, self.incarnation, job_id, n, now_ms(), reason)
             )
         elif outcome.kind == COMPLETED:
-            assert outcome.output_path is not None
             try:
-                stored = await self.files.keep_output(outcome.output_path)
+                stored = await self.files.keep_result(outcome)
             except UploadRefused as e:
                 log.warning("job %s run %d on %s: %s", job_id, n, host.node_id, e)
                 await self._fail("generator_error", str(e))
@@ -379,7 +407,7 @@ class RunExecution:
                     "upload_error", f"output upload to {self.files.output_key} failed: {e}"
                 )
                 return
-            await host.report(
+            await self._final(
                 reports.completed(
                     host.node_id,
                     self.incarnation,

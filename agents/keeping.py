@@ -22,7 +22,8 @@ from framespool.agents.artifacts import (
 )
 from framespool.agents.gang import Membership
 from framespool.agents.profiles import ModelProfile
-from framespool.agents.uploads import stage
+from framespool.agents.runner import Outcome
+from framespool.agents.uploads import UploadRefused, stage
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,20 @@ class RunFiles:
     async def keep_output(self, path: Path) -> StoredArtifact:
         """Raises :class:`uploads.UploadRefused` (the generator's fault) or the store's error."""
         return await self._keep(path, self.output_key, self.profile.max_output_bytes, "output")
+
+    async def keep_result(self, outcome: Outcome) -> StoredArtifact:
+        """A completed run's output: the generator's file (staged, checked, copied) or
+        the bytes a builtin made in the agent (one store write, nothing to stage)."""
+        if outcome.output_data is None:
+            assert outcome.output_path is not None
+            return await self.keep_output(outcome.output_path)
+        data, limit = outcome.output_data, self.profile.max_output_bytes
+        if len(data) > limit:
+            raise UploadRefused(
+                f"output of {len(data)} bytes not uploaded: over {limit} bytes; raise the"
+                " profile's max_output_bytes"
+            )
+        return await asyncio.to_thread(self.store.put_bytes, self.output_key, data)
 
     def admit_checkpoint(self) -> bool:
         """False once the profile's ``max_checkpoints`` have been admitted."""

@@ -32,7 +32,7 @@ def make_runner(
 ) -> Runner | BuiltinRunner:
     """A builtin profile runs in-process; any other is its command, spawned directly."""
     if profile.builtin:
-        return BuiltinRunner(profile, output_path=out, on_progress=on_progress)
+        return BuiltinRunner(profile, on_progress=on_progress)
     return Runner(
         profile,
         profile.argv(out=str(out), **values),

@@ -74,6 +74,8 @@ class Outcome:
     failure_class: str = ""
     reason: str = ""
     stderr_tail: str = ""
+    # an output the agent made itself (a builtin's), kept from memory: no file
+    output_data: bytes | None = None
 
 
 class Runner:

@@ -466,7 +466,9 @@ def test_work_dir_is_gone_after_the_run(tmp_path):
     script = WRITE_OUTPUT + "open(sys.argv[1], 'wb').write(b'v')\n"
     execution = execute(host, start_run(host), script_profile(script))
     assert not execution.workdir.exists()
-    assert not any(os.scandir(execution.workdir.parent))
+    # nor the job's directory: one left per job would grow runs/ without bound
+    assert not execution.workdir.parent.exists()
+    assert not any(os.scandir(execution.workdir.parent.parent))
 
 
 @pytest.mark.skipif(
@@ -489,3 +491,31 @@ def test_a_root_agent_runs_the_generator_as_its_user_in_a_work_dir_it_owns(secre
         assert "Permission denied" in failed.reason
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_noop_run_needs_no_work_directory_and_keeps_its_output_from_memory(tmp_path):
+    from framespool.agents.profiles import noop_profile
+
+    host = FakeHost(tmp_path)
+    execution = execute(host, start_run(host, model="noop"), noop_profile())
+    assert [type(e) for e in host.reports] == [RunStarted, RunCompleted]
+    (done,) = host.of(RunCompleted)
+    assert done.size_bytes == 0 and host.store.exists(done.artifact_uri)
+    assert not host.data_dir.exists()  # no work directory, staging or output file
+    assert execution.ending  # its final report is queued: heartbeats no longer list it
+
+
+def test_a_run_is_listed_until_its_final_report_is_queued(tmp_path):
+    """Heartbeats skip a run once ``ending`` is set (agent.NodeAgent.heartbeat): a run
+    still computing, or holding its place in a gang, is not ``ending``."""
+    host = FakeHost(tmp_path)
+    seen: list[bool] = []
+
+    async def then(execution: RunExecution) -> None:
+        while execution.runner is None:
+            await asyncio.sleep(0.005)
+        seen.append(execution.ending)
+
+    script = WRITE_OUTPUT + "import time; time.sleep(0.3); open(sys.argv[1], 'wb').write(b'v')\n"
+    execution = execute(host, start_run(host), script_profile(script), then=then)
+    assert seen == [False] and execution.ending

@@ -186,3 +186,19 @@ def test_an_agent_process_is_given_one_node_or_a_list_of_simulated_ones():
     ):
         with pytest.raises(SystemExit, match=words):
             node_specs(bad)
+
+
+def test_a_heartbeat_lists_the_runs_held_less_those_whose_final_report_is_queued(tmp_path):
+    """A heartbeat produced behind a run's final report must not list the run: the
+    scheduler would read it as "running but not assigned here" and send a StopRun."""
+    from types import SimpleNamespace
+
+    _, agents, _ = hosted(tmp_path)
+    agent = agents["node-a"]
+
+    def execution(job: str, ending: bool):
+        report = ev.RunReport(job_id=job, run=1, step_rate=0.0, progress=0.5)
+        return SimpleNamespace(ending=ending, report=lambda: report)
+
+    agent._runs = {("job-1", 1): execution("job-1", False), ("job-2", 1): execution("job-2", True)}
+    assert [r.job_id for r in agent.heartbeat().runs] == ["job-1"]

@@ -322,8 +322,10 @@ def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
         return r, await r.wait()
 
     r, outcome = asyncio.run(main())
-    assert outcome.kind == COMPLETED and outcome.exit_code == 0 and outcome.output_path == out
-    assert out.read_bytes() == b"" and r.pid is None
+    assert outcome.kind == COMPLETED and outcome.exit_code == 0
+    # its output is the agent's own bytes, kept from memory: no file, no work directory
+    assert outcome.output_data == b"" and outcome.output_path is None
+    assert not out.exists() and not any(tmp_path.iterdir()) and r.pid is None
     assert [(p.progress, p.step, p.total_steps) for p in seen] == [(1.0, 1, 1)]
 
 
