@@ -305,7 +305,7 @@ class JournalStore(SnapshotStore):
         super().save(snapshots)
 
 
-def run_fake(tmp_path, polls, fail_flush=False, committed=None):
+def run_fake(tmp_path, polls, fail_flush=False, committed=None, commit_interval_s=0.0):
     import threading
 
     from framespool.processors.app import ProcessorRunner
@@ -322,6 +322,7 @@ def run_fake(tmp_path, polls, fail_flush=False, committed=None):
         "fake:9092",
         "g",
         input_topic=Topic(TOPIC, 1, "x"),
+        commit_interval_s=commit_interval_s,
         consumer_factory=lambda *args, **kwargs: consumer,
         producer_factory=lambda *args, **kwargs: producer,
     )
@@ -355,6 +356,51 @@ def test_each_batch_is_produced_then_snapshotted_then_committed(tmp_path):
         "producer closed",
     ]
     assert snapshot == ([b"a", b"b", b"c"], 2)
+
+
+def test_positions_are_committed_at_most_every_commit_interval_and_on_the_way_out(tmp_path):
+    """Within the interval a turn only remembers its positions; the newest are
+    committed once, after the last snapshot, before the group is left."""
+    journal, snapshot, error = run_fake(
+        tmp_path,
+        [records(0, 0, [b"a", b"b"]), records(0, 2, [b"c"])],
+        commit_interval_s=3600.0,
+    )
+    assert error is None
+    assert [j for j in journal if j.startswith("commit")] == ["commit 3"]
+    assert journal[-4:] == ["snapshot 2", "commit 3", "closed", "producer closed"]
+    assert snapshot == ([b"a", b"b", b"c"], 2)
+
+
+def test_remembered_positions_are_committed_before_a_partition_is_revoked(tmp_path):
+    """A partition that moves hands its delivered positions to the next owner."""
+    import threading
+
+    from framespool.processors.app import ProcessorRunner
+    from framespool.schemas.topics import Topic
+
+    journal, stop = Journal(), threading.Event()
+    store = JournalStore(tmp_path / "j", journal)
+    log = MemoryLog([Topic(TOPIC, 1, "x"), Topic("out", 1, "x"), Topic("dlq", 1, "x")])
+    consumer = JournalConsumer(log, journal, [records(0, 0, [b"a", b"b"])], stop, "g")
+    producer = JournalProducer(log, journal)
+    runner = ProcessorRunner(
+        StatefulProcessor(ListFold(), store, TOPIC),
+        "fake:9092",
+        "g",
+        input_topic=Topic(TOPIC, 1, "x"),
+        commit_interval_s=3600.0,
+        consumer_factory=lambda *args, **kwargs: consumer,
+        producer_factory=lambda *args, **kwargs: producer,
+    )
+    runner._consumer = consumer
+    consumer.subscribe([TOPIC], on_assign=runner._on_assign, on_revoke=runner._on_revoke)
+    runner.turn(consumer, producer)
+    assert not [j for j in journal if j.startswith("commit")]
+    consumer.close()  # leaving the group revokes the partition
+    assert [j for j in journal if j.startswith("commit")] == ["commit 2"]
+    assert journal.index("commit 2") < journal.index("closed")
+    store.close()
 
 
 def test_a_failed_delivery_is_fatal_and_never_snapshotted_or_committed(tmp_path):
