@@ -35,7 +35,10 @@ the figures include one consumer hop.
 4. the CPU each process used (:class:`CpuMeter`, from ``/proc``; % of one
    core, agents and scheduler instances summed per kind): while the stack
    idles (``cpu_idle_pct``: what the consumers' fetch waits cost at rest) and
-   during the latency phase (``cpu_latency_pct``).
+   during the latency phase (``cpu_latency_pct``); and the CPU milliseconds
+   each kind spent per job in the throughput phase (``cpu_ms_per_job``): the
+   cost that bounds jobs/s on a machine of fixed cores, and steadier than
+   jobs/s on a machine other work shares.
 
 The bench's reader of job-events is a request-path reader
 (``framespool.log.Role``): it stands for a client waiting for its decision.
@@ -76,6 +79,7 @@ class PipelineResult:
     hops_ms: dict[str, dict[str, float]] | None = None
     cpu_idle_pct: dict[str, float] | None = None
     cpu_latency_pct: dict[str, float] | None = None
+    cpu_ms_per_job: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -211,13 +215,14 @@ class CpuMeter:
         self.pids = dict(pids)
         self._start: dict[str, float | None] = {}
         self._t0 = 0.0
+        self.elapsed_s = 0.0  # of the last start..stop
 
     def start(self) -> None:
         self._start = {name: process_cpu_s(pid) for name, pid in self.pids.items()}
         self._t0 = time.monotonic()
 
     def stop(self) -> dict[str, float]:
-        elapsed = max(1e-9, time.monotonic() - self._t0)
+        elapsed = self.elapsed_s = max(1e-9, time.monotonic() - self._t0)
         out: dict[str, float] = {}
         for name, pid in self.pids.items():
             before, after = self._start.get(name), process_cpu_s(pid)
@@ -354,8 +359,14 @@ def bench_pipeline(
             # 1. throughput
             sent: dict[str, float] = {}
             t0 = time.perf_counter()
+            meter.start()
             asyncio.run(submit_many(stack.api_url, key, jobs, 0, concurrency, sent))
             wait_for(watcher.completed, sent, 300, watcher.failed)
+            cpu_throughput = meter.stop()
+            cpu_ms_per_job = {
+                k: round(10 * pct * meter.elapsed_s / max(1, jobs), 3)
+                for k, pct in cpu_throughput.items()
+            }
             done = [watcher.completed[j] for j in sent if j in watcher.completed]
             elapsed = (max(done) - t0) if done else float("inf")
             # 2. latency at a fixed offered rate
@@ -392,4 +403,5 @@ def bench_pipeline(
         hops_ms=hop_split(lat_wall, stamps, watcher.assigned_wall),
         cpu_idle_pct=cpu_idle or None,
         cpu_latency_pct=cpu_latency or None,
+        cpu_ms_per_job=cpu_ms_per_job or None,
     )

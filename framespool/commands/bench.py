@@ -270,6 +270,9 @@ def handle_pipeline(args: argparse.Namespace) -> int:
         if result.get(key):
             row = ", ".join(f"{k} {v}" for k, v in result[key].items())
             print(f"  CPU % of one core, {phase}: {row}")
+    if result.get("cpu_ms_per_job"):
+        row = ", ".join(f"{k} {v}" for k, v in result["cpu_ms_per_job"].items())
+        print(f"  CPU ms per job, throughput phase: {row}")
     return write_json(args.json, result)
 
 

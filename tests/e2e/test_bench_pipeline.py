@@ -45,7 +45,7 @@ def test_bench_pipeline_runs_end_to_end_and_writes_its_keys(tmp_path):
         assert q["p50"] == q["p50"] and q["p50"] >= 0, (hop, q)  # not NaN: the hop was seen
     assert result["jobs_per_s"] > 0
     # the CPU each kind of process used, idle and under load
-    for phase in ("cpu_idle_pct", "cpu_latency_pct"):
+    for phase in ("cpu_idle_pct", "cpu_latency_pct", "cpu_ms_per_job"):
         assert {"broker", "api", "admission", "scheduler", "agents", "total"} <= set(
             result[phase]
         ), phase
