@@ -39,7 +39,10 @@ For a ``SubmitJob``, in this order:
    b. Stickiness: the tenant's home cell (the host with the highest rendezvous
       hash of (cell, tenant)) wins while its wait is within
       ``max(sticky_slack_s, sticky_slack_ratio * best)`` of the best, so a
-      tenant's jobs stay where its models are warm until waits really differ.
+      tenant's jobs stay where its models are warm until waits really differ;
+      but never past the tier's predicted-wait limit (``TierBacklog.max_wait_s``)
+      when the best host is within it: the edge admitted the job by the best
+      host's wait (``offers.wait_refusal``).
    c. No fresh host: the candidates with no fresh offer, or a fresh one with
       no UP node (a cell starting, or whose agents are restarting, says nothing
       about what it can run), by rendezvous hash of (cell, job id); none
@@ -94,7 +97,7 @@ from framespool.schemas import events as ev
 
 from .config import DEFAULT_TIERS
 from .drain import largest_job
-from .offers import hosts, live_offers, offer_groups, predicted_wait_s
+from .offers import hosts, live_offers, offer_groups, predicted_wait_s, tier_limit_s
 
 INVALID_TIER = "invalid_tier"
 NO_MATCHING_CELL = "no_matching_cell"
@@ -386,7 +389,12 @@ class AdmissionState:
             best = min(hosts, key=lambda c: waits[c])  # ties: config order
             home = rendezvous(spec.tenant, hosts)
             slack = max(self.config.sticky_slack_s, self.config.sticky_slack_ratio * waits[best])
-            return home if waits[home] <= waits[best] + slack else best
+            if waits[home] > waits[best] + slack:
+                return best
+            # the edge let the job in by the best host's wait: stickiness may not
+            # take it past its tier's limit where the best host keeps it within
+            limit = tier_limit_s(fresh[home], spec.tier)
+            return best if 0 < limit < waits[home] and waits[best] <= limit else home
         unknown = tuple(c for c in candidates if c not in fresh)
         return rendezvous(spec.job_id, unknown) if unknown else None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from framespool.processors.core import CellConfig
+from framespool.processors.core.admission import AdmissionConfig, AdmissionState, rendezvous
 from framespool.processors.core.offers import live_offers, wait_refusal
 from framespool.processors.sim import POLICIES, SimOptions, Simulation, synthetic
 from framespool.schemas import events as ev
@@ -91,6 +92,40 @@ def test_the_cell_queues_a_job_past_its_limit_it_no_longer_rejects_after_the_202
     out = h.submit("late", gpus=8, tier="free", estimate_s=60)
     assert of(out, ev.JobQueued) and not of(out, ev.JobRejected)
     assert "late" in h.cell.jobs
+
+
+def routed_cell(limit_s: float) -> str:
+    """Where admission sends a free-tier job of acme when its home cell predicts
+    115 s and the other cell 100 s (within the default stickiness slack, 20 %)."""
+    cells = ("cell-0", "cell-1")
+    home = rendezvous("acme", cells)
+    state = AdmissionState(AdmissionConfig(cells=cells))
+    for cell in cells:
+        wait = 115.0 if cell == home else 100.0
+        groups = (ev.NodeGroup(gpus=8, nodes=2),)
+        state.apply(
+            ev.CellOffer(
+                event_id=f"{cell}@1/0",
+                ts_ms=1000,
+                cell=cell,
+                capacity_gpus=16,
+                gpu_types=(ev.GpuOffer(gpu_type="H100", healthy_gpus=16, groups=groups),),
+                tiers=(ev.TierBacklog(tier="free", queued_gpu_s=16 * wait, max_wait_s=limit_s),),
+            )
+        )
+    spec = ev.JobSpec(job_id="j", tenant="acme", tier="free", gpus=8, gpus_per_node=8)
+    out = state.apply(ev.SubmitJob(event_id="s", ts_ms=1000, spec=spec))
+    (admitted,) = of(out, ev.JobAdmitted)
+    return "home" if admitted.cell == home else "best"
+
+
+def test_stickiness_never_takes_a_job_past_its_tier_limit_the_best_cell_keeps():
+    """The edge let the job in by the best cell's wait (100 s, limit 110 s):
+    admission may not then send it to the tenant's home cell at 115 s. Controls:
+    no limit, or a limit above the home cell's wait, and the home cell wins."""
+    assert routed_cell(110.0) == "best"
+    assert routed_cell(0.0) == "home"
+    assert routed_cell(120.0) == "home"
 
 
 def test_the_simulators_submit_refuses_past_the_limit_as_the_edge_does():
