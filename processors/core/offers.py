@@ -156,6 +156,8 @@ def wait_refusal(
 ) -> WaitRefusal | None:
     """Why ``spec`` is refused for its predicted wait, or None (item 5 of the
     theory of operation: within the limit, no limit, or unknown)."""
+    if not any(tier_limit_s(offer, spec.tier) > 0 for offer in live.values()):
+        return None  # no limit anywhere (the default): no wait to compute
     best = best_host(live, spec, routed)
     if best is None:
         return None
