@@ -16,11 +16,17 @@ the tier and the job's shape. Rather than model them, the band learns them:
    Jobs told "starts now" (class 0) stay in their own class: a burst of them
    says nothing about the spread of a queue's waits.
 3. A band is ``(e + FLOOR_S) * m_q - FLOOR_S`` (at least 0) for the P50
-   (q = 0.5) and the P90 (q = 0.95: the ratios learned are of jobs that have
-   started, so the longest waits of a backlog are still missing from them,
-   and the 0.9 quantile of what was seen is short of the truth), where ``m_q`` is the q-quantile of the learned ratios of the job's
-   (tier, class), or of its tier while the class has fewer than
-   ``MIN_SAMPLES``, or the depth prior before anything was learned (``band``).
+   (q = 0.5) and the P90 (q = 0.9), where ``m_q`` is the q-quantile of the
+   ratios of the job's (tier, class), or of its tier while the class has
+   fewer than ``MIN_SAMPLES``, or the depth prior before anything was learned
+   (``band``). The quantile is a Kaplan-Meier estimate (``censor``): the jobs
+   still queued are right-censored observations at their wait so far, so a
+   backlog's longest waits count before they end. Reading only the jobs that
+   started biases both quantiles low whenever waits grow (every job that
+   started waited less than the ones still queued); reading a higher
+   quantile instead (this module read its P90 at 0.95) over-covers a steady
+   load (95 % under the P90) and still under-covers a growing one
+   (``test_waitbands_stream``).
 4. The depth prior. A deep queue's wait is the sum of many jobs' run times
    over the capacity, so its relative spread shrinks like one job's spread
    over the square root of the number of jobs ahead (the law of large
@@ -49,7 +55,8 @@ Everything is plain arithmetic on the event's time: deterministic, replayable.
 Cost: ``admitted``/``forget`` O(1); the depth prior O(1); ``started`` O(1) plus, when a histogram
 fills, an O(BUCKETS) halving (amortized O(BUCKETS / HALVE_AT)); ``band``
 O(1) when its quantiles are cached, else O(BUCKETS) once per histogram
-change (BUCKETS = 193, so at most a few hundred additions per admission).
+change (BUCKETS = 193, so at most a few hundred additions per admission);
+``censor`` O(pending + histograms), on the estimate cadence only.
 Memory: one pending entry per queued-never-started job plus
 O(BUCKETS * tiers * classes).
 """
@@ -68,10 +75,7 @@ PRIOR = (1.0, 3.0)  # (m50, m90) before anything was observed, one job deep
 Z90 = 1.2816  # the standard normal's 0.9 quantile
 SIGMA_JOB = 0.6  # relative spread of one job's run time (durations ~50%, estimates ~25% off)
 SIGMA_SYS = 0.0  # log-spread a deep queue does not average away (none assumed)
-QUANTILES = (
-    0.5,
-    0.95,
-)  # P90 is read at 0.95: jobs still queued (the long waits) are not yet observed
+QUANTILES = (0.5, 0.9)  # Kaplan-Meier over started and still-queued jobs (module doc, 3.)
 
 
 def estimate_class(point_s: float) -> int:
@@ -99,11 +103,13 @@ class Histogram:
         self.counts = [0.0] * BUCKETS
         self.total = 0.0
         self.cached: tuple[float, float] | None = None
-        # queued jobs already past this histogram's P90, at their wait so far
+        # jobs still queued, by the bucket of their wait so far (right-censored)
         self.censored: dict[int, float] = {}
         self.censored_total = 0.0
 
     def set_censored(self, buckets: dict[int, float]) -> None:
+        if buckets == self.censored:
+            return
         self.censored = buckets
         self.censored_total = sum(buckets.values())
         self.cached = None
@@ -118,25 +124,33 @@ class Histogram:
             self.total /= 2
 
     def multipliers(self) -> tuple[float, float]:
-        """(m50, m90): the ratio quantiles, nearest rank over the buckets."""
+        """(m50, m90): the Kaplan-Meier quantiles of the ratios, over the
+        buckets. A bucket's starts leave the risk set before its censored
+        jobs (a job queued that long is still at risk of a longer wait). A
+        quantile the starts do not reach (the rest is still queued) is the
+        longest ratio seen, started or queued: a lower bound."""
         if self.cached is None:
             out = []
             want = iter(QUANTILES)
             q: float | None = next(want)
-            seen = 0.0
-            total = self.total + self.censored_total
+            at_risk = self.total + self.censored_total
+            survival = 1.0
             extra = self.censored
-            for i, c in enumerate(self.counts):
-                if extra:
-                    c += extra.get(i, 0.0)
-                seen += c
-                while q is not None and seen >= q * total - 1e-9 and c > 0:
-                    out.append(2.0 ** (LOW + i * STEP))
-                    q = next(want, None)
-                if q is None:
-                    break
+            last = 0  # the longest ratio seen: a quantile past it is at least that
+            for i, ended in enumerate(self.counts):
+                waiting = extra.get(i, 0.0) if extra else 0.0
+                if ended > 0 and at_risk > 0:
+                    survival *= 1.0 - ended / at_risk
+                    while q is not None and 1.0 - survival >= q - 1e-9:
+                        out.append(2.0 ** (LOW + i * STEP))
+                        q = next(want, None)
+                    if q is None:
+                        break
+                if ended > 0 or waiting > 0:
+                    last = i
+                at_risk -= ended + waiting
             while len(out) < len(QUANTILES):
-                out.append(2.0**HIGH)
+                out.append(2.0 ** (LOW + last * STEP))
             self.cached = (out[0], out[1])
         return self.cached
 
@@ -174,28 +188,23 @@ class WaitBands:
         self.pending.pop(job_id, None)
 
     def censor(self, now_ms: int) -> None:
-        """Count queued jobs that have already waited past their band's P90 as
-        observations at their wait so far (a lower bound): without them a
-        backlog's longest waits are missing until they end. O(pending +
-        histograms * BUCKETS); run on the estimate cadence, not per event."""
+        """Count the queued jobs as right-censored observations at their wait
+        so far, for the Kaplan-Meier quantiles (module doc, 3.). O(pending +
+        histograms); run on the estimate cadence, not per event."""
         if not self.enabled:
             return
-        for hist in self.hists.values():
-            hist.set_censored({})
-        limits = {key: math.log2(h.multipliers()[1]) for key, h in self.hists.items()}
         extra: dict[tuple[str, int], dict[int, float]] = {}
+        hists = self.hists
         for tier, admitted_ms, point_s in self.pending.values():
             waited_s = max(0.0, (now_ms - admitted_ms) / 1000)
-            log_ratio = math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S))
+            i = _bucket(math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S)))
             cls = estimate_class(point_s)
             for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
-                limit = limits.get(key)
-                if limit is not None and log_ratio > limit:
+                if key in hists:
                     buckets = extra.setdefault(key, {})
-                    i = _bucket(log_ratio)
                     buckets[i] = buckets.get(i, 0.0) + 1.0
-        for key, buckets in extra.items():
-            self.hists[key].set_censored(buckets)
+        for key, hist in hists.items():
+            hist.set_censored(extra.get(key, {}))
 
     def started(self, job_id: str, now_ms: int) -> None:
         """A job's first start: learn from its admission estimate."""
