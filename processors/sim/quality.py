@@ -3,7 +3,10 @@
 - Calibration: of the jobs that started, the share whose actual wait was at
   most the P50 (and the P90) the cell published at admission, per tier. An
   honest estimator puts about half the jobs under its P50 and nine in ten
-  under its P90.
+  under its P90, except for the jobs told "starts now" (P50 = 0): a median
+  of 0 is honest when most such jobs do start at once, and each of those is
+  under its P50, so the table also splits jobs told 0 (and how often that
+  was right) from jobs told a positive P50.
 - Noisy neighbours: per tier, the p50/p90 wait of jobs of light tenants (at
   most ``LIGHT_JOBS`` jobs submitted) against heavy tenants (the top
   ``HEAVY_SHARE`` of tenants by GPU-seconds submitted, at least one).
@@ -41,17 +44,34 @@ def _q(ordered: list[float], p: float) -> float | None:
 
 
 def _calibration(rows: list[WaitRow]) -> dict[str, Any]:
+    """Shares under the P50 and the P90, and the same split by what the job
+    was told: a job told P50 = 0 ("starts now") is under its P50 exactly when
+    it starts at once, whatever the estimator does, so those jobs set a floor
+    under ``le_p50`` (their share right, ``told_0_right``); the jobs told a
+    positive P50 (``told_pos_*``) are where the P50 is a forecast that can be
+    calibrated to a half."""
     rated = [r for r in rows if r.p50_s >= 0 and r.p90_s >= 0]
     n = len(rated)
     if not n:
         return {"n": 0, "le_p50": None, "le_p90": None, "waited": 0}
     le50 = sum(1 for r in rated if r.wait_s <= r.p50_s + 1e-6)
     le90 = sum(1 for r in rated if r.wait_s <= r.p90_s + 1e-6)
+    told_0 = [r for r in rated if r.p50_s <= 0]
+    told_pos = [r for r in rated if r.p50_s > 0]
+
+    def share(part: list[WaitRow], hit: Any) -> float | None:
+        return round(sum(1 for r in part if hit(r)) / len(part), 4) if part else None
+
     return {
         "n": n,
         "le_p50": round(le50 / n, 4),
         "le_p90": round(le90 / n, 4),
         "waited": sum(1 for r in rated if r.wait_s > 0),  # ties at 0 flatter the P50 share
+        "told_0": len(told_0),
+        "told_0_right": share(told_0, lambda r: r.wait_s <= 1e-6),
+        "told_pos": len(told_pos),
+        "told_pos_le_p50": share(told_pos, lambda r: r.wait_s <= r.p50_s + 1e-6),
+        "told_pos_le_p90": share(told_pos, lambda r: r.wait_s <= r.p90_s + 1e-6),
     }
 
 
@@ -113,11 +133,21 @@ def noisy_neighbour_table(
 def format_tables(summary: Mapping[str, Any]) -> str:
     """The two tables of one summary as text lines."""
     lines = [f"{summary.get('policy', '?')}: wait calibration (share of started jobs)"]
-    lines.append(f"  {'tier':<12}{'n':>8}{'<=P50':>8}{'<=P90':>8}{'waited':>8}")
+    lines.append(
+        f"  {'tier':<12}{'n':>8}{'<=P50':>8}{'<=P90':>8}{'waited':>8}"
+        f"{'told 0':>9}{'right':>7}{'told>0':>9}{'<=P50':>7}{'<=P90':>7}"
+    )
+
+    def fmt3(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
     for tier, row in summary.get("wait_calibration", {}).items():
-        p50 = "-" if row["le_p50"] is None else f"{row['le_p50']:.3f}"
-        p90 = "-" if row["le_p90"] is None else f"{row['le_p90']:.3f}"
-        lines.append(f"  {tier:<12}{row['n']:>8}{p50:>8}{p90:>8}{row['waited']:>8}")
+        lines.append(
+            f"  {tier:<12}{row['n']:>8}{fmt3(row['le_p50']):>8}{fmt3(row['le_p90']):>8}"
+            f"{row['waited']:>8}{row.get('told_0', 0):>9}{fmt3(row.get('told_0_right')):>7}"
+            f"{row.get('told_pos', 0):>9}{fmt3(row.get('told_pos_le_p50')):>7}"
+            f"{fmt3(row.get('told_pos_le_p90')):>7}"
+        )
     nn = summary.get("noisy_neighbour")
     if nn:
         lines.append(

@@ -141,8 +141,28 @@ def test_calibration_table_counts_shares_per_tier():
         WaitRow("free", "c", 5.0, 10.0, 10.0),
     ]
     table = calibration_table(rows)
-    assert table["paid"] == {"n": 4, "le_p50": 0.5, "le_p90": 0.75, "waited": 3}
-    assert table["free"] == {"n": 1, "le_p50": 1.0, "le_p90": 1.0, "waited": 1}
+    assert table["paid"] == {
+        "n": 4,
+        "le_p50": 0.5,
+        "le_p90": 0.75,
+        "waited": 3,
+        "told_0": 1,
+        "told_0_right": 1.0,  # told "starts now" and it did
+        "told_pos": 3,
+        "told_pos_le_p50": round(1 / 3, 4),
+        "told_pos_le_p90": round(2 / 3, 4),
+    }
+    assert table["free"] == {
+        "n": 1,
+        "le_p50": 1.0,
+        "le_p90": 1.0,
+        "waited": 1,
+        "told_0": 0,
+        "told_0_right": None,
+        "told_pos": 1,
+        "told_pos_le_p50": 1.0,
+        "told_pos_le_p90": 1.0,
+    }
     assert table["all"]["n"] == 5 and table["all"]["le_p50"] == 0.6
 
 
