@@ -92,7 +92,7 @@ class Scheduling:
         if full:
             self.refresh_reservations()
         signature = self.walk_signature(full)
-        if signature is not None and signature == self.__dict__.get("_idle_walk"):
+        if signature is not None and _still_idle(signature, self.__dict__.get("_idle_walk")):
             return  # the same walk found nothing to do, and nothing it reads changed
         fair = self.fair
         outputs = len(self._out)
@@ -108,25 +108,36 @@ class Scheduling:
         """What a walk that places nothing depends on, besides time; None when
         time alone could change its outcome (a breaker may expire).
 
-        Time also moves a job's estimated end past the reservation's shadow,
-        but that only takes nodes away from backfill. A walk is skipped when
-        the last one placed, reserved, preempted and emitted nothing, visited
-        no job that may preempt (``preempt_sensitive``), and the signature is
-        unchanged: no GPU freed or use given back (``index.freed``), no queue,
-        charge or settlement change (``fair.version``), same reservation,
-        claims and free GPUs."""
+        A walk is skipped when the last one placed, reserved, preempted and
+        emitted nothing, visited no job that may preempt (``preempt_sensitive``),
+        and nothing it reads changed (``_still_idle``): no GPU freed or use
+        given back (``index.freed``), no queue, charge or settlement change
+        (``fair.version``), the same free GPUs, claims, and reservations (holders
+        and nodes), each with no more slack before its shadow time than then.
+
+        Time moves a job's estimated end (now + estimate) past a reservation's
+        shadow time, which only takes nodes away from backfill; a shadow time
+        moves too (a run past its estimate is projected a little past now,
+        ``Run.projected_end_ms``), but a job may use a reservation's nodes only
+        if it ends by the shadow time (``reserved_for_others``), so while the
+        slack ``shadow - now`` does not grow no job gains a node and every job
+        that did not fit still does not. Cost: O(reservations + claims)."""
         if self.breakers:
             return None
+        now = self.now_ms
+        more = self.more_reservations()
         return (
-            full,
-            self.index.freed,
-            self.index.free_total,
-            self.fair.version,
-            self.reservation_job,
-            self.reservation_shadow_ms,
-            self.reservation_nodes,
-            tuple(self.more_reservations().items()),
-            tuple(self.claims.items()),
+            (
+                full,
+                self.index.freed,
+                self.index.free_total,
+                self.fair.version,
+                self.reservation_job,
+                self.reservation_nodes,
+                tuple((job_id, nodes) for job_id, (_, nodes) in more.items()),
+                tuple(self.claims.items()),
+            ),
+            (self.reservation_shadow_ms - now, *(shadow - now for shadow, _ in more.values())),
         )
 
     def preempt_sensitive(self: Cell, job: Job) -> bool:
@@ -540,3 +551,13 @@ class Scheduling:
             if rates:
                 rates.pop(run.key, None)
             del self.runs[run.key]
+
+
+def _still_idle(signature: tuple, idle: tuple | None) -> bool:
+    """Whether a walk with ``signature`` would do what the last, idle one did:
+    the same state, and no reservation's slack grown (``walk_signature``)."""
+    return (
+        idle is not None
+        and signature[0] == idle[0]
+        and all(now <= then for now, then in zip(signature[1], idle[1]))
+    )

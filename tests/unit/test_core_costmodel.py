@@ -286,3 +286,38 @@ def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
         else:
             assert len(tried) > 100  # the walk it replaces
     assert outputs[0] == outputs[1]
+
+
+def test_a_skipped_walk_wakes_when_a_reservation_gains_slack(monkeypatch) -> None:
+    # A gang holds both nodes until its blockers end at ~t+1000s; a 50 s job
+    # may use n1's 4 free GPUs only if it ends by the shadow time. With 40 s
+    # left it does not, and idle walks are skipped; once the blockers outlive
+    # their estimates the shadow moves to now + 100 s and it fits: that walk
+    # must run (and decide as the oracle, which never skips one).
+    from tests.unit import core_harness
+
+    def play(naive: bool) -> tuple[list, int | None]:
+        monkeypatch.setattr(core_harness, "Cell", NaiveCell if naive else Cell)
+        h = core_harness.Harness(nodes=2, nodes_per_rail=2)
+        h.submit("a", gpus=8, estimate_s=1000)
+        h.submit("b", gpus=4, estimate_s=1000)
+        h.start_all()
+        h.submit("gang", gpus=16, per_node=8)
+        assigned_at = None
+        while h.now_ms < 1_030_000:
+            out = h.tick(1.0)
+            if h.now_ms % 10_000 == 0:
+                for node_id in ("n0", "n1"):
+                    out += h.heartbeat(node_id)
+            if h.now_ms == 960_000:
+                out += h.submit("x", gpus=4, estimate_s=50)
+            if assigned_at is None and any(
+                type(o) is ev.JobAssigned and o.job_id == "x" for o in out
+            ):
+                assigned_at = h.now_ms
+        assert h.cell.reservation_job == "gang"
+        return h.log, assigned_at
+
+    (fast, fast_at), (naive, naive_at) = play(False), play(True)
+    assert fast_at is not None and 1_000_000 < fast_at <= 1_002_000
+    assert fast == naive and fast_at == naive_at
