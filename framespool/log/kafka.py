@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import os
 import threading
@@ -137,6 +138,53 @@ LINGER_MS_BY_ROLE = {
     Role.FLEET: LINGER_MS_REQUEST_PATH,  # a node's reports answer its instructions
     Role.BACKGROUND: LINGER_MS_BACKGROUND,
 }
+# A diagnostic, off by default: with FRAMESPOOL_CLIENT_STATS_MS > 0 every client
+# collects librdkafka's statistics that often and, when closed, logs how many
+# requests of each kind (Produce, Fetch, OffsetCommit, ...) it sent: the broker's
+# CPU scales with requests, so this is where a cost per job shows up first.
+CLIENT_STATS_MS = _env_ms("FRAMESPOOL_CLIENT_STATS_MS", 0)
+
+
+class RequestStats:
+    """The latest librdkafka statistics of one client (its ``stats_cb``), read as
+    requests sent per kind, summed over its broker connections."""
+
+    def __init__(self) -> None:
+        self.latest = ""
+
+    def __call__(self, raw: str) -> None:
+        self.latest = raw
+
+    def requests(self) -> dict[str, int]:
+        if not self.latest:
+            return {}
+        out: dict[str, int] = {}
+        for broker in json.loads(self.latest).get("brokers", {}).values():
+            for kind, n in broker.get("req", {}).items():
+                if n:
+                    out[kind] = out.get(kind, 0) + n
+        return dict(sorted(out.items()))
+
+    def log(self, what: str, settings: Mapping[str, object]) -> None:
+        requests = self.requests()
+        if requests:
+            log.info(
+                "%s %s sent %s",
+                what,
+                settings.get("client.id", "?"),
+                ", ".join(f"{k}={v}" for k, v in requests.items()),
+                extra={"client_requests": requests},
+            )
+
+
+def _stats(settings: dict[str, object]) -> RequestStats | None:
+    """Turn librdkafka's statistics on in ``settings`` where the diagnostic asks for them."""
+    if CLIENT_STATS_MS <= 0 or "stats_cb" in settings:
+        return None
+    stats = RequestStats()
+    settings["statistics.interval.ms"] = CLIENT_STATS_MS
+    settings["stats_cb"] = stats
+    return stats
 
 
 # --------------------------------------------------------------------------
@@ -259,6 +307,8 @@ class LogProducer:
             "error_cb": self._on_error,
         }
         settings.update(conf)
+        self._stats = _stats(settings)
+        self._settings = settings
         self._producer = Producer(settings)
         self._report_failure = self._on_unwatched_delivery  # one bound method, not one per record
         self._failures: list[DeliveryError] = []
@@ -459,6 +509,9 @@ class LogProducer:
             if len(self._producer):
                 self._producer.purge()
                 self._producer.poll(0)  # run the purged records' callbacks
+            if self._stats is not None:
+                self._producer.poll(0)  # the latest statistics
+                self._stats.log("producer", self._settings)
             self._producer.close()
 
     def __enter__(self) -> LogProducer:
@@ -550,6 +603,8 @@ class LogConsumer:
             "error_cb": self._on_error,
         }
         settings.update(conf)
+        self._stats = _stats(settings)
+        self._settings = settings
         self._consumer = Consumer(settings)
         self._closed = False
 
@@ -709,6 +764,8 @@ class LogConsumer:
         """Leave the group (if subscribed) and release the connection. Idempotent."""
         if not self._closed:
             self._closed = True
+            if self._stats is not None:
+                self._stats.log("consumer", self._settings)
             self._consumer.close()
 
     def __enter__(self) -> LogConsumer:

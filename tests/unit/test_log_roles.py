@@ -79,3 +79,30 @@ def test_an_environment_override_is_whole_milliseconds(monkeypatch):
         monkeypatch.setenv("FRAMESPOOL_TEST_WAIT_MS", bad)
         with pytest.raises(ValueError, match="FRAMESPOOL_TEST_WAIT_MS.*milliseconds"):
             kafka._env_ms("FRAMESPOOL_TEST_WAIT_MS", 2)
+
+
+def test_request_counts_are_collected_only_when_the_diagnostic_asks(recorded, monkeypatch, caplog):
+    import json
+    import logging
+
+    kafka.LogConsumer("b:1")
+    assert "statistics.interval.ms" not in recorded[-1] and "stats_cb" not in recorded[-1]
+    monkeypatch.setattr(kafka, "CLIENT_STATS_MS", 500)
+    consumer = kafka.LogConsumer("b:1", **{"client.id": "c-1"})
+    settings = recorded[-1]
+    assert settings["statistics.interval.ms"] == 500
+    stats = settings["stats_cb"]
+    stats(
+        json.dumps(
+            {
+                "brokers": {
+                    "b:1/bootstrap": {"req": {"Metadata": 1, "Fetch": 0}},
+                    "b:1/1": {"req": {"Fetch": 40, "OffsetCommit": 2, "Produce": 0}},
+                }
+            }
+        )
+    )
+    assert stats.requests() == {"Fetch": 40, "Metadata": 1, "OffsetCommit": 2}
+    with caplog.at_level(logging.INFO, logger=kafka.__name__):
+        consumer.close()
+    assert "consumer c-1 sent Fetch=40, Metadata=1, OffsetCommit=2" in caplog.text
