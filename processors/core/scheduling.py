@@ -69,6 +69,30 @@ if TYPE_CHECKING:  # pragma: no cover
 QUICK_PASS_TESTS = 32
 
 
+class PassMemo:
+    """What one walk remembers between its candidates.
+
+    ``no_fit``: the ``fit_key`` of every search that found no nodes. ``reserved``:
+    ``reserved_for_others`` by (tier, estimate, the job if it holds a further
+    reservation), which depends on nothing else while the reservations and the
+    clock stay as they are: the walk clears it whenever it places or reserves.
+    A hit costs O(1) where the computation looks up every reservation's holder."""
+
+    __slots__ = ("no_fit", "reserved")
+
+    def __init__(self) -> None:
+        self.no_fit: dict[tuple, None] = {}
+        self.reserved: dict[tuple, tuple[str, ...]] = {}
+
+    def reserved_for_others(self, cell: Cell, job: Job, estimate_s: float) -> tuple[str, ...]:
+        more = cell.__dict__.get("_more_reservations")
+        key = (job.tier, estimate_s, job.job_id if more and job.job_id in more else "")
+        nodes = self.reserved.get(key)
+        if nodes is None:
+            nodes = self.reserved[key] = cell.reserved_for_others(job.job_id, estimate_s, False)
+        return nodes
+
+
 class Scheduling:
     # -- the pass -------------------------------------------------------------
     def schedule(self: Cell, full: bool) -> None:
@@ -141,22 +165,29 @@ class Scheduling:
         )
 
     def preempt_sensitive(self: Cell, job: Job) -> bool:
-        """Whether ``maybe_preempt`` could act for this job at some later time."""
+        """Whether ``maybe_preempt`` could act for this job at some later time;
+        when not, it is a no-op for the job (its tier may not preempt and
+        ``under_guarantee`` finds no guarantee, not even a default tenant's)."""
         config = self.config
         tier = config.tier(job.tier)
         return bool(
             (tier is not None and tier.may_preempt)
             or job.tenant in config.reserved_tenant_gpus
             or job.tier in config.reserved_tier_gpus
+            or config.tenant(job.tenant).reserved_gpus
         )
 
     def _walk(self: Cell, full: bool) -> bool:
         """Jobs in fair order until the GPUs or the candidate budget run out.
-        Returns whether a job that may preempt was visited."""
+        Returns whether a job that may preempt was visited.
+
+        Per candidate that does not fit: O(log n) for the fair order, the memo
+        lookups of ``PassMemo``, and ``maybe_preempt`` only for a job that may
+        preempt (for the others it is a no-op, ``preempt_sensitive``)."""
         sensitive = False
         fair = self.fair
         cursors: dict[int, Iterator[str]] = {}
-        no_fit: dict[tuple, None] = {}
+        memo = PassMemo()
         budget = self.config.backfill_depth if full else QUICK_PASS_TESTS
         after_block = 0
         recheck = True  # whether nothing_fits() may have changed its answer
@@ -184,19 +215,23 @@ class Scheduling:
                 fair.exhaust(leaf if capped == "user" else cast(Flow, leaf.parent))
                 continue
             why = "backfill" if self.reservation_job else "fair-share order"
-            if not self.try_start(job, why, no_fit=no_fit):
+            if not self.try_start(job, why, no_fit=memo):
                 fair.offset(leaf, job.cost)
                 if full:
                     if not self.reservation_job:
                         self.reserve(job)
                         recheck = True
+                        memo.reserved.clear()
                     elif len(self.more_reservations()) + 1 < self.config.reservations:
                         self.reserve_more(job)
                         recheck = True
-                sensitive = sensitive or self.preempt_sensitive(job)
-                self.maybe_preempt(job)
+                        memo.reserved.clear()
+                if self.preempt_sensitive(job):
+                    sensitive = True
+                    self.maybe_preempt(job)
             else:
                 recheck = True
+                memo.reserved.clear()  # a placement may have taken a reservation
             if self.reservation_job or not full:
                 after_block += 1
                 if after_block >= budget:
@@ -333,10 +368,11 @@ class Scheduling:
         why: str,
         holder: bool = False,
         claim_only: bool = False,
-        no_fit: dict[tuple, None] | None = None,
+        no_fit: PassMemo | None = None,
     ) -> bool:
         """Place ``job`` in the shape that finishes earliest, if any fits.
-        ``no_fit``: the pass's memo of searches that found no nodes."""
+        ``no_fit``: the pass's memo of searches that found no nodes (and of the
+        nodes reserved for others, ``PassMemo``)."""
         best: tuple[Placement, tuple[int, int, float]] | None = None
         for shape in self.shapes_of(job):
             gpus, per_node, estimate = shape
@@ -345,26 +381,28 @@ class Scheduling:
             if not job.spec.preemptible and not self.guarantees_allow(job, gpus):
                 continue
             key: tuple | None = None
+            reserved: tuple[str, ...] | None = None
             if no_fit is not None and not (holder or claim_only):
-                key = self.fit_key(job, gpus, per_node, estimate)
-                if key in no_fit:
+                reserved = no_fit.reserved_for_others(self, job, estimate)
+                key = self.fit_key(job, gpus, per_node, reserved)
+                if key in no_fit.no_fit:
                     continue
-            ok = self.node_filter(job, estimate, holder=holder, claim_only=claim_only)
+            ok = self.node_filter(job, estimate, holder, claim_only, reserved)
             placement = self.index.find(gpus, per_node, job.spec.model, ok)
             if placement is not None:
                 best = (placement, shape)
             elif key is not None and no_fit is not None:
-                no_fit[key] = None
+                no_fit.no_fit[key] = None
         if best is None:
             return False
         return self.commit(job, best[0], best[1], why)
 
-    def fit_key(self: Cell, job: Job, gpus: int, per_node: int, estimate_s: float) -> tuple:
+    def fit_key(self: Cell, job: Job, gpus: int, per_node: int, reserved: tuple) -> tuple:
         """Everything ``index.find`` and ``node_filter`` decide by, for a job that
-        holds no claim and no reservation: equal keys, equal answers (within a
+        holds no claim and no reservation (``reserved``: the nodes reserved for
+        others, ``reserved_for_others``): equal keys, equal answers (within a
         pass, where claims and the reservation only ever exclude more nodes)."""
         spec = job.spec
-        reserved = self.reserved_for_others(job.job_id, estimate_s, holder=False)
         return (
             gpus,
             per_node,
@@ -380,15 +418,22 @@ class Scheduling:
         )
 
     def node_filter(
-        self: Cell, job: Job, estimate_s: float, holder: bool, claim_only: bool
+        self: Cell,
+        job: Job,
+        estimate_s: float,
+        holder: bool,
+        claim_only: bool,
+        reserved: tuple[str, ...] | None = None,
     ) -> Callable[[Node], bool]:
+        """``reserved``: ``reserved_for_others`` for the job, when known."""
         spec = job.spec
         model_version = f"{spec.model}@{spec.model_version}"
         now = self.now_ms
         breakers = self.breakers
         claimed = self.claimed_nodes(job.job_id)
         own_claim = self.claims.get(job.job_id, ((), 0))[0]
-        reserved = self.reserved_for_others(job.job_id, estimate_s, holder)
+        if reserved is None:
+            reserved = self.reserved_for_others(job.job_id, estimate_s, holder)
         per_node_cpu = spec.cpus / max(1, -(-spec.gpus // spec.gpus_per_node))
         per_node_mem = spec.mem_gb / max(1, -(-spec.gpus // spec.gpus_per_node))
 

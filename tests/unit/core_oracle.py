@@ -99,6 +99,9 @@ class NaiveCell(Cell):
     def releases(self):
         return naive_releases(self)
 
+    def preempt_sensitive(self, job) -> bool:  # ask maybe_preempt about every candidate
+        return True
+
     def walk_signature(self, full: bool):  # never skip a walk
         return None
 

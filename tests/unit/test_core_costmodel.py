@@ -321,3 +321,37 @@ def test_a_skipped_walk_wakes_when_a_reservation_gains_slack(monkeypatch) -> Non
     (fast, fast_at), (naive, naive_at) = play(False), play(True)
     assert fast_at is not None and 1_000_000 < fast_at <= 1_002_000
     assert fast == naive and fast_at == naive_at
+
+
+def test_the_walk_asks_every_job_that_may_preempt_even_under_a_default_guarantee(
+    monkeypatch,
+) -> None:
+    # The walk asks maybe_preempt only about jobs preempt_sensitive names; a
+    # tenant with no entry of its own gets the default tenant's guarantee, and
+    # under it reclaims GPUs from a borrower (2 GPUs free, it needs 8).
+    from tests.unit import core_harness
+
+    config = CellConfig(
+        status_interval_s=0,
+        estimate_interval_s=0,
+        heartbeat_timeout_s=1000,
+        tenants=(TenantConfig("lender"),),
+        default_tenant=TenantConfig("*", reserved_gpus=8),
+    )
+    for cls in (Cell, NaiveCell):
+        monkeypatch.setattr(core_harness, "Cell", cls)
+        h = core_harness.Harness(nodes=1, config=config)
+        h.submit(
+            "borrow",
+            tenant="lender",
+            gpus=6,
+            preemptible=True,
+            checkpoint_interval_s=30,
+            estimate_s=3600,
+        )
+        h.start_all()
+        h.tick(100)
+        h.heartbeat("n0")
+        h.submit("mine", tenant="newco", gpus=8)
+        out = h.tick(1)
+        assert [o.job_id for o in out if type(o) is ev.CheckpointRun] == ["borrow"], cls
