@@ -230,3 +230,53 @@ def test_partition_for_key_is_stable():
     assert partition_for_key("foobar", 4) == (-790332482 & 0x7FFFFFFF) % 4 == 2
     with pytest.raises(ValueError):
         partition_for_key("x", 0)
+
+
+def test_an_idle_fleet_consumer_rests_and_then_reads_on_where_it_stopped(
+    kafka_bootstrap, fresh_topics, monkeypatch
+):
+    """Idle back-off (framespool.log.kafka, theory of operation 6): a FLEET consumer that
+    received nothing for IDLE_AFTER_S pauses its partitions; records written while it
+    rests arrive after it looks again, each once, in order, none lost."""
+    from framespool.log import Role
+    from framespool.log import kafka as adapter
+
+    monkeypatch.setattr(adapter, "IDLE_AFTER_S", 0.2)
+    topic = fresh_topics.ASSIGNMENTS.name
+
+    def write(values: list[bytes]) -> None:
+        with LogProducer(kafka_bootstrap) as producer:
+            for v in values:
+                producer.produce(topic, b"k", v, partition=0)
+
+    def read(consumer: LogConsumer, n: int, timeout_s: float = 10.0) -> list[Record]:
+        got: list[Record] = []
+        deadline = time.monotonic() + timeout_s
+        while len(got) < n and time.monotonic() < deadline:
+            got += consumer.consume(100, 0.05)
+        return got
+
+    write([b"a", b"b", b"c"])
+    with LogConsumer(kafka_bootstrap, role=Role.FLEET) as consumer:
+        consumer.assign(topic, [0], 0)
+        assert [r.value for r in read(consumer, 3)] == [b"a", b"b", b"c"]
+        deadline = time.monotonic() + 5
+        while consumer.rests < 2 and time.monotonic() < deadline:
+            assert consumer.consume(100, 0.05) == []
+        assert consumer.rests >= 2  # it rested, looked, and rested again
+        write([b"d", b"e"])
+        later = read(consumer, 2)
+        assert [(r.offset, r.value) for r in later] == [(3, b"d"), (4, b"e")]
+        assert consumer.consume(100, 0.3) == []  # nothing twice
+
+
+def test_a_request_path_consumer_never_rests(kafka_bootstrap, fresh_topics, monkeypatch):
+    from framespool.log import kafka as adapter
+
+    monkeypatch.setattr(adapter, "IDLE_AFTER_S", 0.05)
+    with LogConsumer(kafka_bootstrap) as consumer:
+        consumer.assign(fresh_topics.ASSIGNMENTS.name, [0], 0)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            consumer.consume(100, 0.05)
+        assert consumer.rests == 0

@@ -106,3 +106,88 @@ def test_request_counts_are_collected_only_when_the_diagnostic_asks(recorded, mo
     with caplog.at_level(logging.INFO, logger=kafka.__name__):
         consumer.close()
     assert "consumer c-1 sent Fetch=40, Metadata=1, OffsetCommit=2" in caplog.text
+
+
+class Idle(Recorded):
+    """A consumer with one partition assigned (read up to offset 7) and nothing to read."""
+
+    calls: list[str] = []
+
+    def assign(self, parts) -> None:
+        Idle.calls.append(f"assign {[(tp.topic, tp.partition, tp.offset) for tp in parts]}")
+
+    def assignment(self) -> list:
+        return [kafka.TopicPartition("t", 0)]
+
+    positions = [7]  # what position() answers, in turn; -1001: nothing handed out yet
+
+    def position(self, parts) -> list:
+        offset = Idle.positions.pop(0) if len(Idle.positions) > 1 else Idle.positions[0]
+        return [kafka.TopicPartition(tp.topic, tp.partition, offset) for tp in parts]
+
+    def unassign(self) -> None:
+        Idle.calls.append("unassign")
+
+    def poll(self, timeout: float = 0) -> None:
+        Idle.calls.append(f"poll {timeout:.3f}")
+        return None
+
+
+def test_an_idle_fleet_consumer_rests_for_its_back_off_then_looks_again(monkeypatch):
+    """After IDLE_AFTER_S without a record: let go of the partitions (no Fetch), poll
+    no longer than the back-off, assign them again where reading stopped, look for
+    IDLE_LOOK_FETCHES fetch waits, rest again."""
+    now = [100.0]
+    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(kafka, "Consumer", Idle)
+    Idle.calls, Idle.positions = [], [7, -1001]
+    consumer = kafka.LogConsumer("b:1", role=Role.FLEET)
+    consumer.assign("t", [0], 3)
+    backoff = kafka.IDLE_BACKOFF_MS_BY_ROLE[Role.FLEET] / 1000
+    look = kafka.IDLE_LOOK_FETCHES * kafka.FETCH_WAIT_MS_BY_ROLE[Role.FLEET] / 1000
+    assert backoff > 0
+    consumer.consume(10, 1.0)
+    assert Idle.calls == ["assign [('t', 0, 3)]", "poll 1.000"]  # not idle long enough yet
+    now[0] += kafka.IDLE_AFTER_S - 0.25
+    consumer.consume(10, 1.0)
+    assert Idle.calls[2:] == ["poll 0.250"]  # a poll ends when it is due to rest
+    Idle.calls.pop()
+    now[0] += 0.25
+    consumer.consume(10, 1.0)
+    assert Idle.calls[2:] == ["unassign", f"poll {backoff:.3f}"]
+    assert consumer.rests == 1
+    now[0] += backoff
+    consumer.consume(10, 1.0)
+    # where reading stopped; it polls no longer than it looks
+    assert Idle.calls[4:] == ["assign [('t', 0, 7)]", f"poll {look:.3f}"]
+    now[0] += look / 2
+    consumer.consume(10, 1.0)
+    assert Idle.calls[6:] == [f"poll {look / 2:.3f}"]  # still looking
+    now[0] += look
+    consumer.consume(10, 1.0)
+    assert Idle.calls[7:] == ["unassign", f"poll {backoff:.3f}"]
+    assert consumer.rests == 2
+    now[0] += backoff
+    consumer.consume(10, 1.0)  # nothing handed out since 7: position() knows none
+    now[0] += look
+    consumer.consume(10, 1.0)
+    now[0] += backoff
+    consumer.consume(10, 1.0)
+    assert Idle.calls[-2:] == ["assign [('t', 0, 7)]", f"poll {look:.3f}"]  # not the start, 3
+
+
+def test_request_path_and_group_consumers_never_rest(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(kafka, "Consumer", Idle)
+    Idle.calls = []
+    request_path = kafka.LogConsumer("b:1", role=Role.REQUEST_PATH)
+    request_path.assign("t", [0], 0)
+    member = kafka.LogConsumer("b:1", group_id="g", role=Role.BACKGROUND)
+    member._consumer.subscribe = lambda topics, **kw: None
+    member.subscribe(["t"])
+    Idle.calls = []
+    now[0] += 10 * kafka.IDLE_AFTER_S
+    request_path.consume(10, 1.0)
+    member.consume(10, 1.0)
+    assert Idle.calls == ["poll 1.000", "poll 1.000"]
