@@ -51,6 +51,7 @@ and compares every output event.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, cast
 
@@ -73,20 +74,34 @@ class PassMemo:
     """What one walk remembers between its candidates.
 
     ``no_fit``: the ``fit_key`` of every search that found no nodes. ``reserved``:
-    ``reserved_for_others`` by (tier, estimate, the job if it holds a further
-    reservation), which depends on nothing else while the reservations and the
-    clock stay as they are: the walk clears it whenever it places or reserves.
-    A hit costs O(1) where the computation looks up every reservation's holder."""
+    ``reserved_for_others`` by (tier, how many shadow times the job's end passes,
+    the job if it holds a further reservation): a job's estimate counts only
+    through ``end > shadow``, and nothing else changes the answer while the
+    reservations and the clock stay as they are, so the walk calls
+    ``reservations_changed`` whenever it places or reserves. A hit costs
+    O(log reservations) where the computation looks up every holder's tier."""
 
-    __slots__ = ("no_fit", "reserved")
+    __slots__ = ("no_fit", "reserved", "shadows")
 
     def __init__(self) -> None:
         self.no_fit: dict[tuple, None] = {}
         self.reserved: dict[tuple, tuple[str, ...]] = {}
+        self.shadows: list[int] | None = None
+
+    def reservations_changed(self) -> None:
+        self.reserved.clear()
+        self.shadows = None
 
     def reserved_for_others(self, cell: Cell, job: Job, estimate_s: float) -> tuple[str, ...]:
-        more = cell.__dict__.get("_more_reservations")
-        key = (job.tier, estimate_s, job.job_id if more and job.job_id in more else "")
+        more = cell.more_reservations()
+        shadows = self.shadows
+        if shadows is None:
+            shadows = sorted(shadow for shadow, _ in more.values())
+            if cell.reservation_job:
+                insort(shadows, cell.reservation_shadow_ms)
+            self.shadows = shadows
+        end = cell.now_ms + estimate_s * 1000  # as reserved_for_others computes it
+        key = (job.tier, bisect_left(shadows, end), job.job_id if job.job_id in more else "")
         nodes = self.reserved.get(key)
         if nodes is None:
             nodes = self.reserved[key] = cell.reserved_for_others(job.job_id, estimate_s, False)
@@ -221,17 +236,17 @@ class Scheduling:
                     if not self.reservation_job:
                         self.reserve(job)
                         recheck = True
-                        memo.reserved.clear()
+                        memo.reservations_changed()
                     elif len(self.more_reservations()) + 1 < self.config.reservations:
                         self.reserve_more(job)
                         recheck = True
-                        memo.reserved.clear()
+                        memo.reservations_changed()
                 if self.preempt_sensitive(job):
                     sensitive = True
                     self.maybe_preempt(job)
             else:
                 recheck = True
-                memo.reserved.clear()  # a placement may have taken a reservation
+                memo.reservations_changed()  # a placement may have taken a reservation
             if self.reservation_job or not full:
                 after_block += 1
                 if after_block >= budget:
