@@ -13,17 +13,18 @@ inside ``poll``) never sees a batch half done. Each turn of :meth:`run`:
    acknowledged all of them;
 3. write the due snapshots (state + offset, one ``WriteBatch``), then publish
    the due shared ones (a refused publish fences that partition);
-4. remember the consumer offsets of the partitions still owned, and commit them
-   at most every ``commit_interval_s`` (and before a partition is revoked, and
-   on the way out). A failed or late commit costs replay, never correctness
-   (see ``framespool.processors.snapshots``): a new owner folds from its
-   snapshot and re-sends the outputs past the last commit with the same event
-   ids, which every reader dedupes.
+4. commit the consumer offsets of the partitions still owned, after every
+   turn that produced outputs: a crash then re-sends only the batch that
+   crashed. A turn that produced none (heartbeats, ticks with nothing to
+   say) only remembers its positions; they go with the next commit, at the
+   latest after ``commit_interval_s``, before a partition is revoked, and on
+   the way out (replaying a quiet input re-sends nothing). A failed commit is
+   only logged: it costs replay, never correctness (see
+   ``framespool.processors.snapshots``).
 
 Cost per turn: one Fetch's worth of records polled, one produce request (the
-flush), and one OffsetCommit per ``commit_interval_s`` rather than per turn: at
-100 jobs/s a request-path processor turns about once per job, and a commit
-per turn was as many broker requests as its produces.
+flush) and one OffsetCommit when it produced outputs; a quiet turn costs no
+broker request of its own.
 
 A failure in 2 or 3 is fatal (:class:`ProcessorFailed`): librdkafka has
 already retried delivery for ``delivery.timeout.ms``, and carrying on would
@@ -75,10 +76,9 @@ from framespool.schemas.topics import Topic, Topics, TopicSet
 
 log = logging.getLogger(__name__)
 
-# How often a processor commits its input positions (step 4). Longer spares the
-# broker requests; a takeover or restart then re-sends at most this much more
-# output (same event ids, deduped downstream).
-COMMIT_INTERVAL_S = 0.2
+# How long the positions of quiet turns (no outputs) may wait for a commit
+# (step 4); a turn with outputs commits at once.
+COMMIT_INTERVAL_S = 0.5
 
 # Outputs worth an INFO line each; the rest are DEBUG.
 _NOTABLE = (
@@ -288,7 +288,7 @@ class ProcessorRunner:
             ) from exc
         c.fenced, c.gaps = len(self.processor.fenced), len(self.processor.gaps)
         self._uncommitted.update(self.processor.commit_positions(batch))  # 4
-        if time.monotonic() - self._committed_at >= self.commit_interval_s:
+        if batch.outgoing or time.monotonic() - self._committed_at >= self.commit_interval_s:
             self._commit()
 
     def _commit(self, only: set[int] | None = None) -> None:

@@ -21,8 +21,8 @@ TOPIC = "in"
 
 
 class ListFold:
-    """A fold for tests: the state is the list of values seen; one output per record;
-    the value b"boom" makes the fold raise."""
+    """A fold for tests: the state is the list of values seen; one output per record
+    but b"silent" (none); the value b"boom" makes the fold raise."""
 
     name = "list"
 
@@ -36,6 +36,8 @@ class ListFold:
         if record.value == b"boom":
             raise RuntimeError("boom")
         state.append(record.value)
+        if record.value == b"silent":
+            return []
         return [
             Outgoing(
                 "out", record.key, None, record.value, event=f"{record.partition}@{record.offset}"
@@ -358,18 +360,20 @@ def test_each_batch_is_produced_then_snapshotted_then_committed(tmp_path):
     assert snapshot == ([b"a", b"b", b"c"], 2)
 
 
-def test_positions_are_committed_at_most_every_commit_interval_and_on_the_way_out(tmp_path):
-    """Within the interval a turn only remembers its positions; the newest are
-    committed once, after the last snapshot, before the group is left."""
+def test_a_turn_with_outputs_commits_and_a_quiet_one_only_remembers(tmp_path):
+    """A crash re-sends only the batch that crashed, so a turn that produced outputs
+    commits at once; a quiet one (no outputs) waits for the next commit, here the
+    one on the way out, after the last snapshot and before the group is left."""
     journal, snapshot, error = run_fake(
         tmp_path,
-        [records(0, 0, [b"a", b"b"]), records(0, 2, [b"c"])],
+        [records(0, 0, [b"a"]), records(0, 1, [b"silent", b"silent"]), records(0, 3, [b"b"])]
+        + [records(0, 4, [b"silent"])],
         commit_interval_s=3600.0,
     )
     assert error is None
-    assert [j for j in journal if j.startswith("commit")] == ["commit 3"]
-    assert journal[-4:] == ["snapshot 2", "commit 3", "closed", "producer closed"]
-    assert snapshot == ([b"a", b"b", b"c"], 2)
+    assert [j for j in journal if j.startswith("commit")] == ["commit 1", "commit 4", "commit 5"]
+    assert journal[-4:] == ["snapshot 4", "commit 5", "closed", "producer closed"]
+    assert snapshot == ([b"a", b"silent", b"silent", b"b", b"silent"], 4)
 
 
 def test_remembered_positions_are_committed_before_a_partition_is_revoked(tmp_path):
@@ -382,7 +386,7 @@ def test_remembered_positions_are_committed_before_a_partition_is_revoked(tmp_pa
     journal, stop = Journal(), threading.Event()
     store = JournalStore(tmp_path / "j", journal)
     log = MemoryLog([Topic(TOPIC, 1, "x"), Topic("out", 1, "x"), Topic("dlq", 1, "x")])
-    consumer = JournalConsumer(log, journal, [records(0, 0, [b"a", b"b"])], stop, "g")
+    consumer = JournalConsumer(log, journal, [records(0, 0, [b"silent", b"silent"])], stop, "g")
     producer = JournalProducer(log, journal)
     runner = ProcessorRunner(
         StatefulProcessor(ListFold(), store, TOPIC),
