@@ -127,8 +127,9 @@ class Histogram:
         """(m50, m90): the Kaplan-Meier quantiles of the ratios, over the
         buckets. A bucket's starts leave the risk set before its censored
         jobs (a job queued that long is still at risk of a longer wait). A
-        quantile the starts do not reach (the rest is still queued) is the
-        longest ratio seen, started or queued: a lower bound."""
+        quantile the starts do not reach (the rest is still queued past every
+        start): the P50 with the queued jobs counted at their wait so far, the
+        P90 the longest ratio seen; both lower bounds, still a band."""
         if self.cached is None:
             out = []
             want = iter(QUANTILES)
@@ -136,9 +137,7 @@ class Histogram:
             at_risk = self.total + self.censored_total
             survival = 1.0
             extra = self.censored
-            last = 0  # the longest ratio seen: a quantile past it is at least that
             for i, ended in enumerate(self.counts):
-                waiting = extra.get(i, 0.0) if extra else 0.0
                 if ended > 0 and at_risk > 0:
                     survival *= 1.0 - ended / at_risk
                     while q is not None and 1.0 - survival >= q - 1e-9:
@@ -146,11 +145,24 @@ class Histogram:
                         q = next(want, None)
                     if q is None:
                         break
-                if ended > 0 or waiting > 0:
-                    last = i
-                at_risk -= ended + waiting
-            while len(out) < len(QUANTILES):
-                out.append(2.0 ** (LOW + last * STEP))
+                at_risk -= ended + (extra.get(i, 0.0) if extra else 0.0)
+            if q is not None:
+                # the rest is still queued past every start: the P50 counts each
+                # queued job at its wait so far (a lower bound); the P90 is the
+                # longest ratio seen, started or queued (the queued still wait)
+                total = self.total + self.censored_total
+                seen = 0.0
+                top = 0
+                for i, ended in enumerate(self.counts):
+                    c = ended + (extra.get(i, 0.0) if extra else 0.0)
+                    if c <= 0:
+                        continue
+                    top = i
+                    seen += c
+                    if len(out) == 0 and seen >= q * total - 1e-9:
+                        out.append(2.0 ** (LOW + i * STEP))
+                while len(out) < len(QUANTILES):
+                    out.append(max(out[-1] if out else 0.0, 2.0 ** (LOW + top * STEP)))
             self.cached = (out[0], out[1])
         return self.cached
 

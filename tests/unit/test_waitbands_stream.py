@@ -84,3 +84,22 @@ def test_without_the_queued_jobs_long_waits_are_under_covered():
     assert le90 < 0.87, le90
     _, with_queued = coverage(mu=1.5, sigma=1.0)
     assert with_queued > le90 + 0.03
+
+
+def test_a_class_mostly_still_queued_keeps_its_p50_below_its_p90():
+    """When most of a class is still queued past every start (a backlog that
+    grows faster than anyone learns), the Kaplan-Meier quantiles are not
+    reached; the band then counts the queued jobs at their wait so far, so it
+    stays a band (P50 < P90), above what started, instead of both ends
+    collapsing onto one value."""
+    bands = WaitBands()
+    for i in range(40):  # 40 jobs told 600 s started on time
+        bands.admitted(f"s{i}", "paid", 0, 600.0)
+        bands.started(f"s{i}", 600_000)
+    for i in range(100):  # 100 told 600 s, admitted 0-4950 s ago, still queued at 6000 s
+        bands.admitted(f"q{i}", "paid", 1_050_000 + i * 50_000, 600.0)
+    bands.censor(6_000_000)
+    p50, p90 = bands.band("paid", 600.0)
+    assert 600.0 < p50 < p90
+    waits = sorted(6000.0 - (1050.0 + i * 50.0) for i in range(100))
+    assert p90 >= waits[len(waits) // 2]  # most of the queued are still under it: a lower bound
