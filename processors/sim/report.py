@@ -23,7 +23,7 @@ COMPARISON_COLUMNS = (
     ("warm_ratio", "warm_start_ratio", "{:.3f}"),
     ("preempt", "preemptions", "{:,}"),
     ("preempt_gpu_s", ("preemption_cost", "all", "gpu_s"), "{:,.0f}"),
-    ("preempt_share", ("preemption_cost", "all", "share_of_delivered"), "{:.4f}"),
+    ("preempt_share", ("preemption_cost", "all", "share_of_delivered"), "{:.3%}"),
     ("violations", "invariant_violations", "{:,}"),
     ("wall_s", "wall_s", "{:.1f}"),
 )
