@@ -287,6 +287,12 @@ class FairTree:
                     heapq.heappop(heap)  # re-filed when the pass ends
                     child.stamp = 0
                 else:
+                    key = (child.usage + child.offset) / child.weight
+                    if key != entry[0]:  # offset since it was filed (``offset``)
+                        self.stamp += 1
+                        child.stamp = self.stamp
+                        heapq.heapreplace(heap, (key, child.seq, self.stamp, child))
+                        continue
                     best = child
                     break
             if best is None:
@@ -299,14 +305,20 @@ class FairTree:
         return flow if flow is not self.root else None
 
     def offset(self, leaf: Flow, gpu_seconds: float) -> None:
-        """Charge a job that could not be placed to the pass only."""
+        """Charge a job that could not be placed to the pass only.
+
+        The flows' heap entries are not re-filed here: an offset only raises a
+        key, so an entry's key stays at most its flow's, and ``pick`` re-keys
+        the entry in place (one ``heapreplace``) when it surfaces with a key
+        below its flow's. The minimum it then returns is the true one: every
+        other live entry's key is at least the surfaced one's and at most its
+        own flow's. O(depth), where re-filing cost O(depth * log n) per offset
+        and a stale pop per level in the next ``pick``."""
         touched = self.touched
         flow = leaf
         while flow.parent is not None:
             flow.offset = flow.offset + gpu_seconds
             touched[id(flow)] = flow
-            if flow.queued:
-                self._file(flow, settled=False)
             flow = flow.parent
 
     def work_ahead(self, leaf: Flow, own_ahead: float) -> float:
