@@ -129,6 +129,7 @@ class Reservations:
         for node_id, gpus in run.held.items():
             insort(ends, (end, node_id, len(gpus), run.key))
             filed[(run.key, node_id)] = end
+        self._release_version = self.__dict__.get("_release_version", 0) + 1
 
     def unplan_release(self: Cell, run: Run, node_id: str, gpus: int) -> None:
         """The run gave back ``node_id`` (``gpus`` GPUs there)."""
@@ -136,25 +137,39 @@ class Reservations:
         key = run.key
         end = self._release_filed.pop((key, node_id))
         del ends[bisect_left(ends, (end, node_id, gpus, key))]
+        self._release_version = self.__dict__.get("_release_version", 0) + 1
 
     def releases(self: Cell) -> Iterator[tuple[int, str, int]]:
         """Held slices ``(projected end, node, gpus)`` in time order, as
-        ``run.projected_end_ms(now)`` would sort them, produced lazily."""
+        ``run.projected_end_ms(now)`` would sort them, produced lazily.
+
+        The late slices (filed at or before now: projected afresh, O(L log L))
+        are projected once per scheduling pass (``late_memo``) and reused by
+        its further reservation walks while no slice is filed or dropped
+        (``_release_version``): within a pass no run reports its start, and a
+        slice re-filed below is re-filed past now, after them."""
         ends = self.release_list()
         now = self.now_ms
         runs = self.runs
-        late: list[tuple[int, str, int]] = []
-        i = 0
-        while i < len(ends) and ends[i][0] <= now:
-            end, node_id, gpus, key = ends[i]
-            run = runs[key]
-            static = _static_end(run)
-            if static != end:
-                self._refile_release(i, static)
-                continue
-            late.append((run.projected_end_ms(now), node_id, gpus))
-            i += 1
-        late.sort()
+        memo = self.__dict__.get("_late_memo")
+        version = self.__dict__.get("_release_version", 0)
+        if memo and memo[0] == (now, version):
+            _, i, late = memo
+        else:
+            late = []
+            i = 0
+            while i < len(ends) and ends[i][0] <= now:
+                end, node_id, gpus, key = ends[i]
+                run = runs[key]
+                static = _static_end(run)
+                if static != end:
+                    self._refile_release(i, static)
+                    continue
+                late.append((run.projected_end_ms(now), node_id, gpus))
+                i += 1
+            late.sort()
+            if memo is not None:
+                self._late_memo = ((now, version), i, late)
         j = 0
         while True:
             head = None

@@ -113,6 +113,13 @@ class Scheduling:
     def schedule(self: Cell, full: bool) -> None:
         if not self.queued_count:
             return
+        self._late_memo = ()  # the pass's late releases (``releases``), computed on first use
+        try:
+            self._schedule(full)
+        finally:
+            del self._late_memo
+
+    def _schedule(self: Cell, full: bool) -> None:
         if full:
             self.preemption_scan()
         if self.index.free_total == 0:
