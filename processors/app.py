@@ -58,6 +58,7 @@ import time
 from dataclasses import dataclass, replace
 
 from framespool.log import (
+    LINGER_MS_PROCESSOR,
     Consumer,
     ConsumerFactory,
     LogConsumer,
@@ -219,7 +220,10 @@ class ProcessorRunner:
             # of the scheduler topic, and range gives every cell to the first instance
             **{"client.id": client_id, "partition.assignment.strategy": "roundrobin"},
         )
-        producer = self._new_producer(self.bootstrap, **{"client.id": client_id})
+        # its flush ends every batch: a linger would only delay it (LINGER_MS_PROCESSOR)
+        producer = self._new_producer(
+            self.bootstrap, **{"client.id": client_id, "linger.ms": LINGER_MS_PROCESSOR}
+        )
         clean = False
         try:
             try:

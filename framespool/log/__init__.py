@@ -7,6 +7,7 @@ in-memory fake for unit tests); the names below are the public ones.
 
 from framespool.log.kafka import (
     FETCH_WAIT_MS,
+    LINGER_MS_PROCESSOR,
     LogConsumer,
     LogProducer,
     Role,
@@ -32,6 +33,7 @@ from framespool.log.port import (
 
 __all__ = [
     "FETCH_WAIT_MS",
+    "LINGER_MS_PROCESSOR",
     "Consumer",
     "ConsumerFactory",
     "Delivered",

@@ -376,6 +376,38 @@ def test_a_turn_with_outputs_commits_and_a_quiet_one_only_remembers(tmp_path):
     assert snapshot == ([b"a", b"silent", b"silent", b"b", b"silent"], 4)
 
 
+def test_a_processor_producer_does_not_linger(tmp_path):
+    """Its flush ends every batch, and librdkafka's flush does not cut a short
+    linger short (framespool.log.kafka.LINGER_MS_PROCESSOR)."""
+    import threading
+
+    from framespool.log.kafka import LINGER_MS_PROCESSOR
+    from framespool.processors.app import ProcessorRunner
+    from framespool.schemas.topics import Topic
+
+    asked: list[dict] = []
+    journal, stop = Journal(), threading.Event()
+    store = JournalStore(tmp_path / "j", journal)
+    log = MemoryLog([Topic(TOPIC, 1, "x"), Topic("out", 1, "x"), Topic("dlq", 1, "x")])
+    consumer = JournalConsumer(log, journal, [], stop, "g")
+
+    def producer(*args, **kwargs):
+        asked.append(kwargs)
+        return JournalProducer(log, journal)
+
+    runner = ProcessorRunner(
+        StatefulProcessor(ListFold(), store, TOPIC),
+        "fake:9092",
+        "g",
+        input_topic=Topic(TOPIC, 1, "x"),
+        consumer_factory=lambda *args, **kwargs: consumer,
+        producer_factory=producer,
+    )
+    runner.run(stop)
+    store.close()
+    assert LINGER_MS_PROCESSOR == 0 and asked[0]["linger.ms"] == 0
+
+
 def test_remembered_positions_are_committed_before_a_partition_is_revoked(tmp_path):
     """A partition that moves hands its delivered positions to the next owner."""
     import threading
