@@ -42,7 +42,17 @@ for placement, O(F) per shape tried:
   shape, a pass costs O(gpus_per_node * reservations) instead of ``depth``
   failed candidates;
 - the reservation walks running runs' ends from a list kept sorted as runs
-  start and release (``reservation.py``), consuming only as many as it needs.
+  start and release (``reservation.py``), consuming only as many as it needs;
+  the late runs' ends are projected once per pass, not once per reservation;
+- a walk that placed, reserved and preempted nothing is not walked again while
+  nothing it reads changed and no reservation's slack before its shadow time
+  grew (``walk_signature``): a backlogged cell whose late runs move the shadow
+  with every Tick skips about a third of its walks;
+- per candidate that does not fit, a walk costs O(log n) for the fair order
+  (a pass offset re-keys a flow's heap entry only when it surfaces,
+  ``FairTree.offset``), dict lookups for the no-fit memo and the nodes
+  reserved for others (``PassMemo``), and asks ``maybe_preempt`` only about
+  jobs that may preempt.
 
 The optimised structures decide exactly as the scans did;
 ``tests/unit/test_core_costmodel.py`` replays backlog workloads through both
