@@ -157,6 +157,38 @@ def test_idempotent_resubmit_returns_the_same_job_and_a_changed_body_conflicts(t
     run(go())
 
 
+def test_a_job_the_projection_stored_first_is_answered_with_the_projections_state(tmp_path):
+    """The provisional view is inserted after SubmitJob is delivered; if the
+    projection folded the job's first events in between, the 202 names the
+    state it stored (not SUBMITTED) and the stored view is kept."""
+
+    async def go():
+        async with api(tmp_path) as c:
+            send = c.producer.send
+
+            async def send_then_fold(topic, key, value, partition=None, headers=None):
+                delivered = await send(topic, key, value, partition, headers)
+                spec = codec.decode(value).spec
+                c.fold_in(
+                    [
+                        JobAdmitted(event_id="adm", ts_ms=2, spec=spec, cell="cell-0"),
+                        JobQueued(
+                            event_id="q", ts_ms=3, job_id=spec.job_id, tenant="acme", tier="free"
+                        ),
+                    ]
+                )
+                return delivered
+
+            c.producer.send = send_then_fold
+            r = await c.client.post("/v1/jobs", json=BODY, headers=auth())
+            assert r.status == 202, await r.text()
+            body = await r.json()
+            assert body["state"] == "QUEUED"
+            assert c.store.get(body["job_id"]).state == "QUEUED"
+
+    run(go())
+
+
 def test_tenant_isolation(tmp_path):
     async def go():
         async with api(tmp_path) as c:
