@@ -282,8 +282,7 @@ class ProcessorRunner:
                 f"outputs of {len(records)} input records were not delivered: {exc}"
             ) from exc
         c.produced += len(batch.outgoing)
-        for out in batch.outgoing:
-            _log_output(out)
+        _log_outputs(batch.outgoing)
         try:
             c.snapshots += self.processor.snapshot()  # 3
         except Exception as exc:
@@ -323,7 +322,25 @@ class ProcessorRunner:
             )
 
 
-def _log_output(out: Outgoing) -> None:
+def _log_outputs(outgoing: list[Outgoing]) -> None:
+    """One line per output event, naming every topic its records went to (a
+    ``JobAdmitted`` is one line, not one per destination), one per dead letter.
+
+    Cost: O(records) identity checks, plus one log call per event at an enabled
+    level (a JSON line at INFO: the per-job cost that matters, so not per record).
+    """
+    n, i = len(outgoing), 0
+    while i < n:
+        out, j = outgoing[i], i + 1
+        if out.event is not None:
+            # encode_outputs emits an event's records next to each other
+            while j < n and outgoing[j].event is out.event:
+                j += 1
+        _log_output(out, [o.topic for o in outgoing[i:j]] if j - i > 1 else [out.topic])
+        i = j
+
+
+def _log_output(out: Outgoing, topics: list[str]) -> None:
     event = out.event
     if event is None:
         source = dict(out.headers)
@@ -340,7 +357,8 @@ def _log_output(out: Outgoing) -> None:
     if not log.isEnabledFor(level):
         return
     inner = getattr(event, "command", event)  # a CellCommand wraps a forwarded CancelJob
-    fields = {"event_type": type(inner).__name__, "event_id": inner.event_id, "topic": out.topic}
+    topic = ",".join(topics)
+    fields = {"event_type": type(inner).__name__, "event_id": inner.event_id, "topic": topic}
     for name in ("job_id", "run", "node_id", "cell", "reason"):
         value = getattr(inner, name, None)
         if value not in (None, ""):
@@ -354,6 +372,6 @@ def _log_output(out: Outgoing) -> None:
         "%s %s -> %s",
         fields["event_type"],
         fields.get("job_id", ""),
-        out.topic,
+        topic,
         extra=fields,
     )

@@ -193,3 +193,28 @@ def test_scheduler_fold_ids_come_from_the_input_position():
     )
     outs = fold.step(cell, record(codec.encode(reg), partition=2, offset=41, key=b"cell-2"))
     assert outs and all(o.event.event_id.startswith("cell-2@41/") for o in outs)
+
+
+def test_an_output_event_is_one_log_line_naming_every_topic_it_went_to(caplog):
+    """JobAdmitted goes to two topics: one INFO line (the per-job log line costs
+    CPU per job), not one per record; a dead letter still gets its own line."""
+    from framespool.processors.app import _log_outputs
+    from framespool.processors.routing import dead_letter
+
+    admitted = ev.JobAdmitted(event_id="adm", ts_ms=1, spec=SPEC, cell="cell-0")
+    assigned = ev.JobAssigned(
+        event_id="as", ts_ms=2, job_id="job-1", run=1, placement=(), gpus=1, estimate_s=1.0
+    )
+    bad = dead_letter(record(b"junk"), DeadLetterReason.BAD_MAGIC, "junk", "scheduler")
+    outgoing = encode_outputs([admitted, assigned]) + [bad, bad]
+    with caplog.at_level("INFO", logger="framespool.processors.app"):
+        _log_outputs(outgoing)
+    lines = [
+        (r.levelname, getattr(r, "event_type", None), getattr(r, "topic", None))
+        for r in caplog.records
+    ]
+    assert lines[:2] == [
+        ("INFO", "JobAdmitted", f"{catalogue.SCHEDULER.name},{catalogue.JOB_EVENTS.name}"),
+        ("INFO", "JobAssigned", catalogue.JOB_EVENTS.name),
+    ]
+    assert [r.levelname for r in caplog.records[2:]] == ["WARNING", "WARNING"]
