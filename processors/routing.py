@@ -147,6 +147,20 @@ class Outgoing:
     event: Any = None
     reason: str = ""  # why a dead letter was dead-lettered
 
+    def with_headers(self, extra: tuple[tuple[str, bytes], ...]) -> Outgoing:
+        """This record with ``extra`` headers appended (the fencing stamp, per output).
+        Built field by field: half the cost of ``dataclasses.replace``; a new field
+        must be passed on here too."""
+        return Outgoing(
+            self.topic,
+            self.key,
+            self.partition,
+            self.value,
+            (*self.headers, *extra),
+            self.event,
+            self.reason,
+        )
+
 
 def encode_outputs(outputs: list[Any], topics: Topics = catalogue) -> list[Outgoing]:
     """Every record the outputs of one input become, in output order."""

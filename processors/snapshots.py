@@ -73,7 +73,7 @@ import logging
 import pickle
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -401,7 +401,7 @@ class StatefulProcessor:
                 stamp = fencing_headers(
                     f"{record.topic}[{record.partition}]@{record.offset}", part.epoch
                 )
-                outgoing = [replace(o, headers=(*o.headers, *stamp)) for o in outgoing]
+                outgoing = [o.with_headers(stamp) for o in outgoing]
             batch.dead_letters += sum(1 for o in outgoing if o.event is None)
             batch.outgoing.extend(outgoing)
         return batch

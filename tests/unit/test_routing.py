@@ -218,3 +218,22 @@ def test_an_output_event_is_one_log_line_naming_every_topic_it_went_to(caplog):
         ("INFO", "JobAssigned", catalogue.JOB_EVENTS.name),
     ]
     assert [r.levelname for r in caplog.records[2:]] == ["WARNING", "WARNING"]
+
+
+def test_with_headers_keeps_every_field_and_appends():
+    import dataclasses
+
+    from framespool.processors.routing import Outgoing
+
+    base = Outgoing("t", b"k", 3, b"v", (("a", b"1"),), event="e", reason="r")
+    stamped = base.with_headers((("b", b"2"),))
+    assert stamped == dataclasses.replace(base, headers=(("a", b"1"), ("b", b"2")))
+    assert [f.name for f in dataclasses.fields(Outgoing)] == [
+        "topic",
+        "key",
+        "partition",
+        "value",
+        "headers",
+        "event",
+        "reason",
+    ], "a new Outgoing field must be passed on by with_headers"
