@@ -31,6 +31,7 @@ attribute names (``framespool.schemas.topics`` itself, or a test's ``TopicSet``)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,14 @@ class Destination:
     partition: int | None
 
 
+# A job's events (queued, assigned, completed, ...) and a node's commands reuse
+# one key: its murmur2 (pure Python, ~3.5 us) is computed once while it is recent.
+_partition = functools.lru_cache(maxsize=16384)(partition_for_key)
+
+
 def _keyed(topic: Any, key: str) -> Destination:
-    return Destination(topic.name, key, partition_for_key(key, topic.partitions))
+    """Cost: one LRU lookup; a miss adds murmur2 of the key (pure, so replay-safe)."""
+    return Destination(topic.name, key, _partition(key, topic.partitions))
 
 
 def cell_destination(cell: str, topics: Topics = catalogue) -> Destination:
