@@ -4,8 +4,10 @@
   job also asks for CPU or memory out of proportion to its GPUs.
 - Wait estimate: GPU-seconds the fair order will serve before the job (its
   own flow's backlog ahead of it, and each backlogged sibling flow up to the
-  virtual time this job's flow reaches), plus the work still running, over the
-  cell's healthy capacity.
+  virtual time this job's flow reaches), plus the job's GPUs times the running
+  work's mean residual per GPU (the wait for its own GPUs to free) and the
+  share of the other running work that the work ahead waits behind, over the
+  cell's healthy capacity (``point_wait_s``).
 - Breakers: ``generator_error`` failures are attributed to (model version,
   node) and (model version, GPU type). Who is at fault decides what trips:
 
@@ -48,6 +50,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 _DOWN = NodeState.DOWN  # bound once: these sums run on every admission
+
+
+def point_wait_s(
+    ahead: float, gpus: int, running_gpu_s: float, running: int, capacity: int
+) -> float:
+    """The point wait of a ``gpus``-GPU job with ``ahead`` GPU-seconds of others'
+    work before it in a cell of ``capacity`` GPUs, ``running`` of them busy with
+    ``running_gpu_s`` GPU-seconds still to run (``Accounting.predicted_wait_s``
+    says why). O(1)."""
+    own = gpus * running_gpu_s / running if running > 0 else 0.0
+    behind = min(1.0, ahead / running_gpu_s) if running_gpu_s > 0 else 1.0
+    return (ahead + own + behind * max(0.0, running_gpu_s - own)) / capacity
 
 
 class Accounting:
@@ -95,9 +109,33 @@ class Accounting:
         )
         return leaf
 
-    def predicted_wait_s(self: Cell, job: Job, own_ahead: float) -> float:
-        """``own_ahead``: GPU-seconds queued in the job's own flow up to and
-        including the job itself."""
+    def predicted_wait_s(self: Cell, job: Job, own_ahead: float, admitting: bool = False) -> float:
+        """The time until the work ahead of the job has started and the job's own
+        GPUs have freed (``point_wait_s``, shared with ``offers.predicted_wait_s``):
+        ``(A + g * r + min(1, A / R) * (R - g * r)) / capacity``, where ``A`` is
+        the GPU-seconds the fair order serves before the job (others' work, not
+        the job's own cost), ``g`` its GPUs, ``R`` the running work left and
+        ``r = R / running GPUs`` its mean residual per GPU. With nothing ahead
+        the job waits for its own ``g`` GPUs to free (``g * r / capacity``), not
+        for all the running work to end (the former ``R / capacity``: 1,000-2,000
+        s in a full cell whose jobs start within a second of the next end). The
+        work ahead starts on GPUs as the running work ends, so the more there
+        is, the more of the running work the job waits behind: all of it once
+        ``A >= R`` (a flood's deep queue, where ``(A + R) / capacity`` is
+        measured right to 1 %).
+
+        0 when ``g`` GPUs are free and nothing is ahead; and, for a job being
+        admitted (``admitting``), when one of its shapes fits the free GPUs now
+        whatever is queued ahead: every admission and end runs the scheduler,
+        so work still queued beside free GPUs is work that cannot use them (a
+        gang too wide for the fragments, a tenant at its quota), and the new
+        job takes them (measured: 83-99 % of such 1-GPU jobs start within 1 s).
+        A queued job's refresh does not get that 0: the scheduler has already
+        passed it over.
+
+        ``own_ahead``: GPU-seconds queued in the job's own flow up to and
+        including the job itself. Cost: O(depth of the fair tree * siblings),
+        plus O(shapes * (GPUs per node + nodes of a gang)) when admitting."""
         leaf = self.leaf_of(job)
         ahead = self.fair.work_ahead(leaf, own_ahead)
         capacity = self.index.free_total + self.running_gpus
@@ -105,19 +143,50 @@ class Accounting:
             capacity = sum(n.total for n in self.index.nodes.values())
         if capacity <= 0:
             return -1.0
-        if self.index.free_total >= job.shape[0] and ahead <= job.cost:
+        gpus = job.shape[0]
+        if self.index.free_total >= gpus and ahead <= job.cost:
+            return 0.0
+        if admitting and ahead > job.cost and self.fits_free_now(job):
             return 0.0
         remaining = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
-        return (
-            (ahead - job.cost + remaining) / capacity if ahead > job.cost else remaining / capacity
+        return point_wait_s(
+            max(0.0, ahead - job.cost), gpus, remaining, self.running_gpus, capacity
         )
 
-    def wait_depth(self: Cell, wait_s: float) -> float:
-        """Jobs that must end before a job told ``wait_s`` starts, for the wait
-        bands' depth prior: one (the first end that frees its GPUs) plus the
-        queued work the wait drains beyond the running work, over the mean
-        cost of a queued job. O(tiers): the tier flows keep their queued count
-        and backlog."""
+    def fits_free_now(self: Cell, job: Job) -> bool:
+        """Whether one of the job's shapes fits the free GPUs now, by free GPUs
+        per node (rails, GPU types and health filters aside: an estimate).
+        O(shapes * (GPUs per node + nodes of a gang))."""
+        index = self.index
+        for gpus, per_node, _ in self.shapes_of(job):
+            if gpus > index.free_total:
+                continue
+            if gpus <= per_node:
+                if index.largest_free() >= gpus:
+                    return True
+                continue
+            nodes = -(-gpus // per_node)
+            if index.count_free(per_node, nodes) >= nodes:
+                return True
+        return False
+
+    def residual_per_gpu_s(self: Cell) -> float:
+        """Mean seconds a running GPU still needs (the running work left over the
+        running GPUs; 0 when nothing runs). O(1)."""
+        if self.running_gpus <= 0:
+            return 0.0
+        remaining = self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000
+        return max(0.0, remaining) / self.running_gpus
+
+    def wait_depth(self: Cell, wait_s: float, gpus: int = 1) -> float:
+        """Jobs that must end before a ``gpus``-GPU job told ``wait_s`` starts,
+        for the wait bands' depth prior: one (the first end that frees its GPUs)
+        plus the queued work the wait drains, over the mean cost of a queued job.
+        The queued work is what the wait holds beyond the running work it
+        waits behind (``predicted_wait_s``: its own GPUs' residual ``g * r``,
+        and up to all of the running work ``R`` as the queue ahead grows to
+        ``R``), inverted: ``wait * capacity = A + g * r + min(1, A / R) * (R - g * r)``.
+        O(tiers): the tier flows keep their queued count and backlog."""
         queued, backlog = 0, 0.0
         for tier in self.fair.root.active.values():
             queued += tier.queued
@@ -126,7 +195,16 @@ class Accounting:
             return 1.0
         capacity = self.index.free_total + self.running_gpus
         remaining = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
-        return 1.0 + max(0.0, wait_s * capacity - remaining) * queued / backlog
+        own = gpus * self.residual_per_gpu_s()
+        held = wait_s * capacity - own  # A + min(1, A / R) * extra
+        extra = max(0.0, remaining - own)
+        if remaining <= 0 or extra <= 0:
+            ahead = held
+        elif held <= remaining + extra:  # A <= R
+            ahead = held * remaining / (remaining + extra)
+        else:
+            ahead = held - extra
+        return 1.0 + max(0.0, ahead) * queued / backlog
 
     # -- failure containment ----------------------------------------------------
     def note_failure(self: Cell, run: Run, node_id: str, failure_class: str) -> None:
@@ -408,7 +486,9 @@ class Accounting:
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait
                     budget -= 1
-                    p50, p90 = self.wait_bands.band(job.tier, wait, self.wait_depth(wait))
+                    p50, p90 = self.wait_bands.band(
+                        job.tier, wait, self.wait_depth(wait, job.shape[0])
+                    )
                     self.emit(
                         ev.JobWaitEstimated,
                         job_id=job_id,

@@ -44,12 +44,12 @@ class JobHandlers:
         # No rejection by predicted wait here: the tier's limit is the edge's, at
         # submit, from the cells' offers (``offers.wait_refusal``), so a job the API
         # accepted is never rejected later for its wait.
-        ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog + job.cost)
+        ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog + job.cost, admitting=True)
         self.jobs[spec.job_id] = job
         self.enqueue(job, requeued=False)
         job.wait_estimate_s = ahead
         self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead)
-        p50, p90 = self.wait_bands.band(spec.tier, ahead, self.wait_depth(ahead))
+        p50, p90 = self.wait_bands.band(spec.tier, ahead, self.wait_depth(ahead, job.shape[0]))
         self.emit(
             ev.JobQueued,
             job_id=spec.job_id,

@@ -22,10 +22,16 @@ through the functions here:
    cell starting, its agents restarting): such a cell is unknown.
 2. ``hosts``: a live offer hosts a job when its UP nodes could run every shape
    of it (``drain.job_fits``).
-3. ``predicted_wait_s``: (GPU-seconds queued in its tier and every more
-   important one + GPU-seconds routed there since the offer + what running
-   work still needs) / capacity, or 0 when nothing is queued ahead and enough
-   GPUs of the type are free: the arithmetic of ``Accounting.predicted_wait_s``.
+3. ``predicted_wait_s``: ``accounting.point_wait_s``, the arithmetic of
+   ``Accounting.predicted_wait_s``, on the offer: the work ahead ``A`` (GPU-
+   seconds queued in its tier and every more important one + GPU-seconds
+   routed there since the offer), the job's GPUs times the running work's mean
+   residual per running GPU, and a share ``min(1, A / R)`` of the rest of the
+   running work ``R``, over the capacity; or 0 when nothing is queued ahead and
+   enough GPUs of the type are free. The running GPUs are the offer's capacity
+   less its free GPUs, so no new field. (The cell also tells 0 to a job that
+   fits its free GPUs now despite work ahead; an offer has no free GPUs per
+   node, so admission does not.)
 4. ``best_host``: the host with the lowest wait (ties: the order of ``cells``),
    or None when no live offer hosts the job: unknown, never refused.
 5. ``wait_refusal``: the best host's wait exceeds the limit that cell publishes
@@ -45,6 +51,7 @@ from typing import NamedTuple
 
 from framespool.schemas import events as ev
 
+from .accounting import point_wait_s
 from .drain import Groups, job_fits
 
 PREDICTED_WAIT = "predicted_wait"
@@ -77,8 +84,8 @@ def predicted_wait_s(
     offer: ev.CellOffer, spec: ev.JobSpec, routed_gpu_s: float = 0.0, routed_gpus: int = 0
 ) -> float:
     """The wait ``offer``'s cell predicts for ``spec``, after the work routed
-    there since the offer (``Accounting.predicted_wait_s``'s arithmetic; -1 when
-    the cell has no capacity)."""
+    there since the offer (``Accounting.predicted_wait_s``'s arithmetic,
+    ``point_wait_s``; -1 when the cell has no capacity)."""
     if offer.capacity_gpus <= 0:
         return -1.0
     ahead = routed_gpu_s
@@ -92,7 +99,8 @@ def predicted_wait_s(
         free = offer.free_gpus
     if free - routed_gpus >= spec.gpus and ahead <= 0:
         return 0.0
-    return (ahead + offer.running_gpu_s) / offer.capacity_gpus
+    running = offer.capacity_gpus - offer.free_gpus
+    return point_wait_s(ahead, spec.gpus, offer.running_gpu_s, running, offer.capacity_gpus)
 
 
 def tier_limit_s(offer: ev.CellOffer, tier: str) -> float:

@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-The point estimate (``Accounting.predicted_wait_s``: fair-order work ahead
-plus running work, over capacity) is biased in ways that depend on the load,
+The point estimate (``Accounting.predicted_wait_s``: fair-order work ahead,
+the job's own GPUs' residual and the running work the queue ahead waits
+behind, over capacity) is biased in ways that depend on the load,
 the tier and the job's shape. Rather than model them, the band learns them:
 
 1. At admission a job's point estimate ``e`` and its admission time are kept
@@ -32,16 +33,16 @@ the tier and the job's shape. Rather than model them, the band learns them:
    over the square root of the number of jobs ahead (the law of large
    numbers): ``m50 = 1`` and ``m90 = exp(Z90 * sqrt(SIGMA_SYS**2 +
    SIGMA_JOB**2 / depth))``, ``depth`` = jobs' worth of work the point
-   estimate drains (``Accounting.wait_depth``: the point estimate times the
-   capacity over the mean cost of a queued job). At most one job deep the
+   estimate drains (``Accounting.wait_depth``: the queued work ahead that the
+   point estimate times the capacity holds, over the mean cost of a queued
+   job). At most one job deep the
    wait is one residual run time, which averages nothing: the fixed
    ``PRIOR`` (``m90 = 3``). A flood admitted into a fresh cell (every job
    admitted before any queued job starts, so nothing is learned in time)
    gets a P90 a few percent above its point estimate instead of three times
    it. ``SIGMA_SYS`` keeps a floor for what the sum does not average away.
-   The P50 stays the point estimate: its bias for a deep queue (the fluid
-   estimate counts all running work, though some still runs when the job
-   starts, and knows nothing of cold starts or of how estimates compare with
+   The P50 stays the point estimate: its bias (it knows nothing of cold
+   starts, of backfill past blocked work, or of how estimates compare with
    run times) is only learned from jobs that started (3.).
 5. Histograms forget: when one holds ``HALVE_AT`` observations, every
    bucket is halved, so the band follows a drifting load (old evidence weighs

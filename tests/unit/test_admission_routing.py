@@ -101,7 +101,12 @@ def test_the_lowest_predicted_wait_wins():
 def test_the_wait_is_the_cells_own_arithmetic():
     o = offer("cell-0", nodes=2, per_node=8, free=0, running_gpu_s=1600.0, queued=800.0)
     spec = ev.JobSpec(job_id="j", tenant="t", tier="free", gpus=1)
-    assert predicted_wait_s(o, spec) == pytest.approx((800 + 1600) / 16)
+    # the work ahead (800), the job's own GPUs freeing (one mean residual, 1600
+    # GPU-s over 16 running GPUs, each), and the share 800 / 1600 of the rest
+    # of the running work that the work ahead waits behind, over the capacity
+    assert predicted_wait_s(o, spec) == pytest.approx((800 + 100 + 0.5 * 1500) / 16)
+    gang = ev.JobSpec(job_id="g", tenant="t", tier="free", gpus=8, gpus_per_node=8)
+    assert predicted_wait_s(o, gang) == pytest.approx((800 + 800 + 0.5 * 800) / 16)
     idle = offer("cell-0", free=16)
     assert predicted_wait_s(idle, spec) == 0.0  # nothing ahead and GPUs free
     # work routed there since the offer counts: GPU-seconds ahead, GPUs taken
