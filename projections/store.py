@@ -32,6 +32,22 @@ same batch:
 A job id past the horizon is unknown again: a GET answers 404, and a
 submission with its Idempotency-Key is a new job.
 
+Cost model (RocksViewStore). The per-(tenant, state) counts, each tenant's
+total and the store's "now" are cached in memory, write-through: this object
+is the only writer of its directory (RocksDB locks it), so a cache is loaded
+once (one ``get``, or one ``n/<tenant>`` scan per tenant) and then updated after
+each successful write, never before (a failed write leaves it as the database).
+Step 5 and step 7 scan from where the last scan stopped (``_floors``) and are
+skipped altogether while they have nothing to do: when "now" has not moved
+since a sweep that deferred nothing, and no expiry or done-outbox key was
+written since. So ``insert_if_absent`` (the API's provisional view, which never
+moves "now") costs one ``get`` of the job key, one JSON encode and one write
+batch of five keys (view, two index keys, one count); the cap (step 6) is a
+dict sum, and only a tenant at its cap scans its oldest finished views
+(``X/<tenant>``, from its floor: amortized O(1) per deletion). A log commit of
+``k`` views costs ``k`` view reads and encodes plus its sweeps, each amortized
+O(1) per key it deletes.
+
 ``InMemoryViewStore`` is the fake that implements the same ``ViewStore``
 protocol; one test suite runs against both.
 """
@@ -170,6 +186,11 @@ class RocksViewStore:
         self._db = Rdict(str(path), options=Options(raw_mode=True))
         self.retention = retention
         self._floors: dict[bytes, bytes] = {}  # index prefix -> where its expiry scan starts
+        # write-through caches (module doc, "Cost model"): filled on first read
+        self._counts: dict[tuple[str, str], int] = {}  # (tenant, state) -> n/ value
+        self._totals: dict[str, int] = {}  # tenant -> sum of its n/ values
+        self._now: int | None = None  # w/: the newest event time seen
+        self._swept_at: int | None = None  # the "now" at which steps 5 and 7 had nothing left
 
     # -- keys ---------------------------------------------------------------
     @staticmethod
@@ -207,12 +228,27 @@ class RocksViewStore:
         raw = self._db.get(key)
         return 0 if raw is None else int(raw)
 
+    def _count(self, tenant: str, state: str) -> int:
+        n = self._counts.get((tenant, state))
+        if n is None:
+            n = self._counts[(tenant, state)] = self._int(self._count_key(tenant, state))
+        return n
+
+    def _newest(self) -> int:
+        if self._now is None:
+            self._now = self._int(b"w/")
+        return self._now
+
     def queued_count(self, tenant: str) -> int:
         # max(0, ..): views stored before the counts existed are not in them
-        return max(0, sum(self._int(self._count_key(tenant, st)) for st in QUEUED_STATES))
+        return max(0, sum(self._count(tenant, st) for st in QUEUED_STATES))
 
     def view_count(self, tenant: str) -> int:
-        return sum(int(v) for _, v in self._scan(b"n/" + tenant.encode() + b"\x00"))
+        n = self._totals.get(tenant)
+        if n is None:
+            scan = self._scan(b"n/" + tenant.encode() + b"\x00")
+            n = self._totals[tenant] = sum(int(v) for _, v in scan)
+        return n
 
     # -- reads --------------------------------------------------------------
     def get(self, job_id: str) -> JobView | None:
@@ -269,17 +305,57 @@ class RocksViewStore:
 
     # -- writes -------------------------------------------------------------
     def insert_if_absent(self, view: JobView) -> bool:
-        if self._db.get(self._job_key(view.job_id)) is not None:
+        """The API's provisional view: what ``commit(.., from_log=False)`` of that one
+        view writes, without its generic steps (no old view to read, "now" is
+        unchanged, the age sweeps are skipped while they have nothing to do).
+        Cost: module doc, "Cost model"."""
+        key = self._job_key(view.job_id)
+        if self._db.get(key) is not None:
             return False
-        self.commit(Batch(views={view.job_id: view}), from_log=False)
+        if view.terminal:  # not the API's case: the generic path writes its expiry keys
+            self.commit(Batch(views={view.job_id: view}), from_log=False)
+            return True
+        wb = WriteBatch(raw_mode=True)
+        for index_key in self._index_keys(view):
+            wb.put(index_key, b"")
+        wb.put(key, _dumps(view_to_dict(view)))
+        counts = {(view.tenant, view.state): 1}
+        newest = self._newest()
+        by_age = self._swept_at != newest
+        clean = self._expire(wb, counts, {view.job_id: view}, newest, by_age)
+        written = self._put_counts(wb, counts)
+        self._db.write(wb)
+        self._written(written, newest, clean)
         return True
+
+    def _put_counts(
+        self, wb: WriteBatch, counts: dict[tuple[str, str], int]
+    ) -> dict[tuple[str, str], int]:
+        """The new count per changed (tenant, state), into ``wb``; returned for the caches."""
+        written = {}
+        for (tenant, state), delta in counts.items():
+            if delta:
+                n = written[(tenant, state)] = self._count(tenant, state) + delta
+                wb.put(self._count_key(tenant, state), str(n).encode())
+        return written
+
+    def _written(self, written: dict[tuple[str, str], int], newest: int, swept: bool) -> None:
+        """Bring the caches up to a write batch that has been written."""
+        for key, n in written.items():
+            total = self._totals.get(key[0])
+            if total is not None:
+                self._totals[key[0]] = total + n - self._counts[key]
+            self._counts[key] = n
+        self._now = newest
+        self._swept_at = newest if swept else None
 
     def commit(self, batch: Batch, from_log: bool = True) -> None:
         """``from_log=False``: the API's provisional view, whose time is the API's
         clock, not the log's: it does not move the store's "now"."""
         wb = WriteBatch(raw_mode=True)
         counts: dict[tuple[str, str], int] = {}
-        newest = self._int(b"w/")  # the newest event time seen: the store's "now"
+        newest = self._newest()  # the newest event time seen: the store's "now"
+        swept = True  # False: this batch writes keys the age sweeps must see next time
         for job_id, view in batch.views.items():
             old = self.get(job_id)
             new_keys = self._index_keys(view)
@@ -293,6 +369,7 @@ class RocksViewStore:
             if view.terminal and (old is None or not old.terminal):
                 for key in self._ended_keys(view):
                     wb.put(key, b"")
+                swept = False
             if from_log:
                 newest = max(newest, view.updated_ms)
         for cell in batch.cells.values():
@@ -302,27 +379,38 @@ class RocksViewStore:
         for d in batch.deliveries:
             if self._db.get(b"d/" + d.delivery_id.encode()) is None:
                 self._delivery_into(wb, d)
+                swept = swept and d.status == PENDING
         for (topic, partition), off in batch.offsets.items():
             if off > self.offset(topic, partition):
                 wb.put(self._offset_key(topic, partition), str(off).encode())
-        self._expire(wb, counts, batch, newest)
-        for (tenant, state), delta in counts.items():
-            if delta:
-                key = self._count_key(tenant, state)
-                wb.put(key, str(self._int(key) + delta).encode())
+        by_age = self._swept_at != newest
+        clean = self._expire(wb, counts, batch.views, newest, by_age)
+        written = self._put_counts(wb, counts)
         wb.put(b"w/", str(newest).encode())
         self._db.write(wb)
+        self._written(written, newest, swept and clean)
 
     def _expire(
-        self, wb: WriteBatch, counts: dict[tuple[str, str], int], batch: Batch, newest: int
-    ) -> None:
-        """Steps 5-7 of the module doc, into the same write batch."""
+        self,
+        wb: WriteBatch,
+        counts: dict[tuple[str, str], int],
+        views: dict[str, JobView],
+        newest: int,
+        by_age: bool = True,
+    ) -> bool:
+        """Steps 5-7 of the module doc, into the same write batch; ``by_age=False``
+        skips steps 5 and 7. Returns False when step 5 deferred a view (one of
+        ``views``, the batch's) to a later batch.
+
+        Cost: step 5 and step 7 each seek once to their floor and read every key
+        they delete plus one; step 6 is a sum over the tenant's cached counts,
+        and a scan of its oldest finished views only when it is over its cap."""
         victims: dict[str, JobView] = {}
 
         def take(job_id: str) -> bool:
             """Mark a terminal view for deletion; False: it stays for now (it is
             written in this batch, so it goes in a later one)."""
-            if job_id in batch.views:
+            if job_id in views:
                 return False
             view = self.get(job_id)
             if view is not None and view.terminal:
@@ -334,7 +422,7 @@ class RocksViewStore:
         floors = self._floors
         cutoff = newest - int(self.retention.finished_horizon_s * 1000)
         deferred, last = b"", floors.get(b"x/", b"")
-        for key, _ in self._scan(b"x/", last):
+        for key, _ in self._scan(b"x/", last) if by_age else ():
             ms, job_id = key[2:].decode().split("/", 1)
             if int(ms) >= cutoff:
                 break
@@ -372,18 +460,21 @@ class RocksViewStore:
                 wb.delete(key)
             _count_change(counts, view, None)
         outbox_cutoff = newest - int(self.retention.outbox_horizon_s * 1000)
-        for key, _ in self._scan(b"y/", floors.get(b"y/", b"")):
+        for key, _ in self._scan(b"y/", floors.get(b"y/", b"")) if by_age else ():
             ms, delivery_id = key[2:].decode().split("/", 1)
             if int(ms) >= outbox_cutoff:
                 break
             wb.delete(key)
             wb.delete(b"d/" + delivery_id.encode())
             floors[b"y/"] = key[2:]
+        return not deferred
 
     def put_delivery(self, delivery: Delivery) -> None:
         wb = WriteBatch(raw_mode=True)
         self._delivery_into(wb, delivery)
         self._db.write(wb)
+        if delivery.status != PENDING:
+            self._swept_at = None  # a done-outbox key step 7 has not seen
 
     @staticmethod
     def _delivery_into(wb: WriteBatch, d: Delivery) -> None:

@@ -6,6 +6,7 @@ import ast
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -38,6 +39,7 @@ from framespool.schemas.events import (
     NodeSlice,
     ReportIgnored,
     RunProgress,
+    Shape,
     SubmitJob,
     Tick,
 )
@@ -201,6 +203,20 @@ def test_provisional_view_then_log_equals_log_alone():
     provisional = submitted_view(cmd.spec, cmd.ts_ms)
     assert provisional.state == SUBMITTED and provisional.timeline == ()
     assert fold(events, provisional) == fold(events)
+
+
+def test_provisional_view_is_the_spec_applied_to_an_empty_view():
+    s = replace(
+        lifecycle("j1")[0].spec,
+        params={"b": "2", "a": "1"},
+        shapes=(Shape(gpus=2, gpus_per_node=2, estimate_s=5.0),),
+        callback_url="https://hook",
+        preemptible=True,
+    )
+    for submitted_ms in (0, 700):
+        s = replace(s, submitted_ms=submitted_ms)
+        empty = jobs.JobView(job_id=s.job_id, created_ms=s.submitted_ms or 1_000, updated_ms=1_000)
+        assert submitted_view(s, 1_000) == jobs._with_spec(empty, s)
 
 
 def test_progress_and_wait_entries_coalesce_but_lifecycle_stays():

@@ -125,3 +125,75 @@ def test_storage_stays_flat_over_100k_jobs(make_store, tmp_path):
         assert len(store._views) == counts[n]
         assert len(store._ended) <= window
         assert all(len(h) <= 2 * window + 64 for h in store._tenant_ended.values())
+
+
+def test_a_provisional_insert_at_the_cap_removes_the_oldest_finished_view(make_store):
+    store = make_store(max_views_per_tenant=3)
+    store.commit(Batch(views={"q": job("q", QUEUED, 0)}))
+    for i in range(2):
+        store.commit(Batch(views={f"d{i}": job(f"d{i}", COMPLETED, 10 + i)}))
+    assert store.insert_if_absent(job("p", SUBMITTED, 20)) is True
+    kept = sorted(v.job_id for v in store.list_jobs("acme", limit=10).jobs)
+    assert kept == ["d1", "p", "q"]
+    assert store.view_count("acme") == 3 and store.queued_count("acme") == 2
+
+
+def test_a_provisional_insert_expires_what_the_last_commit_had_to_defer(make_store):
+    # "old" ended long ago but is rewritten in the batch that moves "now" past its
+    # horizon: it stays for that batch, and the next write (here the API's
+    # provisional insert, which never moves "now") deletes it.
+    store = make_store(finished_horizon_s=3600)
+    store.commit(Batch(views={"old": job("old", COMPLETED, 0)}))
+    store.commit(Batch(views={"old": job("old", COMPLETED, 0), "q": job("q", QUEUED, 2 * HOUR)}))
+    assert store.get("old") is not None
+    assert store.insert_if_absent(job("p", SUBMITTED, 2 * HOUR)) is True
+    assert store.get("old") is None
+    assert store.view_count("acme") == 2
+
+
+def test_a_provisional_insert_expires_an_outbox_record_done_since_the_last_commit(make_store):
+    store = make_store(outbox_horizon_s=60)
+    store.commit(Batch(views={"j": job("j", QUEUED, 120_000)}))  # "now" = 120 s
+    done = Delivery("e1", "j", "acme", "https://hook", "{}", status=DELIVERED, done_ms=1_000)
+    store.put_delivery(done)  # done before the horizon, after the last sweep
+    assert store.insert_if_absent(job("p", SUBMITTED, 120_000)) is True
+    assert store.get_delivery("e1") is None
+
+
+def test_rocksdict_counts_survive_a_reopen(tmp_path):
+    # the store caches its counts and "now"; what a reopened store reads from disk
+    # must be the same
+    path = str(tmp_path / "views")
+    r = Retention(finished_horizon_s=3600, max_views_per_tenant=4)
+    store = RocksViewStore(path, r)
+    for i in range(6):
+        store.commit(Batch(views={f"d{i}": job(f"d{i}", COMPLETED, i * HOUR // 2)}))
+        store.insert_if_absent(job(f"p{i}", SUBMITTED, i))
+        store.insert_if_absent(job(f"o{i}", SUBMITTED, i, tenant="other"))
+    store.commit(Batch(views={"p0": job("p0", QUEUED, 3 * HOUR)}))
+    cached = [(t, store.view_count(t), store.queued_count(t)) for t in ("acme", "other")]
+    store.close()
+    reopened = RocksViewStore(path, r)
+    try:
+        assert [
+            (t, reopened.view_count(t), reopened.queued_count(t)) for t in ("acme", "other")
+        ] == cached
+        assert reopened.view_count("acme") == len(reopened.list_jobs("acme", limit=100).jobs)
+        assert reopened._newest() == 3 * HOUR
+    finally:
+        reopened.close()
+
+
+def test_a_provisional_insert_expires_what_the_last_commit_wrote_past_its_horizon(make_store):
+    # a batch's own expiry and done-outbox keys may be past the horizon that batch
+    # sets; the next write, even one that does not move "now", expires them
+    store = make_store(finished_horizon_s=3600)
+    store.commit(Batch(views={"old": job("old", COMPLETED, 0), "q": job("q", QUEUED, 2 * HOUR)}))
+    assert store.insert_if_absent(job("p", SUBMITTED, 2 * HOUR)) is True
+    assert store.get("old") is None
+
+    store = make_store(outbox_horizon_s=60)
+    done = Delivery("e1", "j", "acme", "https://hook", "{}", status=DELIVERED, done_ms=1_000)
+    store.commit(Batch(views={"j": job("j", QUEUED, 120_000)}, deliveries=[done]))
+    assert store.insert_if_absent(job("p", SUBMITTED, 120_000)) is True
+    assert store.get_delivery("e1") is None
