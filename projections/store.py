@@ -322,7 +322,9 @@ class RocksViewStore:
         counts = {(view.tenant, view.state): 1}
         newest = self._newest()
         by_age = self._swept_at != newest
-        clean = self._expire(wb, counts, {view.job_id: view}, newest, by_age)
+        clean = True
+        if by_age or self.view_count(view.tenant) >= self.retention.max_views_per_tenant:
+            clean = self._expire(wb, counts, {view.job_id: view}, newest, by_age)
         written = self._put_counts(wb, counts)
         self._db.write(wb)
         self._written(written, newest, clean)

@@ -129,9 +129,9 @@ def test_storage_stays_flat_over_100k_jobs(make_store, tmp_path):
 
 def test_a_provisional_insert_at_the_cap_removes_the_oldest_finished_view(make_store):
     store = make_store(max_views_per_tenant=3)
-    store.commit(Batch(views={"q": job("q", QUEUED, 0)}))
     for i in range(2):
         store.commit(Batch(views={f"d{i}": job(f"d{i}", COMPLETED, 10 + i)}))
+    store.commit(Batch(views={"q": job("q", QUEUED, 12)}))  # at the cap, nothing to expire
     assert store.insert_if_absent(job("p", SUBMITTED, 20)) is True
     kept = sorted(v.job_id for v in store.list_jobs("acme", limit=10).jobs)
     assert kept == ["d1", "p", "q"]
