@@ -163,8 +163,13 @@ def order_key(view: JobView) -> str:
     return f"{_MAX_MS - max(0, min(view.created_ms, _MAX_MS)):013d}/{view.job_id}"
 
 
+# one encoder for every stored document: json.dumps with options builds a new
+# JSONEncoder per call; the bytes are the same
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
+
 def _dumps(doc) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    return _ENCODER.encode(doc).encode()
 
 
 def _count_change(
