@@ -42,8 +42,8 @@ skipped altogether while they have nothing to do: when "now" has not moved
 since a sweep that deferred nothing, and no expiry or done-outbox key was
 written since. So ``insert_if_absent`` (the API's provisional view, which never
 moves "now") costs one ``get`` of the job key, one JSON encode and one write
-batch of five keys (view, two index keys, one count); the cap (step 6) is a
-dict sum, and only a tenant at its cap scans its oldest finished views
+batch of four keys (view, two index keys, one count); the cap (step 6) is a
+cached-total lookup, and only a tenant at its cap scans its oldest finished views
 (``X/<tenant>``, from its floor: amortized O(1) per deletion). A log commit of
 ``k`` views costs ``k`` view reads and encodes plus its sweeps, each amortized
 O(1) per key it deletes.
