@@ -338,6 +338,7 @@ class Accounting:
             ("finished_expired", int),
             ("wait_bands", WaitBands),
             ("gang_runs", dict),
+            ("health_seen", dict),
         ):
             if name not in self.__dict__:
                 setattr(self, name, make())

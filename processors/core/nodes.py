@@ -137,17 +137,47 @@ class NodeHandlers:
         self.reconcile(node, event)
 
     def apply_health(self: Cell, node: Node, samples: tuple[ev.GpuHealth, ...]) -> None:
+        """Fold one heartbeat's GPU health samples into the node's GPU states.
+
+        Cost: O(1) when the samples are the ones this node sent last (the same
+        tuple, or an equal one) and that fold left every GPU settled (its state
+        is what its sample says, or FAILED) and the warm models untouched since:
+        folding them again would change nothing but the healthy streaks of the
+        GPUs that sampled OK, so those are owed (``health_seen``'s debt) and
+        paid on the next full fold, before anything reads them. Otherwise
+        O(samples): each sample classified, its streak and state advanced."""
+        seen = self.health_seen.get(node.node_id)
+        if seen is not None and seen[1] is node:
+            if seen[4] and (seen[0] is samples or seen[0] == samples) and seen[2] == node.warm:
+                seen[3] += 1
+                return
+            if seen[3]:
+                streak = node.healthy_streak
+                for i in seen[5]:
+                    streak[i] += seen[3]
         changed = False
+        settled = True
+        indices: set = set()
+        ok: list[int] = []
         to_move: dict = {}
         for sample in samples:
             i = sample.index
             if not 0 <= i < node.total:
                 continue
+            if i in indices:
+                settled = False  # a repeated GPU: its samples fight each other
+            indices.add(i)
             if sample.warm_models:
                 node.warm[i] = sample.warm_models[0]
             state, why, cause = classify(sample, self.config)
-            node.healthy_streak[i] = node.healthy_streak[i] + 1 if state == GpuState.OK else 0
+            if state == GpuState.OK:
+                node.healthy_streak[i] += 1
+                ok.append(i)
+            else:
+                node.healthy_streak[i] = 0
             new = next_gpu_state(node.gpu_state[i], state, node.healthy_streak[i], self.config)
+            if new != state and new != GpuState.FAILED:
+                settled = False  # recovering: the streak decides a later fold
             if new == node.gpu_state[i]:
                 continue
             node.gpu_state[i] = new
@@ -164,6 +194,7 @@ class NodeHandlers:
                 to_move[node.owner[i]] = (why, cause)
             if new == GpuState.FAILED and node.state == NodeState.UP:
                 self.set_node_state(node, NodeState.DRAINING, f"GPU {i} failed: {why}", cause)
+        self.health_seen[node.node_id] = [samples, node, list(node.warm), 0, settled, ok]
         if changed:
             self.index.refresh(node)
         for key, (why, cause) in to_move.items():

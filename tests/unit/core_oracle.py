@@ -102,6 +102,10 @@ class NaiveCell(Cell):
     def preempt_sensitive(self, job) -> bool:  # ask maybe_preempt about every candidate
         return True
 
+    def apply_health(self, node, samples) -> None:  # classify every sample, every heartbeat
+        self.health_seen.clear()
+        super().apply_health(node, samples)
+
     def walk_signature(self, full: bool):  # never skip a walk
         return None
 

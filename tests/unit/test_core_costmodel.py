@@ -362,3 +362,60 @@ def test_the_walk_asks_every_job_that_may_preempt_even_under_a_default_guarantee
         h.submit("mine", tenant="newco", gpus=8)
         out = h.tick(1)
         assert [o.job_id for o in out if type(o) is ev.CheckpointRun] == ["borrow"], cls
+
+
+def test_a_repeated_heartbeat_classifies_no_gpu_and_keeps_states_exact(monkeypatch) -> None:
+    # The same health samples again cost O(1) (no GPU classified); a change, a
+    # GPU still recovering or a placement's warm model since makes a full fold,
+    # and every GPU state, streak and warm model then is what the scan gives.
+    from framespool.processors.core import nodes
+
+    calls = [0]
+
+    def counted(sample, config, _inner=nodes.classify):
+        calls[0] += 1
+        return _inner(sample, config)
+
+    monkeypatch.setattr(nodes, "classify", counted)
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0)
+    fast, naive = Cell(config, "c"), NaiveCell(config, "c")
+    ok = tuple(ev.GpuHealth(index=i, warm_models=("m",)) for i in range(8))
+    hot = (ev.GpuHealth(index=3, temperature_c=99.0), *ok[:3], *ok[4:])
+    cold = (*ok[:5], ev.GpuHealth(index=5), *ok[6:])
+    plan = [ok] * 20 + [hot] * 3 + [ok] * 12 + [cold] + [cold] * 10 + [ok] * 3
+    t = 0
+    for cell in (fast, naive):
+        cell.apply(
+            ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n0", incarnation=1, cell="c", gpus=8)
+        )
+    per_beat = []
+    for k, samples in enumerate(plan):
+        t += 1000
+        tick = ev.Tick(event_id=f"t{k}", ts_ms=t, cell="c", now_ms=t)
+        beat = ev.NodeHeartbeat(
+            event_id=f"h{k}", ts_ms=t, node_id="n0", incarnation=1, gpus=samples
+        )
+        before = calls[0]
+        assert fast.apply(tick, f"p{k}a") == naive.apply(tick, f"p{k}a")
+        out = fast.apply(beat, f"p{k}b")
+        per_beat.append(calls[0] - before)
+        assert out == naive.apply(beat, f"p{k}b"), k
+        a, b = fast.index.nodes["n0"], naive.index.nodes["n0"]
+        assert (a.gpu_state, a.warm) == (b.gpu_state, b.warm), k
+        if k == 30:  # a placement warms another model: the next beat must fold again
+            a.warm[0] = b.warm[0] = "other"
+    # the first fold classifies 8 GPUs, a repeat none; a change folds once; the
+    # hot GPU's recovery (5 healthy samples) folds in full until it is OK again;
+    # the warm model a placement changed refolds once
+    full = {0, 20, 23, 24, 25, 26, 27, 31, 35, 46}
+    assert per_beat == [8 if k in full else 0 for k in range(len(plan))]
+    # the owed healthy streaks are paid before the next full fold reads them
+    owed = [n + 2 for n in fast.index.nodes["n0"].healthy_streak]  # two repeats since
+    assert owed == naive.index.nodes["n0"].healthy_streak
+    fast.apply(
+        ev.NodeHeartbeat(event_id="h", ts_ms=t + 1, node_id="n0", incarnation=1, gpus=hot), "x"
+    )
+    naive.apply(
+        ev.NodeHeartbeat(event_id="h", ts_ms=t + 1, node_id="n0", incarnation=1, gpus=hot), "x"
+    )
+    assert fast.index.nodes["n0"].healthy_streak == naive.index.nodes["n0"].healthy_streak
