@@ -456,15 +456,29 @@ class Accounting:
         return tuple(out)
 
     def queue_depths(self: Cell) -> tuple[ev.QueueDepth, ...]:
+        """Per (tier, tenant) of every live job or run: queued jobs, their GPUs,
+        and the GPUs runs hold. Cost: O(jobs + runs) per publish (every
+        ``status_interval_s``), one dict probe per job and run; not yet O(rows):
+        that needs the counts kept where jobs are queued, placed, reshaped and
+        released (``jobs.py``, ``scheduling.py``, ``reservation.py``)."""
         depth: dict[tuple[str, str], list[int]] = {}
+        get = depth.get
+        queued = JobState.QUEUED
         for job in self.jobs.values():
-            row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
-            if job.state == JobState.QUEUED:
+            key = (job.tier, job.tenant)
+            row = get(key)
+            if row is None:
+                row = depth[key] = [0, 0, 0]
+            if job.state == queued:
                 row[0] += 1
                 row[1] += job.shape[0]
         for run in self.runs.values():
-            row = depth.setdefault((run.tier, run.tenant), [0, 0, 0])
-            row[2] += sum(len(g) for g in run.held.values())
+            key = (run.tier, run.tenant)
+            row = get(key)
+            if row is None:
+                row = depth[key] = [0, 0, 0]
+            for gpus in run.held.values():
+                row[2] += len(gpus)
         return tuple(
             ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
             for (tier, tenant), (q, qg, rg) in sorted(depth.items())

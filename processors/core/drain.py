@@ -120,13 +120,27 @@ class Drain:
             self.init_drain()
 
     def host_groups(self: Cell) -> Groups:
-        """UP nodes grouped by (GPU type, healthy GPUs), sorted: O(N * G)."""
+        """UP nodes grouped by (GPU type, healthy GPUs), sorted: O(N) Python
+        steps (each node's healthy GPUs counted by ``list.count``)."""
         count: Counter[tuple[str, int]] = Counter()
+        up, ok = NodeState.UP, GpuState.OK
         for node in self.index.nodes.values():
-            if node.state == NodeState.UP:
-                healthy = sum(1 for s in node.gpu_state if s == GpuState.OK)
-                count[(node.gpu_type, healthy)] += 1
+            if node.state == up:
+                count[(node.gpu_type, node.gpu_state.count(ok))] += 1
         return tuple((kind, h, n) for (kind, h), n in sorted(count.items()))
+
+    def free_by_type(self: Cell) -> Counter[str]:
+        """Free GPUs of UP nodes per GPU type, read off the placement index (a
+        schedulable node with free GPUs is filed under its free count, kept by
+        every change of its owners, health or state): O(N) dict reads, where
+        ``Node.free_count`` per node was O(N * G)."""
+        free: Counter[str] = Counter()
+        bucket_of = self.index.bucket_of
+        up = NodeState.UP
+        for node in self.index.nodes.values():
+            if node.state == up:
+                free[node.gpu_type] += bucket_of.get(node.node_id, 0)
+        return free
 
     # -- the Tick hook --------------------------------------------------------
     def offer_and_drain(self: Cell) -> None:
@@ -150,10 +164,7 @@ class Drain:
         """The fields of the cell's ``CellOffer`` now (it reads, never changes,
         the state: the simulator's edge builds offers from it between inputs)."""
         groups = self.host_groups()
-        free: Counter[str] = Counter()
-        for node in self.index.nodes.values():
-            if node.state == NodeState.UP:
-                free[node.gpu_type] += node.free_count()
+        free = self.free_by_type()
         types = []
         for kind in dict.fromkeys(k for k, _, _ in groups):
             mine = tuple((k, h, n) for k, h, n in groups if k == kind)
