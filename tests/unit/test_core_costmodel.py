@@ -419,3 +419,41 @@ def test_a_repeated_heartbeat_classifies_no_gpu_and_keeps_states_exact(monkeypat
         ev.NodeHeartbeat(event_id="h", ts_ms=t + 1, node_id="n0", incarnation=1, gpus=hot), "x"
     )
     assert fast.index.nodes["n0"].healthy_streak == naive.index.nodes["n0"].healthy_streak
+
+
+def test_an_offer_counts_no_gpu_of_any_node(monkeypatch) -> None:
+    # CellOffer's free GPUs come off the placement index and its healthy GPUs
+    # from list.count: no per-GPU Python scan, and the values the scan gives
+    from framespool.processors.core.model import Node
+
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0)
+    fast, naive = Cell(config, "c"), NaiveCell(config, "c")
+    for cell in (fast, naive):
+        for n in range(6):
+            cell.apply(
+                ev.NodeRegistered(
+                    event_id=f"r{n}",
+                    ts_ms=0,
+                    node_id=f"n{n}",
+                    incarnation=1,
+                    cell="c",
+                    gpus=8,
+                    gpu_type="h100" if n % 2 else "a100",
+                )
+            )
+        cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+        for i in range(5):
+            spec = ev.JobSpec(job_id=f"j{i}", tenant="t", tier="paid", gpus=3, estimate_s=600)
+            cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=0, spec=spec))
+        hot = tuple(ev.GpuHealth(index=i, temperature_c=99.0 if i < 2 else 40.0) for i in range(8))
+        cell.apply(
+            ev.NodeHeartbeat(event_id="h", ts_ms=1500, node_id="n1", incarnation=1, gpus=hot)
+        )
+    expected = naive.offer_fields()
+    assert expected["free_gpus"] < 48  # some placed, some unhealthy
+
+    def scanned(self):
+        raise AssertionError("scanned a node's GPUs")
+
+    monkeypatch.setattr(Node, "free_count", scanned)
+    assert fast.offer_fields() == expected
