@@ -322,8 +322,8 @@ class Accounting:
     def __getstate__(self: Cell) -> dict:
         """A snapshot leaves out caches of outputs (rebuilt on first use)."""
         state = self.__dict__
-        if "_status_cache" in state:
-            state = {k: v for k, v in state.items() if k != "_status_cache"}
+        if "_status_cache" in state or "_depth_cache" in state:
+            state = {k: v for k, v in state.items() if k not in ("_status_cache", "_depth_cache")}
         return state
 
     def __setstate__(self: Cell, state: dict) -> None:
@@ -458,7 +458,8 @@ class Accounting:
     def queue_depths(self: Cell) -> tuple[ev.QueueDepth, ...]:
         """Per (tier, tenant) of every live job or run: queued jobs, their GPUs,
         and the GPUs runs hold. Cost: O(jobs + runs) per publish (every
-        ``status_interval_s``), one dict probe per job and run; not yet O(rows):
+        ``status_interval_s``), one dict probe per job and run, and a row as at
+        the last publish reuses its event; not yet O(rows):
         that needs the counts kept where jobs are queued, placed, reshaped and
         released (``jobs.py``, ``scheduling.py``, ``reservation.py``)."""
         depth: dict[tuple[str, str], list[int]] = {}
@@ -479,10 +480,24 @@ class Accounting:
                 row = depth[key] = [0, 0, 0]
             for gpus in run.held.values():
                 row[2] += len(gpus)
-        return tuple(
-            ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
-            for (tier, tenant), (q, qg, rg) in sorted(depth.items())
-        )
+        # a row as at the last publish reuses that (immutable) event
+        last: dict = self.__dict__.get("_depth_cache") or {}
+        cache: dict[tuple[str, str], tuple[list[int], ev.QueueDepth]] = {}
+        out = []
+        for key, row in sorted(depth.items()):
+            hit = last.get(key)
+            if hit is None or hit[0] != row:
+                q, qg, rg = row
+                hit = (
+                    row,
+                    ev.QueueDepth(
+                        tier=key[0], tenant=key[1], queued=q, queued_gpus=qg, running_gpus=rg
+                    ),
+                )
+            cache[key] = hit
+            out.append(hit[1])
+        self._depth_cache = cache
+        return tuple(out)
 
     def publish_estimates(self: Cell) -> None:
         """Refresh wait estimates of the jobs nearest the front of each flow,
