@@ -191,18 +191,7 @@ def submitted_view(spec: JobSpec, ts_ms: int) -> JobView:
     """
     return JobView(
         job_id=spec.job_id,
-        tenant=spec.tenant,
-        user=spec.user,
-        tier=spec.tier,
-        model=spec.model,
-        model_version=spec.model_version,
-        prompt=spec.prompt,
-        params=dict(spec.params),
-        gpus=spec.gpus,
-        gpus_per_node=spec.gpus_per_node,
-        shapes=tuple(spec.shapes),
-        preemptible=spec.preemptible,
-        callback_url=spec.callback_url,
+        **_spec_fields(spec),
         created_ms=spec.submitted_ms or ts_ms,
         updated_ms=ts_ms,
         request_hash=spec_fingerprint(spec),
@@ -320,22 +309,28 @@ def _finish(view: JobView, event: Any, summary: str, *, coalesce: bool = True) -
     )
 
 
+def _spec_fields(spec: JobSpec) -> dict[str, Any]:
+    """The view's fields that come from the job's spec (one place for the
+    provisional view and the view a ``JobAdmitted`` fills in)."""
+    return {
+        "tenant": spec.tenant,
+        "user": spec.user,
+        "tier": spec.tier,
+        "model": spec.model,
+        "model_version": spec.model_version,
+        "prompt": spec.prompt,
+        "params": dict(spec.params),
+        "gpus": spec.gpus,
+        "gpus_per_node": spec.gpus_per_node,
+        "shapes": tuple(spec.shapes),
+        "preemptible": spec.preemptible,
+        "callback_url": spec.callback_url,
+    }
+
+
 def _with_spec(view: JobView, spec: JobSpec) -> JobView:
     return replace(
-        view,
-        tenant=spec.tenant,
-        user=spec.user,
-        tier=spec.tier,
-        model=spec.model,
-        model_version=spec.model_version,
-        prompt=spec.prompt,
-        params=dict(spec.params),
-        gpus=spec.gpus,
-        gpus_per_node=spec.gpus_per_node,
-        shapes=tuple(spec.shapes),
-        preemptible=spec.preemptible,
-        callback_url=spec.callback_url,
-        request_hash=view.request_hash or spec_fingerprint(spec),
+        view, **_spec_fields(spec), request_hash=view.request_hash or spec_fingerprint(spec)
     )
 
 
