@@ -151,6 +151,7 @@ submit() {
     done
 }
 per=$((JOBS / SUBMITTERS))
+echo "load before slurm: $(uptime)"
 t0=$(date +%s.%N)
 SUBS=()
 for s in $(seq "$SUBMITTERS"); do
@@ -187,6 +188,7 @@ cleanup_slurm() {
 cleanup_slurm
 
 # 4. framespool on the same machine, same run.
+echo "load before framespool: $(uptime)"
 "$FRAMESPOOL" bench pipeline --jobs "$JOBS" --nodes "$FS_NODES" \
     --nodes-per-agent "$FS_NODES_PER_AGENT" --json "$TMP/framespool.json"
 fs_rate=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs_per_s"])' "$TMP/framespool.json")
