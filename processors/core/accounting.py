@@ -148,7 +148,7 @@ class Accounting:
             return 0.0
         if admitting and ahead > job.cost and self.fits_free_now(job):
             return 0.0
-        remaining = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
+        remaining = self.running_left_gpu_s()
         return point_wait_s(
             max(0.0, ahead - job.cost), gpus, remaining, self.running_gpus, capacity
         )
@@ -170,13 +170,18 @@ class Accounting:
                 return True
         return False
 
+    def running_left_gpu_s(self: Cell) -> float:
+        """GPU-seconds the running work still needs by its estimates (never
+        negative: a run past its estimate needs 0). O(1): ``running_end_gpu_s``
+        and ``running_gpus`` are kept as runs start and end."""
+        return max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
+
     def residual_per_gpu_s(self: Cell) -> float:
         """Mean seconds a running GPU still needs (the running work left over the
         running GPUs; 0 when nothing runs). O(1)."""
         if self.running_gpus <= 0:
             return 0.0
-        remaining = self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000
-        return max(0.0, remaining) / self.running_gpus
+        return self.running_left_gpu_s() / self.running_gpus
 
     def wait_depth(self: Cell, wait_s: float, gpus: int = 1) -> float:
         """Jobs that must end before a ``gpus``-GPU job told ``wait_s`` starts,
@@ -194,7 +199,7 @@ class Accounting:
         if wait_s <= 0 or queued <= 0 or backlog <= 0:
             return 1.0
         capacity = self.index.free_total + self.running_gpus
-        remaining = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
+        remaining = self.running_left_gpu_s()
         own = gpus * self.residual_per_gpu_s()
         held = wait_s * capacity - own  # A + min(1, A / R) * extra
         extra = max(0.0, remaining - own)
@@ -322,8 +327,8 @@ class Accounting:
     def __getstate__(self: Cell) -> dict:
         """A snapshot leaves out caches of outputs (rebuilt on first use)."""
         state = self.__dict__
-        if "_status_cache" in state or "_depth_cache" in state:
-            state = {k: v for k, v in state.items() if k not in ("_status_cache", "_depth_cache")}
+        if "_status_cache" in state:
+            state = {k: v for k, v in state.items() if k != "_status_cache"}
         return state
 
     def __setstate__(self: Cell, state: dict) -> None:
@@ -458,46 +463,22 @@ class Accounting:
     def queue_depths(self: Cell) -> tuple[ev.QueueDepth, ...]:
         """Per (tier, tenant) of every live job or run: queued jobs, their GPUs,
         and the GPUs runs hold. Cost: O(jobs + runs) per publish (every
-        ``status_interval_s``), one dict probe per job and run, and a row as at
-        the last publish reuses its event; not yet O(rows):
-        that needs the counts kept where jobs are queued, placed, reshaped and
-        released (``jobs.py``, ``scheduling.py``, ``reservation.py``)."""
+        ``status_interval_s``); not yet O(rows): that needs the counts kept where
+        jobs are queued, placed, reshaped and released (``jobs.py``,
+        ``scheduling.py``, ``reservation.py``)."""
         depth: dict[tuple[str, str], list[int]] = {}
-        get = depth.get
-        queued = JobState.QUEUED
         for job in self.jobs.values():
-            key = (job.tier, job.tenant)
-            row = get(key)
-            if row is None:
-                row = depth[key] = [0, 0, 0]
-            if job.state == queued:
+            row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
+            if job.state == JobState.QUEUED:
                 row[0] += 1
                 row[1] += job.shape[0]
         for run in self.runs.values():
-            key = (run.tier, run.tenant)
-            row = get(key)
-            if row is None:
-                row = depth[key] = [0, 0, 0]
-            for gpus in run.held.values():
-                row[2] += len(gpus)
-        # a row as at the last publish reuses that (immutable) event
-        last: dict = self.__dict__.get("_depth_cache") or {}
-        cache: dict[tuple[str, str], tuple[list[int], ev.QueueDepth]] = {}
-        out = []
-        for key, row in sorted(depth.items()):
-            hit = last.get(key)
-            if hit is None or hit[0] != row:
-                q, qg, rg = row
-                hit = (
-                    row,
-                    ev.QueueDepth(
-                        tier=key[0], tenant=key[1], queued=q, queued_gpus=qg, running_gpus=rg
-                    ),
-                )
-            cache[key] = hit
-            out.append(hit[1])
-        self._depth_cache = cache
-        return tuple(out)
+            row = depth.setdefault((run.tier, run.tenant), [0, 0, 0])
+            row[2] += sum(len(g) for g in run.held.values())
+        return tuple(
+            ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
+            for (tier, tenant), (q, qg, rg) in sorted(depth.items())
+        )
 
     def publish_estimates(self: Cell) -> None:
         """Refresh wait estimates of the jobs nearest the front of each flow,

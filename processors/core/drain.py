@@ -189,7 +189,7 @@ class Drain:
                     max_wait_s=tier.max_predicted_wait_s,
                 )
             )
-        running = max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
+        running = self.running_left_gpu_s()
         return dict(
             cell=self.cell_id,
             capacity_gpus=self.index.free_total + self.running_gpus,
