@@ -247,7 +247,7 @@ class Scheduling:
                 fair.exhaust(leaf if capped == "user" else cast(Flow, leaf.parent))
                 continue
             why = "backfill" if self.reservation_job else "fair-share order"
-            if not self.try_start(job, why, no_fit=memo):
+            if not self.try_start(job, why, memo=memo):
                 fair.offset(leaf, job.cost)
                 if full:
                     if not self.reservation_job:
@@ -400,10 +400,10 @@ class Scheduling:
         why: str,
         holder: bool = False,
         claim_only: bool = False,
-        no_fit: PassMemo | None = None,
+        memo: PassMemo | None = None,
     ) -> bool:
         """Place ``job`` in the shape that finishes earliest, if any fits.
-        ``no_fit``: the pass's memo of searches that found no nodes (and of the
+        ``memo``: the pass's memo of searches that found no nodes (and of the
         nodes reserved for others, ``PassMemo``)."""
         best: tuple[Placement, tuple[int, int, float]] | None = None
         for shape in self.shapes_of(job):
@@ -414,17 +414,17 @@ class Scheduling:
                 continue
             key: tuple | None = None
             reserved: tuple[str, ...] | None = None
-            if no_fit is not None and not (holder or claim_only):
-                reserved = no_fit.reserved_for_others(self, job, estimate)
+            if memo is not None and not (holder or claim_only):
+                reserved = memo.reserved_for_others(self, job, estimate)
                 key = self.fit_key(job, gpus, per_node, reserved)
-                if key in no_fit.no_fit:
+                if key in memo.no_fit:
                     continue
             ok = self.node_filter(job, estimate, holder, claim_only, reserved)
             placement = self.index.find(gpus, per_node, job.spec.model, ok)
             if placement is not None:
                 best = (placement, shape)
-            elif key is not None and no_fit is not None:
-                no_fit.no_fit[key] = None
+            elif key is not None and memo is not None:
+                memo.no_fit[key] = None
         if best is None:
             return False
         return self.commit(job, best[0], best[1], why)

@@ -96,7 +96,7 @@ class NaiveCell(Cell):
         super().__init__(naive_config(config or CellConfig()), cell_id)
         self.fair = NaiveFairTree(self.config.idle_credit_gpu_s)
 
-    def try_start(self, job, why, holder=False, claim_only=False, no_fit=None) -> bool:
+    def try_start(self, job, why, holder=False, claim_only=False, memo=None) -> bool:
         return super().try_start(job, why, holder, claim_only, None)
 
     def releases(self):
