@@ -48,7 +48,7 @@ from .drain import Drain
 from .fairshare import FairTree
 from .gangs import GangHandlers
 from .jobs import JobHandlers
-from .model import Job, Node, Run, RunKey
+from .model import HealthSeen, Job, Node, Run, RunKey
 from .nodes import NodeHandlers
 from .placement import NodeIndex
 from .reservation import Reservations
@@ -89,9 +89,8 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Dr
         self.running_end_gpu_s = 0.0  # sum of gpus * (assigned_s + estimate_s) of runs
         # leases and timers
         self.node_seen: dict[str, None] = {}  # oldest heartbeat first
-        # node id -> [samples, node, warm after, healthy streaks owed, settled,
-        # GPUs that sampled OK]: the last health fold, so a repeat is O(1) (nodes.py)
-        self.health_seen: dict[str, list] = {}
+        # node id -> its last health fold, so a repeat is O(1) (nodes.py)
+        self.health_seen: dict[str, HealthSeen] = {}
         self.assigned_unstarted: dict[RunKey, None] = {}
         self.exiting: dict[RunKey, None] = {}
         self.stopping: dict[RunKey, None] = {}

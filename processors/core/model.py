@@ -231,3 +231,26 @@ class Node:
     @property
     def schedulable(self) -> bool:
         return self.state == _UP
+
+
+class HealthSeen:
+    """A node's last full fold of GPU health samples (``NodeHandlers.apply_health``),
+    so a heartbeat repeating them folds in O(1).
+
+    ``samples``: the tuple folded; ``node``: the node it was folded into (a new
+    incarnation is a new ``Node``); ``warm``: its warm models after the fold;
+    ``settled``: every GPU's state was what its sample said, or FAILED;
+    ``ok``: the GPUs that sampled OK; ``owed``: repeats skipped since, each owing
+    those GPUs one healthy sample of streak (paid before the next full fold)."""
+
+    __slots__ = ("samples", "node", "warm", "settled", "ok", "owed")
+
+    def __init__(
+        self, samples: tuple, node: Node, warm: list, settled: bool, ok: list[int]
+    ) -> None:
+        self.samples = samples
+        self.node = node
+        self.warm = warm
+        self.settled = settled
+        self.ok = ok
+        self.owed = 0

@@ -29,7 +29,7 @@ from framespool.schemas.states import GpuState, NodeState, RunPhase
 
 from . import lifecycle as lc
 from .health import classify, is_straggler, next_gpu_state
-from .model import Node, Run
+from .model import HealthSeen, Node, Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -144,17 +144,21 @@ class NodeHandlers:
         is what its sample says, or FAILED) and the warm models untouched since:
         folding them again would change nothing but the healthy streaks of the
         GPUs that sampled OK, so those are owed (``health_seen``'s debt) and
-        paid on the next full fold, before anything reads them. Otherwise
+        paid on the next full fold, before anything reads them (``HealthSeen``). Otherwise
         O(samples): each sample classified, its streak and state advanced."""
         seen = self.health_seen.get(node.node_id)
-        if seen is not None and seen[1] is node:
-            if seen[4] and (seen[0] is samples or seen[0] == samples) and seen[2] == node.warm:
-                seen[3] += 1
+        if seen is not None and seen.node is node:
+            if (
+                seen.settled
+                and (seen.samples is samples or seen.samples == samples)
+                and seen.warm == node.warm
+            ):
+                seen.owed += 1
                 return
-            if seen[3]:
+            if seen.owed:
                 streak = node.healthy_streak
-                for i in seen[5]:
-                    streak[i] += seen[3]
+                for i in seen.ok:
+                    streak[i] += seen.owed
         changed = False
         settled = True
         indices: set = set()
@@ -194,7 +198,7 @@ class NodeHandlers:
                 to_move[node.owner[i]] = (why, cause)
             if new == GpuState.FAILED and node.state == NodeState.UP:
                 self.set_node_state(node, NodeState.DRAINING, f"GPU {i} failed: {why}", cause)
-        self.health_seen[node.node_id] = [samples, node, list(node.warm), 0, settled, ok]
+        self.health_seen[node.node_id] = HealthSeen(samples, node, list(node.warm), settled, ok)
         if changed:
             self.index.refresh(node)
         for key, (why, cause) in to_move.items():
