@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.config import TenantConfig, TierConfig
 from framespool.processors.core.fairshare import FairTree, Flow
-from framespool.schemas import events as ev
-from framespool.schemas.states import JobState, NodeState
+from framespool.schemas.states import NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,21 +114,6 @@ class NaiveCell(Cell):
             if node.state == NodeState.UP:
                 free[node.gpu_type] += node.free_count()
         return free
-
-    def queue_depths(self):  # every job and run, every publish
-        depth: dict[tuple[str, str], list[int]] = {}
-        for job in self.jobs.values():
-            row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
-            if job.state == JobState.QUEUED:
-                row[0] += 1
-                row[1] += job.shape[0]
-        for run in self.runs.values():
-            row = depth.setdefault((run.tier, run.tenant), [0, 0, 0])
-            row[2] += sum(len(g) for g in run.held.values())
-        return tuple(
-            ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
-            for (tier, tenant), (q, qg, rg) in sorted(depth.items())
-        )
 
     def walk_signature(self, full: bool):  # never skip a walk
         return None
