@@ -321,13 +321,18 @@ class FairTree:
             touched[id(flow)] = flow
             flow = flow.parent
 
-    def work_ahead(self, leaf: Flow, own_ahead: float) -> float:
+    def work_ahead(self, leaf: Flow, own_ahead: float, below: list[float] | None = None) -> float:
         """GPU-seconds the fair order serves before a job with ``own_ahead``
         GPU-seconds queued before it in its own leaf: at each level, every
-        backlogged sibling gets served up to the virtual time this flow reaches."""
+        backlogged sibling gets served up to the virtual time this flow reaches.
+        ``below``, when given, receives the work ahead as it stands before each
+        level's siblings are added (leaf level first), so its last entry is the
+        work served ahead within the job's top-level flow (its tier)."""
         total = own_ahead
         ahead = own_ahead
         for flow in leaf.chain():
+            if below is not None:
+                below.append(total)
             vt_end = flow.vt() + ahead / flow.weight
             for sibling in cast(Flow, flow.parent).active.values():
                 if sibling is flow:
