@@ -109,7 +109,9 @@ class Accounting:
         )
         return leaf
 
-    def predicted_wait_s(self: Cell, job: Job, own_ahead: float, admitting: bool = False) -> float:
+    def predicted_wait_s(
+        self: Cell, job: Job, own_ahead: float, passed_over: bool = False
+    ) -> float:
         """The time until the work ahead of the job has started and the job's own
         GPUs have freed (``point_wait_s``, shared with ``offers.predicted_wait_s``):
         ``(A + g * r + min(1, A / R) * (R - g * r)) / capacity``, where ``A`` is
@@ -124,51 +126,53 @@ class Accounting:
         ``A >= R`` (a flood's deep queue, where ``(A + R) / capacity`` is
         measured right to 1 %).
 
-        0 when ``g`` GPUs are free and nothing is ahead; and, for a job being
-        admitted (``admitting``), when one of its shapes fits the free GPUs now
-        whatever is queued ahead: every admission and end runs the scheduler,
-        so work still queued beside free GPUs is work that cannot use them (a
-        gang too wide for the fragments, a tenant at its quota), and the new
-        job takes them (measured: 83-99 % of such 1-GPU jobs start within 1 s).
-        A queued job's refresh does not get that 0: the scheduler has already
-        passed it over.
+        At least the work ahead within the job's own tier over the GPUs that
+        tier drains at (``tier_drain_gpus``): the fair order sees only the work
+        queued now, not what the tiers above will submit while the job waits.
+
+        0 when ``g`` GPUs are free and nothing is ahead, unless the scheduler
+        has just ``passed_over`` the job (admission asks after the admission's
+        own pass: a job still queued then is held by something the free GPUs
+        do not show, a reservation, a guarantee, a cap or fragments).
 
         ``own_ahead``: GPU-seconds queued in the job's own flow up to and
-        including the job itself. Cost: O(depth of the fair tree * siblings),
-        plus O(shapes * (GPUs per node + nodes of a gang)) when admitting."""
+        including the job itself. Cost: O(depth of the fair tree * siblings)
+        plus O(tiers)."""
         leaf = self.leaf_of(job)
-        ahead = self.fair.work_ahead(leaf, own_ahead)
+        below: list[float] = []
+        ahead = self.fair.work_ahead(leaf, own_ahead, below)
         capacity = self.index.free_total + self.running_gpus
         if capacity <= 0:
             capacity = sum(n.total for n in self.index.nodes.values())
         if capacity <= 0:
             return -1.0
         gpus = job.shape[0]
-        if self.index.free_total >= gpus and ahead <= job.cost:
-            return 0.0
-        if admitting and ahead > job.cost and self.fits_free_now(job):
+        if not passed_over and self.index.free_total >= gpus and ahead <= job.cost:
             return 0.0
         remaining = self.running_left_gpu_s()
-        return point_wait_s(
+        point = point_wait_s(
             max(0.0, ahead - job.cost), gpus, remaining, self.running_gpus, capacity
         )
+        within = below[-1] - job.cost if below else 0.0
+        if within > 0:
+            point = max(point, within / self.tier_drain_gpus(job.tier, capacity))
+        return point
 
-    def fits_free_now(self: Cell, job: Job) -> bool:
-        """Whether one of the job's shapes fits the free GPUs now, by free GPUs
-        per node (rails, GPU types and health filters aside: an estimate).
-        O(shapes * (GPUs per node + nodes of a gang))."""
-        index = self.index
-        for gpus, per_node, _ in self.shapes_of(job):
-            if gpus > index.free_total:
-                continue
-            if gpus <= per_node:
-                if index.largest_free() >= gpus:
-                    return True
-                continue
-            nodes = -(-gpus // per_node)
-            if index.count_free(per_node, nodes) >= nodes:
-                return True
-        return False
+    def tier_drain_gpus(self: Cell, tier: str, capacity: int) -> float:
+        """The GPUs a tier's queue drains at: the GPUs its runs held on average
+        lately (``WaitBands.sample_held``), at least its weighted share of
+        ``capacity`` among the backlogged tiers and itself (what fair share
+        gives it while all of them stay backlogged). The fair order's work
+        ahead counts only the other tiers' work queued now; in a sustained
+        backlog every tier above keeps submitting and keeps being served
+        first, so a low tier's queue drains at what the tier is served, not at
+        the whole cell's rate. O(tiers)."""
+        flows = self.fair.root.active
+        own = self.fair.root.children.get(tier)
+        weight = own.weight if own is not None else 1.0
+        total = weight + sum(f.weight for name, f in flows.items() if name != tier)
+        floor = capacity * weight / total if total > 0 else float(capacity)
+        return max(floor, self.wait_bands.held_gpus(tier), 1.0)
 
     def running_left_gpu_s(self: Cell) -> float:
         """GPU-seconds the running work still needs by its estimates (never
@@ -485,6 +489,10 @@ class Accounting:
         publishing only those that moved by more than 20% (and 5 s)."""
         budget = self.config.estimate_publish_limit
         self.wait_bands.censor(self.now_ms)
+        held: dict[str, int] = {}
+        for run in self.runs.values():
+            held[run.tier] = held.get(run.tier, 0) + run.gpus
+        self.wait_bands.sample_held(self.now_ms, held)
         for leaf in self.active_leaves():
             ahead = 0.0
             for job_id in list(leaf.requeued) + list(leaf.queue):

@@ -44,25 +44,37 @@ class JobHandlers:
         # No rejection by predicted wait here: the tier's limit is the edge's, at
         # submit, from the cells' offers (``offers.wait_refusal``), so a job the API
         # accepted is never rejected later for its wait.
-        ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog + job.cost, admitting=True)
         self.jobs[spec.job_id] = job
         self.enqueue(job, requeued=False)
+        position = self.leaf_of(job).queued
+        # The JobQueued goes out first but is told its wait after the admission's
+        # pass: a job that started in it waited 0; one the pass passed over
+        # waits, whatever the free GPUs look like (a reservation, a guarantee or
+        # a cap holds them: 46 % of batch jobs told "fits the free GPUs now"
+        # waited, a quarter of them over 6,000 s, multitenant 10,000 jobs).
+        mark = len(self._out)
+        self._out.append(None)
+        if self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job)):
+            self.schedule(full=False)
+        if job.state is JobState.QUEUED:
+            ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog, passed_over=True)
+            self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead)
+            p50, p90 = self.wait_bands.band(spec.tier, ahead, self.wait_depth(ahead, job.shape[0]))
+        else:
+            ahead = p50 = p90 = 0.0
         job.wait_estimate_s = ahead
-        self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead)
-        p50, p90 = self.wait_bands.band(spec.tier, ahead, self.wait_depth(ahead, job.shape[0]))
-        self.emit(
-            ev.JobQueued,
+        self._out[mark] = ev.JobQueued(
+            event_id=f"{self._pos}/{mark}",
+            ts_ms=self.now_ms,
             job_id=spec.job_id,
             tenant=spec.tenant,
             tier=spec.tier,
             wait_estimate_s=round(ahead, 3),
             wait_p50_s=round(p50, 3),
             wait_p90_s=round(p90, 3),
-            position=self.leaf_of(job).queued,
+            position=position,
             reason="admitted: fair-share queue",
         )
-        if self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job)):
-            self.schedule(full=False)
 
     def admission_problem(self: Cell, spec: ev.JobSpec) -> tuple[str, str] | None:
         tier = self.config.tier(spec.tier)

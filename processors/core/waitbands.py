@@ -77,6 +77,7 @@ Z90 = 1.2816  # the standard normal's 0.9 quantile
 SIGMA_JOB = 0.6  # relative spread of one job's run time (durations ~50%, estimates ~25% off)
 SIGMA_SYS = 0.0  # log-spread a deep queue does not average away (none assumed)
 QUANTILES = (0.5, 0.9)  # Kaplan-Meier over started and still-queued jobs (module doc, 3.)
+HELD_TAU_S = 900.0  # time constant of a tier's averaged GPUs held (its service rate)
 
 
 def estimate_class(point_s: float) -> int:
@@ -169,12 +170,44 @@ class Histogram:
 
 
 class WaitBands:
-    """Per-tier learned spread of actual over estimated waits (see the module doc)."""
+    """Per-tier learned spread of actual over estimated waits (see the module
+    doc), and each tier's recent service rate (``sample_held``)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled  # False: the prior forever (a test's control)
         self.pending: dict[str, tuple[str, int, float]] = {}  # job -> (tier, ms, point)
         self.hists: dict[tuple[str, int], Histogram] = {}  # (tier, class or -1)
+        self.held: dict[str, float] = {}  # tier -> GPUs its runs held, averaged (HELD_TAU_S)
+        self.held_ms = -1  # when ``held`` was last sampled
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle; a snapshot taken before service rates were kept starts without them."""
+        self.__dict__.update(state)
+        if "held" not in state:
+            self.held = {}
+            self.held_ms = -1
+
+    def sample_held(self, now_ms: int, held: dict[str, int]) -> None:
+        """Fold one sample of the GPUs each tier's runs hold now into an
+        exponential average with time constant ``HELD_TAU_S`` (a tier absent
+        from ``held`` holds 0). A backlogged tier's queue drains at the rate
+        it is served, which is the GPUs it holds: what its fair share, the
+        tiers above it and their future arrivals leave it, measured rather
+        than modelled (``Accounting.predicted_wait_s``). O(tiers); taken on
+        the estimate cadence."""
+        if self.held_ms < 0:
+            self.held = {tier: float(n) for tier, n in held.items()}
+        else:
+            dt_s = max(0.0, (now_ms - self.held_ms) / 1000)
+            alpha = 1.0 - math.exp(-dt_s / HELD_TAU_S)
+            for tier in set(self.held) | set(held):
+                old = self.held.get(tier, 0.0)
+                self.held[tier] = old + alpha * (held.get(tier, 0) - old)
+        self.held_ms = now_ms
+
+    def held_gpus(self, tier: str) -> float:
+        """The tier's averaged GPUs held (0 before the first sample). O(1)."""
+        return self.held.get(tier, 0.0)
 
     def multipliers(self, tier: str, point_s: float, depth: float = 1.0) -> tuple[float, float]:
         cls = estimate_class(point_s)

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from framespool.commands import jobs as job_commands
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.core.waitbands import FLOOR_S, PRIOR, WaitBands, depth_prior
+from framespool.processors.core.waitbands import (
+    FLOOR_S,
+    PRIOR,
+    WaitBands,
+    depth_prior,
+    estimate_class,
+)
 from framespool.processors.sim.quality import (
     WaitRow,
     calibration_table,
@@ -89,8 +95,22 @@ def test_cell_publishes_a_band_that_learns_from_starts():
     for q in queued:
         assert 0 <= q.wait_p50_s <= q.wait_p90_s
     assert set(cell.wait_bands.pending) == {"q1", "q2"}  # q0 started at once
-    # q0 was told "starts now" and did: it teaches its own class only
-    assert {k: h.total for k, h in cell.wait_bands.hists.items()} == {("paid", 0): 1.0}
+    # q0 started in its admission's pass: it was told 0 (its wait) and, never
+    # having waited, teaches nothing; q1 and q2 were passed over and told a wait
+    assert (queued[0].wait_estimate_s, queued[0].wait_p50_s, queued[0].wait_p90_s) == (0, 0, 0)
+    assert all(q.wait_estimate_s > 0 for q in queued[1:])
+    assert cell.wait_bands.hists == {}
+    cell.apply(ev.Tick(event_id="t1", ts_ms=5_000, cell="c", now_ms=5_000))
+    cell.apply(
+        ev.RunCompleted(
+            event_id="done", ts_ms=5_000, job_id="q0", run=1, node_id="n0", incarnation=1
+        )
+    )
+    cell.apply(ev.Tick(event_id="t2", ts_ms=6_000, cell="c", now_ms=6_000))
+    assert {k: h.total for k, h in cell.wait_bands.hists.items()} == {
+        ("paid", estimate_class(queued[1].wait_estimate_s)): 1.0,
+        ("paid", -1): 1.0,
+    }  # q1 started when q0 ended: the first wait learned
 
 
 def test_view_timeline_and_public_job_carry_the_band():
