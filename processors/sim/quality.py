@@ -3,10 +3,13 @@
 - Calibration: of the jobs that started, the share whose actual wait was at
   most the P50 (and the P90) the cell published at admission, per tier. An
   honest estimator puts about half the jobs under its P50 and nine in ten
-  under its P90, except for the jobs told "starts now" (P50 = 0): a median
-  of 0 is honest when most such jobs do start at once, and each of those is
-  under its P50, so the table also splits jobs told 0 (and how often that
-  was right) from jobs told a positive P50.
+  under its P90. The cell tells a job its wait after the admission's own
+  pass, so a job told 0 ("starts now") is one that started in it: its wait
+  was known, not forecast, and it is under its P50 whatever the estimator
+  does (with most jobs starting at once, the all-jobs share under the P50
+  is at least their share). The table therefore splits jobs told 0 (and how
+  often that was right) from jobs told a positive P50: the forecasts, where
+  the P50 can be calibrated to a half.
 - Noisy neighbours: per tier, the p50/p90 wait of jobs of light tenants (at
   most ``LIGHT_JOBS`` jobs submitted) against heavy tenants (the top
   ``HEAVY_SHARE`` of tenants by GPU-seconds submitted, at least one).
