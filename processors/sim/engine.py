@@ -167,6 +167,7 @@ class Simulation(Agents, JobEvents):
         self.node_by_id = {n.node_id: n for n in self.nodes}
         self.on_output: dict[type, Callable[[Any], None]] = {
             ev.JobQueued: self._queued,
+            ev.JobWaitEstimated: self._estimated,
             ev.JobRejected: self._rejected,
             ev.JobAssigned: self._assigned,
             ev.StartRun: self._start_run,

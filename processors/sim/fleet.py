@@ -58,6 +58,7 @@ class SimJob:
         "admitted",
         "est_p50",
         "est_p90",
+        "refreshed",
     )
 
     def __init__(self, trace: TraceJob) -> None:
@@ -72,6 +73,8 @@ class SimJob:
         self.completed_run = 0  # run whose RunCompleted the agent sent
         self.admitted = False
         self.est_p50 = self.est_p90 = -1.0  # the cell's wait band at admission (s)
+        # the bands the cell published while the job was queued: (ms, P50, P90)
+        self.refreshed: list[tuple[int, float, float]] | None = None
 
 
 class SimRun:

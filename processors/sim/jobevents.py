@@ -92,6 +92,16 @@ class JobEvents:
                 job.est_p50, job.est_p90 = o.wait_p50_s, o.wait_p90_s
             self._enqueue(job)
 
+    def _estimated(self: Simulation, o: ev.JobWaitEstimated) -> None:
+        """A refreshed band of a queued job: each one is a forecast of the wait
+        left, scored when the job first starts (``Recorder.started``)."""
+        job = self.jobs.get(o.job_id)
+        if job is None or job.first_start_ms >= 0 or o.wait_p50_s < 0:
+            return
+        if job.refreshed is None:
+            job.refreshed = []
+        job.refreshed.append((self.now, o.wait_p50_s, o.wait_p90_s))
+
     def _rejected(self: Simulation, o: ev.JobRejected) -> None:
         self.recorder.count("rejected:" + o.reason)
         self._terminal(o.job_id, JobState.REJECTED)

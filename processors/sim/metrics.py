@@ -153,6 +153,7 @@ class Recorder:
         self.counters: dict[str, float] = {}
         self.goodput_gpu_ms = 0.0
         self.wait_rows: list[WaitRow] = []  # started jobs, for the quality tables
+        self.refresh_rows: list[WaitRow] = []  # refreshed bands, against the wait left
         # preemption cost (module doc), per job: its live run's latest save and exit request
         self.saved_ms: dict[str, tuple[int, int]] = {}  # job -> (run, last checkpoint or start)
         self.exit_ms: dict[str, tuple[int, int]] = {}  # job -> (run, first exit request)
@@ -289,6 +290,11 @@ class Recorder:
         job.flow.tier_stats.waits.append(wait)
         trace = job.trace
         self.wait_rows.append(WaitRow(trace.tier, trace.tenant, wait, job.est_p50, job.est_p90))
+        if job.refreshed:
+            for at_ms, p50, p90 in job.refreshed:
+                left = (now - at_ms) / 1000
+                self.refresh_rows.append(WaitRow(trace.tier, trace.tenant, left, p50, p90))
+            job.refreshed = None
 
     def terminal_event(self, job_idx: int, job_id: str) -> bool:
         """Count a terminal event; False (and a violation) when it is not the first."""
@@ -513,6 +519,7 @@ class Recorder:
             "wait_s_by_tier": {name: quantiles(t.waits) for name, t in sorted(self.tiers.items())},
             "jain_fairness": round(jain, 4) if jain is not None else None,
             "wait_calibration": calibration_table(self.wait_rows),
+            "wait_calibration_refreshed": calibration_table(self.refresh_rows),
             "noisy_neighbour": noisy_neighbour_table(
                 self.wait_rows, self.tenant_jobs, self.tenant_gpu_s
             ),

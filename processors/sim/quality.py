@@ -10,6 +10,9 @@
   is at least their share). The table therefore splits jobs told 0 (and how
   often that was right) from jobs told a positive P50: the forecasts, where
   the P50 can be calibrated to a half.
+- Refreshed bands: every band the cell published for a queued job
+  (``JobWaitEstimated``) is a forecast of the wait left, scored the same way
+  against the time from that refresh to the job's first start.
 - Noisy neighbours: per tier, the p50/p90 wait of jobs of light tenants (at
   most ``LIGHT_JOBS`` jobs submitted) against heavy tenants (the top
   ``HEAVY_SHARE`` of tenants by GPU-seconds submitted, at least one).
@@ -151,6 +154,17 @@ def format_tables(summary: Mapping[str, Any]) -> str:
             f"{row.get('told_pos', 0):>9}{fmt3(row.get('told_pos_le_p50')):>7}"
             f"{fmt3(row.get('told_pos_le_p90')):>7}"
         )
+    refreshed = summary.get("wait_calibration_refreshed", {})
+    if refreshed.get("all", {}).get("n"):
+        lines.append(
+            f"{summary.get('policy', '?')}: refreshed bands while queued "
+            "(share of published refreshes, against the wait left)"
+        )
+        lines.append(f"  {'tier':<12}{'n':>8}{'<=P50':>8}{'<=P90':>8}")
+        for tier, row in refreshed.items():
+            lines.append(
+                f"  {tier:<12}{row['n']:>8}{fmt3(row['le_p50']):>8}{fmt3(row['le_p90']):>8}"
+            )
     nn = summary.get("noisy_neighbour")
     if nn:
         lines.append(
