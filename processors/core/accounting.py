@@ -505,8 +505,10 @@ class Accounting:
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait
                     budget -= 1
-                    p50, p90 = self.wait_bands.band(
-                        job.tier, wait, self.wait_depth(wait, job.shape[0])
+                    bands = self.wait_bands
+                    bands.refreshed(job_id, job.tier, self.now_ms, wait)
+                    p50, p90 = bands.band(
+                        job.tier, wait, self.wait_depth(wait, job.shape[0]), refresh=True
                     )
                     self.emit(
                         ev.JobWaitEstimated,

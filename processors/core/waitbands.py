@@ -48,8 +48,16 @@ the tier and the job's shape. Rather than model them, the band learns them:
    bucket is halved, so the band follows a drifting load (old evidence weighs
    half each time the window fills).
 
-Refreshed estimates of a queued job apply the same multipliers to the
-refreshed point estimate of the remaining wait.
+6. Refreshed estimates of a queued job are forecasts of the wait left from a
+   point computed in another regime (the queue ahead has partly drained, the
+   running work is other work), so they learn their own histograms: for each
+   estimate class a queued job's refreshed point passes through, its first
+   refresh there is kept (``refreshed``) and scored at the job's start
+   against the wait left (keys ``(tier, REFRESH + class)`` and ``(tier, -2)``),
+   censored like the admissions. Until a refresh class has ``MIN_SAMPLES``,
+   the admission multipliers apply. Measured on the default flood before this
+   (the admission multipliers on refreshed points): 99.5 % of refreshes under
+   their P50.
 
 Everything is plain arithmetic on the event's time: deterministic, replayable.
 
@@ -77,6 +85,7 @@ Z90 = 1.2816  # the standard normal's 0.9 quantile
 SIGMA_JOB = 0.6  # relative spread of one job's run time (durations ~50%, estimates ~25% off)
 SIGMA_SYS = 0.0  # log-spread a deep queue does not average away (none assumed)
 QUANTILES = (0.5, 0.9)  # Kaplan-Meier over started and still-queued jobs (module doc, 3.)
+REFRESH = 10  # class offset of the histograms learned from refreshed estimates (6.)
 HELD_TAU_S = 900.0  # time constant of a tier's averaged GPUs held (its service rate)
 
 
@@ -177,6 +186,8 @@ class WaitBands:
         self.enabled = enabled  # False: the prior forever (a test's control)
         self.pending: dict[str, tuple[str, int, float]] = {}  # job -> (tier, ms, point)
         self.hists: dict[tuple[str, int], Histogram] = {}  # (tier, class or -1)
+        # job -> (tier, {refresh class: (ms, point)}): first refresh per class (6.)
+        self.rpending: dict[str, tuple[str, dict[int, tuple[int, float]]]] = {}
         self.held: dict[str, float] = {}  # tier -> GPUs its runs held, averaged (HELD_TAU_S)
         self.held_ms = -1  # when ``held`` was last sampled
 
@@ -186,6 +197,8 @@ class WaitBands:
         if "held" not in state:
             self.held = {}
             self.held_ms = -1
+        if "rpending" not in state:
+            self.rpending = {}
 
     def sample_held(self, now_ms: int, held: dict[str, int]) -> None:
         """Fold one sample of the GPUs each tier's runs hold now into an
@@ -209,20 +222,28 @@ class WaitBands:
         """The tier's averaged GPUs held (0 before the first sample). O(1)."""
         return self.held.get(tier, 0.0)
 
-    def multipliers(self, tier: str, point_s: float, depth: float = 1.0) -> tuple[float, float]:
+    def multipliers(
+        self, tier: str, point_s: float, depth: float = 1.0, refresh: bool = False
+    ) -> tuple[float, float]:
         cls = estimate_class(point_s)
-        for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
+        keys = _keys(tier, cls)
+        if refresh:
+            keys = _keys(tier, cls, True) + keys
+        for key in keys:
             hist = self.hists.get(key)
             if hist is not None and hist.total >= MIN_SAMPLES:
                 return hist.multipliers()
         return depth_prior(depth)
 
-    def band(self, tier: str, point_s: float, depth: float = 1.0) -> tuple[float, float]:
+    def band(
+        self, tier: str, point_s: float, depth: float = 1.0, refresh: bool = False
+    ) -> tuple[float, float]:
         """(P50, P90) in seconds for a point estimate; (-1, -1) if it is unknown.
-        ``depth``: jobs' worth of queued work the estimate drains (the depth prior)."""
+        ``depth``: jobs' worth of queued work the estimate drains (the depth prior);
+        ``refresh``: a queued job's refreshed point (module doc, 6.)."""
         if point_s < 0:
             return -1.0, -1.0
-        m50, m90 = self.multipliers(tier, point_s, depth)
+        m50, m90 = self.multipliers(tier, point_s, depth, refresh)
         base = point_s + FLOOR_S
         return max(0.0, base * m50 - FLOOR_S), max(0.0, base * m90 - FLOOR_S)
 
@@ -230,8 +251,19 @@ class WaitBands:
         if point_s >= 0:
             self.pending[job_id] = (tier, now_ms, point_s)
 
+    def refreshed(self, job_id: str, tier: str, now_ms: int, point_s: float) -> None:
+        """A queued job's refreshed point: kept if it is the job's first in its
+        estimate class (module doc, 6.). O(1)."""
+        if point_s < 0 or not self.enabled:
+            return
+        entry = self.rpending.get(job_id)
+        if entry is None:
+            entry = self.rpending[job_id] = (tier, {})
+        entry[1].setdefault(estimate_class(point_s), (now_ms, point_s))
+
     def forget(self, job_id: str) -> None:
         self.pending.pop(job_id, None)
+        self.rpending.pop(job_id, None)
 
     def censor(self, now_ms: int) -> None:
         """Count the queued jobs as right-censored observations at their wait
@@ -241,28 +273,54 @@ class WaitBands:
             return
         extra: dict[tuple[str, int], dict[int, float]] = {}
         hists = self.hists
-        for tier, admitted_ms, point_s in self.pending.values():
-            waited_s = max(0.0, (now_ms - admitted_ms) / 1000)
+
+        def count(tier: str, since_ms: int, point_s: float, cls: int, refresh: bool) -> None:
+            waited_s = max(0.0, (now_ms - since_ms) / 1000)
             i = _bucket(math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S)))
-            cls = estimate_class(point_s)
-            for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
+            for key in _keys(tier, cls, refresh):
                 if key in hists:
                     buckets = extra.setdefault(key, {})
                     buckets[i] = buckets.get(i, 0.0) + 1.0
+
+        for tier, admitted_ms, point_s in self.pending.values():
+            count(tier, admitted_ms, point_s, estimate_class(point_s), False)
+        for tier, seen in self.rpending.values():
+            for cls, (at_ms, point_s) in seen.items():
+                count(tier, at_ms, point_s, cls, True)
         for key, hist in hists.items():
             hist.set_censored(extra.get(key, {}))
 
     def started(self, job_id: str, now_ms: int) -> None:
-        """A job's first start: learn from its admission estimate."""
+        """A job's first start: learn from its admission estimate and from its
+        first refresh in each estimate class."""
         entry = self.pending.pop(job_id, None)
-        if entry is None or not self.enabled:
+        refreshes = self.rpending.pop(job_id, None)
+        if not self.enabled:
             return
-        tier, admitted_ms, point_s = entry
-        actual_s = max(0.0, (now_ms - admitted_ms) / 1000)
+        if entry is not None:
+            tier, admitted_ms, point_s = entry
+            self._learn(tier, admitted_ms, now_ms, point_s, estimate_class(point_s), False)
+        if refreshes is not None:
+            tier, seen = refreshes
+            for cls, (at_ms, point_s) in seen.items():
+                self._learn(tier, at_ms, now_ms, point_s, cls, True)
+
+    def _learn(
+        self, tier: str, since_ms: int, now_ms: int, point_s: float, cls: int, refresh: bool
+    ) -> None:
+        actual_s = max(0.0, (now_ms - since_ms) / 1000)
         log_ratio = math.log2((actual_s + FLOOR_S) / (point_s + FLOOR_S))
-        cls = estimate_class(point_s)
-        for key in ((tier, cls), (tier, -1)) if cls else ((tier, 0),):
+        for key in _keys(tier, cls, refresh):
             hist = self.hists.get(key)
             if hist is None:
                 hist = self.hists[key] = Histogram()
             hist.add(log_ratio)
+
+
+def _keys(tier: str, cls: int, refresh: bool = False) -> tuple[tuple[str, int], ...]:
+    """The histograms a (tier, estimate class) learns into and reads from, most
+    specific first: class 0 ("starts now") only its own; admissions their class
+    and the tier's (-1), refreshes their class + ``REFRESH`` and the tier's (-2)."""
+    if refresh:
+        return ((tier, REFRESH + cls), (tier, -2)) if cls else ((tier, REFRESH),)
+    return ((tier, cls), (tier, -1)) if cls else ((tier, 0),)

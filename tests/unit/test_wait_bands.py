@@ -15,6 +15,7 @@ from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.waitbands import (
     FLOOR_S,
     PRIOR,
+    REFRESH,
     WaitBands,
     depth_prior,
     estimate_class,
@@ -306,3 +307,43 @@ def test_bands_are_ordered_and_a_deeper_queue_never_gets_a_wider_prior(point, d1
     lo, hi = sorted((d1, d2))
     assert fresh.band("free", point, hi)[1] <= fresh.band("free", point, lo)[1]
     assert fresh.band("free", point, hi)[0] == fresh.band("free", point, lo)[0]  # P50: the point
+
+
+def test_refreshed_points_learn_their_own_multipliers():
+    """Admissions that waited 2x their point, refreshes that waited half of
+    theirs: a refreshed band reads the refreshes' multipliers once a class has
+    MIN_SAMPLES, an admission's band its own."""
+    bands = WaitBands()
+    _observe(bands, [2.0] * 40)
+    for i in range(40):
+        job_id = f"r{i}"
+        bands.admitted(job_id, "paid", 0, 5000.0)  # another class: not in the 600 s one
+        bands.refreshed(job_id, "paid", 100_000, 600.0)
+        bands.refreshed(job_id, "paid", 110_000, 500.0)  # same class: the first one stays
+        left_s = (600 + FLOOR_S) * 0.5 - FLOOR_S
+        bands.started(job_id, 100_000 + int(left_s * 1000))
+    assert bands.rpending == {}
+    m50 = (bands.band("paid", 600.0, refresh=True)[0] + FLOOR_S) / (600 + FLOOR_S)
+    assert math.isclose(m50, 0.5, rel_tol=0.05)
+    m50 = (bands.band("paid", 600.0)[0] + FLOOR_S) / (600 + FLOOR_S)
+    assert math.isclose(m50, 2.0, rel_tol=0.05)
+    # a refresh class with too few samples reads the admissions' (then the prior)
+    m50 = (bands.band("paid", 60.0, refresh=True)[0] + FLOOR_S) / (60 + FLOOR_S)
+    assert math.isclose(m50, 0.5, rel_tol=0.05)  # the tier's refresh histogram (-2)
+    assert bands.band("free", 600.0, refresh=True) == bands.band("free", 600.0)
+
+
+def test_refreshes_of_a_job_that_never_started_teach_nothing_and_queued_ones_are_censored():
+    bands = WaitBands()
+    bands.admitted("gone", "paid", 0, 100.0)
+    bands.refreshed("gone", "paid", 30_000, 80.0)
+    bands.forget("gone")
+    bands.started("gone", 10_000_000)
+    assert bands.pending == {} and bands.rpending == {} and bands.hists == {}
+    for i in range(40):  # refreshes that ended at their point
+        bands.refreshed(f"s{i}", "paid", 0, 600.0)
+        bands.started(f"s{i}", 600_000)
+    bands.refreshed("still", "paid", 0, 600.0)
+    bands.censor(6_000_000)  # queued 10x its refreshed point so far
+    hist = bands.hists[("paid", REFRESH + estimate_class(600.0))]
+    assert hist.total == 40 and hist.censored_total == 1
