@@ -24,14 +24,15 @@ fake is ``framespool.log.memory``) and handles the broker's quirks in one place
    broker holds a join for half the session timeout.
 5. Tansu answers a Fetch only when ``fetch.wait.max.ms`` has passed, even if
    records arrived meanwhile (Kafka answers at once), so the fetch wait is the
-   latency a record pays per hop, and each idle consumer costs the broker one
-   Fetch per wait. It is therefore set per consumer :class:`Role`
+   latency a record pays per hop (U[0, wait], up to twice the wait when the
+   Fetch in flight already carries records), and each idle consumer costs the
+   broker one Fetch per wait. It is therefore set per consumer :class:`Role`
    (``docs/broker-notes.md#fetch-wait``): ``REQUEST_PATH`` consumers
    (admission, scheduler) wait ``FETCH_WAIT_MS_REQUEST_PATH``, ``FLEET`` ones
    (the agents' assignments readers, one per node or agent process)
    ``FETCH_WAIT_MS_FLEET``, ``BACKGROUND`` ones (projections, webhooks, tools)
    ``FETCH_WAIT_MS_BACKGROUND``. Producers likewise linger
-   ``LINGER_MS_REQUEST_PATH`` or ``LINGER_MS_BACKGROUND``.
+   ``LINGER_MS_REQUEST_PATH``, ``LINGER_MS_FLEET`` or ``LINGER_MS_BACKGROUND``.
 6. An idle consumer would cost the broker those Fetches forever, so a
    ``FLEET`` or ``BACKGROUND`` consumer of manually assigned partitions that
    has received nothing for ``IDLE_AFTER_S`` rests: it lets go of its
@@ -122,13 +123,22 @@ def _env_ms(name: str, default: int) -> int:
     return value
 
 
-# Tansu holds every Fetch for the full wait, even when records arrive meanwhile:
-# the wait is added to every hop (submit -> assigned crosses three), and an idle
-# consumer sends up to 1000/wait Fetches a second. Measured: 5 ms delivers in
-# ~4 ms (p50) for about half the broker's idle CPU that 1-2 ms costs; background
-# readers keep 20 ms (docs/broker-notes.md#fetch-wait). (Apache Kafka answers a
-# Fetch as soon as a record arrives: there every role may wait 500 ms.)
-FETCH_WAIT_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_FETCH_WAIT_REQUEST_PATH_MS", 5)
+# Tansu holds every Fetch for the full wait: it reads the partitions, sleeps out
+# the wait, and only if the first read was empty reads them again. A record
+# arriving during an empty Fetch so waits U[0, wait] for its end, one arriving
+# during a Fetch that already carries records up to twice the wait; and an
+# idle consumer sends up to 1000/wait Fetches a second. submit -> assigned
+# crosses three request-path consumers (admission, a scheduler, the client's
+# reader of job-events), so the request path waits 3 ms: against 5 ms, p50
+# 1.8 vs 2.4-2.7 ms per bare hop, and the whole submit -> assigned p50 about
+# 1.5-2 ms lower, for about 9 points more of idle broker CPU (% of one core;
+# the admission and scheduler readers each send ~330 instead of 200 Fetches a
+# second). Below 3 ms the broker's idle CPU nearly doubles. Fleet readers (one
+# per node or agent process) keep 10 ms and background readers 20 ms: neither
+# is on the way to JobAssigned (docs/broker-notes.md#fetch-wait). (Apache
+# Kafka answers a Fetch as soon as a record arrives: there every role may
+# wait 500 ms.)
+FETCH_WAIT_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_FETCH_WAIT_REQUEST_PATH_MS", 3)
 FETCH_WAIT_MS_FLEET = _env_ms("FRAMESPOOL_FETCH_WAIT_FLEET_MS", 10)
 FETCH_WAIT_MS_BACKGROUND = _env_ms("FRAMESPOOL_FETCH_WAIT_BACKGROUND_MS", 20)
 FETCH_WAIT_MS_BY_ROLE = {
@@ -137,11 +147,15 @@ FETCH_WAIT_MS_BY_ROLE = {
     Role.BACKGROUND: FETCH_WAIT_MS_BACKGROUND,
 }
 FETCH_WAIT_MS = FETCH_WAIT_MS_REQUEST_PATH  # a LogConsumer's unless given a role
-# A request-path producer lingers 1 ms: a processor's flush sends its batch at
-# once anyway, and 1 ms lets the API's concurrent submits share a request (3
-# alternating runs, load 8-10: the broker 48 % of a core at 100 jobs/s against
-# 54 % with 0 ms, p50 93 vs 118 ms); background producers gather for 5 ms.
-LINGER_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_LINGER_REQUEST_PATH_MS", 1)
+# A request-path producer (the API's commands, the clock) lingers 0: the
+# SubmitJob's linger was a millisecond of every submission's admission hop
+# (the record's CreateTime is taken before it), and at 100 submissions/s they
+# are ~10 ms apart, so there was rarely another submit to share a request
+# with; under a burst librdkafka batches what queues behind the requests in
+# flight anyway. Fleet producers (agents' reports; not on the way to
+# JobAssigned) keep 1 ms; background producers gather for 5 ms.
+LINGER_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_LINGER_REQUEST_PATH_MS", 0)
+LINGER_MS_FLEET = _env_ms("FRAMESPOOL_LINGER_FLEET_MS", 1)
 LINGER_MS_BACKGROUND = _env_ms("FRAMESPOOL_LINGER_BACKGROUND_MS", 5)
 # A processor produces its whole batch and then flushes, so a linger can only
 # delay it; and librdkafka's flush does not cut a short linger short: produce +
@@ -151,7 +165,7 @@ LINGER_MS_BACKGROUND = _env_ms("FRAMESPOOL_LINGER_BACKGROUND_MS", 5)
 LINGER_MS_PROCESSOR = _env_ms("FRAMESPOOL_LINGER_PROCESSOR_MS", 0)
 LINGER_MS_BY_ROLE = {
     Role.REQUEST_PATH: LINGER_MS_REQUEST_PATH,
-    Role.FLEET: LINGER_MS_REQUEST_PATH,  # a node's reports answer its instructions
+    Role.FLEET: LINGER_MS_FLEET,  # a node's reports answer its instructions
     Role.BACKGROUND: LINGER_MS_BACKGROUND,
 }
 # Idle back-off (theory of operation, 6): after IDLE_AFTER_S without a record a
