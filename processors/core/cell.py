@@ -206,6 +206,7 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Dr
             if run.gang is not None:
                 run.gang.seen = dict.fromkeys(run.gang.members, first_ms)
             run.limit_ms = first_ms + span
+        self.__dict__.pop("_release_ends", None)  # every static end moved: rebuilt on use
         self.limits = [(r.limit_ms, r.job_id, r.run) for r in self.runs.values()]
         heapq.heapify(self.limits)
         self.running_end_gpu_s = sum(

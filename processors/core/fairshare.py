@@ -274,6 +274,7 @@ class FairTree:
         """The leaf to serve next, or None when every backlogged leaf is
         exhausted for this pass."""
         exhausted = self.exhausted
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         flow = self.root
         while flow.active:
             heap = flow.heap
@@ -282,16 +283,16 @@ class FairTree:
                 entry = heap[0]
                 child = entry[3]
                 if child.stamp != entry[2]:
-                    heapq.heappop(heap)
+                    heappop(heap)
                 elif id(child) in exhausted:
-                    heapq.heappop(heap)  # re-filed when the pass ends
+                    heappop(heap)  # re-filed when the pass ends
                     child.stamp = 0
                 else:
                     key = (child.usage + child.offset) / child.weight
                     if key != entry[0]:  # offset since it was filed (``offset``)
-                        self.stamp += 1
-                        child.stamp = self.stamp
-                        heapq.heapreplace(heap, (key, child.seq, self.stamp, child))
+                        stamp = self.stamp = self.stamp + 1
+                        child.stamp = stamp
+                        heapreplace(heap, (key, child.seq, stamp, child))
                         continue
                     best = child
                     break

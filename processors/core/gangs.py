@@ -66,6 +66,7 @@ class GangHandlers:
             job.state = lc.next_state(job.job_id, job.state, "start")
         run.phase = RunPhase.RUNNING
         run.started_ms = run.last_report_ms = self.now_ms
+        self.refile_release(run)  # its static end moved with its start
         self.assigned_unstarted.pop(run.key, None)
         self.gang_runs[run.key] = None
         for node_id in gang.members:
@@ -79,16 +80,23 @@ class GangHandlers:
 
     def expire_gang_members(self: Cell) -> None:
         """End every running gang one of whose members has been silent past the
-        report lease (on Tick, so the decision is the log's, not a timer's)."""
+        report lease (on Tick, so the decision is the log's, not a timer's).
+
+        Cost: O(G * members) for G running gangs, one C-level ``min`` over the
+        members' last reports each; only a gang with a member silent that long
+        (rare) is looked at member by member."""
         if not self.gang_runs:
             return
         lease_ms = int(self.config.report_lease_s * 1000)
+        oldest_ok = self.now_ms - lease_ms  # a member last seen before this is silent
         for key in list(self.gang_runs):
             run = self.runs.get(key)
             if run is None or run.gang is None or run.phase == RunPhase.STOPPING:
                 del self.gang_runs[key]
                 continue
             gang = run.gang
+            if min(gang.seen.values()) >= oldest_ok:
+                continue  # no member silent at all, held or not
             silent = [
                 n for n in gang.members if n in run.held and self.now_ms - gang.seen[n] > lease_ms
             ]

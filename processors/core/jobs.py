@@ -204,6 +204,7 @@ class JobHandlers:
             run.phase = RunPhase.RUNNING
             run.started_ms = self.now_ms
             run.last_report_ms = self.now_ms
+            self.refile_release(run)  # its static end moved with its start
             self.assigned_unstarted.pop(run.key, None)
 
     def on_run_checkpointed(self: Cell, event: ev.RunCheckpointed) -> None:

@@ -237,6 +237,7 @@ class NodeHandlers:
                         job.state = lc.next_state(job.job_id, job.state, "start")
                     run.phase = RunPhase.RUNNING
                     run.started_ms = self.now_ms
+                    self.refile_release(run)  # its static end moved with its start
                     self.assigned_unstarted.pop(key, None)
             elif (
                 run.phase == RunPhase.STOPPING and self.now_ms - run.stop_sent_ms >= STOP_RESEND_MS
@@ -247,9 +248,15 @@ class NodeHandlers:
                 )
             if report.step_rate > 0:
                 self.note_step_rate(node, run, report.step_rate)
-        for run in self.runs_on(node):
-            if run.key in listed:
-                continue
+        runs = self.runs
+        # the runs holding GPUs here that the heartbeat did not list (``runs_on``
+        # less ``listed``), taken before any is released
+        unlisted = [
+            runs[key]
+            for key in dict.fromkeys(node.owner)
+            if key is not None and key not in listed and key in runs
+        ]
+        for run in unlisted:
             if run.phase == RunPhase.STOPPING:
                 self.release_slice(run, node.node_id)
             elif run.phase == RunPhase.ASSIGNED:

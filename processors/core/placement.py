@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from itertools import compress, islice, repeat
 
 from framespool.schemas.events import NodeSlice
 
@@ -109,28 +110,14 @@ class NodeIndex:
         return self._gang(-(-gpus // per_node), per_node, gpus, model, ok)
 
     def _single(self, k: int, model: str, ok: NodeFilter) -> Placement | None:
-        warm = self.warm_nodes.get(model)
-        if warm:
-            best: Node | None = None
-            scanned = 0
-            for node_id in warm:
-                scanned += 1
-                if scanned > WARM_SCAN_LIMIT * 8:
-                    break
-                free = self.bucket_of.get(node_id, 0)
-                if free < k:
-                    continue  # busy warm nodes cost one lookup each
-                node = self.nodes[node_id]
-                if (
-                    ok(node)
-                    and self._warm_free(node, model) > 0
-                    and (best is None or free < self.bucket_of[best.node_id])
-                ):
-                    best = node
-                    if free == k:
-                        break  # a perfect fit cannot be beaten
-            if best is not None:
-                return Placement((self._slice(best, k, model),), "bin-pack: warm model")
+        """The fullest node with ``k`` free GPUs that ``ok`` accepts, a node warm
+        with ``model`` first (among the first ``WARM_SCAN_LIMIT * 8`` warm ones).
+
+        Cost: O(F) ``ok`` calls up to the first best-fit node; only when one
+        exists, the warm scan (a warm node is one of those fitting nodes, so
+        with none there is no warm one either: a search that finds nothing,
+        most of them in a backlog, skips the warm scan)."""
+        fit: Node | None = None
         for free in range(k, self.max_gpus + 1):
             bucket = self.buckets.get(free)
             if not bucket:
@@ -138,11 +125,37 @@ class NodeIndex:
             for node_id in bucket:
                 node = self.nodes[node_id]
                 if ok(node):
-                    why = (
-                        "bin-pack: whole node" if free == node.total == k else "bin-pack: best fit"
-                    )
-                    return Placement((self._slice(node, k, model),), why)
-        return None
+                    fit = node
+                    break
+            if fit is not None:
+                break
+        if fit is None:
+            return None
+        warm = self.warm_nodes.get(model)
+        if warm:
+            best: Node | None = None
+            bucket_of = self.bucket_of
+            # the first WARM_SCAN_LIMIT * 8 warm nodes, in order, less those with
+            # fewer than k free GPUs: busy warm nodes are passed over by C-level
+            # iterators (one lookup each), not by a Python loop
+            scan = WARM_SCAN_LIMIT * 8
+            roomy = map(k.__le__, map(bucket_of.get, islice(warm, scan), repeat(0)))
+            for node_id in compress(islice(warm, scan), roomy):
+                free = bucket_of[node_id]
+                node = self.nodes[node_id]
+                if (
+                    ok(node)
+                    and self._warm_free(node, model) > 0
+                    and (best is None or free < bucket_of[best.node_id])
+                ):
+                    best = node
+                    if free == k:
+                        break  # a perfect fit cannot be beaten
+            if best is not None:
+                return Placement((self._slice(best, k, model),), "bin-pack: warm model")
+        free = self.bucket_of[fit.node_id]
+        why = "bin-pack: whole node" if free == fit.total == k else "bin-pack: best fit"
+        return Placement((self._slice(fit, k, model),), why)
 
     def _gang(self, n: int, g: int, total: int, model: str, ok: NodeFilter) -> Placement | None:
         by_rail: dict[str, list[Node]] = {}
@@ -193,25 +206,39 @@ class NodeIndex:
         self,
         per_node: int,
         nodes_needed: int,
-        releases: Iterable[tuple[int, str, int]],
+        releases: Iterable[tuple[int, str, int, object]],
         ok: NodeFilter,
     ) -> tuple[int, tuple[str, ...]] | None:
-        """Walk future releases ``(time_ms, node_id, gpus)`` in time order and
+        """Walk future releases ``(time_ms, node_id, gpus, run)`` in time order and
         return when ``nodes_needed`` nodes will each have ``per_node`` free GPUs,
-        with those nodes. None if never (e.g. not enough healthy nodes)."""
+        with those nodes. None if never (e.g. not enough healthy nodes).
+
+        Cost: O(F + K) for F nodes with free GPUs and the K releases read, with
+        ``ok`` asked once per node (nothing it reads changes during the walk),
+        not once per release: a node holding several runs recurs in the list."""
         free: dict[str, int] = {}
         ready: dict[str, None] = {}
+        nodes = self.nodes
+        usable: dict[str, bool] = {}  # node -> ok: nothing ``ok`` reads changes meanwhile
         for node_id, count in self.bucket_of.items():
-            node = self.nodes[node_id]
+            node = nodes[node_id]
             if ok(node):
+                usable[node_id] = True
                 free[node_id] = count
                 if count >= per_node:
                     ready[node_id] = None
+            else:
+                usable[node_id] = False
         if len(ready) >= nodes_needed:
             return 0, tuple(list(ready)[:nodes_needed])
-        for time_ms, node_id, gpus in releases:
-            released = self.nodes.get(node_id)
-            if released is None or not released.schedulable or not ok(released):
+        for time_ms, node_id, gpus, _ in releases:
+            good = usable.get(node_id)
+            if good is None:
+                released = nodes.get(node_id)
+                good = usable[node_id] = (
+                    released is not None and released.schedulable and ok(released)
+                )
+            if not good:
                 continue
             free[node_id] = free.get(node_id, 0) + gpus
             if free[node_id] >= per_node and node_id not in ready:

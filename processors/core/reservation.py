@@ -8,9 +8,10 @@ Theory of operation
   a list sorted as runs are placed and release nodes (O(log R) search, O(R)
   memmove), not re-sorted per Tick; the walk is lazy, so a reservation that
   fits early reads only the first few. A run's static end (start + estimate)
-  only moves later (a start report sets ``started_ms`` to now), so an entry
-  found early is re-filed at its true end when the walk reaches it; runs
-  already past their estimate (few) are projected afresh per walk.
+  moves when it reports its start (``started_ms`` becomes now): its slices
+  are re-filed then (``refile_release``, once per run), so a walk reads the
+  slices after now straight off the list; runs already past their estimate
+  are projected afresh once per pass.
 - Conservative backfill: up to ``reservations - 1`` further blocked jobs
   (in fair order) hold reservations too, each on nodes no earlier one holds,
   so none delays another. A job may use a reservation's nodes only if it ends
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
@@ -100,9 +102,13 @@ class Reservations:
 
     # -- the release list -------------------------------------------------------
     def release_list(self: Cell) -> list[tuple[int, str, int, RunKey]]:
-        """``(static end ms, node, gpus, run)`` per held slice, sorted."""
-        ends = self.__dict__.get("_release_list")
-        if ends is None:  # first use (or a cell restored from an older snapshot)
+        """``(static end ms, node, gpus, run)`` per held slice, sorted, each
+        filed at its run's current static end (``refile_release`` keeps it so)."""
+        ends = self.__dict__.get("_release_ends")
+        if ends is None:  # first use (or a cell restored from an older snapshot,
+            # whose ``_release_list`` may hold slices filed before their run started)
+            self.__dict__.pop("_release_list", None)
+            self.__dict__.pop("_release_filed", None)
             ends = []
             filed = {}
             for run in self.runs.values():
@@ -111,20 +117,14 @@ class Reservations:
                     ends.append((end, node_id, len(gpus), run.key))
                     filed[(run.key, node_id)] = end
             ends.sort()
-            self._release_list = ends
-            self._release_filed = filed  # (run, node) -> the end it is filed under
+            self._release_ends = ends
+            self._release_ends_filed = filed  # (run, node) -> the end it is filed under
         return ends
-
-    def _refile_release(self: Cell, i: int, static: int) -> None:
-        ends = self._release_list
-        _, node_id, gpus, key = ends.pop(i)
-        insort(ends, (static, node_id, gpus, key))
-        self._release_filed[(key, node_id)] = static
 
     def plan_release(self: Cell, run: Run) -> None:
         """A run was placed (call before it joins ``self.runs``)."""
         ends = self.release_list()
-        filed = self._release_filed
+        filed = self._release_ends_filed
         end = _static_end(run)
         for node_id, gpus in run.held.items():
             insort(ends, (end, node_id, len(gpus), run.key))
@@ -132,62 +132,64 @@ class Reservations:
         self._release_version = self.__dict__.get("_release_version", 0) + 1
 
     def unplan_release(self: Cell, run: Run, node_id: str, gpus: int) -> None:
-        """The run gave back ``node_id`` (``gpus`` GPUs there)."""
+        """The run gave back ``node_id`` (``gpus`` GPUs there; the caller has
+        already taken it out of ``run.held``, so a list built by this very call
+        does not hold it)."""
         ends = self.release_list()
         key = run.key
-        end = self._release_filed.pop((key, node_id))
-        del ends[bisect_left(ends, (end, node_id, gpus, key))]
+        end = self._release_ends_filed.pop((key, node_id), None)
+        if end is not None:
+            del ends[bisect_left(ends, (end, node_id, gpus, key))]
         self._release_version = self.__dict__.get("_release_version", 0) + 1
 
-    def releases(self: Cell) -> Iterator[tuple[int, str, int]]:
-        """Held slices ``(projected end, node, gpus)`` in time order, as
+    def refile_release(self: Cell, run: Run) -> None:
+        """The run's static end moved (it reported its start, so ``started_ms``
+        is now): file its slices again at the new end. O(slices * (log R + R))
+        (a bisect and a memmove each), once per run start, so that ``releases``
+        reads the list as it stands instead of checking every slice it passes."""
+        ends = self.release_list()
+        filed = self._release_ends_filed
+        end = _static_end(run)
+        key = run.key
+        for node_id, gpus in run.held.items():
+            old = filed.get((key, node_id))
+            if old is None or old == end:
+                continue
+            del ends[bisect_left(ends, (old, node_id, len(gpus), key))]
+            insort(ends, (end, node_id, len(gpus), key))
+            filed[(key, node_id)] = end
+        self._release_version = self.__dict__.get("_release_version", 0) + 1
+
+    def releases(self: Cell) -> Iterator[tuple[int, str, int, RunKey]]:
+        """Held slices ``(projected end, node, gpus, run)`` in time order, as
         ``run.projected_end_ms(now)`` would sort them, produced lazily.
 
-        The late slices (filed at or before now: projected afresh, O(L log L))
-        are projected once per scheduling pass (``late_memo``) and reused by
-        its further reservation walks while no slice is filed or dropped
-        (``_release_version``): within a pass no run reports its start, and a
-        slice re-filed below is re-filed past now, after them."""
+        Every slice is filed at its run's static end (``refile_release``), so
+        the slices filed after now are read straight off the list (C-speed
+        iteration, no per-slice check); the late ones (filed at or before now:
+        projected afresh, O(L log L)) are projected once per scheduling pass
+        (``late_memo``) and reused by its further reservation walks while no
+        slice is filed or dropped (``_release_version``), and merged in.
+        Equal ``(end, node, gpus)`` prefixes are interchangeable to every
+        reader, so the run key only breaks ties."""
         ends = self.release_list()
         now = self.now_ms
-        runs = self.runs
         memo = self.__dict__.get("_late_memo")
         version = self.__dict__.get("_release_version", 0)
         if memo and memo[0] == (now, version):
             _, i, late = memo
         else:
-            late = []
-            i = 0
-            while i < len(ends) and ends[i][0] <= now:
-                end, node_id, gpus, key = ends[i]
-                run = runs[key]
-                static = _static_end(run)
-                if static != end:
-                    self._refile_release(i, static)
-                    continue
-                late.append((run.projected_end_ms(now), node_id, gpus))
-                i += 1
-            late.sort()
+            i = bisect_left(ends, (now + 1,))
+            runs = self.runs
+            late = sorted(
+                (_late_end(runs[key], now), node_id, gpus, key)
+                for _, node_id, gpus, key in ends[:i]
+            )
             if memo is not None:
                 self._late_memo = ((now, version), i, late)
-        j = 0
-        while True:
-            head = None
-            while i < len(ends):
-                end, node_id, gpus, key = ends[i]
-                static = _static_end(runs[key])
-                if static == end:
-                    head = (end, node_id, gpus)
-                    break
-                self._refile_release(i, static)  # started later than filed
-            if j < len(late) and (head is None or late[j] <= head):
-                yield late[j]
-                j += 1
-            elif head is not None:
-                yield head
-                i += 1
-            else:
-                return
+        if not late:
+            return islice(ends, i, None)
+        return _merged(late, ends, i)
 
     def clear_reservation(self: Cell) -> None:
         self.reservation_job = ""
@@ -458,6 +460,26 @@ class Reservations:
             used = self.tier_use.get(tier, 0)
             total += _unused(tier_amounts, used + delta) - _unused(tier_amounts, used)
         self._unused_guarantees = total
+
+
+def _merged(
+    late: list[tuple[int, str, int, RunKey]], ends: list[tuple[int, str, int, RunKey]], i: int
+) -> Iterator[tuple[int, str, int, RunKey]]:
+    """The late slices merged into ``ends[i:]``, both sorted; a late one first on a tie."""
+    j = 0
+    n = len(late)
+    for entry in islice(ends, i, None):
+        while j < n and late[j] <= entry:
+            yield late[j]
+            j += 1
+        yield entry
+    yield from islice(late, j, None)
+
+
+def _late_end(run: Run, now_ms: int) -> int:
+    """``run.projected_end_ms(now_ms)`` for a run whose static end is at or
+    before ``now_ms`` (a late slice), without recomputing that end."""
+    return max(now_ms + 1, min(run.limit_ms, now_ms + max(1000, int(run.estimate_s * 100))))
 
 
 def _static_end(run: Run) -> int:

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
+from itertools import chain, islice
 from typing import TYPE_CHECKING, cast
 
 from framespool.schemas import events as ev
@@ -218,17 +219,22 @@ class Scheduling:
         preempt (for the others it is a no-op, ``preempt_sensitive``)."""
         sensitive = False
         fair = self.fair
+        pick, offset = fair.pick, fair.offset
+        jobs, claims, index = self.jobs, self.claims, self.index
         cursors: dict[int, Iterator[str]] = {}
         memo = PassMemo()
+        # preempt_sensitive reads only the job's tier and tenant (and the config)
+        sensitive_of: dict[tuple[str, str], bool] = {}
         budget = self.config.backfill_depth if full else QUICK_PASS_TESTS
+        reservations = self.config.reservations
         after_block = 0
         recheck = True  # whether nothing_fits() may have changed its answer
-        while self.index.free_total > 0:
+        while index.free_total > 0:
             if recheck:
                 recheck = False
                 if self.nothing_fits(full):
                     break  # the rest of the walk could change nothing (queuebounds.py)
-            leaf = fair.pick()
+            leaf = pick()
             if leaf is None:
                 break
             cursor = cursors.get(id(leaf))
@@ -238,9 +244,9 @@ class Scheduling:
             if job_id is None:
                 fair.exhaust(leaf)
                 continue
-            job = self.jobs[job_id]
-            if job_id == self.reservation_job or job_id in self.claims:
-                fair.offset(leaf, job.cost)
+            job = jobs[job_id]
+            if job_id == self.reservation_job or job_id in claims:
+                offset(leaf, job.cost)
                 continue
             capped = self.cap_hit(job)
             if capped:
@@ -248,17 +254,21 @@ class Scheduling:
                 continue
             why = "backfill" if self.reservation_job else "fair-share order"
             if not self.try_start(job, why, memo=memo):
-                fair.offset(leaf, job.cost)
+                offset(leaf, job.cost)
                 if full:
                     if not self.reservation_job:
                         self.reserve(job)
                         recheck = True
                         memo.reservations_changed()
-                    elif len(self.more_reservations()) + 1 < self.config.reservations:
+                    elif len(self.more_reservations()) + 1 < reservations:
                         self.reserve_more(job)
                         recheck = True
                         memo.reservations_changed()
-                if self.preempt_sensitive(job):
+                who = (job.tier, job.tenant)
+                may_preempt = sensitive_of.get(who)
+                if may_preempt is None:
+                    may_preempt = sensitive_of[who] = self.preempt_sensitive(job)
+                if may_preempt:
                     sensitive = True
                     self.maybe_preempt(job)
             else:
@@ -371,16 +381,16 @@ class Scheduling:
     def candidates(leaf: Flow, limit: int) -> Iterator[str]:
         """A snapshot of a leaf's first jobs (requeued first): the pass may
         place or drop jobs while it walks them."""
-        ids = []
-        for source in (leaf.requeued, leaf.queue):
-            for job_id in source:
-                ids.append(job_id)
-                if len(ids) >= limit:
-                    return iter(ids)
-        return iter(ids)
+        return iter(list(islice(chain(leaf.requeued, leaf.queue), limit)))
 
     def cap_hit(self: Cell, job: Job) -> str:
+        """ "org" or "user" when the job's organisation or user is at a cap, else
+        "". O(1); a tenant with no caps (most) costs one config lookup."""
         tenant = self.config.tenant(job.tenant)
+        if not (
+            tenant.max_gpus or tenant.max_running or tenant.user_max_gpus or tenant.user_max_running
+        ):
+            return ""
         org, user = self.use_of(job)
         gpus = job.shape[0]
         if (tenant.max_gpus and org.gpus + gpus > tenant.max_gpus) or (

@@ -273,7 +273,7 @@ def shape_view(cell: Cell, job: Job, shape: tuple[int, int, float]) -> dict[str,
     excluded = Counter(_why_not(cell, job, n, estimate, holder) for n in fitting if not ok_now(n))
     by_rail = Counter(n.rail for n in fitting if ok_now(n))
     releases = sorted(
-        (run.projected_end_ms(cell.now_ms), node_id, len(g))
+        (run.projected_end_ms(cell.now_ms), node_id, len(g), run.key)
         for run in cell.runs.values()
         for node_id, g in run.held.items()
     )

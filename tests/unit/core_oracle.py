@@ -133,12 +133,12 @@ class NaiveCell(Cell):
         return self.index.free_total - unused >= gpus
 
 
-def naive_releases(cell: Cell) -> list[tuple[int, str, int]]:
+def naive_releases(cell: Cell) -> list[tuple[int, str, int, tuple[str, int]]]:
     """Every held slice's projected end, sorted afresh."""
     releases = []
     for run in cell.runs.values():
         end = run.projected_end_ms(cell.now_ms)
         for node_id, gpus in run.held.items():
-            releases.append((end, node_id, len(gpus)))
+            releases.append((end, node_id, len(gpus), run.key))
     releases.sort()
     return releases

@@ -16,14 +16,17 @@
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare
+from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare, reservation
 from framespool.processors.core.fairshare import FairTree
+from framespool.processors.core.model import Node
+from framespool.processors.core.placement import NodeIndex
 from framespool.processors.sim.engine import SimOptions, Simulation
 from framespool.processors.sim.policies import POLICIES
 from framespool.processors.sim.workload import synthetic
@@ -68,7 +71,7 @@ def _guarded_base() -> CellConfig:
     [(500, 10, 3.0, CellConfig()), (400, 16, 3.0, _guarded_base())],
     ids=["plain", "guarantees-and-caps"],
 )
-def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base) -> None:
+def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base, monkeypatch) -> None:
     tape, config, summary = _tape(jobs, nodes, load, base)
     assert summary["violations_by_kind"].keys() <= {"not_terminal"}
     fast, naive = Cell(config, "sim"), NaiveCell(config, "sim")
@@ -80,10 +83,50 @@ def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base) -> None:
         assigned += sum(type(o) is ev.JobAssigned for o in out)
         deepest = max(deepest, fast.queued_count)
         if type(event) is ev.Tick and i % 7 == 0:
-            assert list(fast.releases()) == naive_releases(fast)
+            _check_release_list(fast, monkeypatch)
     # the workload really was a backlog of many tenants
     assert deepest > 60 and assigned > jobs // 2
     assert len({j.tenant for j in fast.jobs.values()} | set(fast.org_use)) > 50
+
+
+def _check_release_list(cell: Cell, monkeypatch) -> None:
+    """The release list walks the ends a full sort gives, with every slice filed
+    at its run's current static end (a start report re-files it), so a read
+    projects only the late slices (filed at or before now) and checks no other."""
+    ends = cell.release_list()
+    for end, node_id, gpus, key in ends:
+        run = cell.runs[key]
+        assert end == run.started_ms + int(run.estimate_s * 1000) and len(run.held[node_id]) == gpus
+    late = sum(1 for end, *_ in ends if end <= cell.now_ms)
+    projected = []
+    late_end = reservation._late_end
+    monkeypatch.setattr(
+        reservation, "_late_end", lambda r, now: projected.append(r) or late_end(r, now)
+    )
+    assert list(cell.releases()) == naive_releases(cell)
+    monkeypatch.setattr(reservation, "_late_end", late_end)
+    assert len(projected) == late
+
+
+def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
+    # A snapshot from before slices were re-filed on start holds ``_release_list``
+    # (maybe with slices filed before their run started): the list is rebuilt on
+    # first use, even when that use is a release, and decides as the live cell.
+    tape, config, _ = _tape(150, 6, 3.0, CellConfig())
+    live, naive = Cell(config, "sim"), NaiveCell(config, "sim")
+    half = len(tape) // 2
+    for i, event in enumerate(tape[:half]):
+        live.apply(event, f"sim:{i + 1}")
+        naive.apply(event, f"sim:{i + 1}")
+    state = pickle.loads(pickle.dumps(live)).__dict__
+    state["_release_list"] = state.pop("_release_ends")
+    state["_release_filed"] = state.pop("_release_ends_filed")
+    restored = Cell.__new__(Cell)
+    restored.__setstate__(state)
+    for i, event in enumerate(tape[half:], half):
+        out = restored.apply(event, f"sim:{i + 1}")
+        assert out == naive.apply(event, f"sim:{i + 1}"), f"outputs differ at input {i}"
+    assert "_release_list" not in restored.__dict__
 
 
 # -- 2. the heaps against the scan -------------------------------------------------
@@ -457,3 +500,76 @@ def test_an_offer_counts_no_gpu_of_any_node(monkeypatch) -> None:
 
     monkeypatch.setattr(Node, "free_count", scanned)
     assert fast.offer_fields() == expected
+
+
+def _full_cell(nodes: int, jobs: int, model: str = "m") -> Cell:
+    """``nodes`` 8-GPU nodes filled by ``jobs`` 1-GPU runs of ``model`` (started)."""
+    cell = Cell(CellConfig(status_interval_s=0, estimate_interval_s=0), "c")
+    for n in range(nodes):
+        cell.apply(
+            ev.NodeRegistered(
+                event_id=f"r{n}", ts_ms=0, node_id=f"n{n}", incarnation=1, cell="c", gpus=8
+            )
+        )
+    cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+    for i in range(jobs):
+        spec = ev.JobSpec(
+            job_id=f"f{i}",
+            tenant=f"t{i % 7}",
+            tier="paid",
+            gpus=1,
+            gpus_per_node=1,
+            estimate_s=100 + 10 * i,
+            model=model,
+        )
+        cell.apply(ev.JobAdmitted(event_id=f"f{i}", ts_ms=0, spec=spec))
+    cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000))
+    return cell
+
+
+def test_a_reservation_walk_asks_about_each_node_once(monkeypatch) -> None:
+    # 4 nodes, 31 one-GPU runs ending one by one: a whole-node gang's
+    # reservation walks 31 releases but asks its node filter about 4 nodes
+    cell = _full_cell(4, 31)
+    assert cell.index.free_total == 1 and len(cell.release_list()) == 31
+    asked: list[str] = []
+    earliest_fit = cell.index.earliest_fit
+
+    def counted(per_node, nodes_needed, releases, ok):
+        return earliest_fit(
+            per_node, nodes_needed, releases, lambda node: asked.append(node.node_id) or ok(node)
+        )
+
+    monkeypatch.setattr(cell.index, "earliest_fit", counted)
+    gang = ev.JobSpec(
+        job_id="g", tenant="big", tier="paid", gpus=32, gpus_per_node=8, estimate_s=60
+    )
+    cell.apply(ev.JobAdmitted(event_id="g", ts_ms=0, spec=gang))
+    cell.apply(ev.Tick(event_id="t2", ts_ms=3000, cell="c", now_ms=3000))
+    assert cell.reservation_job == "g" and len(cell.reservation_nodes) == 4
+    assert asked and len(asked) == len(set(asked)) <= 4, asked
+
+
+def test_a_search_that_finds_nothing_skips_the_warm_scan(monkeypatch) -> None:
+    # 64 nodes, each with 7 GPUs busy and 1 free GPU warm with the model: a
+    # 1-GPU search that no node passes finds nothing after one node-filter call
+    # per free node, and never looks at a node's warm GPUs
+    index = NodeIndex()
+    for n in range(64):
+        node = Node(f"n{n}", 1, 8, "H100", "rail-0", 0.0, 0.0, 0)
+        node.owner[:7] = [(f"busy{n}", 1)] * 7
+        index.add(node)
+        index.mark_warm(node, (7,), "m")
+    assert index.free_total == 64 and len(index.warm_nodes["m"]) == 64
+    warm_looks = []
+    warm_free = index._warm_free
+    monkeypatch.setattr(
+        index, "_warm_free", lambda node, model: warm_looks.append(node) or warm_free(node, model)
+    )
+    asked = []
+    found = index.find(1, 1, "m", lambda node: asked.append(node) and False)
+    assert found is None and not warm_looks and len(asked) == 64
+    # with one node allowed, the warm scan runs and picks it as a warm node
+    found = index.find(1, 1, "m", lambda node: node.node_id == "n5")
+    assert found is not None and found.slices[0].node_id == "n5" and len(warm_looks) == 1
+    assert found.reason == "bin-pack: warm model"
