@@ -151,8 +151,10 @@ FETCH_WAIT_MS = FETCH_WAIT_MS_REQUEST_PATH  # a LogConsumer's unless given a rol
 # SubmitJob's linger was a millisecond of every submission's admission hop
 # (the record's CreateTime is taken before it), and at 100 submissions/s they
 # are ~10 ms apart, so there was rarely another submit to share a request
-# with; under a burst librdkafka batches what queues behind the requests in
-# flight anyway. Fleet producers (agents' reports; not on the way to
+# with. Under a burst librdkafka still batches what queues behind the requests
+# in flight: --jobs 2000 (4,020 submissions, 32 clients) took 2,067 Produce
+# requests against 1,233 with 1 ms, the broker's CPU per job within noise
+# (0.99 against 1.19 ms, one run each). Fleet producers (agents' reports; not on the way to
 # JobAssigned) keep 1 ms; background producers gather for 5 ms.
 LINGER_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_LINGER_REQUEST_PATH_MS", 0)
 LINGER_MS_FLEET = _env_ms("FRAMESPOOL_LINGER_FLEET_MS", 1)
