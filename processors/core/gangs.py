@@ -69,6 +69,9 @@ class GangHandlers:
         self.refile_release(run)  # its static end moved with its start
         self.assigned_unstarted.pop(run.key, None)
         self.gang_runs[run.key] = None
+        floor = self.__dict__.get("_gang_seen_floor")
+        if floor is not None:  # keep it a lower bound of every running gang's reports
+            self._gang_seen_floor = min(floor, *gang.seen.values())
         for node_id in gang.members:
             self.instruct(
                 ev.BeginRun,
@@ -82,25 +85,37 @@ class GangHandlers:
         """End every running gang one of whose members has been silent past the
         report lease (on Tick, so the decision is the log's, not a timer's).
 
-        Cost: O(G * members) for G running gangs, one C-level ``min`` over the
-        members' last reports each; only a gang with a member silent that long
-        (rare) is looked at member by member."""
+        Cost: O(1) while ``_gang_seen_floor`` (a lower bound of every running
+        gang member's last report: reports only move forward, and a gang that
+        passes its barrier lowers it) is within the lease, which, with members
+        reporting every heartbeat, is most Ticks; otherwise O(G * members) for G
+        running gangs, one C-level ``min`` over the members' last reports each,
+        and the bound taken afresh. Only a gang with a member silent that long
+        (rare) is looked at member by member. (Entries of gangs that ended are
+        dropped by the next full look, not at once: nothing else reads them.)"""
         if not self.gang_runs:
             return
         lease_ms = int(self.config.report_lease_s * 1000)
         oldest_ok = self.now_ms - lease_ms  # a member last seen before this is silent
+        floor = self.__dict__.get("_gang_seen_floor")
+        if floor is not None and floor >= oldest_ok:
+            return  # every member of every running gang reported since oldest_ok
+        floor = None
         for key in list(self.gang_runs):
             run = self.runs.get(key)
             if run is None or run.gang is None or run.phase == RunPhase.STOPPING:
                 del self.gang_runs[key]
                 continue
             gang = run.gang
-            if min(gang.seen.values()) >= oldest_ok:
+            low = min(gang.seen.values())
+            if low >= oldest_ok:
+                floor = low if floor is None or low < floor else floor
                 continue  # no member silent at all, held or not
             silent = [
                 n for n in gang.members if n in run.held and self.now_ms - gang.seen[n] > lease_ms
             ]
             if not silent:
+                floor = low if floor is None or low < floor else floor
                 continue
             del self.gang_runs[key]
             node_id = silent[0]
@@ -111,6 +126,7 @@ class GangHandlers:
                 f"(lease {self.config.report_lease_s:.0f}s): the whole gang is requeued",
                 RunCause.MEMBER_LOST,
             )
+        self._gang_seen_floor = floor
 
     def rank_checkpointed(self: Cell, run: Run, job: Job, event: ev.RunCheckpointed) -> bool:
         """Record one rank's checkpoint of ``event.step``; True if that step is now

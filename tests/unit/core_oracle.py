@@ -115,6 +115,10 @@ class NaiveCell(Cell):
                 free[node.gpu_type] += node.free_count()
         return free
 
+    def expire_gang_members(self) -> None:  # look at every gang on every Tick
+        self.__dict__.pop("_gang_seen_floor", None)
+        super().expire_gang_members()
+
     def walk_signature(self, full: bool):  # never skip a walk
         return None
 

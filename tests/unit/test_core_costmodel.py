@@ -573,3 +573,36 @@ def test_a_search_that_finds_nothing_skips_the_warm_scan(monkeypatch) -> None:
     found = index.find(1, 1, "m", lambda node: node.node_id == "n5")
     assert found is not None and found.slices[0].node_id == "n5" and len(warm_looks) == 1
     assert found.reason == "bin-pack: warm model"
+
+
+def test_gang_liveness_looks_at_the_gangs_only_when_a_report_may_have_lapsed() -> None:
+    # Both members of a running gang report every 5 s and a Tick comes every
+    # second: with a 15 s lease the Tick looks at the gangs about every 10 s
+    # (when the oldest report it knows of may have lapsed), not every second;
+    # a member that then falls silent still ends the gang within the lease.
+    from tests.unit.core_harness import Harness
+    from tests.unit.test_core_gangs import started_gang
+
+    h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=0, report_lease_s=15), nodes=2)
+    started_gang(h)
+    looks: list[int] = []
+
+    class Counted(dict):
+        def __iter__(self):
+            looks.append(h.now_ms)
+            return super().__iter__()
+
+    h.cell.gang_runs = Counted(h.cell.gang_runs)
+    for second in range(60):
+        if second % 5 == 0:
+            h.heartbeat("n0")
+            h.heartbeat("n1")
+        h.tick(1)
+    assert 1 <= len(looks) <= 7, looks
+    silent_since = h.now_ms
+    out: list = []
+    while not any(type(o) is ev.JobRequeued for o in out):
+        if (h.now_ms - silent_since) % 5000 == 0:
+            h.heartbeat("n0")  # n1 says nothing more
+        out = h.tick(1)
+        assert h.now_ms - silent_since <= 16_000, "the silent member went unnoticed"
