@@ -380,8 +380,11 @@ class Scheduling:
     @staticmethod
     def candidates(leaf: Flow, limit: int) -> Iterator[str]:
         """A snapshot of a leaf's first jobs (requeued first): the pass may
-        place or drop jobs while it walks them."""
-        return iter(list(islice(chain(leaf.requeued, leaf.queue), limit)))
+        place or drop jobs while it walks them. At least one, even when the
+        pass's budget is spent (``limit`` <= 0): the walk still tries the job
+        at the head of the fair order (without it, a spent budget left gang
+        queues stalled for a day: ``test_sim_shapes``)."""
+        return iter(list(islice(chain(leaf.requeued, leaf.queue), max(1, limit))))
 
     def cap_hit(self: Cell, job: Job) -> str:
         """ "org" or "user" when the job's organisation or user is at a cap, else
