@@ -86,7 +86,7 @@ SIGMA_JOB = 0.6  # relative spread of one job's run time (durations ~50%, estima
 SIGMA_SYS = 0.0  # log-spread a deep queue does not average away (none assumed)
 QUANTILES = (0.5, 0.9)  # Kaplan-Meier over started and still-queued jobs (module doc, 3.)
 REFRESH = 10  # class offset of the histograms learned from refreshed estimates (6.)
-HELD_TAU_S = 900.0  # time constant of a tier's averaged GPUs held (its service rate)
+HELD_TAU_S = 900.0  # time constant of a flow's averaged GPUs held (its service rate)
 
 
 def estimate_class(point_s: float) -> int:
@@ -180,7 +180,7 @@ class Histogram:
 
 class WaitBands:
     """Per-tier learned spread of actual over estimated waits (see the module
-    doc), and each tier's recent service rate (``sample_held``)."""
+    doc), and each fair-share flow's recent service rate (``sample_held``)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled  # False: the prior forever (a test's control)
@@ -188,7 +188,9 @@ class WaitBands:
         self.hists: dict[tuple[str, int], Histogram] = {}  # (tier, class or -1)
         # job -> (tier, {refresh class: (ms, point)}): first refresh per class (6.)
         self.rpending: dict[str, tuple[str, dict[int, tuple[int, float]]]] = {}
-        self.held: dict[str, float] = {}  # tier -> GPUs its runs held, averaged (HELD_TAU_S)
+        # flow path ((tier,), (tier, tenant), (tier, tenant, user)) -> GPUs its
+        # runs held, averaged (HELD_TAU_S); a flow decayed under 0.01 is dropped
+        self.held: dict[tuple[str, ...], float] = {}
         self.held_ms = -1  # when ``held`` was last sampled
 
     def __setstate__(self, state: dict) -> None:
@@ -200,27 +202,32 @@ class WaitBands:
         if "rpending" not in state:
             self.rpending = {}
 
-    def sample_held(self, now_ms: int, held: dict[str, int]) -> None:
-        """Fold one sample of the GPUs each tier's runs hold now into an
-        exponential average with time constant ``HELD_TAU_S`` (a tier absent
-        from ``held`` holds 0). A backlogged tier's queue drains at the rate
-        it is served, which is the GPUs it holds: what its fair share, the
-        tiers above it and their future arrivals leave it, measured rather
-        than modelled (``Accounting.predicted_wait_s``). O(tiers); taken on
+    def sample_held(self, now_ms: int, held: dict[tuple[str, ...], int]) -> None:
+        """Fold one sample of the GPUs each flow's runs hold now into an
+        exponential average with time constant ``HELD_TAU_S`` (a flow absent
+        from ``held`` holds 0; one decayed under 0.01 GPUs is forgotten). A
+        backlogged flow's queue drains at the rate it is served, which is the
+        GPUs it holds: what its fair share, the flows served before it and
+        their future arrivals leave it, measured rather than modelled
+        (``Accounting.drain_wait_s``). O(flows that held GPUs lately); taken on
         the estimate cadence."""
         if self.held_ms < 0:
-            self.held = {tier: float(n) for tier, n in held.items()}
+            self.held = {flow: float(n) for flow, n in held.items()}
         else:
             dt_s = max(0.0, (now_ms - self.held_ms) / 1000)
             alpha = 1.0 - math.exp(-dt_s / HELD_TAU_S)
-            for tier in set(self.held) | set(held):
-                old = self.held.get(tier, 0.0)
-                self.held[tier] = old + alpha * (held.get(tier, 0) - old)
+            for flow in set(self.held) | set(held):
+                old = self.held.get(flow, 0.0)
+                new = old + alpha * (held.get(flow, 0) - old)
+                if new < 0.01 and flow not in held:
+                    del self.held[flow]
+                else:
+                    self.held[flow] = new
         self.held_ms = now_ms
 
-    def held_gpus(self, tier: str) -> float:
-        """The tier's averaged GPUs held (0 before the first sample). O(1)."""
-        return self.held.get(tier, 0.0)
+    def held_gpus(self, flow: tuple[str, ...]) -> float:
+        """The flow's averaged GPUs held (0 before its first sample). O(1)."""
+        return self.held.get(flow, 0.0)
 
     def multipliers(
         self, tier: str, point_s: float, depth: float = 1.0, refresh: bool = False

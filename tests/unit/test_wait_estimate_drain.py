@@ -49,7 +49,7 @@ def tenth_batch_job(h: Harness) -> ev.JobQueued:
 
 def test_a_starved_tier_drains_at_its_fair_share_not_at_the_cell():
     h = backlogged_cell("enterprise")  # batch holds no GPU
-    assert h.cell.wait_bands.held_gpus("batch") == 0
+    assert h.cell.wait_bands.held_gpus(("batch",)) == 0
     told = tenth_batch_job(h)
     # 900 GPU-s of batch ahead, at batch's 2 GPUs; the cell-wide arithmetic
     # (the 930 GPU-s ahead and one residual of 2,300 s over 16 GPUs) says ~256 s
@@ -58,7 +58,7 @@ def test_a_starved_tier_drains_at_its_fair_share_not_at_the_cell():
 
 def test_a_tier_that_holds_gpus_drains_at_what_it_holds():
     h = backlogged_cell("batch")  # batch holds all 16 GPUs
-    assert h.cell.wait_bands.held_gpus("batch") == 16  # the first sample, 30 s in, on
+    assert h.cell.wait_bands.held_gpus(("batch",)) == 16  # the first sample, 30 s in, on
     told = tenth_batch_job(h)
     # 900 GPU-s at 16 GPUs is below the cell-wide estimate: that one stands
     r = 5000 - 2701
@@ -94,7 +94,8 @@ def test_a_job_told_zero_started_in_the_same_apply_and_the_queued_event_comes_fi
 @given(
     samples=st.lists(
         st.tuples(
-            st.integers(0, 600_000), st.dictionaries(st.sampled_from("ab"), st.integers(0, 64))
+            st.integers(0, 600_000),
+            st.dictionaries(st.sampled_from([("a",), ("a", "t")]), st.integers(0, 64)),
         ),
         min_size=1,
         max_size=12,
@@ -117,3 +118,45 @@ def test_held_gpus_are_an_exponential_average_over_time(samples):
         low = min([0] + [h.get(tier, 0) for _, h in samples])
         high = max([0] + [h.get(tier, 0) for _, h in samples])
         assert low - 1e-9 <= bands.held_gpus(tier) <= high + 1e-9
+
+
+def tenant_cell() -> Harness:
+    """16 GPUs of the free tier: 12 held by light tenants, 4 by "heavy", for
+    2,700 s (runs of 5,000 s), then seven light tenants with a small queued
+    job each, so a tenant's share among the eight backlogged is 2 GPUs."""
+    h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=30), nodes=2)
+    for i in range(16):
+        tenant = "heavy" if i < 4 else f"light{i}"
+        h.submit(f"r{i}", tenant=tenant, gpus=1, estimate_s=5000)
+    h.start_all()
+    for _ in range(270):
+        h.tick(10)
+        h.heartbeat("n0")
+        h.heartbeat("n1")
+    for i in range(7):
+        h.submit(f"q{i}", tenant=f"light{i + 4}", gpus=1, estimate_s=10)
+    return h
+
+
+def test_a_heavy_tenant_drains_at_what_it_holds_within_its_tier():
+    h = tenant_cell()
+    assert h.cell.wait_bands.held_gpus(("free", "heavy")) == 4
+    for i in range(9):
+        h.submit(f"h{i}", tenant="heavy", gpus=1, estimate_s=1000)
+    told = queued(h.submit("h9", tenant="heavy", gpus=1, estimate_s=1000))
+    # its own 9,000 GPU-s ahead at the 4 GPUs it holds; the fair order's
+    # arithmetic over the cell (9,070 GPU-s ahead, 2,300 s residuals) says ~1,240 s
+    assert told.wait_estimate_s == pytest.approx(9000 / 4, rel=1e-3)
+
+
+def test_a_tenant_with_no_record_of_service_has_the_fair_order_arithmetic_alone():
+    h = tenant_cell()
+    assert ("free", "fresh") not in h.cell.wait_bands.held
+    for i in range(9):
+        h.submit(f"f{i}", tenant="fresh", gpus=1, estimate_s=1000)
+    told = queued(h.submit("f9", tenant="fresh", gpus=1, estimate_s=1000))
+    r = 5000 - 2701
+    ahead = 9000 + 70
+    expect = (ahead + r + ahead / (16 * r) * (16 * r - r)) / 16
+    assert told.wait_estimate_s == pytest.approx(expect, rel=0.02)
+    assert told.wait_estimate_s < 9000 / 2  # not its 2-GPU share floor
