@@ -130,8 +130,9 @@ def _env_ms(name: str, default: int) -> int:
 # idle consumer sends up to 1000/wait Fetches a second. submit -> assigned
 # crosses three request-path consumers (admission, a scheduler, the client's
 # reader of job-events), so the request path waits 3 ms: against 5 ms, p50
-# 1.8 vs 2.4-2.7 ms per bare hop, and the whole submit -> assigned p50 about
-# 1.5-2 ms lower, for about 8 points more of idle broker CPU (% of one core;
+# 1.8 vs 2.4-2.7 ms per bare hop, and submit -> assigned p50 about 1.9 ms
+# lower (median of alternated pairs; the shared machine's noise is larger),
+# for about 7 points more of idle broker CPU (% of one core;
 # the admission and scheduler readers each send ~330 instead of 200 Fetches a
 # second). Below 3 ms the broker's idle CPU nearly doubles. Fleet readers (one
 # per node or agent process) keep 10 ms and background readers 20 ms: neither
