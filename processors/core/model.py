@@ -35,6 +35,7 @@ class Job:
         "cost",
         "wait_estimate_s",
         "checkpoint_progress",
+        "fit",
     )
 
     def __init__(self, spec: JobSpec, tier: str, now_ms: int) -> None:
@@ -55,6 +56,9 @@ class Job:
         self.shape = (spec.gpus, spec.gpus_per_node, spec.estimate_s)
         self.cost = 0.0
         self.wait_estimate_s = -1.0
+        # its shapes with the part of a search's key the spec fixes, built on
+        # the first walk that tests it (``Scheduling.fit_shapes``)
+        self.fit: tuple[tuple[int, int, float, tuple], ...] | None = None
 
     @property
     def job_id(self) -> str:

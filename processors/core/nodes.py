@@ -248,9 +248,14 @@ class NodeHandlers:
                 )
             if report.step_rate > 0:
                 self.note_step_rate(node, run, report.step_rate)
-        runs = self.runs
         # the runs holding GPUs here that the heartbeat did not list (``runs_on``
-        # less ``listed``), taken before any is released
+        # less ``listed``), taken before any is released; mostly none, which a
+        # C-level set difference says without a Python loop
+        holders = set(node.owner)
+        holders.discard(None)
+        if holders.issubset(listed):
+            return
+        runs = self.runs
         unlisted = [
             runs[key]
             for key in dict.fromkeys(node.owner)

@@ -104,7 +104,7 @@ class PassMemo:
         self.shadows = None
 
     def reserved_for_others(self, cell: Cell, job: Job, estimate_s: float) -> tuple[str, ...]:
-        more = cell.more_reservations()
+        more = cell.__dict__.get("_more_reservations") or {}
         shadows = self.shadows
         if shadows is None:
             shadows = sorted(shadow for shadow, _ in more.values())
@@ -418,6 +418,8 @@ class Scheduling:
         """Place ``job`` in the shape that finishes earliest, if any fits.
         ``memo``: the pass's memo of searches that found no nodes (and of the
         nodes reserved for others, ``PassMemo``)."""
+        if memo is not None and not (holder or claim_only):
+            return self._try_start_memo(job, why, memo)
         best: tuple[Placement, tuple[int, int, float]] | None = None
         for shape in self.shapes_of(job):
             gpus, per_node, estimate = shape
@@ -425,37 +427,63 @@ class Scheduling:
                 continue
             if not job.spec.preemptible and not self.guarantees_allow(job, gpus):
                 continue
-            key: tuple | None = None
-            reserved: tuple[str, ...] | None = None
-            if memo is not None and not (holder or claim_only):
-                reserved = memo.reserved_for_others(self, job, estimate)
-                key = self.fit_key(job, gpus, per_node, reserved)
-                if key in memo.no_fit:
-                    continue
-            ok = self.node_filter(job, estimate, holder, claim_only, reserved)
+            ok = self.node_filter(job, estimate, holder, claim_only)
             placement = self.index.find(gpus, per_node, job.spec.model, ok)
             if placement is not None:
                 best = (placement, shape)
-            elif key is not None and memo is not None:
-                memo.no_fit[key] = None
         if best is None:
             return False
         return self.commit(job, best[0], best[1], why)
 
-    def fit_key(self: Cell, job: Job, gpus: int, per_node: int, reserved: tuple) -> tuple:
-        """Everything ``index.find`` and ``node_filter`` decide by, for a job that
-        holds no claim and no reservation (``reserved``: the nodes reserved for
-        others, ``reserved_for_others``): equal keys, equal answers (within a
-        pass, where claims and the reservation only ever exclude more nodes)."""
+    def _try_start_memo(self: Cell, job: Job, why: str, memo: PassMemo) -> bool:
+        """``try_start`` for a job that holds no claim and no reservation, within
+        a walk: a search whose ``fit_key`` found no nodes earlier in the pass is
+        not made again. Per shape: O(1) for the key (its spec part cached on the
+        job, ``fit_shapes``) and the memo lookups, plus the search when new."""
+        best: tuple[Placement, tuple[int, int, float]] | None = None
         spec = job.spec
+        no_fit = memo.no_fit
+        for gpus, per_node, estimate, fixed in self.fit_shapes(job):
+            if best is not None and estimate >= best[1][2]:
+                continue
+            if not spec.preemptible and not self.guarantees_allow(job, gpus):
+                continue
+            reserved = memo.reserved_for_others(self, job, estimate)
+            key = self.fit_key(fixed, spec, reserved)
+            if key in no_fit:
+                continue
+            ok = self.node_filter(job, estimate, False, False, reserved)
+            placement = self.index.find(gpus, per_node, spec.model, ok)
+            if placement is not None:
+                best = (placement, (gpus, per_node, estimate))
+            else:
+                no_fit[key] = None
+        if best is None:
+            return False
+        return self.commit(job, best[0], best[1], why)
+
+    def fit_shapes(self: Cell, job: Job) -> tuple[tuple[int, int, float, tuple], ...]:
+        """``shapes_of(job)``, each shape with the part of its ``fit_key`` the
+        spec fixes: built once per job (its spec never changes), not per test."""
+        try:
+            fit = job.fit
+        except AttributeError:  # a job from a snapshot taken before the cache
+            fit = None
+        if fit is None:
+            spec = job.spec
+            fixed = (spec.gpus, spec.gpus_per_node, spec.cpus, spec.mem_gb, spec.gpu_type)
+            fit = job.fit = tuple((g, p, e, (g, p, *fixed)) for g, p, e in self.shapes_of(job))
+        return fit
+
+    def fit_key(self: Cell, fixed: tuple, spec: ev.JobSpec, reserved: tuple) -> tuple:
+        """Everything ``index.find`` and ``node_filter`` decide by, for a job that
+        holds no claim and no reservation: its shape and the spec's demands
+        (``fixed``, from ``fit_shapes``), the model when a breaker may bar nodes,
+        the nodes reserved for others (``reserved_for_others``), the claims and
+        ``index.freed``: equal keys, equal answers (within a pass, where claims
+        and the reservation only ever exclude more nodes)."""
         return (
-            gpus,
-            per_node,
-            spec.gpus,
-            spec.gpus_per_node,
-            spec.cpus,
-            spec.mem_gb,
-            spec.gpu_type,
+            fixed,
             f"{spec.model}@{spec.model_version}" if self.breakers else "",
             reserved,
             len(self.claims),

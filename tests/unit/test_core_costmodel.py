@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 import pickle
+import sys
 from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare, reservation
+from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare
 from framespool.processors.core.fairshare import FairTree
 from framespool.processors.core.model import Node
 from framespool.processors.core.placement import NodeIndex
@@ -71,7 +72,7 @@ def _guarded_base() -> CellConfig:
     [(500, 10, 3.0, CellConfig()), (400, 16, 3.0, _guarded_base())],
     ids=["plain", "guarantees-and-caps"],
 )
-def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base, monkeypatch) -> None:
+def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base) -> None:
     tape, config, summary = _tape(jobs, nodes, load, base)
     assert summary["violations_by_kind"].keys() <= {"not_terminal"}
     fast, naive = Cell(config, "sim"), NaiveCell(config, "sim")
@@ -83,13 +84,23 @@ def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base, monkeypatc
         assigned += sum(type(o) is ev.JobAssigned for o in out)
         deepest = max(deepest, fast.queued_count)
         if type(event) is ev.Tick and i % 7 == 0:
-            _check_release_list(fast, monkeypatch)
+            _check_release_list(fast)
     # the workload really was a backlog of many tenants
     assert deepest > 60 and assigned > jobs // 2
     assert len({j.tenant for j in fast.jobs.values()} | set(fast.org_use)) > 50
 
 
-def _check_release_list(cell: Cell, monkeypatch) -> None:
+class _CountedRuns(dict):
+    def __init__(self, runs: dict) -> None:
+        super().__init__(runs)
+        self.reads = 0
+
+    def __getitem__(self, key):
+        self.reads += 1
+        return super().__getitem__(key)
+
+
+def _check_release_list(cell: Cell) -> None:
     """The release list walks the ends a full sort gives, with every slice filed
     at its run's current static end (a start report re-files it), so a read
     projects only the late slices (filed at or before now) and checks no other."""
@@ -98,14 +109,13 @@ def _check_release_list(cell: Cell, monkeypatch) -> None:
         run = cell.runs[key]
         assert end == run.started_ms + int(run.estimate_s * 1000) and len(run.held[node_id]) == gpus
     late = sum(1 for end, *_ in ends if end <= cell.now_ms)
-    projected = []
-    late_end = reservation._late_end
-    monkeypatch.setattr(
-        reservation, "_late_end", lambda r, now: projected.append(r) or late_end(r, now)
-    )
-    assert list(cell.releases()) == naive_releases(cell)
-    monkeypatch.setattr(reservation, "_late_end", late_end)
-    assert len(projected) == late
+    runs = cell.runs
+    cell.runs = counted = _CountedRuns(runs)
+    try:
+        assert list(cell.releases()) == naive_releases(cell)
+    finally:
+        cell.runs = runs
+    assert counted.reads == late  # one run read per late slice, none for the others
 
 
 def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
@@ -606,3 +616,47 @@ def test_gang_liveness_looks_at_the_gangs_only_when_a_report_may_have_lapsed() -
             h.heartbeat("n0")  # n1 says nothing more
         out = h.tick(1)
         assert h.now_ms - silent_since <= 16_000, "the silent member went unnoticed"
+
+
+def test_a_walk_reads_a_jobs_shapes_once_not_per_pass(monkeypatch) -> None:
+    # 1 GPU free, 300 tenants' 2-GPU jobs queued: every full pass tests 256 of
+    # them; their shapes (and the spec's part of each search key) are built
+    # once per job, so later passes read no job's shapes but the reservations'
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0, backfill_depth=256)
+    cell = Cell(config, "c")
+    cell.apply(
+        ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n0", incarnation=1, cell="c", gpus=8)
+    )
+    cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+    small = ev.JobSpec(job_id="s", tenant="x", tier="paid", gpus=7, gpus_per_node=7, estimate_s=1e5)
+    cell.apply(ev.JobAdmitted(event_id="a", ts_ms=0, spec=small))
+    for i in range(300):
+        spec = ev.JobSpec(
+            job_id=f"q{i}", tenant=f"t{i}", tier="paid", gpus=2, gpus_per_node=2, estimate_s=60
+        )
+        cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=0, spec=spec))
+    for job in cell.jobs.values():  # as a job from an older snapshot: no cache slot set
+        del job.fit
+    cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000))
+    uncached = sum(getattr(job, "fit", None) is None for job in cell.jobs.values())
+    assert uncached <= len(cell.jobs) - 256  # the pass tested 256 candidates
+    builds = []
+    shapes_of = cell.shapes_of
+
+    def counted(job):
+        if sys._getframe(1).f_code.co_name == "fit_shapes":
+            builds.append(job.job_id)
+        return shapes_of(job)
+
+    monkeypatch.setattr(cell, "shapes_of", counted)
+    tested = []
+    memo_start = cell._try_start_memo
+    monkeypatch.setattr(
+        cell, "_try_start_memo", lambda j, *a: tested.append(j) or memo_start(j, *a)
+    )
+    for t in range(2, 6):
+        cell.apply(ev.Tick(event_id=f"t{t}", ts_ms=1000 * t, cell="c", now_ms=1000 * t))
+    assert cell.queued_count == 300
+    # four more passes of 256 candidates: only jobs no pass had tested yet build
+    assert len(builds) <= uncached, len(builds)
+    assert len(tested) >= 256, len(tested)  # the passes did walk
