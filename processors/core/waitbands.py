@@ -278,22 +278,41 @@ class WaitBands:
         histograms); run on the estimate cadence, not per event."""
         if not self.enabled:
             return
-        extra: dict[tuple[str, int], dict[int, float]] = {}
         hists = self.hists
+        # per (tier, class, refresh): the histograms it counts into, and its
+        # censored jobs by bucket (one pass, no call per job: this runs over
+        # every queued job and every kept refresh on each estimate cadence)
+        groups: dict[tuple[str, int, bool], dict[int, float]] = {}
+        log2, low, high, step = math.log2, LOW, HIGH, STEP
 
-        def count(tier: str, since_ms: int, point_s: float, cls: int, refresh: bool) -> None:
-            waited_s = max(0.0, (now_ms - since_ms) / 1000)
-            i = _bucket(math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S)))
-            for key in _keys(tier, cls, refresh):
-                if key in hists:
-                    buckets = extra.setdefault(key, {})
-                    buckets[i] = buckets.get(i, 0.0) + 1.0
+        def add(group: dict[int, float], since_ms: int, point_s: float) -> None:
+            waited_s = (now_ms - since_ms) / 1000
+            if waited_s < 0:
+                waited_s = 0.0
+            lr = log2((waited_s + FLOOR_S) / (point_s + FLOOR_S))
+            i = int(round((min(high, max(low, lr)) - low) / step))
+            group[i] = group.get(i, 0.0) + 1.0
 
         for tier, admitted_ms, point_s in self.pending.values():
-            count(tier, admitted_ms, point_s, estimate_class(point_s), False)
+            key = (tier, estimate_class(point_s), False)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = {}
+            add(group, admitted_ms, point_s)
         for tier, seen in self.rpending.values():
             for cls, (at_ms, point_s) in seen.items():
-                count(tier, at_ms, point_s, cls, True)
+                key = (tier, cls, True)
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = {}
+                add(group, at_ms, point_s)
+        extra: dict[tuple[str, int], dict[int, float]] = {}
+        for (tier, cls, refresh), group in groups.items():
+            for hist_key in _keys(tier, cls, refresh):
+                if hist_key in hists:
+                    buckets = extra.setdefault(hist_key, {})
+                    for i, n in group.items():
+                        buckets[i] = buckets.get(i, 0.0) + n
         for key, hist in hists.items():
             hist.set_censored(extra.get(key, {}))
 
