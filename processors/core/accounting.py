@@ -208,9 +208,10 @@ class Accounting:
         refreshes hundreds of jobs of the same flows between two changes.
         O(siblings) on a miss, O(1) on a hit."""
         version = self.fair.version
-        memo = self.__dict__.get("_active_weights")
+        memo: tuple[int, dict[int, float]] | None = self.__dict__.get("_active_weights")
         if memo is None or memo[0] != version:
-            memo = self._active_weights = (version, {})
+            memo = (version, {})
+            self.__dict__["_active_weights"] = memo
         table = memo[1]
         total = table.get(id(parent))
         if total is None:

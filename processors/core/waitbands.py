@@ -313,8 +313,8 @@ class WaitBands:
                     buckets = extra.setdefault(hist_key, {})
                     for i, n in group.items():
                         buckets[i] = buckets.get(i, 0.0) + n
-        for key, hist in hists.items():
-            hist.set_censored(extra.get(key, {}))
+        for hist_key, hist in hists.items():
+            hist.set_censored(extra.get(hist_key, {}))
 
     def started(self, job_id: str, now_ms: int) -> None:
         """A job's first start: learn from its admission estimate and from its
