@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, cast
 from framespool.schemas import events as ev
 from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState
 
-from .fairshare import Flow
+from .fairshare import Flow, LevelIndex
 from .model import Job, Run
 from .waitbands import WaitBands
 
@@ -110,7 +110,11 @@ class Accounting:
         return leaf
 
     def predicted_wait_s(
-        self: Cell, job: Job, own_ahead: float, passed_over: bool = False
+        self: Cell,
+        job: Job,
+        own_ahead: float,
+        passed_over: bool = False,
+        levels: dict[int, LevelIndex] | None = None,
     ) -> float:
         """The time until the work ahead of the job has started and the job's own
         GPUs have freed (``point_wait_s``, shared with ``offers.predicted_wait_s``):
@@ -136,11 +140,12 @@ class Accounting:
         do not show, a reservation, a guarantee, a cap or fragments).
 
         ``own_ahead``: GPU-seconds queued in the job's own flow up to and
-        including the job itself. Cost: O(depth of the fair tree * siblings)
+        including the job itself; ``levels``: ``FairTree.work_ahead``'s cache
+        for a publish's many calls. Cost: O(depth of the fair tree * siblings)
         plus O(tiers)."""
         leaf = self.leaf_of(job)
         below: list[float] = []
-        ahead = self.fair.work_ahead(leaf, own_ahead, below)
+        ahead = self.fair.work_ahead(leaf, own_ahead, below, levels)
         capacity = self.index.free_total + self.running_gpus
         if capacity <= 0:
             capacity = sum(n.total for n in self.index.nodes.values())
@@ -532,8 +537,16 @@ class Accounting:
 
     def publish_estimates(self: Cell) -> None:
         """Refresh wait estimates of the jobs nearest the front of each flow,
-        publishing only those that moved by more than 20% (and 5 s)."""
+        publishing only those that moved by more than 20% (and 5 s).
+
+        Cost per publish: O(L) for the ``estimate_publish_limit`` L jobs
+        refreshed, each O(depth * log siblings) (``LevelIndex``, built once per
+        parent in O(siblings log siblings)), plus O(runs) for the GPUs each
+        flow holds and the bands' censoring, O(queued + kept refreshes)."""
         budget = self.config.estimate_publish_limit
+        # nothing here changes the fair tree: one LevelIndex per parent serves
+        # every refresh (O(log siblings) a level instead of O(siblings))
+        levels: dict[int, LevelIndex] = {}
         self.wait_bands.censor(self.now_ms)
         held: dict[tuple[str, ...], int] = {}  # by flow: (tier,), (tier, tenant), (..., user)
         for run in self.runs.values():
@@ -549,7 +562,7 @@ class Accounting:
                     return
                 job = self.jobs[job_id]
                 ahead += job.cost
-                wait = self.predicted_wait_s(job, ahead)
+                wait = self.predicted_wait_s(job, ahead, levels=levels)
                 old = job.wait_estimate_s
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait

@@ -48,7 +48,9 @@ on admission and on the estimate cadence, not per placement attempt.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import cast
 
 
@@ -322,24 +324,81 @@ class FairTree:
             touched[id(flow)] = flow
             flow = flow.parent
 
-    def work_ahead(self, leaf: Flow, own_ahead: float, below: list[float] | None = None) -> float:
+    def work_ahead(
+        self,
+        leaf: Flow,
+        own_ahead: float,
+        below: list[float] | None = None,
+        levels: dict[int, LevelIndex] | None = None,
+    ) -> float:
         """GPU-seconds the fair order serves before a job with ``own_ahead``
         GPU-seconds queued before it in its own leaf: at each level, every
         backlogged sibling gets served up to the virtual time this flow reaches.
         ``below``, when given, receives the work ahead as it stands before each
         level's siblings are added (leaf level first), so its last entry is the
-        work served ahead within the job's top-level flow (its tier)."""
+        work served ahead within the job's top-level flow (its tier).
+
+        ``levels``: a cache of ``LevelIndex`` per parent for many calls between
+        which no usage, backlog or membership changes (a publish of estimates):
+        each level then costs O(log siblings) instead of O(siblings)."""
         total = own_ahead
         ahead = own_ahead
         for flow in leaf.chain():
             if below is not None:
                 below.append(total)
             vt_end = flow.vt() + ahead / flow.weight
-            for sibling in cast(Flow, flow.parent).active.values():
-                if sibling is flow:
-                    continue
-                lead = (vt_end - sibling.vt()) * sibling.weight
-                if lead > 0:
-                    total += min(sibling.backlog, lead)
+            parent = cast(Flow, flow.parent)
+            if levels is not None:
+                index = levels.get(id(parent))
+                if index is None:
+                    index = levels[id(parent)] = LevelIndex(parent)
+                served = index.served(vt_end)
+                if flow.name in parent.active:  # not ahead of itself
+                    lead = (vt_end - flow.vt()) * flow.weight
+                    if lead > 0:
+                        served -= min(flow.backlog, lead)
+                total += max(0.0, served)
+            else:
+                for sibling in parent.active.values():
+                    if sibling is flow:
+                        continue
+                    lead = (vt_end - sibling.vt()) * sibling.weight
+                    if lead > 0:
+                        total += min(sibling.backlog, lead)
             ahead = total
         return total
+
+
+class LevelIndex:
+    """The backlogged children of one flow, for ``served(x)``: the GPU-seconds
+    they get while the fair order brings virtual time to ``x``,
+    ``sum(min(backlog, (x - vt) * weight) for children with vt < x)``.
+
+    A child contributes from its start ``vt`` linearly in ``x`` until its
+    backlog is spent at ``vt + backlog / weight``, then its backlog, so with
+    the starts and the ends sorted and prefix sums of ``weight`` and
+    ``vt * weight`` (``+ backlog`` at the ends), ``served(x) = x * W(starts
+    < x) - S(starts < x) - (x * W(ends <= x) - S'(ends <= x))``. Building is
+    O(n log n), ``served`` O(log n). Valid while no child's usage, backlog or
+    membership changes. Sums in another order than the scan's: equal to
+    about 1e-12 relative."""
+
+    __slots__ = ("starts", "start_w", "start_s", "ends", "end_w", "end_s")
+
+    def __init__(self, parent: Flow) -> None:
+        kids = [(f.vt(), f.weight, f.backlog) for f in parent.active.values()]
+        by_start = sorted(kids)
+        by_end = sorted(kids, key=lambda k: k[0] + k[2] / k[1])
+        self.starts = [k[0] for k in by_start]
+        self.ends = [k[0] + k[2] / k[1] for k in by_end]
+        self.start_w = list(accumulate((k[1] for k in by_start), initial=0.0))
+        self.start_s = list(accumulate((k[0] * k[1] for k in by_start), initial=0.0))
+        self.end_w = list(accumulate((k[1] for k in by_end), initial=0.0))
+        self.end_s = list(accumulate((k[0] * k[1] + k[2] for k in by_end), initial=0.0))
+
+    def served(self, x: float) -> float:
+        started = bisect_left(self.starts, x)
+        spent = bisect_right(self.ends, x)
+        return (x * self.start_w[started] - self.start_s[started]) - (
+            x * self.end_w[spent] - self.end_s[spent]
+        )
