@@ -264,7 +264,9 @@ def test_a_pick_costs_log_n_heap_operations(monkeypatch) -> None:
     assert large <= small * math.log2(8192) / math.log2(64) + 4
 
 
-def test_a_pass_searches_each_shape_once(monkeypatch) -> None:
+def _one_free_gpu_under(tenants: int) -> Cell:
+    """One 8-GPU node, 7 GPUs held by a long job, then ``tenants`` tenants'
+    2-GPU jobs queued (none fits the free GPU); passes test 256 candidates."""
     config = CellConfig(status_interval_s=0, estimate_interval_s=0, backfill_depth=256)
     cell = Cell(config, "c")
     cell.apply(
@@ -273,11 +275,17 @@ def test_a_pass_searches_each_shape_once(monkeypatch) -> None:
     cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
     small = ev.JobSpec(job_id="s", tenant="x", tier="paid", gpus=7, gpus_per_node=7, estimate_s=1e5)
     cell.apply(ev.JobAdmitted(event_id="a", ts_ms=0, spec=small))
-    for i in range(2000):  # 2,000 tenants, each a 2-GPU job: none fits on the 1 free GPU
+    for i in range(tenants):
         spec = ev.JobSpec(
             job_id=f"q{i}", tenant=f"t{i}", tier="paid", gpus=2, gpus_per_node=2, estimate_s=60
         )
         cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=0, spec=spec))
+    return cell
+
+
+def test_a_pass_searches_each_shape_once(monkeypatch) -> None:
+    # 2,000 tenants, each a 2-GPU job: none fits on the 1 free GPU
+    cell = _one_free_gpu_under(2000)
     searches = []
     find = cell.index.find
     monkeypatch.setattr(cell.index, "find", lambda *a: searches.append(a) or find(*a))
@@ -622,19 +630,7 @@ def test_a_walk_reads_a_jobs_shapes_once_not_per_pass(monkeypatch) -> None:
     # 1 GPU free, 300 tenants' 2-GPU jobs queued: every full pass tests 256 of
     # them; their shapes (and the spec's part of each search key) are built
     # once per job, so later passes read no job's shapes but the reservations'
-    config = CellConfig(status_interval_s=0, estimate_interval_s=0, backfill_depth=256)
-    cell = Cell(config, "c")
-    cell.apply(
-        ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n0", incarnation=1, cell="c", gpus=8)
-    )
-    cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
-    small = ev.JobSpec(job_id="s", tenant="x", tier="paid", gpus=7, gpus_per_node=7, estimate_s=1e5)
-    cell.apply(ev.JobAdmitted(event_id="a", ts_ms=0, spec=small))
-    for i in range(300):
-        spec = ev.JobSpec(
-            job_id=f"q{i}", tenant=f"t{i}", tier="paid", gpus=2, gpus_per_node=2, estimate_s=60
-        )
-        cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=0, spec=spec))
+    cell = _one_free_gpu_under(300)
     for job in cell.jobs.values():  # as a job from an older snapshot: no cache slot set
         del job.fit
     cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000))
