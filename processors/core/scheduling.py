@@ -417,47 +417,40 @@ class Scheduling:
     ) -> bool:
         """Place ``job`` in the shape that finishes earliest, if any fits.
         ``memo``: the pass's memo of searches that found no nodes (and of the
-        nodes reserved for others, ``PassMemo``)."""
-        if memo is not None and not (holder or claim_only):
-            return self._try_start_memo(job, why, memo)
-        best: tuple[Placement, tuple[int, int, float]] | None = None
-        for shape in self.shapes_of(job):
-            gpus, per_node, estimate = shape
-            if best is not None and estimate >= best[1][2]:
-                continue
-            if not job.spec.preemptible and not self.guarantees_allow(job, gpus):
-                continue
-            ok = self.node_filter(job, estimate, holder, claim_only)
-            placement = self.index.find(gpus, per_node, job.spec.model, ok)
-            if placement is not None:
-                best = (placement, shape)
-        if best is None:
-            return False
-        return self.commit(job, best[0], best[1], why)
-
-    def _try_start_memo(self: Cell, job: Job, why: str, memo: PassMemo) -> bool:
-        """``try_start`` for a job that holds no claim and no reservation, within
-        a walk: a search whose ``fit_key`` found no nodes earlier in the pass is
-        not made again. Per shape: O(1) for the key (its spec part cached on the
-        job, ``fit_shapes``) and the memo lookups, plus the search when new."""
+        nodes reserved for others, ``PassMemo``), for a job that holds no claim
+        and no reservation: a search whose ``fit_key`` found no nodes earlier in
+        the pass is not made again. Per shape: O(1) for the key (its spec part
+        cached on the job, ``fit_shapes``) and the memo lookups, plus the search
+        when new."""
+        if holder or claim_only:
+            memo = None
         best: tuple[Placement, tuple[int, int, float]] | None = None
         spec = job.spec
-        no_fit = memo.no_fit
-        for gpus, per_node, estimate, fixed in self.fit_shapes(job):
+        # outside a walk nothing is cached on the job (a refused start leaves the
+        # state as it was)
+        shapes = (
+            self.fit_shapes(job)
+            if memo is not None
+            else tuple((g, p, e, ()) for g, p, e in self.shapes_of(job))
+        )
+        for gpus, per_node, estimate, fixed in shapes:
             if best is not None and estimate >= best[1][2]:
                 continue
             if not spec.preemptible and not self.guarantees_allow(job, gpus):
                 continue
-            reserved = memo.reserved_for_others(self, job, estimate)
-            key = self.fit_key(fixed, spec, reserved)
-            if key in no_fit:
-                continue
-            ok = self.node_filter(job, estimate, False, False, reserved)
+            key: tuple | None = None
+            reserved: tuple[str, ...] | None = None
+            if memo is not None:
+                reserved = memo.reserved_for_others(self, job, estimate)
+                key = self.fit_key(fixed, spec, reserved)
+                if key in memo.no_fit:
+                    continue
+            ok = self.node_filter(job, estimate, holder, claim_only, reserved)
             placement = self.index.find(gpus, per_node, spec.model, ok)
             if placement is not None:
                 best = (placement, (gpus, per_node, estimate))
-            else:
-                no_fit[key] = None
+            elif key is not None and memo is not None:
+                memo.no_fit[key] = None
         if best is None:
             return False
         return self.commit(job, best[0], best[1], why)

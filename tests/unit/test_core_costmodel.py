@@ -646,10 +646,8 @@ def test_a_walk_reads_a_jobs_shapes_once_not_per_pass(monkeypatch) -> None:
 
     monkeypatch.setattr(cell, "shapes_of", counted)
     tested = []
-    memo_start = cell._try_start_memo
-    monkeypatch.setattr(
-        cell, "_try_start_memo", lambda j, *a: tested.append(j) or memo_start(j, *a)
-    )
+    start = cell.try_start
+    monkeypatch.setattr(cell, "try_start", lambda j, *a, **k: tested.append(j) or start(j, *a, **k))
     for t in range(2, 6):
         cell.apply(ev.Tick(event_id=f"t{t}", ts_ms=1000 * t, cell="c", now_ms=1000 * t))
     assert cell.queued_count == 300
