@@ -144,6 +144,20 @@ class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Dr
         self._out.append(out)
         return out
 
+    def hold_output(self) -> int:
+        """Keep the next output's place (and so its event id) for an event this
+        apply builds later, with ``emit_held``: an event that must go out first
+        but says what the rest of the apply decides."""
+        self._out.append(None)
+        return len(self._out) - 1
+
+    def emit_held(self, place: int, cls: type, **fields: Any) -> Any:
+        """Fill a place kept by ``hold_output`` (the event id ``emit`` would
+        have given an event emitted then)."""
+        out = cls(event_id=f"{self._pos}/{place}", ts_ms=self.now_ms, **fields)
+        self._out[place] = out
+        return out
+
     def instruct(self, cls: type, node: Node, job_id: str, run: int, reason: str) -> Any:
         """Emit the agent command ``cls`` (``StopRun``, ``CheckpointRun``,
         ``BeginRun``) for run ``run`` of ``job_id`` to ``node``'s current incarnation."""

@@ -52,8 +52,7 @@ class JobHandlers:
         # waits, whatever the free GPUs look like (a reservation, a guarantee or
         # a cap holds them: 46 % of batch jobs told "fits the free GPUs now"
         # waited, a quarter of them over 6,000 s, multitenant 10,000 jobs).
-        mark = len(self._out)
-        self._out.append(None)
+        place = self.hold_output()
         if self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job)):
             self.schedule(full=False)
         if job.state is JobState.QUEUED:
@@ -63,9 +62,9 @@ class JobHandlers:
         else:
             ahead = p50 = p90 = 0.0
         job.wait_estimate_s = ahead
-        self._out[mark] = ev.JobQueued(
-            event_id=f"{self._pos}/{mark}",
-            ts_ms=self.now_ms,
+        self.emit_held(
+            place,
+            ev.JobQueued,
             job_id=spec.job_id,
             tenant=spec.tenant,
             tier=spec.tier,
