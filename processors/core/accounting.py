@@ -127,8 +127,11 @@ class Accounting:
         s in a full cell whose jobs start within a second of the next end). The
         work ahead starts on GPUs as the running work ends, so the more there
         is, the more of the running work the job waits behind: all of it once
-        ``A >= R`` (a flood's deep queue, where ``(A + R) / capacity`` is
-        measured right to 1 %).
+        ``A >= R`` (a flood's deep queue). That overshoots a deep job by the
+        residual of the runs in flight when it starts (the work ahead has then
+        started, not ended): on the default flood a deep job waits its point
+        minus ~53 s, 3 s spread, cold starts giving some of it back; the bands
+        learn it once jobs start (``waitbands``).
 
         At least the work ahead within each of the job's flows over the GPUs
         that flow drains at (``drain_wait_s``): the fair order sees only the
@@ -181,8 +184,8 @@ class Accounting:
         use their share (measured: the default flood's forecasts went from
         87.6 to 93.8 % under their P50 with it). On refreshes the lower levels
         made the refreshed P50 cover 77.7 % (their own multipliers did not
-        absorb it), so they are left out there. O(depth) plus, once per change
-        of the fair tree's queues, O(siblings) per level (``active_weight``)."""
+        absorb it), so they are left out there. O(siblings) per level used: the
+        tiers' on a refresh, every level's at admission (as ``work_ahead``)."""
         path = (job.tier, job.tenant, job.user)
         flows = list(leaf.chain())  # the user's flow, its tenant's, its tier's
         held_by = self.wait_bands.held
@@ -194,7 +197,7 @@ class Accounting:
                 break
             flow = flows[level]
             parent = cast(Flow, flow.parent)
-            total = self.active_weight(parent)
+            total = sum(f.weight for f in parent.active.values())
             if flow.name not in parent.active:
                 total += flow.weight
             share *= flow.weight / total if total > 0 else 1.0
@@ -206,22 +209,6 @@ class Accounting:
                 continue
             wait = max(wait, work / max(share, held or 0.0, 1.0))
         return wait
-
-    def active_weight(self: Cell, parent: Flow) -> float:
-        """The summed weights of ``parent``'s backlogged children, memoised until
-        the fair tree's queues next change (``FairTree.version``): a publish
-        refreshes hundreds of jobs of the same flows between two changes.
-        O(siblings) on a miss, O(1) on a hit."""
-        version = self.fair.version
-        memo: tuple[int, dict[int, float]] | None = self.__dict__.get("_active_weights")
-        if memo is None or memo[0] != version:
-            memo = (version, {})
-            self.__dict__["_active_weights"] = memo
-        table = memo[1]
-        total = table.get(id(parent))
-        if total is None:
-            total = table[id(parent)] = sum(f.weight for f in parent.active.values())
-        return total
 
     def running_left_gpu_s(self: Cell) -> float:
         """GPU-seconds the running work still needs by its estimates (never
@@ -380,10 +367,8 @@ class Accounting:
     def __getstate__(self: Cell) -> dict:
         """A snapshot leaves out caches of outputs (rebuilt on first use)."""
         state = self.__dict__
-        if "_status_cache" in state or "_active_weights" in state:
-            state = {
-                k: v for k, v in state.items() if k not in ("_status_cache", "_active_weights")
-            }
+        if "_status_cache" in state:
+            state = {k: v for k, v in state.items() if k != "_status_cache"}
         return state
 
     def __setstate__(self: Cell, state: dict) -> None:

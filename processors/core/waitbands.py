@@ -283,14 +283,10 @@ class WaitBands:
         # censored jobs by bucket (one pass, no call per job: this runs over
         # every queued job and every kept refresh on each estimate cadence)
         groups: dict[tuple[str, int, bool], dict[int, float]] = {}
-        log2, low, high, step = math.log2, LOW, HIGH, STEP
 
         def add(group: dict[int, float], since_ms: int, point_s: float) -> None:
-            waited_s = (now_ms - since_ms) / 1000
-            if waited_s < 0:
-                waited_s = 0.0
-            lr = log2((waited_s + FLOOR_S) / (point_s + FLOOR_S))
-            i = int(round((min(high, max(low, lr)) - low) / step))
+            waited_s = max(0.0, (now_ms - since_ms) / 1000)
+            i = _bucket(math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S)))
             group[i] = group.get(i, 0.0) + 1.0
 
         for tier, admitted_ms, point_s in self.pending.values():
