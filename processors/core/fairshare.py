@@ -41,8 +41,9 @@ O(1) amortized each. ``pick`` is then O(depth * log n) amortized, where n is
 the number of backlogged siblings; the scan it replaces was O(n) per level
 per placement attempt. Ties go to the flow that became backlogged first,
 exactly as the scan over the insertion-ordered ``active`` dict did.
-``work_ahead`` still visits every backlogged sibling (O(n) per level); it runs
-on admission and on the estimate cadence, not per placement attempt.
+``work_ahead`` visits every backlogged sibling (O(n) per level) on admission;
+a publish of estimates, whose many calls see one unchanged tree, reads each
+level off a ``LevelIndex`` in O(log n). Neither runs per placement attempt.
 """
 
 from __future__ import annotations

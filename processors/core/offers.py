@@ -29,9 +29,11 @@ through the functions here:
    residual per running GPU, and a share ``min(1, A / R)`` of the rest of the
    running work ``R``, over the capacity; or 0 when nothing is queued ahead and
    enough GPUs of the type are free. The running GPUs are the offer's capacity
-   less its free GPUs, so no new field. (The cell also tells 0 to a job that
-   fits its free GPUs now despite work ahead; an offer has no free GPUs per
-   node, so admission does not.)
+   less its free GPUs, so no new field. (The cell's own estimate adds what an
+   offer cannot carry: it is told after the admission's pass, and each
+   fair-share flow drains at the GPUs it held lately,
+   ``Accounting.drain_wait_s``; so a job the edge lets through can be told a
+   longer wait by its cell.)
 4. ``best_host``: the host with the lowest wait (ties: the order of ``cells``),
    or None when no live offer hosts the job: unknown, never refused.
 5. ``wait_refusal``: the best host's wait exceeds the limit that cell publishes
