@@ -64,10 +64,8 @@ class GangHandlers:
             return
         if job is not None:
             job.state = lc.next_state(job.job_id, job.state, "start")
-        run.phase = RunPhase.RUNNING
-        run.started_ms = run.last_report_ms = self.now_ms
-        self.refile_release(run)  # its static end moved with its start
-        self.assigned_unstarted.pop(run.key, None)
+        run.last_report_ms = self.now_ms
+        self.run_started(run)
         self.gang_runs[run.key] = None
         floor = self.__dict__.get("_gang_seen_floor")
         if floor is not None:  # keep it a lower bound of every running gang's reports

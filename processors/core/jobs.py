@@ -200,11 +200,18 @@ class JobHandlers:
             return
         job.state = lc.next_state(job.job_id, job.state, "start")
         if run.phase == RunPhase.ASSIGNED:
-            run.phase = RunPhase.RUNNING
-            run.started_ms = self.now_ms
             run.last_report_ms = self.now_ms
-            self.refile_release(run)  # its static end moved with its start
-            self.assigned_unstarted.pop(run.key, None)
+            self.run_started(run)
+
+    def run_started(self: Cell, run: Run) -> None:
+        """An ASSIGNED run's processes hold their GPUs (its ``RunStarted``, a
+        heartbeat listing it, or a gang's last member at the barrier): it runs
+        from now, so its static end moves with its start and its release slices
+        are filed again (``refile_release``), and it is no longer awaited."""
+        run.phase = RunPhase.RUNNING
+        run.started_ms = self.now_ms
+        self.refile_release(run)
+        self.assigned_unstarted.pop(run.key, None)
 
     def on_run_checkpointed(self: Cell, event: ev.RunCheckpointed) -> None:
         run = self.fenced_run(event)

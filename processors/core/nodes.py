@@ -235,10 +235,7 @@ class NodeHandlers:
                 elif job is None or not self.refused(job, "start", event):
                     if job is not None:
                         job.state = lc.next_state(job.job_id, job.state, "start")
-                    run.phase = RunPhase.RUNNING
-                    run.started_ms = self.now_ms
-                    self.refile_release(run)  # its static end moved with its start
-                    self.assigned_unstarted.pop(key, None)
+                    self.run_started(run)
             elif (
                 run.phase == RunPhase.STOPPING and self.now_ms - run.stop_sent_ms >= STOP_RESEND_MS
             ):
