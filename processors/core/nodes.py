@@ -68,7 +68,7 @@ class NodeHandlers:
             event.mem_gb,
             self.now_ms,
         )
-        self._forget_bucket(event.node_id)
+        self.index.forget_bucket(event.node_id)
         self.index.add(node)
         self.touch(node)
         self.emit(
@@ -80,12 +80,6 @@ class NodeHandlers:
         )
         if self.queued_count:
             self.schedule(full=False)
-
-    def _forget_bucket(self: Cell, node_id: str) -> None:
-        old = self.index.bucket_of.pop(node_id, None)
-        if old is not None:
-            del self.index.buckets[old][node_id]
-            self.index.free_total -= old
 
     def touch(self: Cell, node: Node) -> None:
         node.last_seen_ms = self.now_ms

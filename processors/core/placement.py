@@ -13,13 +13,27 @@ preferring the rail that fits tightest; otherwise it spans rails and says so.
 A placement is all-or-nothing: ``find`` only reads; the caller commits the
 whole placement in one step. Every scan is in a deterministic order (bucket,
 then insertion order of nodes).
+
+The warm preference looks at a model's first ``WARM_SCAN_LIMIT * 8`` warm
+nodes (in the order they became warm) and takes the fullest that fits. It
+was a scan of those nodes' buckets, ~470 lookups (37 us) per placement on a
+2,000-node cell with eight models: a fifth of the light bench. The index now
+keeps, per model and free count, the warm nodes' stamps (a counter taken when
+a node joins the model's warm set, so stamp order is warm order) in sorted
+lists, maintained where a node's bucket or warm set changes (``refresh``,
+``mark_warm``, ``forget_bucket``: O(models warm on the node * (log n + the
+list's memmove))). A search reads the buckets from ``k`` up and stops at the
+first stamp past the window's last (``_warm_cut``, cached until the model's
+warm set loses a node), so it decides exactly as the scan did
+(``tests/unit/core_oracle.py`` keeps the scan).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from itertools import compress, islice, repeat
+from itertools import islice
 
 from framespool.schemas.events import NodeSlice
 
@@ -41,10 +55,74 @@ class NodeIndex:
         self.nodes: dict[str, Node] = {}
         self.buckets: dict[int, dict[str, None]] = {}  # free count -> nodes
         self.bucket_of: dict[str, int] = {}
-        self.warm_nodes: dict[str, dict[str, None]] = {}  # model -> nodes
+        # model -> node -> stamp, in the order nodes became warm (stamps increase)
+        self.warm_nodes: dict[str, dict[str, int]] = {}
         self.free_total = 0
         self.max_gpus = 0
         self.freed = 0  # bumped whenever a node gains free GPUs: memos of "no fit" expire
+        self._init_warm_buckets()
+
+    def _init_warm_buckets(self) -> None:
+        """The warm index (module doc): derived from ``warm_nodes`` and ``bucket_of``."""
+        self.warm_stamp = 0  # the next stamp
+        self.stamp_node: dict[int, str] = {}
+        self.warm_of: dict[str, dict[str, int]] = {}  # node -> model -> stamp
+        # model -> free count -> sorted stamps of the model's warm nodes in that bucket
+        self.warm_buckets: dict[str, dict[int, list[int]]] = {}
+        self.warm_cuts: dict[str, int] = {}  # model -> stamp of its window's last node
+        for model, warm in self.warm_nodes.items():
+            for node_id in list(warm):
+                del warm[node_id]
+                self._join_warm(model, node_id)
+
+    def __setstate__(self, state: dict) -> None:
+        """A snapshot from before the warm index (``warm_nodes`` of None values)
+        gets it rebuilt, in the same warm order."""
+        self.__dict__.update(state)
+        if "warm_buckets" not in state:
+            self._init_warm_buckets()
+
+    def _join_warm(self, model: str, node_id: str) -> None:
+        stamp = self.warm_stamp
+        self.warm_stamp += 1
+        self.warm_nodes.setdefault(model, {})[node_id] = stamp
+        self.stamp_node[stamp] = node_id
+        self.warm_of.setdefault(node_id, {})[model] = stamp
+        free = self.bucket_of.get(node_id)
+        if free is not None:
+            insort(self.warm_buckets.setdefault(model, {}).setdefault(free, []), stamp)
+
+    def _leave_warm(self, model: str, node_id: str) -> None:
+        stamp = self.warm_nodes[model].pop(node_id)
+        del self.stamp_node[stamp]
+        del self.warm_of[node_id][model]
+        self.warm_cuts.pop(model, None)
+        free = self.bucket_of.get(node_id)
+        if free is not None:
+            stamps = self.warm_buckets[model][free]
+            del stamps[bisect_left(stamps, stamp)]
+
+    def _move_warm(self, node_id: str, old: int | None, new: int | None) -> None:
+        """Re-file a node's warm stamps from bucket ``old`` to ``new`` (None: none)."""
+        for model, stamp in self.warm_of.get(node_id, {}).items():
+            by_free = self.warm_buckets.setdefault(model, {})
+            if old is not None:
+                stamps = by_free[old]
+                del stamps[bisect_left(stamps, stamp)]
+            if new is not None:
+                insort(by_free.setdefault(new, []), stamp)
+
+    def _warm_cut(self, model: str, warm: dict[str, int]) -> int:
+        """The stamp of the last node inside the model's warm window (its first
+        ``WARM_SCAN_LIMIT * 8`` warm nodes). O(1) while cached; else O(window),
+        in C, once per change of the window (a node leaving the warm set)."""
+        scan = WARM_SCAN_LIMIT * 8
+        if len(warm) <= scan:
+            return self.warm_stamp
+        cut = self.warm_cuts.get(model)
+        if cut is None:
+            cut = self.warm_cuts[model] = next(islice(warm.values(), scan - 1, None))
+        return cut
 
     # -- bookkeeping ---------------------------------------------------------
     def add(self, node: Node) -> None:
@@ -58,6 +136,7 @@ class NodeIndex:
         if old is not None:
             del self.buckets[old][node.node_id]
             self.free_total -= old
+        new = None
         if node.schedulable:
             free = node.free_count()
             if old is None or free > old:
@@ -68,6 +147,18 @@ class NodeIndex:
                 self.buckets.setdefault(free, {})[node.node_id] = None
                 self.bucket_of[node.node_id] = free
                 self.free_total += free
+                new = free
+        if old != new and node.node_id in self.warm_of:
+            self._move_warm(node.node_id, old, new)
+
+    def forget_bucket(self, node_id: str) -> None:
+        """Take a node out of the buckets (it is being replaced)."""
+        old = self.bucket_of.pop(node_id, None)
+        if old is not None:
+            del self.buckets[old][node_id]
+            self.free_total -= old
+            if node_id in self.warm_of:
+                self._move_warm(node_id, old, None)
 
     def mark_warm(self, node: Node, gpus: tuple[int, ...], model: str) -> None:
         """These GPUs now hold ``model``'s weights (one model per GPU): the node
@@ -75,10 +166,12 @@ class NodeIndex:
         evicted = {node.warm[i] for i in gpus if node.warm[i] and node.warm[i] != model}
         for i in gpus:
             node.warm[i] = model
+        node_id = node.node_id
         for old in sorted(evicted):
-            if old not in node.warm:
-                self.warm_nodes.get(old, {}).pop(node.node_id, None)
-        self.warm_nodes.setdefault(model, {})[node.node_id] = None
+            if old not in node.warm and node_id in self.warm_nodes.get(old, ()):
+                self._leave_warm(old, node_id)
+        if node_id not in self.warm_nodes.get(model, ()):
+            self._join_warm(model, node_id)
 
     def largest_free(self, barred: Collection[str] = ()) -> int:
         """The most free healthy GPUs on any one schedulable node not in ``barred``.
@@ -111,19 +204,22 @@ class NodeIndex:
 
     def _single(self, k: int, model: str, ok: NodeFilter) -> Placement | None:
         """The fullest node with ``k`` free GPUs that ``ok`` accepts, a node warm
-        with ``model`` first (among the first ``WARM_SCAN_LIMIT * 8`` warm ones).
+        with ``model`` first (among its first ``WARM_SCAN_LIMIT * 8`` warm
+        nodes: the fullest that fits, the earliest warm among equals).
 
         Cost: O(F) ``ok`` calls up to the first best-fit node; only when one
-        exists, the warm scan (a warm node is one of those fitting nodes, so
+        exists, the warm search (a warm node is one of those fitting nodes, so
         with none there is no warm one either: a search that finds nothing,
-        most of them in a backlog, skips the warm scan)."""
+        most of them in a backlog, skips it): O(max GPUs per node) buckets and
+        one ``ok`` per warm node of a bucket passed over (module doc)."""
         fit: Node | None = None
+        nodes = self.nodes
         for free in range(k, self.max_gpus + 1):
             bucket = self.buckets.get(free)
             if not bucket:
                 continue
             for node_id in bucket:
-                node = self.nodes[node_id]
+                node = nodes[node_id]
                 if ok(node):
                     fit = node
                     break
@@ -133,26 +229,16 @@ class NodeIndex:
             return None
         warm = self.warm_nodes.get(model)
         if warm:
-            best: Node | None = None
-            bucket_of = self.bucket_of
-            # the first WARM_SCAN_LIMIT * 8 warm nodes, in order, less those with
-            # fewer than k free GPUs: busy warm nodes are passed over by C-level
-            # iterators (one lookup each), not by a Python loop
-            scan = WARM_SCAN_LIMIT * 8
-            roomy = map(k.__le__, map(bucket_of.get, islice(warm, scan), repeat(0)))
-            for node_id in compress(islice(warm, scan), roomy):
-                free = bucket_of[node_id]
-                node = self.nodes[node_id]
-                if (
-                    ok(node)
-                    and self._warm_free(node, model) > 0
-                    and (best is None or free < bucket_of[best.node_id])
-                ):
-                    best = node
-                    if free == k:
-                        break  # a perfect fit cannot be beaten
-            if best is not None:
-                return Placement((self._slice(best, k, model),), "bin-pack: warm model")
+            by_free = self.warm_buckets.get(model, {})
+            cut = self._warm_cut(model, warm)
+            stamp_node = self.stamp_node
+            for free in range(k, self.max_gpus + 1):
+                for stamp in by_free.get(free, ()):
+                    if stamp > cut:
+                        break  # past the window: so are the rest of this bucket
+                    node = nodes[stamp_node[stamp]]
+                    if ok(node) and self._warm_free(node, model) > 0:
+                        return Placement((self._slice(node, k, model),), "bin-pack: warm model")
         free = self.bucket_of[fit.node_id]
         why = "bin-pack: whole node" if free == fit.total == k else "bin-pack: best fit"
         return Placement((self._slice(fit, k, model),), why)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import islice
 
-from framespool.processors.core import Cell, CellConfig
+from framespool.processors.core import Cell, CellConfig, placement
 from framespool.processors.core.config import TenantConfig, TierConfig
 from framespool.processors.core.fairshare import FairTree, Flow
+from framespool.processors.core.model import Node
+from framespool.processors.core.placement import NodeIndex, Placement
 from framespool.schemas.states import NodeState
 
 
@@ -90,10 +93,42 @@ class NaiveFairTree(FairTree):
         return flow if flow is not self.root else None
 
 
+class NaiveNodeIndex(NodeIndex):
+    def _single(self, k, model, ok) -> Placement | None:
+        """The warm preference as a scan of the model's first warm nodes in warm order."""
+        fit: Node | None = None
+        for free in range(k, self.max_gpus + 1):
+            for node_id in self.buckets.get(free, ()):
+                if ok(self.nodes[node_id]):
+                    fit = self.nodes[node_id]
+                    break
+            if fit is not None:
+                break
+        if fit is None:
+            return None
+        best: Node | None = None
+        for node_id in islice(self.warm_nodes.get(model, ()), placement.WARM_SCAN_LIMIT * 8):
+            free = self.bucket_of.get(node_id, 0)
+            node = self.nodes[node_id]
+            if (
+                free >= k
+                and ok(node)
+                and self._warm_free(node, model) > 0
+                and (best is None or free < self.bucket_of[best.node_id])
+            ):
+                best = node
+        if best is not None:
+            return Placement((self._slice(best, k, model),), "bin-pack: warm model")
+        free = self.bucket_of[fit.node_id]
+        why = "bin-pack: whole node" if free == fit.total == k else "bin-pack: best fit"
+        return Placement((self._slice(fit, k, model),), why)
+
+
 class NaiveCell(Cell):
     def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
         super().__init__(naive_config(config or CellConfig()), cell_id)
         self.fair = NaiveFairTree(self.config.idle_credit_gpu_s)
+        self.index = NaiveNodeIndex()
 
     def try_start(self, job, why, holder=False, claim_only=False, memo=None) -> bool:
         return super().try_start(job, why, holder, claim_only, None)

@@ -32,6 +32,7 @@ from framespool.processors.sim.engine import SimOptions, Simulation
 from framespool.processors.sim.policies import POLICIES
 from framespool.processors.sim.workload import synthetic
 from framespool.schemas import events as ev
+from framespool.schemas.states import NodeState
 from tests.unit.core_oracle import NaiveCell, NaiveFairTree, naive_releases
 
 
@@ -654,3 +655,128 @@ def test_a_walk_reads_a_jobs_shapes_once_not_per_pass(monkeypatch) -> None:
     # four more passes of 256 candidates: only jobs no pass had tested yet build
     assert len(builds) <= uncached, len(builds)
     assert len(tested) >= 256, len(tested)  # the passes did walk
+
+
+def _old_format(index: NodeIndex) -> NodeIndex:
+    """``index`` as a snapshot from before the warm index would restore it."""
+    state = pickle.loads(pickle.dumps(index)).__dict__
+    for name in ("warm_stamp", "stamp_node", "warm_of", "warm_buckets", "warm_cuts"):
+        del state[name]
+    state["warm_nodes"] = {m: dict.fromkeys(nodes) for m, nodes in state["warm_nodes"].items()}
+    restored = NodeIndex.__new__(NodeIndex)
+    restored.__setstate__(state)
+    return restored
+
+
+_MODELS = ("m0", "m1", "m2")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), window=st.sampled_from([1, 2, 64]))
+def test_warm_index_places_as_the_warm_scan(data, window) -> None:
+    # The bucketed warm index picks the node the scan of a model's first
+    # WARM_SCAN_LIMIT * 8 warm nodes picked, under random takes, frees, warm
+    # loads, health-written warm models, drains and re-registrations; a window
+    # of 8 or 16 nodes makes the window's edge matter with few nodes, and a
+    # restore from an old snapshot rebuilds the index in the same warm order.
+    from tests.unit.core_oracle import NaiveNodeIndex
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("framespool.processors.core.placement.WARM_SCAN_LIMIT", window)
+        count = data.draw(st.integers(4, 24), label="nodes")
+        fast, naive = NodeIndex(), NaiveNodeIndex()
+        incarnation = {}
+
+        def add(index: NodeIndex, n: int) -> None:
+            index.add(Node(f"n{n}", incarnation.get(n, 1), 8, "H100", "r0", 0.0, 0.0, 0))
+
+        for n in range(count):
+            add(fast, n)
+            add(naive, n)
+        for step in range(data.draw(st.integers(1, 60), label="steps")):
+            op = data.draw(
+                st.sampled_from(
+                    ["take", "free", "warm", "health", "state", "rereg", "find", "restore"]
+                )
+            )
+            n = data.draw(st.integers(0, count - 1))
+            if op == "restore":
+                fast = _old_format(fast)
+                continue
+            if op == "find":
+                k = data.draw(st.sampled_from([1, 2, 4, 8]))
+                model = data.draw(st.sampled_from(_MODELS))
+                barred = data.draw(st.sets(st.integers(0, count - 1), max_size=count))
+                names = {f"n{b}" for b in barred}
+
+                def ok(node: Node, names: set = names) -> bool:
+                    return node.node_id not in names
+
+                got, want = fast.find(k, 8, model, ok), naive.find(k, 8, model, ok)
+                assert got == want, (step, k, model)
+                continue
+            if op == "rereg":
+                incarnation[n] = incarnation.get(n, 1) + 1
+                for index in (fast, naive):
+                    index.forget_bucket(f"n{n}")
+                    add(index, n)
+                continue
+            gpus = tuple(sorted(data.draw(st.sets(st.integers(0, 7), min_size=1, max_size=8))))
+            model = data.draw(st.sampled_from(_MODELS))
+            state = data.draw(st.sampled_from([NodeState.UP, NodeState.DRAINING]))
+            for index in (fast, naive):
+                node = index.nodes[f"n{n}"]
+                if op == "take":
+                    for i in gpus:
+                        node.owner[i] = node.owner[i] or ("run", step)
+                elif op == "free":
+                    for i in gpus:
+                        node.owner[i] = None
+                elif op == "warm":
+                    index.mark_warm(node, gpus, model)
+                elif op == "health":
+                    node.warm[gpus[0]] = model  # a heartbeat's warm model, not via mark_warm
+                else:
+                    node.state = state
+                index.refresh(node)
+            assert fast.bucket_of == naive.bucket_of
+        for model in _MODELS:
+            for k in (1, 2, 4, 8):
+                assert fast.find(k, 8, model, lambda node: True) == naive.find(
+                    k, 8, model, lambda node: True
+                )
+
+
+def test_the_warm_window_ends_where_the_scan_stopped() -> None:
+    # Twelve nodes warm with "m" in order n0..n11 and a window of 8: the warm
+    # preference sees n0..n7 only. With just n10 free among them, the search
+    # takes the best-fit node (not n10 as a warm one), as the scan did; once n3
+    # leaves the warm set, the window reaches n8 (still not n10); with n5 free
+    # too, n5 wins as warm.
+    from tests.unit.core_oracle import NaiveNodeIndex
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("framespool.processors.core.placement.WARM_SCAN_LIMIT", 1)
+        for index in (NodeIndex(), NaiveNodeIndex()):
+            for n in range(12):
+                node = Node(f"n{n}", 1, 8, "H100", "r0", 0.0, 0.0, 0)
+                node.owner[:] = [("busy", n)] * 8
+                index.add(node)
+                index.mark_warm(node, (0,), "m")
+            cold = Node("c", 1, 8, "H100", "r0", 0.0, 0.0, 0)
+            cold.owner[1:] = [("busy", 99)] * 7
+            index.add(cold)  # one free GPU, cold: the best fit for 1 GPU
+            n10 = index.nodes["n10"]
+            n10.owner[0] = None
+            index.refresh(n10)
+            found = index.find(1, 8, "m", lambda node: True)
+            assert found is not None and found.slices[0].node_id == "c", type(index)
+            index.mark_warm(index.nodes["n3"], (0,), "other")
+            found = index.find(1, 8, "m", lambda node: True)
+            assert found is not None and found.slices[0].node_id == "c", type(index)
+            n5 = index.nodes["n5"]
+            n5.owner[0] = None
+            index.refresh(n5)
+            found = index.find(1, 8, "m", lambda node: True)
+            assert found is not None and found.slices[0].node_id == "n5"
+            assert found.reason == "bin-pack: warm model"
