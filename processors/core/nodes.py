@@ -271,11 +271,15 @@ class NodeHandlers:
                 )
 
     def note_step_rate(self: Cell, node: Node, run: Run, rate: float) -> None:
-        run.step_rate = rate
-        rates = self.model_rates.setdefault(run.model_version, {})
-        rates[run.key] = rate
+        """O(1). A run that reports the rate it reported last, not a straggler
+        then or now, changes nothing (its rate is already filed)."""
         median = self.model_median.get(run.model_version, 0.0)
-        if is_straggler(rate, median, self.config):
+        straggling = is_straggler(rate, median, self.config)
+        if rate == run.step_rate and not straggling and not run.slow_strikes:
+            return
+        run.step_rate = rate
+        self.model_rates.setdefault(run.model_version, {})[run.key] = rate
+        if straggling:
             run.slow_strikes += 1
             if run.slow_strikes == self.config.straggler_strikes and node.state == NodeState.UP:
                 self.set_node_state(

@@ -37,7 +37,7 @@ from itertools import islice
 
 from framespool.schemas.events import NodeSlice
 
-from .model import Node
+from .model import _GPU_OK, Node
 
 NodeFilter = Callable[[Node], bool]
 
@@ -279,7 +279,17 @@ class NodeIndex:
 
     @staticmethod
     def _warm_free(node: Node, model: str) -> int:
-        return sum(1 for i in node.free_gpus() if node.warm[i] == model)
+        """1 if a free healthy GPU of ``node`` holds ``model``'s weights, else 0.
+        O(GPUs warm with the model): the C-level ``index`` finds them."""
+        warm = node.warm
+        i = -1
+        try:
+            while True:
+                i = warm.index(model, i + 1)
+                if node.owner[i] is None and node.gpu_state[i] == _GPU_OK:
+                    return 1
+        except ValueError:
+            return 0
 
     @staticmethod
     def _slice(node: Node, k: int, model: str) -> NodeSlice:
