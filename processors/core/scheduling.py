@@ -566,6 +566,7 @@ class Scheduling:
         self.fair.charge_start(self.leaf_of(job), charged)
         self.running_end_gpu_s += gpus * (self.now_ms / 1000 + estimate)
         self.running_gpus += gpus
+        self.note_run_start(gpus, estimate)
         self.push_limit(run)
         self.assigned_unstarted[run.key] = None
         if job.job_id == self.reservation_job:

@@ -52,7 +52,7 @@ def test_a_starved_tier_drains_at_its_fair_share_not_at_the_cell():
     assert h.cell.wait_bands.held_gpus(("batch",)) == 0
     told = tenth_batch_job(h)
     # 900 GPU-s of batch ahead, at batch's 2 GPUs; the cell-wide arithmetic
-    # (the 930 GPU-s ahead and one residual of 2,300 s over 16 GPUs) says ~256 s
+    # (the 930 GPU-s ahead and one residual of 2,300 s over 16 GPUs) says ~190 s
     assert told.wait_estimate_s == pytest.approx(900 / 2, rel=1e-3)
 
 
@@ -61,9 +61,13 @@ def test_a_tier_that_holds_gpus_drains_at_what_it_holds():
     assert h.cell.wait_bands.held_gpus(("batch",)) == 16  # the first sample, 30 s in, on
     told = tenth_batch_job(h)
     # 900 GPU-s at 16 GPUs is below the cell-wide estimate: that one stands
+    # (``point_wait_s``: the runs started are 5,000 s each, so a busy GPU has
+    # 2,500 s left on average when the work ahead has started)
     r = 5000 - 2701
+    extra = 16 * r - r
     assert told.wait_estimate_s < 900 / 2
-    assert told.wait_estimate_s == pytest.approx((930 + r + 930 * (1 - 1 / 16)) / 16, rel=0.02)
+    expect = (930 + r + 930 / (16 * r) * (extra - 16 * 2500)) / 16
+    assert told.wait_estimate_s == pytest.approx(expect, rel=0.02)
 
 
 def test_a_job_passed_over_by_its_admission_pass_is_not_told_it_starts_now():
@@ -145,7 +149,7 @@ def test_a_heavy_tenant_drains_at_what_it_holds_within_its_tier():
         h.submit(f"h{i}", tenant="heavy", gpus=1, estimate_s=1000)
     told = queued(h.submit("h9", tenant="heavy", gpus=1, estimate_s=1000))
     # its own 9,000 GPU-s ahead at the 4 GPUs it holds; the fair order's
-    # arithmetic over the cell (9,070 GPU-s ahead, 2,300 s residuals) says ~1,240 s
+    # arithmetic over the cell (9,070 GPU-s ahead, 2,300 s residuals) says ~630 s
     assert told.wait_estimate_s == pytest.approx(9000 / 4, rel=1e-3)
 
 
@@ -157,6 +161,6 @@ def test_a_tenant_with_no_record_of_service_has_the_fair_order_arithmetic_alone(
     told = queued(h.submit("f9", tenant="fresh", gpus=1, estimate_s=1000))
     r = 5000 - 2701
     ahead = 9000 + 70
-    expect = (ahead + r + ahead / (16 * r) * (16 * r - r)) / 16
+    expect = (ahead + r + ahead / (16 * r) * (16 * r - r - 16 * 2500)) / 16
     assert told.wait_estimate_s == pytest.approx(expect, rel=0.02)
     assert told.wait_estimate_s < 9000 / 2  # not its 2-GPU share floor
