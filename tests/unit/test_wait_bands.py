@@ -16,6 +16,9 @@ from framespool.processors.core.waitbands import (
     FLOOR_S,
     PRIOR,
     REFRESH,
+    SIGMA_JOB,
+    SIGMA_SYS,
+    Z90,
     WaitBands,
     depth_prior,
     estimate_class,
@@ -227,9 +230,12 @@ def _deep_queue_shares(depth_aware: bool, jobs: int = 1000) -> tuple[float, floa
     ``n`` jobs deep is told the fluid point estimate (n jobs' estimated run
     time over the capacity); its actual wait is the same sum of *actual* run
     times, each job's a lognormal draw whose mean is its estimate (log-spread
-    0.55: a relative spread of ~0.59, the prior's ``SIGMA_JOB``). Depths are log-uniform from 2 to
-    2000, each job an independent queue so the shares are a fair sample.
-    Returns the shares of jobs that waited at most their P50 and their P90."""
+    0.55: a relative spread of ~0.59, the prior's ``SIGMA_JOB``), times one
+    factor for the whole queue (log-normal, ``SIGMA_SYS``: the queue's run
+    times against its estimates, which no depth averages away). Depths are
+    log-uniform from 2 to 2000, each job an independent queue so the shares
+    are a fair sample. Returns the shares of jobs that waited at most their
+    P50 and their P90."""
     import random
 
     rng = random.Random(7)
@@ -241,7 +247,7 @@ def _deep_queue_shares(depth_aware: bool, jobs: int = 1000) -> tuple[float, floa
         point = depth * mean_s / capacity
         p50, p90 = bands.band("paid", point, float(depth) if depth_aware else 1.0)
         ran = sum(rng.lognormvariate(0.0, 0.55) for _ in range(depth)) / math.exp(0.55**2 / 2)
-        actual = ran * mean_s / capacity
+        actual = ran * rng.lognormvariate(0.0, SIGMA_SYS) * mean_s / capacity
         le50 += actual <= p50
         le90 += actual <= p90
     return le50 / jobs, le90 / jobs
@@ -264,7 +270,10 @@ def test_the_depth_prior_is_the_old_prior_one_job_deep_and_narrows_after():
     assert depth_prior(1.0) == PRIOR and depth_prior(0.0) == PRIOR
     m90s = [depth_prior(d)[1] for d in (2.0, 10.0, 100.0, 10_000.0)]
     assert m90s == sorted(m90s, reverse=True) and m90s[0] < PRIOR[1]
-    assert 1.0 < m90s[-1] < 1.05  # a floor remains (what the sum does not average away)
+    # a floor remains: what the sum does not average away (SIGMA_SYS), and no more
+    floor = math.exp(Z90 * SIGMA_SYS)
+    assert SIGMA_SYS > 0 and floor < m90s[-1] < floor * 1.01
+    assert m90s[-1] == math.exp(Z90 * math.sqrt(SIGMA_SYS**2 + SIGMA_JOB**2 / 10_000.0))
 
 
 def test_cell_gives_a_deep_job_a_narrower_band_than_a_shallow_one():
@@ -285,7 +294,8 @@ def test_cell_gives_a_deep_job_a_narrower_band_than_a_shallow_one():
     ratio = lambda q: (q.wait_p90_s + FLOOR_S) / (q.wait_p50_s + FLOOR_S)
     assert math.isclose(ratio(first), PRIOR[1])  # waits for one end: the one-job prior
     assert 1.5 < ratio(second) < PRIOR[1]  # two ends
-    assert ratio(deep) < 1.1  # ~390 ends ahead: the sum averages out
+    # ~390 ends ahead: the sum averages out down to the queue-wide spread (SIGMA_SYS)
+    assert ratio(deep) < math.exp(Z90 * SIGMA_SYS) * 1.01
 
 
 @settings(max_examples=200, deadline=None)
