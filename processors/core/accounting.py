@@ -35,7 +35,9 @@
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
+from bisect import bisect_left
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
@@ -77,7 +79,8 @@ def point_wait_s(
 
 
 class Accounting:
-    start_mix: list[float] | None = None  # [starts, sum g*e, sum g*e*e] (note_run_start)
+    # [starts, sum g*e, sum g*e*e, sum g] of the runs started (note_run_start)
+    start_mix: list[float] | None = None
 
     def shapes_of(self: Cell, job: Job) -> list[tuple[int, int, float]]:
         spec = job.spec
@@ -158,6 +161,10 @@ class Accounting:
         start (``waitbands``). With no cold starts the same flood's deep jobs
         wait their point +5 to -20 s (estimates above the durations).
 
+        At least the time the running runs take to free the GPUs the work ahead
+        and the job need, by their estimated ends (``first_ends_wait_s``): runs
+        that started together end together, not in turn.
+
         At least the work ahead within each of the job's flows over the GPUs
         that flow drains at (``drain_wait_s``): the fair order sees only the
         work queued now, not what the others submit while the job waits.
@@ -191,7 +198,35 @@ class Accounting:
             capacity,
             self.run_residual_s(),
         )
+        point = max(point, self.first_ends_wait_s(max(0.0, ahead - job.cost), gpus, capacity))
         return max(point, self.drain_wait_s(job, leaf, below, capacity, passed_over))
+
+    def first_ends_wait_s(self: Cell, ahead: float, gpus: int, capacity: int) -> float:
+        """When the running runs will have freed the GPUs the work ahead and the
+        job take (``ahead`` GPU-seconds over the started mix's mean estimate
+        per GPU, plus ``gpus``), by their static ends (``release_list``, sorted):
+        the point's ``g * r`` has the GPUs free in turn, one every ``r / capacity``,
+        but runs that started together end together (a flood into an empty cell:
+        its first ~1,000 forecasts waited 2-3x that point). At most the point of
+        a queue as deep as the running work (``point_wait_s`` with ``A = R``):
+        past it the work ahead starts on GPUs freed twice, which the ends alone
+        do not count. 0 before any start. O(1): the release list is kept sorted
+        as runs start and end, and its GPUs per slice are taken as even (the
+        ``k``-th GPU is read at slice ``k * slices / running GPUs``)."""
+        mix = self.start_mix
+        running = self.running_gpus
+        if not mix or len(mix) < 4 or mix[1] <= 0 or running <= 0:
+            return 0.0
+        ends = self.release_list()
+        if not ends:
+            return 0.0
+        # GPUs: GPU-seconds over the mean estimate; a part of a job still takes a GPU
+        need = math.ceil(ahead * mix[3] / mix[1] - 1e-9) + gpus
+        i = max(0, min(len(ends) - 1, math.ceil(need * len(ends) / running) - 1))
+        free_s = max(0.0, (ends[i][0] - self.now_ms) / 1000)
+        remaining = self.running_left_gpu_s()
+        deep = point_wait_s(remaining, gpus, remaining, running, capacity, self.run_residual_s())
+        return min(free_s, deep)
 
     def drain_wait_s(
         self: Cell, job: Job, leaf: Flow, below: list[float], capacity: int, passed_over: bool
@@ -246,12 +281,13 @@ class Accounting:
         the mix follows the load. O(1)."""
         mix = self.start_mix
         if not mix:
-            mix = self.start_mix = [0.0, 0.0, 0.0]
+            mix = self.start_mix = [0.0, 0.0, 0.0, 0.0]
         mix[0] += 1.0
         mix[1] += gpus * estimate_s
         mix[2] += gpus * estimate_s * estimate_s
+        mix[3] += gpus
         if mix[0] >= MIX_HALVE_AT:
-            mix[0], mix[1], mix[2] = mix[0] / 2, mix[1] / 2, mix[2] / 2
+            mix[:] = [m / 2 for m in mix]
 
     def run_residual_s(self: Cell) -> float:
         """The mean time a busy GPU still needs at a random moment, for the mix
@@ -283,8 +319,10 @@ class Accounting:
         waits behind (``point_wait_s``: its own GPUs' residual ``g * r``, up to
         all of the running work ``R`` as the queue ahead grows to ``R``, less as
         much of the started runs' residual ``rho``), inverted:
-        ``wait * capacity = A + g * r + min(1, A / R) * (R - g * r - rho * capacity)``.
-        O(tiers): the tier flows keep their queued count and backlog."""
+        ``wait * capacity = A + g * r + min(1, A / R) * (R - g * r - rho * capacity)``;
+        at most the jobs ahead that the running runs' ends imply when they
+        decide the wait (``_jobs_ahead_of_ends``). O(tiers + log slices): the
+        tier flows keep their queued count and backlog."""
         queued, backlog = 0, 0.0
         for tier in self.fair.root.active.values():
             queued += tier.queued
@@ -303,7 +341,28 @@ class Accounting:
             ahead = held * remaining / (remaining + net)
         else:
             ahead = held - net
-        return 1.0 + max(0.0, ahead) * queued / backlog
+        depth = 1.0 + max(0.0, ahead) * queued / backlog
+        return min(depth, 1.0 + self._jobs_ahead_of_ends(wait_s, gpus, capacity))
+
+    def _jobs_ahead_of_ends(self: Cell, wait_s: float, gpus: int, capacity: int) -> float:
+        """``first_ends_wait_s`` inverted: the fewest jobs ahead whose GPUs the
+        running runs free by ``wait_s``, at the started mix's GPUs per run (inf
+        where the ends do not decide the wait). The point is the larger of the
+        two arithmetics, so the depth it implies is the smaller of the two: a
+        job told when a wave of runs that started together ends is one end
+        deep, not as deep as the GPU-seconds that wave holds. O(log slices)."""
+        mix = self.start_mix
+        running = self.running_gpus
+        if not mix or len(mix) < 4 or mix[1] <= 0 or mix[3] <= 0 or running <= 0:
+            return math.inf
+        ends = self.release_list()
+        remaining = self.running_left_gpu_s()
+        deep = point_wait_s(remaining, gpus, remaining, running, capacity, self.run_residual_s())
+        if not ends or wait_s >= deep:
+            return math.inf
+        i = bisect_left(ends, (self.now_ms + int(wait_s * 1000),))
+        freed = (i + 1) * running / len(ends)  # GPUs freed by the end at slice i
+        return max(0.0, freed - gpus) * mix[0] / mix[3]
 
     # -- failure containment ----------------------------------------------------
     def note_failure(self: Cell, run: Run, node_id: str, failure_class: str) -> None:

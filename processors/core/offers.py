@@ -30,10 +30,15 @@ through the functions here:
    running work ``R``, over the capacity; or 0 when nothing is queued ahead and
    enough GPUs of the type are free. The running GPUs are the offer's capacity
    less its free GPUs, so no new field. (The cell's own estimate adds what an
-   offer cannot carry: it is told after the admission's pass, and each
-   fair-share flow drains at the GPUs it held lately,
-   ``Accounting.drain_wait_s``; so a job the edge lets through can be told a
-   longer wait by its cell.)
+   offer cannot carry: it is told after the admission's pass; each fair-share
+   flow drains at the GPUs it held lately, ``Accounting.drain_wait_s``; and a
+   deep job starts a busy GPU's mean residual before the work ahead has ended,
+   ``Accounting.run_residual_s``. So a job the edge lets through can be told
+   a longer wait by its cell (a drain) or a shorter one (the residual). Both
+   stay out of the offer on purpose: they need state the offer does not carry
+   (per-flow service rates, the started mix's moments: new schema fields), and
+   the number here decides routing and the edge's refusal, which estimate
+   changes must not move.)
 4. ``best_host``: the host with the lowest wait (ties: the order of ``cells``),
    or None when no live offer hosts the job: unknown, never refused.
 5. ``wait_refusal``: the best host's wait exceeds the limit that cell publishes

@@ -2,9 +2,13 @@
 started and the job's own GPUs have freed, not until all running work ends:
 ``(A + g * r + min(1, A / R) * (R - g * r - rho * capacity)) / capacity``, where
 ``rho`` is the mean residual of a busy GPU for the mix of runs the cell starts
-(``sum(g * e**2) / (2 * sum(g * e))``): the work ahead has then started, not ended.
+(``sum(g * e**2) / (2 * sum(g * e))``): the work ahead has then started, not
+ended; and at least when the running runs free the GPUs the work ahead and the
+job take, by their estimated ends (runs that started together end together).
 
-The cell below started 16 runs of 1,000 s: ``rho`` = 500 s."""
+``full_cell_of_one_gpu_runs`` started 16 runs of 1,000 s at once: ``rho`` =
+500 s, and all 16 end together 900 s on. ``staggered_cell`` has 16 runs of
+1,700 s started 100 s apart: they end 100, 200, ..., 1,600 s on."""
 
 from __future__ import annotations
 
@@ -42,25 +46,49 @@ def full_cell_of_one_gpu_runs() -> Harness:
     return h
 
 
+def staggered_cell() -> Harness:
+    """Two 8-GPU nodes, each GPU running a 1-GPU job of 1,700 s, one started
+    every 100 s: 100, 200, ..., 1,600 s left (R = 13,600 GPU-s, r = 850 s)."""
+    h = Harness(nodes=2)
+    for i in range(16):
+        h.submit(f"r{i}", tenant=f"t{i}", gpus=1, per_node=1, estimate_s=1700)
+        h.start_all()
+        for _ in range(10):  # 100 s, the nodes reporting their runs
+            h.tick(10)
+            h.heartbeat("n0")
+            h.heartbeat("n1")
+    assert h.cell.index.free_total == 0 and h.cell.running_gpus == 16
+    assert h.cell.running_left_gpu_s() == pytest.approx(13600)
+    return h
+
+
 def test_a_job_with_nothing_ahead_waits_for_its_own_gpus_not_all_running_work():
-    h = full_cell_of_one_gpu_runs()
-    # one mean residual (900 s) per GPU it needs, over the 16 GPUs freeing in
-    # turn; the old estimate (all running work over the capacity) said 900 s
-    one = queued(h.submit("one", tenant="new", gpus=1, estimate_s=60))
-    assert one.wait_estimate_s == pytest.approx(900 / 16, abs=0.01)
-    # a gang waits for eight residuals, after the 60 GPU-s ("one") fair order
-    # serves first, and behind that share (60 / 14400) of the other running work
+    h = staggered_cell()
+    # the first run to end frees its GPU: 100 s. The running work's mean
+    # residual per GPU over the capacity says 850 / 16 = 53 s (GPUs freeing in
+    # turn, one every r / capacity), all the running work 850 s
+    one = queued(h.submit("one", tenant="new", gpus=1, per_node=1, estimate_s=60))
+    assert one.wait_estimate_s == pytest.approx(100, abs=0.01)
+    # a gang of 8 waits for the eighth end (8 * 850 / 16 = 425 s in turn)
+    h = staggered_cell()
     eight = queued(h.submit("eight", tenant="other", gpus=8, estimate_s=60))
-    rest = 60 / 14400 * (14400 - 8 * 900 - 16 * RHO)
-    assert eight.wait_estimate_s == pytest.approx((60 + 8 * 900 + rest) / 16, abs=0.01)
+    assert eight.wait_estimate_s == pytest.approx(800, abs=0.01)
 
 
-def test_work_ahead_adds_its_gpu_seconds_over_the_capacity():
+def test_runs_that_started_together_free_their_gpus_together():
     h = full_cell_of_one_gpu_runs()
-    first = queued(h.submit("q1", tenant="same", gpus=1, estimate_s=160)).wait_estimate_s
-    second = queued(h.submit("q2", tenant="same", gpus=1, estimate_s=160)).wait_estimate_s
-    assert first == pytest.approx(900 / 16, abs=0.01)
-    assert second == pytest.approx((160 + 900 + 160 / 14400 * (13500 - 16 * RHO)) / 16, abs=0.01)
+    # all 16 end 900 s on: a job with nothing ahead waits for that, not for
+    # one residual over the 16 GPUs (900 / 16 s)
+    one = queued(h.submit("one", tenant="new", gpus=1, estimate_s=60))
+    assert one.wait_estimate_s == pytest.approx(900, abs=0.01)
+
+
+def test_work_ahead_takes_the_gpus_that_free_first():
+    h = staggered_cell()
+    first = queued(h.submit("q1", tenant="same", gpus=1, per_node=1, estimate_s=160))
+    second = queued(h.submit("q2", tenant="same", gpus=1, per_node=1, estimate_s=160))
+    assert first.wait_estimate_s == pytest.approx(100, abs=0.01)
+    assert second.wait_estimate_s == pytest.approx(200, abs=0.01)
 
 
 def test_a_queue_as_deep_as_the_running_work_starts_one_residual_before_it_all_ends():
@@ -90,25 +118,36 @@ def test_a_job_that_fits_the_free_gpus_now_is_told_zero_despite_a_blocked_gang_a
 
 
 def test_the_depth_prior_counts_queued_jobs_beyond_the_jobs_own_gpus():
+    h = staggered_cell()
+    h.submit("q1", tenant="same", gpus=1, per_node=1, estimate_s=160)
+    # nothing beyond its own GPU's end: one job deep
+    assert h.cell.wait_depth(100, 1) == pytest.approx(1.0)
+    # the wait told to a job behind it waits for the queued job's GPU too: two deep
+    assert h.cell.wait_depth(200, 1) == pytest.approx(2.0)
+    # a gang's own GPUs take longer to free: the eighth end drains no queue
+    assert h.cell.wait_depth(800, 8) == pytest.approx(1.0)
+    # runs that end together: every job told their end is one end deep
     h = full_cell_of_one_gpu_runs()
-    h.submit("q1", tenant="same", gpus=1, estimate_s=160)
-    # nothing beyond its own GPU's residual: one job deep
-    assert h.cell.wait_depth(900 / 16, 1) == pytest.approx(1.0)
-    # the wait told to a job behind it drains the queued job too: two deep
-    told = (160 + 900 + 160 / 14400 * (13500 - 16 * RHO)) / 16
-    assert h.cell.wait_depth(told, 1) == pytest.approx(2.0)
-    # a gang's own GPUs take longer to free: the same wait drains no queue
-    assert h.cell.wait_depth(told, 8) == pytest.approx(1.0)
+    for i in range(5):
+        h.submit(f"q{i}", tenant="same", gpus=1, estimate_s=160)
+    assert h.cell.wait_depth(900, 1) == pytest.approx(1.0)
+    # past them the fluid arithmetic's inversion: the deep job is 3 deep in a
+    # queue of 160 s jobs (A = 480 GPU-s beyond R)
+    deep = (14400 + 480 + 14400 - 16 * RHO) / 16
+    assert h.cell.wait_depth(deep, 1) == pytest.approx(1 + (14400 + 480) / 160, rel=1e-6)
 
 
-def test_the_offer_gives_admission_the_same_number():
-    for gpus in (1, 8):
-        h = full_cell_of_one_gpu_runs()
+def test_the_offer_gives_admission_the_cell_arithmetic_less_the_runs_ends():
+    """An offer carries the running work, not when each run ends: it says one
+    residual per GPU over the capacity, the cell (which knows the ends) the
+    end of the job's own GPUs."""
+    for gpus, end in ((1, 100), (8, 800)):
+        h = staggered_cell()
         offer = ev.CellOffer(event_id="o", ts_ms=h.now_ms, **h.cell.offer_fields())
         spec = ev.JobSpec(job_id="x", tenant="new", tier="free", gpus=gpus, gpus_per_node=8)
-        assert predicted_wait_s(offer, spec) == pytest.approx(gpus * 900 / 16, abs=0.01)
-        cell_says = queued(h.submit(f"j{gpus}", tenant=f"n{gpus}", gpus=gpus, estimate_s=60))
-        assert cell_says.wait_estimate_s == pytest.approx(gpus * 900 / 16, abs=0.01)
+        assert predicted_wait_s(offer, spec) == pytest.approx(gpus * 850 / 16, abs=0.01)
+        cell_says = queued(h.submit(f"j{gpus}", tenant=f"n{gpus}", gpus=gpus))
+        assert cell_says.wait_estimate_s == pytest.approx(end, abs=0.01)
 
 
 def test_the_residual_is_that_of_the_started_mix_gpu_weighted():

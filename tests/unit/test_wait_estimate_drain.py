@@ -22,15 +22,27 @@ def queued(out: list) -> ev.JobQueued:
     return q
 
 
+def run_estimate_s(i: int) -> float:
+    """The runs below end one every 300 s, 10 s after the 2,700 s they run
+    first (a cell whose runs all end together keeps every queued job waiting
+    for that end, whatever its flows drain at)."""
+    return 2710.0 + 300.0 * i
+
+
+def end_s(k: int) -> float:
+    """When the ``k``-th of those runs ends, seconds after the 2,700 s."""
+    return 10.0 + 300.0 * (k - 1)
+
+
 def backlogged_cell(runner_tier: str) -> Harness:
-    """Two 8-GPU nodes full of 1-GPU runs of ``runner_tier`` (5,000 s each),
+    """Two 8-GPU nodes full of 1-GPU runs of ``runner_tier`` (``run_estimate_s``),
     run for three time constants of the held-GPU average (2,700 s), then one
     small queued job in each of enterprise, paid and free, so that batch's
     weighted share among the backlogged tiers is 1 / (4 + 2 + 1 + 1) of 16
     GPUs: 2 GPUs."""
     h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=30), nodes=2)
     for i in range(16):
-        h.submit(f"r{i}", tenant=f"run{i}", tier=runner_tier, gpus=1, estimate_s=5000)
+        h.submit(f"r{i}", tenant=f"run{i}", tier=runner_tier, gpus=1, estimate_s=run_estimate_s(i))
     h.start_all()
     for _ in range(int(3 * HELD_TAU_S / 10)):
         h.tick(10)  # the estimate cadence samples the GPUs each tier holds
@@ -52,7 +64,7 @@ def test_a_starved_tier_drains_at_its_fair_share_not_at_the_cell():
     assert h.cell.wait_bands.held_gpus(("batch",)) == 0
     told = tenth_batch_job(h)
     # 900 GPU-s of batch ahead, at batch's 2 GPUs; the cell-wide arithmetic
-    # (the 930 GPU-s ahead and one residual of 2,300 s over 16 GPUs) says ~190 s
+    # (the 930 GPU-s ahead: the second run's end) says 310 s
     assert told.wait_estimate_s == pytest.approx(900 / 2, rel=1e-3)
 
 
@@ -60,14 +72,11 @@ def test_a_tier_that_holds_gpus_drains_at_what_it_holds():
     h = backlogged_cell("batch")  # batch holds all 16 GPUs
     assert h.cell.wait_bands.held_gpus(("batch",)) == 16  # the first sample, 30 s in, on
     told = tenth_batch_job(h)
-    # 900 GPU-s at 16 GPUs is below the cell-wide estimate: that one stands
-    # (``point_wait_s``: the runs started are 5,000 s each, so a busy GPU has
-    # 2,500 s left on average when the work ahead has started)
-    r = 5000 - 2701
-    extra = 16 * r - r
+    # 900 GPU-s at 16 GPUs is below the cell-wide estimate: that one stands,
+    # the second run's end (the 930 GPU-s ahead take the first GPU to free and
+    # part of the next, at the started runs' ~5,000 s per GPU)
     assert told.wait_estimate_s < 900 / 2
-    expect = (930 + r + 930 / (16 * r) * (extra - 16 * 2500)) / 16
-    assert told.wait_estimate_s == pytest.approx(expect, rel=0.02)
+    assert told.wait_estimate_s == pytest.approx(end_s(2), abs=0.01)
 
 
 def test_a_job_passed_over_by_its_admission_pass_is_not_told_it_starts_now():
@@ -126,12 +135,12 @@ def test_held_gpus_are_an_exponential_average_over_time(samples):
 
 def tenant_cell() -> Harness:
     """16 GPUs of the free tier: 12 held by light tenants, 4 by "heavy", for
-    2,700 s (runs of 5,000 s), then seven light tenants with a small queued
-    job each, so a tenant's share among the eight backlogged is 2 GPUs."""
+    2,700 s (runs of ``run_estimate_s``), then seven light tenants with a small
+    queued job each, so a tenant's share among the eight backlogged is 2 GPUs."""
     h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=30), nodes=2)
     for i in range(16):
         tenant = "heavy" if i < 4 else f"light{i}"
-        h.submit(f"r{i}", tenant=tenant, gpus=1, estimate_s=5000)
+        h.submit(f"r{i}", tenant=tenant, gpus=1, estimate_s=run_estimate_s(i))
     h.start_all()
     for _ in range(270):
         h.tick(10)
@@ -149,7 +158,7 @@ def test_a_heavy_tenant_drains_at_what_it_holds_within_its_tier():
         h.submit(f"h{i}", tenant="heavy", gpus=1, estimate_s=1000)
     told = queued(h.submit("h9", tenant="heavy", gpus=1, estimate_s=1000))
     # its own 9,000 GPU-s ahead at the 4 GPUs it holds; the fair order's
-    # arithmetic over the cell (9,070 GPU-s ahead, 2,300 s residuals) says ~630 s
+    # arithmetic over the cell (9,070 GPU-s ahead: the third run's end) says 610 s
     assert told.wait_estimate_s == pytest.approx(9000 / 4, rel=1e-3)
 
 
@@ -159,8 +168,7 @@ def test_a_tenant_with_no_record_of_service_has_the_fair_order_arithmetic_alone(
     for i in range(9):
         h.submit(f"f{i}", tenant="fresh", gpus=1, estimate_s=1000)
     told = queued(h.submit("f9", tenant="fresh", gpus=1, estimate_s=1000))
-    r = 5000 - 2701
-    ahead = 9000 + 70
-    expect = (ahead + r + ahead / (16 * r) * (16 * r - r - 16 * 2500)) / 16
-    assert told.wait_estimate_s == pytest.approx(expect, rel=0.02)
+    # the 9,070 GPU-s ahead take two GPUs at the started runs' ~5,000 s per
+    # GPU: the job has the third GPU to free
+    assert told.wait_estimate_s == pytest.approx(end_s(3), abs=0.01)
     assert told.wait_estimate_s < 9000 / 2  # not its 2-GPU share floor
