@@ -156,6 +156,9 @@ class CellConfig:
     # guaranteed GPUs by name, every entry of a name (guarantees add up)
     reserved_tenant_gpus: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
     reserved_tier_gpus: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    # ``may_preempt`` by (tier, tenant). Last: a slotted dataclass pickles its
+    # fields in order, so a config pickled before this field still loads
+    _may_preempt: dict[tuple[str, str], bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tiers: dict[str, TierConfig] = {}
@@ -172,6 +175,7 @@ class CellConfig:
         set_(self, "_tenants", tenants)
         set_(self, "_retries", retries)
         set_(self, "_defaulted", {})
+        set_(self, "_may_preempt", {})
         set_(self, "reserved_tenant_gpus", _reserved(self.tenants))
         set_(self, "reserved_tier_gpus", _reserved(self.tiers))
 
@@ -194,6 +198,26 @@ class CellConfig:
             if tenant is None:
                 tenant = self._defaulted[name] = replace(self.default_tenant, name=name)
         return tenant
+
+    def may_preempt(self, tier: str, tenant: str) -> bool:
+        """Whether a job of ``tier`` and ``tenant`` may ever preempt: its tier
+        may, or a guarantee (the tenant's, the tier's, a default tenant's)
+        could put it under its share. Memoised per pair (the config is
+        immutable): the walk asks for every candidate that does not fit."""
+        memo: dict[tuple[str, str], bool] | None = getattr(self, "_may_preempt", None)
+        if memo is None:  # also a config unpickled from before the memo
+            memo = {}
+            object.__setattr__(self, "_may_preempt", memo)
+        found = memo.get((tier, tenant))
+        if found is None:
+            config = self._tiers.get(tier)
+            found = memo[(tier, tenant)] = bool(
+                (config is not None and config.may_preempt)
+                or tenant in self.reserved_tenant_gpus
+                or tier in self.reserved_tier_gpus
+                or self.tenant(tenant).reserved_gpus
+            )
+        return found
 
     def retry_budget(self, failure_class: str) -> int:
         return self._retries.get(failure_class, self.default_retries)

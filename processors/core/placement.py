@@ -310,26 +310,26 @@ class NodeIndex:
         with those nodes. None if never (e.g. not enough healthy nodes).
 
         Cost: O(F + K) for F nodes with free GPUs and the K releases read, with
-        ``ok`` asked once per node (nothing it reads changes during the walk),
-        not once per release: a node holding several runs recurs in the list."""
-        free: dict[str, int] = {}
+        ``ok`` asked at most once per node (nothing it reads changes during the
+        walk), not once per release (a node holding several runs recurs in the
+        list), and only of a node that could count: one that fits now, or one
+        a release reaches (a node with too few free GPUs that no release read
+        reaches cannot be among the answer's, so it is never asked about: most
+        of a fragmented cell's for a whole-node gang)."""
+        free = dict(self.bucket_of)  # a node's free GPUs, counted once asked about
         ready: dict[str, None] = {}
         nodes = self.nodes
         usable: dict[str, bool] = {}  # node -> ok: nothing ``ok`` reads changes meanwhile
-        for node_id, count in self.bucket_of.items():
-            node = nodes[node_id]
-            if ok(node):
-                usable[node_id] = True
-                free[node_id] = count
-                if count >= per_node:
+        for node_id, count in free.items():
+            if count >= per_node:
+                good = usable[node_id] = ok(nodes[node_id])
+                if good:
                     ready[node_id] = None
-            else:
-                usable[node_id] = False
         if len(ready) >= nodes_needed:
             return 0, tuple(list(ready)[:nodes_needed])
         for time_ms, node_id, gpus, _ in releases:
             good = usable.get(node_id)
-            if good is None:
+            if good is None:  # not asked yet (too few free GPUs, or none)
                 released = nodes.get(node_id)
                 good = usable[node_id] = (
                     released is not None and released.schedulable and ok(released)

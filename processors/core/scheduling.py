@@ -201,14 +201,7 @@ class Scheduling:
         """Whether ``maybe_preempt`` could act for this job at some later time;
         when not, it is a no-op for the job (its tier may not preempt and
         ``under_guarantee`` finds no guarantee, not even a default tenant's)."""
-        config = self.config
-        tier = config.tier(job.tier)
-        return bool(
-            (tier is not None and tier.may_preempt)
-            or job.tenant in config.reserved_tenant_gpus
-            or job.tier in config.reserved_tier_gpus
-            or config.tenant(job.tenant).reserved_gpus
-        )
+        return self.config.may_preempt(job.tier, job.tenant)
 
     def _walk(self: Cell, full: bool) -> bool:
         """Jobs in fair order until the GPUs or the candidate budget run out.

@@ -780,3 +780,26 @@ def test_the_warm_window_ends_where_the_scan_stopped() -> None:
             found = index.find(1, 8, "m", lambda node: True)
             assert found is not None and found.slices[0].node_id == "n5"
             assert found.reason == "bin-pack: warm model"
+
+
+def test_may_preempt_is_memoised_and_a_config_pickled_before_the_memo_loads() -> None:
+    # ``may_preempt`` answers as the expression it memoises, for configured and
+    # default tenants; a config pickled before the memo field existed (its
+    # state one value short: the memo is the last field) loads equal and works.
+    from framespool.processors.core.config import TierConfig
+
+    tiers = (
+        TierConfig("gold", 1.0, rank=0, sla_wait_s=10, may_preempt=True),
+        TierConfig("bronze", 1.0, rank=1, sla_wait_s=600),
+    )
+    config = CellConfig(
+        tiers=tiers,
+        tenants=(TenantConfig("owed", reserved_gpus=4), TenantConfig("plain")),
+    )
+    cases = [("gold", "plain"), ("bronze", "owed"), ("bronze", "plain"), ("bronze", "stranger")]
+    want = [True, True, False, False]
+    assert [config.may_preempt(t, n) for t, n in cases] == want
+    assert [config.may_preempt(t, n) for t, n in cases] == want  # from the memo
+    old = CellConfig.__new__(CellConfig)
+    old.__setstate__(config.__getstate__()[:-1])
+    assert old == config and [old.may_preempt(t, n) for t, n in cases] == want
