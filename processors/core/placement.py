@@ -322,8 +322,8 @@ class NodeIndex:
         usable: dict[str, bool] = {}  # node -> ok: nothing ``ok`` reads changes meanwhile
         for node_id, count in free.items():
             if count >= per_node:
-                good = usable[node_id] = ok(nodes[node_id])
-                if good:
+                fits = usable[node_id] = ok(nodes[node_id])
+                if fits:
                     ready[node_id] = None
         if len(ready) >= nodes_needed:
             return 0, tuple(list(ready)[:nodes_needed])
