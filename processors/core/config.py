@@ -159,6 +159,9 @@ class CellConfig:
     # ``may_preempt`` by (tier, tenant). Last: a slotted dataclass pickles its
     # fields in order, so a config pickled before this field still loads
     _may_preempt: dict[tuple[str, str], bool] = field(init=False, repr=False, compare=False)
+    # whether any tenant (the default one too) has a cap (``any_caps``); after
+    # ``_may_preempt`` for the same reason
+    _any_caps: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tiers: dict[str, TierConfig] = {}
@@ -176,6 +179,7 @@ class CellConfig:
         set_(self, "_retries", retries)
         set_(self, "_defaulted", {})
         set_(self, "_may_preempt", {})
+        set_(self, "_any_caps", any(_capped(t) for t in (*self.tenants, self.default_tenant)))
         set_(self, "reserved_tenant_gpus", _reserved(self.tenants))
         set_(self, "reserved_tier_gpus", _reserved(self.tiers))
 
@@ -198,6 +202,14 @@ class CellConfig:
             if tenant is None:
                 tenant = self._defaulted[name] = replace(self.default_tenant, name=name)
         return tenant
+
+    def any_caps(self) -> bool:
+        """Whether any tenant, the default one included, has a GPU or run cap."""
+        found: bool | None = getattr(self, "_any_caps", None)
+        if found is None:  # a config pickled before the flag
+            found = any(_capped(t) for t in (*self.tenants, self.default_tenant))
+            object.__setattr__(self, "_any_caps", found)
+        return found
 
     def may_preempt(self, tier: str, tenant: str) -> bool:
         """Whether a job of ``tier`` and ``tenant`` may ever preempt: its tier
@@ -231,3 +243,9 @@ def _reserved(
         if entry.reserved_gpus:
             out[entry.name] = out.get(entry.name, ()) + (entry.reserved_gpus,)
     return out
+
+
+def _capped(tenant: TenantConfig) -> bool:
+    return bool(
+        tenant.max_gpus or tenant.max_running or tenant.user_max_gpus or tenant.user_max_running
+    )

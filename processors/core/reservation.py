@@ -431,6 +431,8 @@ class Reservations:
         """Non-preemptible work may not borrow other entities' idle guarantees:
         it could never be reclaimed. O(1): the unused total is kept as use changes."""
         config = self.config
+        if not config.reserved_tenant_gpus and not config.reserved_tier_gpus:
+            return self.index.free_total >= gpus  # no guarantee anywhere: none unused
         unused = self.unused_guarantees()
         amounts = config.reserved_tenant_gpus.get(job.tenant)
         if amounts:

@@ -381,7 +381,10 @@ class Scheduling:
 
     def cap_hit(self: Cell, job: Job) -> str:
         """ "org" or "user" when the job's organisation or user is at a cap, else
-        "". O(1); a tenant with no caps (most) costs one config lookup."""
+        "". O(1); with no caps configured at all it returns at once, and a
+        tenant with no caps (most) costs one config lookup."""
+        if not self.config.any_caps():
+            return ""
         tenant = self.config.tenant(job.tenant)
         if not (
             tenant.max_gpus or tenant.max_running or tenant.user_max_gpus or tenant.user_max_running

@@ -782,7 +782,7 @@ def test_the_warm_window_ends_where_the_scan_stopped() -> None:
             assert found.reason == "bin-pack: warm model"
 
 
-def test_may_preempt_is_memoised_and_a_config_pickled_before_the_memo_loads() -> None:
+def test_config_memos_answer_as_computed_and_an_older_pickle_loads() -> None:
     # ``may_preempt`` answers as the expression it memoises, for configured and
     # default tenants; a config pickled before the memo field existed (its
     # state one value short: the memo is the last field) loads equal and works.
@@ -800,6 +800,15 @@ def test_may_preempt_is_memoised_and_a_config_pickled_before_the_memo_loads() ->
     want = [True, True, False, False]
     assert [config.may_preempt(t, n) for t, n in cases] == want
     assert [config.may_preempt(t, n) for t, n in cases] == want  # from the memo
-    old = CellConfig.__new__(CellConfig)
-    old.__setstate__(config.__getstate__()[:-1])
-    assert old == config and [old.may_preempt(t, n) for t, n in cases] == want
+    assert not config.any_caps()
+    capped = CellConfig(tenants=(TenantConfig("few", user_max_running=2),))
+    assert capped.any_caps()
+    assert CellConfig(default_tenant=TenantConfig("*", max_gpus=8)).any_caps()
+    for memos in (1, 2):  # pickled before ``_any_caps``, before ``_may_preempt`` too
+        for cfg in (config, capped):
+            old = CellConfig.__new__(CellConfig)
+            old.__setstate__(cfg.__getstate__()[:-memos])
+            assert old == cfg and old.any_caps() == cfg.any_caps()
+            assert [old.may_preempt(t, n) for t, n in cases] == [
+                cfg.may_preempt(t, n) for t, n in cases
+            ]
