@@ -190,18 +190,22 @@ class Accounting:
         if not passed_over and self.index.free_total >= gpus and ahead <= job.cost:
             return 0.0
         remaining = self.running_left_gpu_s()
-        point = point_wait_s(
-            max(0.0, ahead - job.cost),
-            gpus,
-            remaining,
-            self.running_gpus,
-            capacity,
-            self.run_residual_s(),
-        )
-        point = max(point, self.first_ends_wait_s(max(0.0, ahead - job.cost), gpus, capacity))
+        residual = self.run_residual_s()
+        others = max(0.0, ahead - job.cost)
+        point = point_wait_s(others, gpus, remaining, self.running_gpus, capacity, residual)
+        if others < remaining:  # deeper, the point is past what the ends can say
+            ends = self.first_ends_wait_s(others, gpus, capacity, remaining, residual)
+            point = max(point, ends)
         return max(point, self.drain_wait_s(job, leaf, below, capacity, passed_over))
 
-    def first_ends_wait_s(self: Cell, ahead: float, gpus: int, capacity: int) -> float:
+    def first_ends_wait_s(
+        self: Cell,
+        ahead: float,
+        gpus: int,
+        capacity: int,
+        remaining: float | None = None,
+        residual: float | None = None,
+    ) -> float:
         """When the running runs will have freed the GPUs the work ahead and the
         job take (``ahead`` GPU-seconds over the started mix's mean estimate
         per GPU, plus ``gpus``), by their static ends (``release_list``, sorted):
@@ -210,9 +214,12 @@ class Accounting:
         its first ~1,000 forecasts waited 2-3x that point). At most the point of
         a queue as deep as the running work (``point_wait_s`` with ``A = R``):
         past it the work ahead starts on GPUs freed twice, which the ends alone
-        do not count. 0 before any start. O(1): the release list is kept sorted
-        as runs start and end, and its GPUs per slice are taken as even (the
-        ``k``-th GPU is read at slice ``k * slices / running GPUs``)."""
+        do not count (so ``predicted_wait_s`` asks only while ``ahead < R``:
+        deeper, the point is past the cap). 0 before any start. O(1): the
+        release list is kept sorted as runs start and end, and its GPUs per
+        slice are taken as even (the ``k``-th GPU is read at slice
+        ``k * slices / running GPUs``); ``remaining`` and ``residual``: the
+        caller's ``running_left_gpu_s`` and ``run_residual_s``."""
         mix = self.start_mix
         running = self.running_gpus
         if not mix or len(mix) < 4 or mix[1] <= 0 or running <= 0:
@@ -224,9 +231,11 @@ class Accounting:
         need = math.ceil(ahead * mix[3] / mix[1] - 1e-9) + gpus
         i = max(0, min(len(ends) - 1, math.ceil(need * len(ends) / running) - 1))
         free_s = max(0.0, (ends[i][0] - self.now_ms) / 1000)
-        remaining = self.running_left_gpu_s()
-        deep = point_wait_s(remaining, gpus, remaining, running, capacity, self.run_residual_s())
-        return min(free_s, deep)
+        if remaining is None:
+            remaining = self.running_left_gpu_s()
+        if residual is None:
+            residual = self.run_residual_s()
+        return min(free_s, point_wait_s(remaining, gpus, remaining, running, capacity, residual))
 
     def drain_wait_s(
         self: Cell, job: Job, leaf: Flow, below: list[float], capacity: int, passed_over: bool
