@@ -162,6 +162,12 @@ class CellConfig:
     # whether any tenant (the default one too) has a cap (``any_caps``); after
     # ``_may_preempt`` for the same reason
     _any_caps: bool = field(init=False, repr=False, compare=False)
+    # GPU-seconds a run takes to load its model on GPUs that do not hold it
+    # (the fleet's model-load time, which no job's estimate counts): the wait
+    # estimates add it for the share of runs that load (accounting.load_terms);
+    # decisions never read it. Last, for the reason above: read it with
+    # ``getattr(config, "model_load_s", 0.0)`` where an older pickle may reach
+    model_load_s: float = 0.0
 
     def __post_init__(self) -> None:
         tiers: dict[str, TierConfig] = {}
