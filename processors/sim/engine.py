@@ -93,9 +93,14 @@ class SimOptions:
 
 
 def cell_config(base: CellConfig, opts: SimOptions) -> CellConfig:
-    """Leases scaled to the heartbeat period; read-model outputs off unless asked."""
+    """Leases scaled to the heartbeat period; the fleet's model-load time is
+    the simulated cold start (an operator configures it, as here); read-model
+    outputs off unless asked."""
     config = replace(
-        base, heartbeat_timeout_s=3.5 * opts.heartbeat_s, report_lease_s=2.5 * opts.heartbeat_s
+        base,
+        heartbeat_timeout_s=3.5 * opts.heartbeat_s,
+        report_lease_s=2.5 * opts.heartbeat_s,
+        model_load_s=opts.cold_start_s,
     )
     if not opts.estimates:
         config = replace(config, status_interval_s=0.0, estimate_interval_s=0.0)
