@@ -8,7 +8,9 @@
   work's mean residual per GPU (the wait for its own GPUs to free) and the
   share of the other running work that the work ahead waits behind, over the
   cell's healthy capacity, less as much of a busy GPU's mean residual when the
-  job starts (the work ahead has then started, not ended: ``point_wait_s``).
+  job starts (the work ahead has then started, not ended: ``point_wait_s``);
+  with ``model_load_s`` set, the model loads the queued and running runs are
+  expected to take, from the share of placements that load (``load_terms``).
 - Breakers: ``generator_error`` failures are attributed to (model version,
   node) and (model version, GPU type). Who is at fault decides what trips:
 
@@ -54,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _DOWN = NodeState.DOWN  # bound once: these sums run on every admission
 MIX_HALVE_AT = 4096.0  # run starts after which the started mix's moments are halved
+LOAD_PRIOR_GPUS = 256.0  # GPU starts the model-mix prior of the loads' share weighs
 
 
 def point_wait_s(
@@ -81,6 +84,10 @@ def point_wait_s(
 class Accounting:
     # [starts, sum g*e, sum g*e*e, sum g] of the runs started (note_run_start)
     start_mix: list[float] | None = None
+    # [starts, GPUs, GPUs of the runs that loaded their model, GPUs that all held
+    # a model, those that loaded, sum over models of their GPUs squared] (note_load)
+    load_mix: list[float] | None = None
+    load_models: dict[str, float] | None = None  # model -> GPUs started (note_load)
 
     def shapes_of(self: Cell, job: Job) -> list[tuple[int, int, float]]:
         spec = job.spec
@@ -152,14 +159,20 @@ class Accounting:
         process's mean residual: a GPU is caught in a run in proportion to its
         length, halfway through on average). Measured on the default flood
         (from the runs in flight at each deep job's start): 90 s, what the
-        started mix's estimates give (96 s); the deep jobs still wait ~40 s more
-        than this point, because the runs took 4-7 % more GPU-time than their
-        estimates (cold starts: 20 s on 47 % of the runs; estimates 3 % above
-        the durations) and the small tenants' later jobs are served first. The
-        core cannot know that before the first run ends (a flood is admitted
-        in 11 s, the first run ends at 30 s); the bands learn it once jobs
-        start (``waitbands``). With no cold starts the same flood's deep jobs
-        wait their point +5 to -20 s (estimates above the durations).
+        started mix's estimates give (96 s).
+
+        Model loads (``model_load_s``, ``load_terms``): a run placed on GPUs
+        that do not hold its model loads it first, ``L`` GPU-seconds no
+        estimate counts. The cell knows which placements load (``note_load``),
+        so ``A`` becomes ``A * (1 + n * L / e)`` (``n`` the share of the next
+        starts that load, ``e`` the started mix's mean estimate per GPU), ``R``
+        gains ``s * L`` per running GPU (``s`` the share of the started GPUs
+        that loaded), ``rho`` counts the loads in the runs' lengths, and the
+        running runs' ends come ``s * L`` later. The default flood's deep jobs
+        waited ~40 s over the point without this (the first runs all load:
+        +20 s; then 38 % of the runs: +5 % of the depth); with it they wait it
+        +16 s (shallowest tenth) to -28 s (deepest), as without cold starts
+        (+16 to -20 s: estimates 3 % above the durations).
 
         At least the time the running runs take to free the GPUs the work ahead
         and the job need, by their estimated ends (``first_ends_wait_s``): runs
@@ -177,7 +190,7 @@ class Accounting:
         ``own_ahead``: GPU-seconds queued in the job's own flow up to and
         including the job itself; ``levels``: ``FairTree.work_ahead``'s cache
         for a publish's many calls. Cost: O(depth of the fair tree * siblings)
-        plus O(tiers)."""
+        plus O(tiers); the loads O(1)."""
         leaf = self.leaf_of(job)
         below: list[float] = []
         ahead = self.fair.work_ahead(leaf, own_ahead, below, levels)
@@ -189,11 +202,12 @@ class Accounting:
         gpus = job.shape[0]
         if not passed_over and self.index.free_total >= gpus and ahead <= job.cost:
             return 0.0
-        remaining = self.running_left_gpu_s()
-        residual = self.run_residual_s()
+        factor, loading, residual, _ = self.load_terms()
+        remaining = self.running_left_gpu_s() + loading
         others = max(0.0, ahead - job.cost)
-        point = point_wait_s(others, gpus, remaining, self.running_gpus, capacity, residual)
-        if others < remaining:  # deeper, the point is past what the ends can say
+        loaded = others * factor
+        point = point_wait_s(loaded, gpus, remaining, self.running_gpus, capacity, residual)
+        if loaded < remaining:  # deeper, the point is past what the ends can say
             ends = self.first_ends_wait_s(others, gpus, capacity, remaining, residual)
             point = max(point, ends)
         return max(point, self.drain_wait_s(job, leaf, below, capacity, passed_over))
@@ -230,11 +244,12 @@ class Accounting:
         # GPUs: GPU-seconds over the mean estimate; a part of a job still takes a GPU
         need = math.ceil(ahead * mix[3] / mix[1] - 1e-9) + gpus
         i = max(0, min(len(ends) - 1, math.ceil(need * len(ends) / running) - 1))
-        free_s = max(0.0, (ends[i][0] - self.now_ms) / 1000)
+        _, loading, loaded_residual, late_s = self.load_terms()
+        free_s = max(0.0, (ends[i][0] - self.now_ms) / 1000) + late_s
         if remaining is None:
-            remaining = self.running_left_gpu_s()
+            remaining = self.running_left_gpu_s() + loading
         if residual is None:
-            residual = self.run_residual_s()
+            residual = loaded_residual
         return min(free_s, point_wait_s(remaining, gpus, remaining, running, capacity, residual))
 
     def drain_wait_s(
@@ -307,6 +322,97 @@ class Accounting:
         mix = self.start_mix
         return mix[2] / (2 * mix[1]) if mix and mix[1] > 0 else 0.0
 
+    def note_load(
+        self: Cell, slices: tuple[ev.NodeSlice, ...], model: str, gpus: int, estimate_s: float
+    ) -> None:
+        """A run is placed: fold whether it loads ``model`` into the loads'
+        moments (``load_terms``). It loads when a GPU of ``slices`` holds
+        another model or none, and then all its GPUs wait (a run starts when
+        its slowest GPU is ready). Asked before the GPUs are marked warm;
+        halved every ``MIX_HALVE_AT`` starts, like the started mix. O(GPUs of
+        the run), O(models started) on a halving."""
+        nodes = self.index.nodes
+        held = [nodes[p.node_id].warm[i] for p in slices for i in p.gpus]
+        cold = any(m != model for m in held)
+        mix = self.load_mix
+        if not mix:
+            mix = self.load_mix = [0.0] * 6
+            self.load_models = {}
+        mix[0] += 1.0
+        mix[1] += gpus
+        if cold:
+            mix[2] += gpus
+        if all(held):  # every GPU held a model: loads only for another one
+            mix[3] += gpus
+            if cold:
+                mix[4] += gpus
+        models = cast(dict[str, float], self.load_models)
+        was = models.get(model, 0.0)
+        models[model] = was + gpus
+        mix[5] += (was + gpus) ** 2 - was * was
+        if mix[0] >= MIX_HALVE_AT:
+            mix[:5] = [m / 2 for m in mix[:5]]
+            mix[5] /= 4
+            for name in models:
+                models[name] /= 2
+
+    def cold_share(self: Cell) -> float:
+        """The share of started GPUs whose run loaded its model (0 before any
+        start): the running runs' share (``load_terms``). O(1)."""
+        mix = self.load_mix
+        return mix[2] / mix[1] if mix and mix[1] > 0 else 0.0
+
+    def next_cold_share(self: Cell) -> float:
+        """The share of the GPUs started next whose run will load its model:
+        the share among the started GPUs that all held a model (a GPU that
+        held none, a fresh cell's, loads once and never again), with a prior
+        worth ``LOAD_PRIOR_GPUS`` starts: ``1 - sum(p_m ** 2)``, ``p_m`` the
+        share of started GPUs that run model ``m``, the chance that a GPU freed
+        by the started mix holds another model than a job drawn from it (warm
+        placement does better when several GPUs are free at once). A flood
+        admitted into a fresh cell has only the prior: its first runs took
+        GPUs that held nothing, and none ends before it is all admitted
+        (measured on the default flood: prior 0.45, the share it then had
+        0.385). O(1)."""
+        mix = self.load_mix
+        if not mix or mix[1] <= 0:
+            return 0.0
+        prior = max(0.0, 1.0 - mix[5] / (mix[1] * mix[1]))
+        return (mix[4] + LOAD_PRIOR_GPUS * prior) / (mix[3] + LOAD_PRIOR_GPUS)
+
+    def load_terms(self: Cell) -> tuple[float, float, float, float]:
+        """What model loads add to the point wait, ``L = model_load_s`` the GPU
+        time a run that loads its model takes before its work starts (no
+        estimate counts it), ``s`` the share of the running GPUs whose run
+        loads (``cold_share``), ``n`` that of the GPUs started next
+        (``next_cold_share``), ``e`` the started mix's mean estimate per GPU:
+
+        - ``factor``: the work ahead is ``A * factor``, ``1 + n * L / e``: ``A / e``
+          GPUs ahead, each loading ``n * L`` on average;
+        - ``loading``: GPU-seconds the running runs hold past their estimates,
+          ``s * L`` per running GPU (a run that loads ends ``L`` after its
+          estimated end, whether or not it is still loading);
+        - ``residual``: a busy GPU's mean residual as the job starts
+          (``run_residual_s``) for runs that hold their GPUs ``L`` longer a
+          share ``n`` of the time, ``(E[g e**2] + 2 n L e + n L**2) / (2 (e + n L))``
+          per started GPU;
+        - ``late_s``: how much after their estimated ends the running runs free
+          their GPUs, ``s * L`` on average.
+
+        ``(1, 0, run_residual_s(), 0)`` when ``model_load_s`` is 0 (the default,
+        and a config pickled before the knob) or before any start. O(1): the
+        moments are kept as runs start (``note_run_start``, ``note_load``)."""
+        load_s = getattr(self.config, "model_load_s", 0.0)
+        mix = self.start_mix
+        if load_s <= 0 or not self.load_mix or not mix or len(mix) < 4 or mix[1] <= 0:
+            return 1.0, 0.0, self.run_residual_s(), 0.0
+        late_s = self.cold_share() * load_s
+        next_s = self.next_cold_share() * load_s
+        m1, m2 = mix[1] / mix[3], mix[2] / mix[3]  # per GPU started: e and e**2
+        factor = 1.0 + next_s / m1
+        residual = (m2 + 2 * next_s * m1 + next_s * load_s) / (2 * (m1 + next_s))
+        return factor, late_s * self.running_gpus, residual, late_s
+
     def running_left_gpu_s(self: Cell) -> float:
         """GPU-seconds the running work still needs by its estimates (never
         negative: a run past its estimate needs 0). O(1): ``running_end_gpu_s``
@@ -339,18 +445,19 @@ class Accounting:
         if wait_s <= 0 or queued <= 0 or backlog <= 0:
             return 1.0
         capacity = self.index.free_total + self.running_gpus
-        remaining = self.running_left_gpu_s()
-        own = gpus * self.residual_per_gpu_s()
+        factor, loading, residual, _ = self.load_terms()
+        remaining = self.running_left_gpu_s() + loading
+        own = gpus * (remaining / self.running_gpus) if self.running_gpus > 0 else 0.0
         held = wait_s * capacity - own  # A + min(1, A / R) * net
         extra = max(0.0, remaining - own)
-        net = extra - min(self.run_residual_s() * capacity, remaining + extra)
+        net = extra - min(residual * capacity, remaining + extra)
         if remaining <= 0:
             ahead = held
         elif held <= remaining + net and remaining + net > 0:  # A <= R
             ahead = held * remaining / (remaining + net)
         else:
             ahead = held - net
-        depth = 1.0 + max(0.0, ahead) * queued / backlog
+        depth = 1.0 + max(0.0, ahead) / factor * queued / backlog
         return min(depth, 1.0 + self._jobs_ahead_of_ends(wait_s, gpus, capacity))
 
     def _jobs_ahead_of_ends(self: Cell, wait_s: float, gpus: int, capacity: int) -> float:
@@ -365,11 +472,12 @@ class Accounting:
         if not mix or len(mix) < 4 or mix[1] <= 0 or mix[3] <= 0 or running <= 0:
             return math.inf
         ends = self.release_list()
-        remaining = self.running_left_gpu_s()
-        deep = point_wait_s(remaining, gpus, remaining, running, capacity, self.run_residual_s())
+        _, loading, residual, late_s = self.load_terms()
+        remaining = self.running_left_gpu_s() + loading
+        deep = point_wait_s(remaining, gpus, remaining, running, capacity, residual)
         if not ends or wait_s >= deep:
             return math.inf
-        i = bisect_left(ends, (self.now_ms + int(wait_s * 1000),))
+        i = bisect_left(ends, (self.now_ms + int((wait_s - late_s) * 1000),))
         freed = (i + 1) * running / len(ends)  # GPUs freed by the end at slice i
         return max(0.0, freed - gpus) * mix[0] / mix[3]
 

@@ -543,6 +543,7 @@ class Scheduling:
         self.runs[run.key] = run
         if self.breakers:  # past a half-open breaker, this run is its probe
             self.note_placement(run)
+        self.note_load(placement.slices, job.spec.model, gpus, estimate)  # before mark_warm
         nodes_needed = len(placement.slices)
         for piece in placement.slices:
             node = self.index.nodes[piece.node_id]
