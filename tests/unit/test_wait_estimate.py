@@ -38,12 +38,17 @@ def full_cell_of_one_gpu_runs() -> Harness:
     for i in range(16):
         h.submit(f"r{i}", tenant=f"t{i}", gpus=1, estimate_s=1000)
     h.start_all()
-    for _ in range(10):  # 100 s, the nodes reporting their runs
+    _reported_for_100_s(h)
+    assert h.cell.index.free_total == 0 and h.cell.running_gpus == 16
+    return h
+
+
+def _reported_for_100_s(h: Harness) -> None:
+    """100 s of Ticks, both nodes reporting their runs every 10 s."""
+    for _ in range(10):
         h.tick(10)
         h.heartbeat("n0")
         h.heartbeat("n1")
-    assert h.cell.index.free_total == 0 and h.cell.running_gpus == 16
-    return h
 
 
 def staggered_cell() -> Harness:
@@ -53,10 +58,7 @@ def staggered_cell() -> Harness:
     for i in range(16):
         h.submit(f"r{i}", tenant=f"t{i}", gpus=1, per_node=1, estimate_s=1700)
         h.start_all()
-        for _ in range(10):  # 100 s, the nodes reporting their runs
-            h.tick(10)
-            h.heartbeat("n0")
-            h.heartbeat("n1")
+        _reported_for_100_s(h)
     assert h.cell.index.free_total == 0 and h.cell.running_gpus == 16
     assert h.cell.running_left_gpu_s() == pytest.approx(13600)
     return h
