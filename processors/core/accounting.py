@@ -41,7 +41,8 @@ import math
 import statistics
 from bisect import bisect_left
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from framespool.schemas import events as ev
 from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState
@@ -81,13 +82,81 @@ def point_wait_s(
     return (ahead + own + behind * (extra - started)) / capacity
 
 
+@dataclass(slots=True)
+class StartMix:
+    """Moments of the runs the cell starts, GPU-weighted, halved every
+    ``MIX_HALVE_AT`` starts so the mix follows the load."""
+
+    starts: float = 0.0
+    gpu_e: float = 0.0  # sum of g * e (GPUs times estimate)
+    gpu_e2: float = 0.0  # sum of g * e**2
+    gpus: float = 0.0
+
+    def note(self, gpus: int, estimate_s: float) -> None:
+        self.starts += 1.0
+        self.gpu_e += gpus * estimate_s
+        self.gpu_e2 += gpus * estimate_s * estimate_s
+        self.gpus += gpus
+        if self.starts >= MIX_HALVE_AT:
+            self.starts, self.gpu_e, self.gpu_e2, self.gpus = (
+                self.starts / 2,
+                self.gpu_e / 2,
+                self.gpu_e2 / 2,
+                self.gpus / 2,
+            )
+
+    def residual_s(self) -> float:
+        return self.gpu_e2 / (2 * self.gpu_e) if self.gpu_e > 0 else 0.0
+
+
+@dataclass(slots=True)
+class LoadMix:
+    """Which started runs loaded their model, in GPUs, halved with the starts
+    (``Accounting.note_load``)."""
+
+    starts: float = 0.0
+    gpus: float = 0.0
+    loaded: float = 0.0  # GPUs of the runs that loaded their model
+    warm: float = 0.0  # GPUs of the runs whose GPUs all held a model
+    warm_loaded: float = 0.0  # ... and loaded (another model)
+    model_sq: float = 0.0  # sum over models of their GPUs squared
+    models: dict[str, float] = field(default_factory=dict)  # model -> GPUs started
+
+    def note(self, gpus: int, model: str, cold: bool, all_held: bool) -> None:
+        self.starts += 1.0
+        self.gpus += gpus
+        if cold:
+            self.loaded += gpus
+        if all_held:  # every GPU held a model: loads only for another one
+            self.warm += gpus
+            if cold:
+                self.warm_loaded += gpus
+        was = self.models.get(model, 0.0)
+        self.models[model] = was + gpus
+        self.model_sq += (was + gpus) ** 2 - was * was
+        if self.starts >= MIX_HALVE_AT:
+            self.starts /= 2
+            self.gpus /= 2
+            self.loaded /= 2
+            self.warm /= 2
+            self.warm_loaded /= 2
+            self.model_sq /= 4
+            for name in self.models:
+                self.models[name] /= 2
+
+
+class LoadTerms(NamedTuple):
+    """What model loads add to the point wait (``Accounting.load_terms``)."""
+
+    factor: float  # the work ahead is A * factor
+    loading: float  # GPU-seconds the running runs hold past their estimates
+    residual: float  # a busy GPU's mean residual as the job starts
+    late_s: float  # how much after their estimated ends the running runs free their GPUs
+
+
 class Accounting:
-    # [starts, sum g*e, sum g*e*e, sum g] of the runs started (note_run_start)
-    start_mix: list[float] | None = None
-    # [starts, GPUs, GPUs of the runs that loaded their model, GPUs that all held
-    # a model, those that loaded, sum over models of their GPUs squared] (note_load)
-    load_mix: list[float] | None = None
-    load_models: dict[str, float] | None = None  # model -> GPUs started (note_load)
+    start_mix: StartMix | None = None  # the runs started (note_run_start)
+    load_mix: LoadMix | None = None  # which of them loaded their model (note_load)
 
     def shapes_of(self: Cell, job: Job) -> list[tuple[int, int, float]]:
         spec = job.spec
@@ -202,23 +271,26 @@ class Accounting:
         gpus = job.shape[0]
         if not passed_over and self.index.free_total >= gpus and ahead <= job.cost:
             return 0.0
-        factor, loading, residual, _ = self.load_terms()
-        remaining = self.running_left_gpu_s() + loading
+        loads = self.load_terms()
+        remaining = self.running_left_gpu_s() + loads.loading
         others = max(0.0, ahead - job.cost)
-        loaded = others * factor
-        point = point_wait_s(loaded, gpus, remaining, self.running_gpus, capacity, residual)
+        loaded = others * loads.factor
+        point = point_wait_s(loaded, gpus, remaining, self.running_gpus, capacity, loads.residual)
         if loaded < remaining:  # deeper, the point is past what the ends can say
-            ends = self.first_ends_wait_s(others, gpus, capacity, remaining, residual)
+            ends = self.first_ends_wait_s(others, gpus, capacity, remaining, loads)
             point = max(point, ends)
         return max(point, self.drain_wait_s(job, leaf, below, capacity, passed_over))
 
+    def deep_point_s(
+        self: Cell, gpus: int, capacity: int, remaining: float, residual: float
+    ) -> float:
+        """The point of a job behind a queue as deep as the running work
+        (``point_wait_s`` with ``A = R``): what the running runs' ends can say
+        at most (``first_ends_wait_s``). O(1)."""
+        return point_wait_s(remaining, gpus, remaining, self.running_gpus, capacity, residual)
+
     def first_ends_wait_s(
-        self: Cell,
-        ahead: float,
-        gpus: int,
-        capacity: int,
-        remaining: float | None = None,
-        residual: float | None = None,
+        self: Cell, ahead: float, gpus: int, capacity: int, remaining: float, loads: LoadTerms
     ) -> float:
         """When the running runs will have freed the GPUs the work ahead and the
         job take (``ahead`` GPU-seconds over the started mix's mean estimate
@@ -232,25 +304,20 @@ class Accounting:
         deeper, the point is past the cap). 0 before any start. O(1): the
         release list is kept sorted as runs start and end, and its GPUs per
         slice are taken as even (the ``k``-th GPU is read at slice
-        ``k * slices / running GPUs``); ``remaining`` and ``residual``: the
-        caller's ``running_left_gpu_s`` and ``run_residual_s``."""
+        ``k * slices / running GPUs``); ``remaining`` and ``loads``: the
+        caller's running work left (loads included) and ``load_terms``."""
         mix = self.start_mix
         running = self.running_gpus
-        if not mix or len(mix) < 4 or mix[1] <= 0 or running <= 0:
+        if not mix or mix.gpu_e <= 0 or running <= 0:
             return 0.0
         ends = self.release_list()
         if not ends:
             return 0.0
         # GPUs: GPU-seconds over the mean estimate; a part of a job still takes a GPU
-        need = math.ceil(ahead * mix[3] / mix[1] - 1e-9) + gpus
+        need = math.ceil(ahead * mix.gpus / mix.gpu_e - 1e-9) + gpus
         i = max(0, min(len(ends) - 1, math.ceil(need * len(ends) / running) - 1))
-        _, loading, loaded_residual, late_s = self.load_terms()
-        free_s = max(0.0, (ends[i][0] - self.now_ms) / 1000) + late_s
-        if remaining is None:
-            remaining = self.running_left_gpu_s() + loading
-        if residual is None:
-            residual = loaded_residual
-        return min(free_s, point_wait_s(remaining, gpus, remaining, running, capacity, residual))
+        free_s = max(0.0, (ends[i][0] - self.now_ms) / 1000) + loads.late_s
+        return min(free_s, self.deep_point_s(gpus, capacity, remaining, loads.residual))
 
     def drain_wait_s(
         self: Cell, job: Job, leaf: Flow, below: list[float], capacity: int, passed_over: bool
@@ -303,15 +370,9 @@ class Accounting:
         """A run started: fold its GPUs and estimate into the started mix's
         moments (``run_residual_s``); halved every ``MIX_HALVE_AT`` starts so
         the mix follows the load. O(1)."""
-        mix = self.start_mix
-        if not mix:
-            mix = self.start_mix = [0.0, 0.0, 0.0, 0.0]
-        mix[0] += 1.0
-        mix[1] += gpus * estimate_s
-        mix[2] += gpus * estimate_s * estimate_s
-        mix[3] += gpus
-        if mix[0] >= MIX_HALVE_AT:
-            mix[:] = [m / 2 for m in mix]
+        if self.start_mix is None:
+            self.start_mix = StartMix()
+        self.start_mix.note(gpus, estimate_s)
 
     def run_residual_s(self: Cell) -> float:
         """The mean time a busy GPU still needs at a random moment, for the mix
@@ -319,8 +380,7 @@ class Accounting:
         started runs (a renewal process's mean residual life, GPU-weighted: a
         run of estimate ``e`` holds its GPUs for ``e`` and is caught, on
         average, halfway). 0 before any start. O(1)."""
-        mix = self.start_mix
-        return mix[2] / (2 * mix[1]) if mix and mix[1] > 0 else 0.0
+        return self.start_mix.residual_s() if self.start_mix else 0.0
 
     def note_load(
         self: Cell, slices: tuple[ev.NodeSlice, ...], model: str, gpus: int, estimate_s: float
@@ -333,34 +393,15 @@ class Accounting:
         the run), O(models started) on a halving."""
         nodes = self.index.nodes
         held = [nodes[p.node_id].warm[i] for p in slices for i in p.gpus]
-        cold = any(m != model for m in held)
-        mix = self.load_mix
-        if not mix:
-            mix = self.load_mix = [0.0] * 6
-            self.load_models = {}
-        mix[0] += 1.0
-        mix[1] += gpus
-        if cold:
-            mix[2] += gpus
-        if all(held):  # every GPU held a model: loads only for another one
-            mix[3] += gpus
-            if cold:
-                mix[4] += gpus
-        models = cast(dict[str, float], self.load_models)
-        was = models.get(model, 0.0)
-        models[model] = was + gpus
-        mix[5] += (was + gpus) ** 2 - was * was
-        if mix[0] >= MIX_HALVE_AT:
-            mix[:5] = [m / 2 for m in mix[:5]]
-            mix[5] /= 4
-            for name in models:
-                models[name] /= 2
+        if self.load_mix is None:
+            self.load_mix = LoadMix()
+        self.load_mix.note(gpus, model, any(m != model for m in held), all(held))
 
     def cold_share(self: Cell) -> float:
         """The share of started GPUs whose run loaded its model (0 before any
         start): the running runs' share (``load_terms``). O(1)."""
         mix = self.load_mix
-        return mix[2] / mix[1] if mix and mix[1] > 0 else 0.0
+        return mix.loaded / mix.gpus if mix and mix.gpus > 0 else 0.0
 
     def next_cold_share(self: Cell) -> float:
         """The share of the GPUs started next whose run will load its model:
@@ -375,12 +416,12 @@ class Accounting:
         (measured on the default flood: prior 0.45, the share it then had
         0.385). O(1)."""
         mix = self.load_mix
-        if not mix or mix[1] <= 0:
+        if not mix or mix.gpus <= 0:
             return 0.0
-        prior = max(0.0, 1.0 - mix[5] / (mix[1] * mix[1]))
-        return (mix[4] + LOAD_PRIOR_GPUS * prior) / (mix[3] + LOAD_PRIOR_GPUS)
+        prior = max(0.0, 1.0 - mix.model_sq / (mix.gpus * mix.gpus))
+        return (mix.warm_loaded + LOAD_PRIOR_GPUS * prior) / (mix.warm + LOAD_PRIOR_GPUS)
 
-    def load_terms(self: Cell) -> tuple[float, float, float, float]:
+    def load_terms(self: Cell) -> LoadTerms:
         """What model loads add to the point wait, ``L = model_load_s`` the GPU
         time a run that loads its model takes before its work starts (no
         estimate counts it), ``s`` the share of the running GPUs whose run
@@ -404,14 +445,14 @@ class Accounting:
         moments are kept as runs start (``note_run_start``, ``note_load``)."""
         load_s = getattr(self.config, "model_load_s", 0.0)
         mix = self.start_mix
-        if load_s <= 0 or not self.load_mix or not mix or len(mix) < 4 or mix[1] <= 0:
-            return 1.0, 0.0, self.run_residual_s(), 0.0
+        if load_s <= 0 or not self.load_mix or not mix or mix.gpu_e <= 0:
+            return LoadTerms(1.0, 0.0, self.run_residual_s(), 0.0)
         late_s = self.cold_share() * load_s
         next_s = self.next_cold_share() * load_s
-        m1, m2 = mix[1] / mix[3], mix[2] / mix[3]  # per GPU started: e and e**2
+        m1, m2 = mix.gpu_e / mix.gpus, mix.gpu_e2 / mix.gpus  # per GPU started: e and e**2
         factor = 1.0 + next_s / m1
         residual = (m2 + 2 * next_s * m1 + next_s * load_s) / (2 * (m1 + next_s))
-        return factor, late_s * self.running_gpus, residual, late_s
+        return LoadTerms(factor, late_s * self.running_gpus, residual, late_s)
 
     def running_left_gpu_s(self: Cell) -> float:
         """GPU-seconds the running work still needs by its estimates (never
@@ -445,22 +486,25 @@ class Accounting:
         if wait_s <= 0 or queued <= 0 or backlog <= 0:
             return 1.0
         capacity = self.index.free_total + self.running_gpus
-        factor, loading, residual, _ = self.load_terms()
-        remaining = self.running_left_gpu_s() + loading
+        loads = self.load_terms()
+        remaining = self.running_left_gpu_s() + loads.loading
         own = gpus * (remaining / self.running_gpus) if self.running_gpus > 0 else 0.0
         held = wait_s * capacity - own  # A + min(1, A / R) * net
         extra = max(0.0, remaining - own)
-        net = extra - min(residual * capacity, remaining + extra)
+        net = extra - min(loads.residual * capacity, remaining + extra)
         if remaining <= 0:
             ahead = held
         elif held <= remaining + net and remaining + net > 0:  # A <= R
             ahead = held * remaining / (remaining + net)
         else:
             ahead = held - net
-        depth = 1.0 + max(0.0, ahead) / factor * queued / backlog
-        return min(depth, 1.0 + self._jobs_ahead_of_ends(wait_s, gpus, capacity))
+        depth = 1.0 + max(0.0, ahead) / loads.factor * queued / backlog
+        ends = self._jobs_ahead_of_ends(wait_s, gpus, capacity, remaining, loads)
+        return min(depth, 1.0 + ends)
 
-    def _jobs_ahead_of_ends(self: Cell, wait_s: float, gpus: int, capacity: int) -> float:
+    def _jobs_ahead_of_ends(
+        self: Cell, wait_s: float, gpus: int, capacity: int, remaining: float, loads: LoadTerms
+    ) -> float:
         """``first_ends_wait_s`` inverted: the fewest jobs ahead whose GPUs the
         running runs free by ``wait_s``, at the started mix's GPUs per run (inf
         where the ends do not decide the wait). The point is the larger of the
@@ -469,17 +513,14 @@ class Accounting:
         deep, not as deep as the GPU-seconds that wave holds. O(log slices)."""
         mix = self.start_mix
         running = self.running_gpus
-        if not mix or len(mix) < 4 or mix[1] <= 0 or mix[3] <= 0 or running <= 0:
+        if not mix or mix.gpu_e <= 0 or running <= 0:
             return math.inf
         ends = self.release_list()
-        _, loading, residual, late_s = self.load_terms()
-        remaining = self.running_left_gpu_s() + loading
-        deep = point_wait_s(remaining, gpus, remaining, running, capacity, residual)
-        if not ends or wait_s >= deep:
+        if not ends or wait_s >= self.deep_point_s(gpus, capacity, remaining, loads.residual):
             return math.inf
-        i = bisect_left(ends, (self.now_ms + int((wait_s - late_s) * 1000),))
+        i = bisect_left(ends, (self.now_ms + int((wait_s - loads.late_s) * 1000),))
         freed = (i + 1) * running / len(ends)  # GPUs freed by the end at slice i
-        return max(0.0, freed - gpus) * mix[0] / mix[3]
+        return max(0.0, freed - gpus) * mix.starts / mix.gpus
 
     # -- failure containment ----------------------------------------------------
     def note_failure(self: Cell, run: Run, node_id: str, failure_class: str) -> None:
@@ -765,9 +806,7 @@ class Accounting:
         self.wait_bands.censor(self.now_ms)
         held: dict[tuple[str, ...], int] = {}  # by flow: (tier,), (tier, tenant), (..., user)
         for run in self.runs.values():
-            job = self.jobs.get(run.job_id)
-            user = job.user if job is not None else run.tenant
-            for key in ((run.tier,), (run.tier, run.tenant), (run.tier, run.tenant, user)):
+            for key in ((run.tier,), (run.tier, run.tenant), (run.tier, run.tenant, run.user)):
                 held[key] = held.get(key, 0) + run.gpus
         self.wait_bands.sample_held(self.now_ms, held)
         for leaf in self.active_leaves():

@@ -178,7 +178,7 @@ def test_the_started_mix_follows_the_load():
         cell.note_run_start(1, 100.0)
     assert cell.run_residual_s() == pytest.approx(50.0)
     cell.note_run_start(1, 100.0)  # the window is full: halved, same ratio
-    assert cell.start_mix is not None and cell.start_mix[0] == MIX_HALVE_AT / 2
+    assert cell.start_mix is not None and cell.start_mix.starts == MIX_HALVE_AT / 2
     assert cell.run_residual_s() == pytest.approx(50.0)
     for _ in range(4 * int(MIX_HALVE_AT)):
         cell.note_run_start(1, 1000.0)

@@ -20,7 +20,7 @@ import pytest
 
 from framespool.processors import sim
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.core.accounting import LOAD_PRIOR_GPUS, MIX_HALVE_AT
+from framespool.processors.core.accounting import LOAD_PRIOR_GPUS, MIX_HALVE_AT, LoadMix
 from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
 
@@ -89,7 +89,8 @@ def test_a_run_loads_when_any_of_its_gpus_does_and_all_its_gpus_wait():
     cell.note_load(two, "m", 2, 100.0)
     assert cell.cold_share() == pytest.approx(2 / 3)
     # of the two starts on GPUs that all held a model, one loaded
-    assert cell.load_mix is not None and cell.load_mix[3:5] == [4.0, 2.0]
+    assert cell.load_mix is not None
+    assert (cell.load_mix.warm, cell.load_mix.warm_loaded) == (4.0, 2.0)
 
 
 def test_the_cold_share_follows_the_load():
@@ -102,14 +103,14 @@ def test_the_cold_share_follows_the_load():
         cell.note_load(one_gpu(), "m" if i % 4 else "x", 1, 100.0)
     mix = cell.load_mix
     assert mix is not None
-    share, prior = cell.cold_share(), 1 - mix[5] / mix[1] ** 2
+    share, prior = cell.cold_share(), 1 - mix.model_sq / mix.gpus**2
     assert share == pytest.approx(0.25, abs=0.001)
     assert prior == pytest.approx(1 - 0.75**2 - 0.25**2, abs=0.001)
     cell.note_load(one_gpu(), "m", 1, 100.0)  # the window is full: halved
-    assert mix[0] == MIX_HALVE_AT / 2
+    assert mix.starts == MIX_HALVE_AT / 2
     assert cell.cold_share() == pytest.approx(share, abs=0.001)
-    assert 1 - mix[5] / mix[1] ** 2 == pytest.approx(prior, abs=0.001)
-    assert mix[5] == pytest.approx(sum(g * g for g in (cell.load_models or {}).values()))
+    assert 1 - mix.model_sq / mix.gpus**2 == pytest.approx(prior, abs=0.001)
+    assert mix.model_sq == pytest.approx(sum(g * g for g in mix.models.values()))
     for _ in range(4 * int(MIX_HALVE_AT)):
         cell.note_load(one_gpu(), "m", 1, 100.0)
     assert cell.cold_share() < 0.02 and cell.next_cold_share() < 0.03
@@ -118,7 +119,7 @@ def test_the_cold_share_follows_the_load():
 def test_the_cold_share_survives_a_snapshot_and_an_older_one_starts_without():
     h = cold_cell()
     copy = pickle.loads(pickle.dumps(h.cell))
-    assert copy.load_mix == h.cell.load_mix and copy.load_models == h.cell.load_models
+    assert copy.load_mix == h.cell.load_mix  # its models too
     assert copy.load_terms() == h.cell.load_terms()
     state = h.cell.__getstate__()
     state = {k: v for k, v in state.items() if k not in ("load_mix", "load_models")}
@@ -133,9 +134,8 @@ def test_the_cold_share_survives_a_snapshot_and_an_older_one_starts_without():
 def loads(cell: Cell, running: float, recycled: float, models: dict[str, float]) -> None:
     """Set the loads' moments: 16 GPUs started, a share ``running`` of them
     loading; ``recycled`` of them on GPUs that held a model, all loading."""
-    cell.load_models = dict(models)
-    cell.load_mix = [16.0, 16.0, 16 * running, recycled, recycled, 0.0]
-    cell.load_mix[5] = sum(g * g for g in models.values())
+    square = sum(g * g for g in models.values())
+    cell.load_mix = LoadMix(16.0, 16.0, 16 * running, recycled, recycled, square, dict(models))
 
 
 def expected_point(ahead: float, running: float, s: float, n: float) -> float:
