@@ -45,6 +45,12 @@ class TenantConfig:
     reserved_gpus: int = 0  # guaranteed minimum, lent to others while idle
     user_weights: tuple[tuple[str, float], ...] = ()
 
+    def capped(self) -> bool:
+        """Whether a GPU or run cap applies, to the organisation or its users."""
+        return bool(
+            self.max_gpus or self.max_running or self.user_max_gpus or self.user_max_running
+        )
+
 
 DEFAULT_TIERS = (
     # interactive preempts after 5 s, not 30: its p99 wait must stay under 10 s,
@@ -185,7 +191,7 @@ class CellConfig:
         set_(self, "_retries", retries)
         set_(self, "_defaulted", {})
         set_(self, "_may_preempt", {})
-        set_(self, "_any_caps", any(_capped(t) for t in (*self.tenants, self.default_tenant)))
+        set_(self, "_any_caps", any(t.capped() for t in (*self.tenants, self.default_tenant)))
         set_(self, "reserved_tenant_gpus", _reserved(self.tenants))
         set_(self, "reserved_tier_gpus", _reserved(self.tiers))
 
@@ -213,7 +219,7 @@ class CellConfig:
         """Whether any tenant, the default one included, has a GPU or run cap."""
         found: bool | None = getattr(self, "_any_caps", None)
         if found is None:  # a config pickled before the flag
-            found = any(_capped(t) for t in (*self.tenants, self.default_tenant))
+            found = any(t.capped() for t in (*self.tenants, self.default_tenant))
             object.__setattr__(self, "_any_caps", found)
         return found
 
@@ -249,9 +255,3 @@ def _reserved(
         if entry.reserved_gpus:
             out[entry.name] = out.get(entry.name, ()) + (entry.reserved_gpus,)
     return out
-
-
-def _capped(tenant: TenantConfig) -> bool:
-    return bool(
-        tenant.max_gpus or tenant.max_running or tenant.user_max_gpus or tenant.user_max_running
-    )

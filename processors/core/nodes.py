@@ -239,20 +239,14 @@ class NodeHandlers:
                 )
             if report.step_rate > 0:
                 self.note_step_rate(node, run, report.step_rate)
-        # the runs holding GPUs here that the heartbeat did not list (``runs_on``
-        # less ``listed``), taken before any is released; mostly none, which a
-        # C-level set difference says without a Python loop
+        # the runs holding GPUs here that the heartbeat did not list, taken
+        # before any is released; mostly none, which a C-level set difference
+        # says without a Python loop
         holders = set(node.owner)
         holders.discard(None)
         if holders.issubset(listed):
             return
-        runs = self.runs
-        unlisted = [
-            runs[key]
-            for key in dict.fromkeys(node.owner)
-            if key is not None and key not in listed and key in runs
-        ]
-        for run in unlisted:
+        for run in [run for run in self.runs_on(node) if run.key not in listed]:
             if run.phase == RunPhase.STOPPING:
                 self.release_slice(run, node.node_id)
             elif run.phase == RunPhase.ASSIGNED:

@@ -216,8 +216,6 @@ class Scheduling:
         jobs, claims, index = self.jobs, self.claims, self.index
         cursors: dict[int, Iterator[str]] = {}
         memo = PassMemo()
-        # preempt_sensitive reads only the job's tier and tenant (and the config)
-        sensitive_of: dict[tuple[str, str], bool] = {}
         budget = self.config.backfill_depth if full else QUICK_PASS_TESTS
         reservations = self.config.reservations
         after_block = 0
@@ -257,11 +255,7 @@ class Scheduling:
                         self.reserve_more(job)
                         recheck = True
                         memo.reservations_changed()
-                who = (job.tier, job.tenant)
-                may_preempt = sensitive_of.get(who)
-                if may_preempt is None:
-                    may_preempt = sensitive_of[who] = self.preempt_sensitive(job)
-                if may_preempt:
+                if self.preempt_sensitive(job):  # memoised by the config
                     sensitive = True
                     self.maybe_preempt(job)
             else:
@@ -386,9 +380,7 @@ class Scheduling:
         if not self.config.any_caps():
             return ""
         tenant = self.config.tenant(job.tenant)
-        if not (
-            tenant.max_gpus or tenant.max_running or tenant.user_max_gpus or tenant.user_max_running
-        ):
+        if not tenant.capped():
             return ""
         org, user = self.use_of(job)
         gpus = job.shape[0]
