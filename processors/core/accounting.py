@@ -460,13 +460,6 @@ class Accounting:
         and ``running_gpus`` are kept as runs start and end."""
         return max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
 
-    def residual_per_gpu_s(self: Cell) -> float:
-        """Mean seconds a running GPU still needs (the running work left over the
-        running GPUs; 0 when nothing runs). O(1)."""
-        if self.running_gpus <= 0:
-            return 0.0
-        return self.running_left_gpu_s() / self.running_gpus
-
     def wait_depth(self: Cell, wait_s: float, gpus: int = 1) -> float:
         """Jobs that must end before a ``gpus``-GPU job told ``wait_s`` starts,
         for the wait bands' depth prior: one (the first end that frees its GPUs)
