@@ -110,6 +110,12 @@ def depth_prior(depth: float) -> tuple[float, float]:
     return PRIOR[0], math.exp(Z90 * math.sqrt(SIGMA_SYS**2 + SIGMA_JOB**2 / depth))
 
 
+def _within(i: int, frac: float) -> float:
+    """The ratio ``frac`` of the way through bucket ``i``, which holds the
+    log-ratios within half a ``STEP`` of its centre (``Histogram.multipliers``)."""
+    return 2.0 ** (LOW + (i - 0.5 + min(1.0, max(0.0, frac))) * STEP)
+
+
 def _bucket(log_ratio: float) -> int:
     return int(round((min(HIGH, max(LOW, log_ratio)) - LOW) / STEP))
 
@@ -143,7 +149,10 @@ class Histogram:
 
     def multipliers(self) -> tuple[float, float]:
         """(m50, m90): the Kaplan-Meier quantiles of the ratios, over the
-        buckets. A bucket's starts leave the risk set before its censored
+        buckets, read where the survival curve crosses the quantile within its
+        bucket (the bucket's starts taken as spread evenly over its width): a
+        bucket is 4.4 % wide and a deep queue's ratios spread a few %, so
+        reading the bucket's centre put both quantiles up to 2.2 % off. A bucket's starts leave the risk set before its censored
         jobs (a job queued that long is still at risk of a longer wait). A
         quantile the starts do not reach (the rest is still queued past every
         start): the P50 with the queued jobs counted at their wait so far, the
@@ -157,9 +166,11 @@ class Histogram:
             extra = self.censored
             for i, ended in enumerate(self.counts):
                 if ended > 0 and at_risk > 0:
+                    before = survival
                     survival *= 1.0 - ended / at_risk
                     while q is not None and 1.0 - survival >= q - 1e-9:
-                        out.append(2.0 ** (LOW + i * STEP))
+                        # where in the bucket the curve crosses q (its starts spread evenly)
+                        out.append(_within(i, (q - 1.0 + before) / (before - survival)))
                         q = next(want, None)
                     if q is None:
                         break

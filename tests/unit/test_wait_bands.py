@@ -63,6 +63,18 @@ def test_band_moves_toward_the_observed_ratios():
     )
 
 
+def test_quantiles_are_read_within_their_bucket_not_at_its_centre():
+    # log2 ratios spread evenly over [1/32, 1 + 1/32): the median 2 ** (17/32)
+    # lies on a bucket's edge (buckets are 1/16 wide, centred on multiples of
+    # 1/16), so its centre would be 2.2 % off; the P90 is 2 ** (29.8/32)
+    bands = WaitBands()
+    _observe(bands, [2 ** ((1 + 32 * (k + 0.5) / 1600) / 32) for k in range(1600)])
+    p50, p90 = bands.band("paid", 600.0)
+    m50, m90 = (p50 + FLOOR_S) / (600 + FLOOR_S), (p90 + FLOOR_S) / (600 + FLOOR_S)
+    assert math.isclose(m50, 2 ** (17 / 32), rel_tol=0.003)
+    assert math.isclose(m90, 2 ** (29.8 / 32), rel_tol=0.003)
+
+
 def test_without_calibration_the_band_stays_at_the_prior():
     learned, frozen = WaitBands(), WaitBands(enabled=False)
     ratios = [0.25] * 100  # jobs start four times sooner than estimated
