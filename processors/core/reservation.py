@@ -10,8 +10,12 @@ Theory of operation
   fits early reads only the first few. A run's static end (start + estimate)
   moves when it reports its start (``started_ms`` becomes now): its slices
   are re-filed then (``refile_release``, once per run), so a walk reads the
-  slices after now straight off the list; runs already past their estimate
-  are projected afresh once per pass.
+  slices after now straight off the list. Runs already past their estimate
+  are projected ``now + slack`` (or at their hard limit): kept in ``LateSlices``
+  in slack order, each added once as time passes its end, so a walk projects
+  only the few it reads. A reservation that keeps its nodes (sticky) walks
+  only those nodes' slices (``releases_on``), not the cell's list up to its
+  last node's end.
 - Conservative backfill: up to ``reservations - 1`` further blocked jobs
   (in fair order) hold reservations too, each on nodes no earlier one holds,
   so none delays another. A job may use a reservation's nodes only if it ends
@@ -34,6 +38,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterator
 from itertools import islice
@@ -65,9 +70,9 @@ class Reservations:
             ok = (lambda node, base=base: node.node_id in sticky and base(node)) if sticky else base
             if sticky and job.shape != (gpus, per_node, estimate):
                 continue
-            fit = self.index.earliest_fit(
-                min(per_node, gpus), -(-gpus // per_node), self.releases(), ok
-            )
+            # a sticky reservation counts only its own nodes' releases
+            releases = self.releases_on(sticky) if sticky else self.releases()
+            fit = self.index.earliest_fit(min(per_node, gpus), -(-gpus // per_node), releases, ok)
             if fit is None:
                 continue
             start_ms, nodes = fit
@@ -119,6 +124,7 @@ class Reservations:
             ends.sort()
             self._release_ends = ends
             self._release_ends_filed = filed  # (run, node) -> the end it is filed under
+            self.__dict__.pop("_late_slices", None)  # kept of the list it replaces
         return ends
 
     def plan_release(self: Cell, run: Run) -> None:
@@ -126,10 +132,12 @@ class Reservations:
         ends = self.release_list()
         filed = self._release_ends_filed
         end = _static_end(run)
+        late = self.late_slices(ends)
         for node_id, gpus in run.held.items():
             insort(ends, (end, node_id, len(gpus), run.key))
             filed[(run.key, node_id)] = end
-        self._release_version = self.__dict__.get("_release_version", 0) + 1
+            if end <= late.at:
+                late.add(run, node_id, len(gpus))
 
     def unplan_release(self: Cell, run: Run, node_id: str, gpus: int) -> None:
         """The run gave back ``node_id`` (``gpus`` GPUs there; the caller has
@@ -140,7 +148,9 @@ class Reservations:
         end = self._release_ends_filed.pop((key, node_id), None)
         if end is not None:
             del ends[bisect_left(ends, (end, node_id, gpus, key))]
-        self._release_version = self.__dict__.get("_release_version", 0) + 1
+            late = self.late_slices(ends)
+            if end <= late.at:
+                late.drop(key, node_id, gpus)
 
     def refile_release(self: Cell, run: Run) -> None:
         """The run's static end moved (it reported its start, so ``started_ms``
@@ -149,6 +159,7 @@ class Reservations:
         reads the list as it stands instead of checking every slice it passes."""
         ends = self.release_list()
         filed = self._release_ends_filed
+        late = self.late_slices(ends)
         end = _static_end(run)
         key = run.key
         for node_id, gpus in run.held.items():
@@ -158,7 +169,10 @@ class Reservations:
             del ends[bisect_left(ends, (old, node_id, len(gpus), key))]
             insort(ends, (end, node_id, len(gpus), key))
             filed[(key, node_id)] = end
-        self._release_version = self.__dict__.get("_release_version", 0) + 1
+            if old <= late.at:
+                late.drop(key, node_id, len(gpus))
+            if end <= late.at:
+                late.add(run, node_id, len(gpus))
 
     def releases(self: Cell) -> Iterator[tuple[int, str, int, RunKey]]:
         """Held slices ``(projected end, node, gpus, run)`` in time order, as
@@ -166,41 +180,71 @@ class Reservations:
 
         Every slice is filed at its run's static end (``refile_release``), so
         the slices filed after now are read straight off the list (C-speed
-        iteration, no per-slice check); the late ones (filed at or before now:
-        projected afresh, O(L log L)) are projected once per scheduling pass
-        (``late_memo``) and reused by its further reservation walks while no
-        slice is filed or dropped (``_release_version``), and merged in.
-        Equal ``(end, node, gpus)`` prefixes are interchangeable to every
-        reader, so the run key only breaks ties."""
+        iteration, no per-slice check). The late ones (filed at or before now)
+        are kept in ``LateSlices`` (each added once, as time passes its end),
+        read in their projected order without projecting them all: a walk
+        reads ~30 slices where a pass used to project every late one (a few
+        hundred in a backlog) for it. Cost: O(N log L + N * L) to add the N
+        slices that became late since the last read (a bisect and a memmove
+        each), O(log L + k log k) for the k capped at their limit, and O(1)
+        per slice read."""
         ends = self.release_list()
         now = self.now_ms
-        memo = self.__dict__.get("_late_memo")
-        version = self.__dict__.get("_release_version", 0)
-        if memo and memo[0] == (now, version):
-            _, i, late = memo
-        else:
-            i = bisect_left(ends, (now + 1,))
+        late = self.late_slices(ends)
+        if now < late.at:  # time went back (a rebuilt cell's first reads): afresh
+            del self._late_slices
+            late = self.late_slices(ends)
+        i = bisect_left(ends, (now + 1,))
+        if now > late.at:
             runs = self.runs
-            # ``run.projected_end_ms(now)`` of a run whose static end is at or
-            # before now, inline (no call per slice): a slack of 10 % of its
-            # estimate (at least 1 s) from now, never past its hard limit
-            soon = now + 1
-            late = [
-                (
-                    max(soon, min(run.limit_ms, now + max(1000, int(run.estimate_s * 100)))),
-                    node,
-                    gpus,
-                    key,
-                )
-                for _, node, gpus, key in ends[:i]
-                for run in (runs[key],)
-            ]
-            late.sort()
-            if memo is not None:
-                self._late_memo = ((now, version), i, late)
-        if not late:
+            for _, node, gpus, key in islice(ends, bisect_left(ends, (late.at + 1,)), i):
+                late.add(runs[key], node, gpus)
+            late.at = now
+        if not late.by_slack:
             return islice(ends, i, None)
-        return _merged(late, ends, i)
+        return _merged(late.ordered(now, self.runs), ends, i)
+
+    def late_slices(self: Cell, ends: list[tuple[int, str, int, RunKey]]) -> LateSlices:
+        """The slices filed at or before ``late.at`` (``releases``); built from
+        ``ends`` on first use (a new cell, a rebuilt release list, or a cell
+        restored from a snapshot taken before they were kept)."""
+        late: LateSlices | None = self.__dict__.get("_late_slices")
+        if late is None:
+            late = self._late_slices = LateSlices(self.now_ms)
+            runs = self.runs
+            for _, node, gpus, key in islice(ends, 0, bisect_left(ends, (late.at + 1,))):
+                late.add(runs[key], node, gpus)
+        return late
+
+    def releases_on(self: Cell, node_ids: tuple[str, ...]) -> list[tuple[int, str, int, RunKey]]:
+        """``releases()`` of the slices on ``node_ids`` only, in the same order
+        (the same tuples, so the same ties), for a walk whose filter admits no
+        other node: a sticky reservation's, which otherwise reads the whole list
+        up to its last node's end (most of it, each pass). Found through the
+        nodes' GPU owners and the filed ends: O(G + S log S) for the G GPUs of
+        the nodes and their S slices, not O(R + L log L) for the cell's."""
+        self.release_list()  # filed, and built if a restored cell has none yet
+        filed = self._release_ends_filed
+        nodes, runs, now = self.index.nodes, self.runs, self.now_ms
+        out = []
+        for node_id in node_ids:
+            node = nodes.get(node_id)
+            if node is None:
+                continue
+            for key in dict.fromkeys(node.owner):
+                if key is None:
+                    continue
+                end = filed.get((key, node_id))
+                if end is None:
+                    continue
+                run = runs[key]
+                if end <= now:  # late: projected as ``releases`` projects it
+                    end = max(
+                        now + 1, min(run.limit_ms, now + max(1000, int(run.estimate_s * 100)))
+                    )
+                out.append((end, node_id, len(run.held[node_id]), key))
+        out.sort()
+        return out
 
     def clear_reservation(self: Cell) -> None:
         self.reservation_job = ""
@@ -476,17 +520,77 @@ class Reservations:
 
 
 def _merged(
-    late: list[tuple[int, str, int, RunKey]], ends: list[tuple[int, str, int, RunKey]], i: int
+    late: Iterator[tuple[int, str, int, RunKey]], ends: list[tuple[int, str, int, RunKey]], i: int
 ) -> Iterator[tuple[int, str, int, RunKey]]:
     """The late slices merged into ``ends[i:]``, both sorted; a late one first on a tie."""
-    j = 0
-    n = len(late)
+    head = next(late, None)
     for entry in islice(ends, i, None):
-        while j < n and late[j] <= entry:
-            yield late[j]
-            j += 1
+        while head is not None and head <= entry:
+            yield head
+            head = next(late, None)
         yield entry
-    yield from islice(late, j, None)
+    if head is not None:
+        yield head
+        yield from late
+
+
+class LateSlices:
+    """The held slices filed at or before ``at`` (their runs past their
+    estimate by then), in the order ``Run.projected_end_ms`` gives them at any
+    later now: a late slice is projected ``now + slack`` (slack = 10 % of its
+    estimate, at least 1 s), so their order by slack is their order at every
+    now, except the few capped at their run's hard limit (``limit - slack <=
+    now``), found by a bisect of ``by_cap`` and put in place.
+
+    ``by_slack``: ``(slack, node, gpus, run)`` sorted; ``by_cap``: ``(limit -
+    slack, node, gpus, run)`` sorted; ``filed``: ``(run, node) -> (slack, limit -
+    slack)``, what each is filed under.
+    add/drop: O(log L) search plus O(L) memmove."""
+
+    __slots__ = ("at", "by_slack", "by_cap", "filed")
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.by_slack: list[tuple[int, str, int, RunKey]] = []
+        self.by_cap: list[tuple[int, str, int, RunKey]] = []
+        self.filed: dict[tuple[RunKey, str], tuple[int, int]] = {}
+
+    def __getstate__(self) -> tuple:
+        return (self.at, self.by_slack, self.by_cap, self.filed)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.at, self.by_slack, self.by_cap, self.filed = state
+
+    def add(self, run: Run, node: str, gpus: int) -> None:
+        slack = max(1000, int(run.estimate_s * 100))  # as ``Run.projected_end_ms``
+        cap = run.limit_ms - slack
+        key = run.key
+        self.filed[(key, node)] = (slack, cap)
+        insort(self.by_slack, (slack, node, gpus, key))
+        insort(self.by_cap, (cap, node, gpus, key))
+
+    def drop(self, key: RunKey, node: str, gpus: int) -> None:
+        slack, cap = self.filed.pop((key, node))
+        del self.by_slack[bisect_left(self.by_slack, (slack, node, gpus, key))]
+        del self.by_cap[bisect_left(self.by_cap, (cap, node, gpus, key))]
+
+    def ordered(self, now: int, runs: dict) -> Iterator[tuple[int, str, int, RunKey]]:
+        """Every slice ``(projected end at now, node, gpus, run)`` in order, lazily."""
+        cut = bisect_left(self.by_cap, (now + 1,))
+        if not cut:
+            return ((now + slack, node, gpus, key) for slack, node, gpus, key in self.by_slack)
+        soon = now + 1
+        capped = sorted(
+            (max(soon, runs[key].limit_ms), node, gpus, key)
+            for _, node, gpus, key in islice(self.by_cap, cut)
+        )
+        skip = {(key, node) for _, node, _, key in capped}
+        rest = (
+            (now + slack, node, gpus, key)
+            for slack, node, gpus, key in self.by_slack
+            if (key, node) not in skip
+        )
+        return heapq.merge(capped, rest)
 
 
 def _static_end(run: Run) -> int:

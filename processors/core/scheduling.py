@@ -124,11 +124,7 @@ class Scheduling:
     def schedule(self: Cell, full: bool) -> None:
         if not self.queued_count:
             return
-        self._late_memo = ()  # the pass's late releases (``releases``), computed on first use
-        try:
-            self._schedule(full)
-        finally:
-            del self._late_memo
+        self._schedule(full)
 
     def _schedule(self: Cell, full: bool) -> None:
         if full:

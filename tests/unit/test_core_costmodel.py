@@ -28,6 +28,7 @@ from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare
 from framespool.processors.core.fairshare import FairTree
 from framespool.processors.core.model import Node
 from framespool.processors.core.placement import NodeIndex
+from framespool.processors.core.reservation import LateSlices
 from framespool.processors.sim.engine import SimOptions, Simulation
 from framespool.processors.sim.policies import POLICIES
 from framespool.processors.sim.workload import synthetic
@@ -101,22 +102,83 @@ class _CountedRuns(dict):
         return super().__getitem__(key)
 
 
+def _slack(run) -> int:
+    return max(1000, int(run.estimate_s * 100))
+
+
 def _check_release_list(cell: Cell) -> None:
     """The release list walks the ends a full sort gives, with every slice filed
-    at its run's current static end (a start report re-files it), so a read
-    projects only the late slices (filed at or before now) and checks no other."""
+    at its run's current static end (a start report re-files it); the late
+    slices (filed at or before now) are kept as time passes their ends, so a
+    read looks up only the runs of slices that became late since the last read
+    and of those capped at their hard limit, and no other."""
+    now = cell.now_ms
     ends = cell.release_list()
     for end, node_id, gpus, key in ends:
         run = cell.runs[key]
         assert end == run.started_ms + int(run.estimate_s * 1000) and len(run.held[node_id]) == gpus
-    late = sum(1 for end, *_ in ends if end <= cell.now_ms)
+    kept_at = cell.late_slices(ends).at
+    newly = sum(1 for end, *_ in ends if kept_at < end <= now)
+    capped = sum(
+        1
+        for end, _, _, key in ends
+        if end <= now and cell.runs[key].limit_ms - _slack(cell.runs[key]) <= now
+    )
     runs = cell.runs
     cell.runs = counted = _CountedRuns(runs)
     try:
-        assert list(cell.releases()) == naive_releases(cell)
+        naive = naive_releases(cell)
+        assert list(cell.releases()) == naive
     finally:
         cell.runs = runs
-    assert counted.reads == late  # one run read per late slice, none for the others
+    assert counted.reads == newly + capped
+    late = cell.late_slices(ends)  # kept exactly: what a rebuild at now would hold
+    assert late.at == now and late.by_slack == sorted(
+        (_slack(runs[key]), node, gpus, key) for end, node, gpus, key in ends if end <= now
+    )
+    # a sticky reservation's walk reads its nodes' slices only, in the same order
+    nodes = sorted(cell.index.nodes)
+    for some in (tuple(nodes[::3]), cell.reservation_nodes, ()):
+        assert cell.releases_on(some) == [r for r in naive if r[1] in some]
+
+
+class _LateRun:
+    def __init__(self, job: str, estimate_s: float, limit_ms: int) -> None:
+        self.key, self.estimate_s, self.limit_ms = (job, 1), estimate_s, limit_ms
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 900), st.integers(0, 400_000)), min_size=1, max_size=40),
+    st.lists(st.integers(0, 500_000), min_size=1, max_size=6),
+    st.data(),
+)
+def test_late_slices_read_in_projected_order_at_any_later_time(specs, nows, data) -> None:
+    # runs past their estimate, some near their hard limit: whatever now, the
+    # kept order is what projecting every slice afresh and sorting gives
+    # (capped ones at their limit, or now + 1 once it passed), and drops keep it so
+    late = LateSlices(0)
+    runs = {}
+    for i, (estimate, limit) in enumerate(specs):
+        run = _LateRun(f"j{i:03d}", float(estimate), limit)
+        runs[run.key] = run
+        late.add(run, f"n{i % 5}", 1 + i % 3)
+    for now in sorted(nows):
+        if runs and data.draw(st.booleans()):
+            key = data.draw(st.sampled_from(sorted(runs)))
+            i = int(key[0][1:])
+            late.drop(key, f"n{i % 5}", 1 + i % 3)
+            del runs[key]
+        naive = sorted(
+            (
+                max(now + 1, min(run.limit_ms, now + _slack(run))),  # Run.projected_end_ms, late
+                f"n{int(key[0][1:]) % 5}",
+                1 + int(key[0][1:]) % 3,
+                key,
+            )
+            for key, run in runs.items()
+        )
+        assert list(late.ordered(now, runs)) == naive
 
 
 def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
