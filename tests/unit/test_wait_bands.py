@@ -354,10 +354,27 @@ def test_refreshed_points_learn_their_own_multipliers():
     assert math.isclose(m50, 0.5, rel_tol=0.05)
     m50 = (bands.band("paid", 600.0)[0] + FLOOR_S) / (600 + FLOOR_S)
     assert math.isclose(m50, 2.0, rel_tol=0.05)
-    # a refresh class with too few samples reads the admissions' (then the prior)
-    m50 = (bands.band("paid", 60.0, refresh=True)[0] + FLOOR_S) / (60 + FLOOR_S)
-    assert math.isclose(m50, 0.5, rel_tol=0.05)  # the tier's refresh histogram (-2)
+    # a refresh class with too few samples has the depth prior: neither another
+    # decade's refreshes (0.5x) nor the admissions' (2x)
+    for point in (60.0, 20_000.0):
+        assert bands.band("paid", point, 50.0, refresh=True) == bands.band("free", point, 50.0)
+        assert bands.band("paid", point, 50.0, refresh=True)[0] == point
     assert bands.band("free", 600.0, refresh=True) == bands.band("free", 600.0)
+
+
+def test_a_snapshot_drops_the_tiers_pools_of_refreshes_which_nothing_reads() -> None:
+    bands = WaitBands()
+    for i in range(40):
+        bands.refreshed(f"r{i}", "paid", 0, 600.0)
+        bands.started(f"r{i}", 300_000)
+    assert set(bands.hists) == {("paid", REFRESH + estimate_class(600.0))}
+    state = dict(
+        bands.__dict__, hists={**bands.hists, ("paid", -2): bands.hists[("paid", REFRESH + 3)]}
+    )
+    old = WaitBands.__new__(WaitBands)
+    old.__setstate__(state)
+    assert set(old.hists) == set(bands.hists)
+    assert old.band("paid", 600.0, refresh=True) == bands.band("paid", 600.0, refresh=True)
 
 
 def test_refreshes_of_a_job_that_never_started_teach_nothing_and_queued_ones_are_censored():
