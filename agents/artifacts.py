@@ -138,6 +138,12 @@ class LocalDirStore:
     expiry and an HMAC-SHA256 over ``key`` and expiry.
     """
 
+    # An empty object is two mkdirs, two small writes and a rename, without an
+    # fsync (see _put): cheap enough for an agent's event loop
+    # (agents.keeping.RunFiles.keep_result). A store without this attribute
+    # (S3: a network call) is always written from a worker thread.
+    put_empty_inline = True
+
     def __init__(
         self,
         root: Path | str,

@@ -61,7 +61,13 @@ def runner_for(
     on_progress: Callable[[Progress], None] | None = None,
     on_checkpoint: Callable[[Checkpoint], None] | None = None,
 ) -> Runner | BuiltinRunner:
-    """The runner for one run in ``workdir`` (not started)."""
+    """The runner for one run in ``workdir`` (not started).
+
+    A builtin gets none of a process's environment or argument values: it is
+    made at once (building them was a twentieth of a noop agent's event-loop
+    time, ``bench pipeline``)."""
+    if profile.builtin:
+        return BuiltinRunner(profile, on_progress=on_progress)
     spec, n = cmd.spec, str(cmd.run)
     gpus = ",".join(str(g) for g in cmd.gpus)
     rank, world = str(member.rank), str(member.world_size)

@@ -505,6 +505,41 @@ def test_a_noop_run_needs_no_work_directory_and_keeps_its_output_from_memory(tmp
     assert execution.ending  # its final report is queued: heartbeats no longer list it
 
 
+def test_an_empty_output_is_kept_on_the_event_loop_only_where_that_is_cheap(tmp_path, monkeypatch):
+    """A noop's empty output costs a local store a few syscalls, less than the thread
+    hop (RunFiles.keep_result); a store without ``put_empty_inline`` (S3: a network
+    call), or an output with bytes, is still written from a worker thread."""
+    from framespool.agents import keeping
+    from framespool.agents.gang import Membership
+    from framespool.agents.profiles import noop_profile
+    from framespool.agents.runner import COMPLETED, Outcome
+
+    hops: list[str] = []
+    real_to_thread = asyncio.to_thread
+
+    async def to_thread(fn, *args):
+        hops.append(fn.__name__)
+        return await real_to_thread(fn, *args)
+
+    monkeypatch.setattr(keeping.asyncio, "to_thread", to_thread)
+
+    class RemoteStore(LocalDirStore):
+        put_empty_inline = False
+
+    def keep(store, data: bytes):
+        files = keeping.RunFiles(
+            store, noop_profile(), f"job-{len(data)}", 1, Membership(0, 1), tmp_path, tmp_path
+        )
+        return asyncio.run(files.keep_result(Outcome(COMPLETED, 0, output_data=data)))
+
+    local = LocalDirStore(tmp_path / "local", secret="s")
+    empty = keep(local, b"")
+    assert hops == [] and empty.size_bytes == 0 and local.exists(empty.uri)
+    assert keep(local, b"v").size_bytes == 1 and hops == ["put_bytes"]
+    remote = RemoteStore(tmp_path / "remote", secret="s")
+    assert keep(remote, b"").size_bytes == 0 and hops == ["put_bytes", "put_bytes"]
+
+
 def test_a_run_is_listed_until_its_final_report_is_queued(tmp_path):
     """Heartbeats skip a run once ``ending`` is set (agent.NodeAgent.heartbeat): a run
     still computing, or holding its place in a gang, is not ``ending``."""
