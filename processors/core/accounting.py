@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 from framespool.schemas import events as ev
-from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState
+from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState, RunPhase
 
 from .fairshare import Flow, LevelIndex
 from .model import Job, Run
@@ -157,6 +157,10 @@ class LoadTerms(NamedTuple):
 class Accounting:
     start_mix: StartMix | None = None  # the runs started (note_run_start)
     load_mix: LoadMix | None = None  # which of them loaded their model (note_load)
+    # placements of the runs that loaded their model -> GPUs (note_load; pruned
+    # to the running runs and summed on the estimate cadence: running_cold)
+    loaded_runs: dict[tuple[ev.NodeSlice, ...], int] | None = None
+    running_cold: float = -1.0  # that sample's share of the running GPUs; -1: none yet
 
     def shapes_of(self: Cell, job: Job) -> list[tuple[int, int, float]]:
         spec = job.spec
@@ -389,13 +393,26 @@ class Accounting:
         moments (``load_terms``). It loads when a GPU of ``slices`` holds
         another model or none, and then all its GPUs wait (a run starts when
         its slowest GPU is ready). Asked before the GPUs are marked warm;
-        halved every ``MIX_HALVE_AT`` starts, like the started mix. O(GPUs of
-        the run), O(models started) on a halving."""
+        halved every ``MIX_HALVE_AT`` starts, like the started mix. A run that
+        loads is kept by its placement (``loaded_runs``, for ``running_cold``).
+        O(GPUs of the run), O(models started) on a halving, O(runs) once the
+        kept placements outnumber twice the runs."""
         nodes = self.index.nodes
         held = [nodes[p.node_id].warm[i] for p in slices for i in p.gpus]
         if self.load_mix is None:
             self.load_mix = LoadMix()
-        self.load_mix.note(gpus, model, any(m != model for m in held), all(held))
+        cold = any(m != model for m in held)
+        self.load_mix.note(gpus, model, cold, all(held))
+        loaded = self.loaded_runs
+        if loaded is None:
+            loaded = self.loaded_runs = {}
+        if not cold:
+            loaded.pop(slices, None)
+            return
+        loaded[slices] = gpus
+        if len(loaded) > 2 * len(self.runs) + 64:  # the ended runs' (amortized O(1))
+            runs = self.runs.values()
+            self.loaded_runs = {r.placement: r.gpus for r in runs if r.placement in loaded}
 
     def cold_share(self: Cell) -> float:
         """The share of started GPUs whose run loaded its model (0 before any
@@ -425,7 +442,9 @@ class Accounting:
         """What model loads add to the point wait, ``L = model_load_s`` the GPU
         time a run that loads its model takes before its work starts (no
         estimate counts it), ``s`` the share of the running GPUs whose run
-        loads (``cold_share``), ``n`` that of the GPUs started next
+        loaded (``running_cold``, counted on the estimate cadence; before the
+        first count the started GPUs' share, ``cold_share``), ``n`` that of
+        the GPUs started next
         (``next_cold_share``), ``e`` the started mix's mean estimate per GPU:
 
         - ``factor``: the work ahead is ``A * factor``, ``1 + n * L / e``: ``A / e``
@@ -447,7 +466,7 @@ class Accounting:
         mix = self.start_mix
         if load_s <= 0 or not self.load_mix or not mix or mix.gpu_e <= 0:
             return LoadTerms(1.0, 0.0, self.run_residual_s(), 0.0)
-        late_s = self.cold_share() * load_s
+        late_s = (self.running_cold if self.running_cold >= 0 else self.cold_share()) * load_s
         next_s = self.next_cold_share() * load_s
         m1, m2 = mix.gpu_e / mix.gpus, mix.gpu_e2 / mix.gpus  # per GPU started: e and e**2
         factor = 1.0 + next_s / m1
@@ -791,16 +810,29 @@ class Accounting:
         Cost per publish: O(L) for the ``estimate_publish_limit`` L jobs
         refreshed, each O(depth * log siblings) (``LevelIndex``, built once per
         parent in O(siblings log siblings)), plus O(runs) for the GPUs each
-        flow holds and the bands' censoring, O(queued + kept refreshes)."""
+        flow holds, the share of the running GPUs whose run loaded its model
+        (``running_cold``: the started GPUs' share remembers a fresh cell's
+        first runs, which all loaded, for ``MIX_HALVE_AT`` starts; on the
+        default flood it put its refreshed points 2-5 s, 2-5 %, over the wait
+        left long after those runs ended, 1-3 s with the running runs' share)
+        and the bands' censoring, O(queued + kept refreshes)."""
         budget = self.config.estimate_publish_limit
         # nothing here changes the fair tree: one LevelIndex per parent serves
         # every refresh (O(log siblings) a level instead of O(siblings))
         levels: dict[int, LevelIndex] = {}
         self.wait_bands.censor(self.now_ms)
         held: dict[tuple[str, ...], int] = {}  # by flow: (tier,), (tier, tenant), (..., user)
+        loaded = self.loaded_runs
+        kept: dict[tuple[ev.NodeSlice, ...], int] = {}
         for run in self.runs.values():
             for key in ((run.tier,), (run.tier, run.tenant), (run.tier, run.tenant, run.user)):
                 held[key] = held.get(key, 0) + run.gpus
+            if loaded and run.placement in loaded and run.phase != RunPhase.STOPPING:
+                kept[run.placement] = run.gpus  # settled runs left running_gpus
+        if loaded is not None:
+            self.loaded_runs = kept
+            running = self.running_gpus
+            self.running_cold = sum(kept.values()) / running if running > 0 else -1.0
         self.wait_bands.sample_held(self.now_ms, held)
         for leaf in self.active_leaves():
             ahead = 0.0

@@ -131,6 +131,40 @@ def test_the_cold_share_survives_a_snapshot_and_an_older_one_starts_without():
     assert old.cold_share() == 1.0
 
 
+def test_the_running_runs_load_share_is_that_of_the_runs_running_now():
+    """A fresh cell's first runs all loaded; once half of them have ended and
+    runs that found their model warm took their GPUs, the running runs free
+    their GPUs ``0.5 * L`` after their estimated ends, though two thirds of
+    the GPUs started loaded (``cold_share``): the estimate cadence counts the
+    running runs' share, and a snapshot keeps it."""
+    h = cold_cell()
+    cell = h.cell
+    cell.publish_estimates()
+    assert cell.load_terms().late_s == LOAD_S
+    for key in sorted(h.live_runs())[:8]:
+        h.complete(key)
+    h.confirm_stops()
+    for i in range(8):
+        h.submit(f"w{i}", tenant=f"w{i}", gpus=1, estimate_s=1000, model="m")
+    h.start_all()
+    assert cell.running_gpus == 16
+    assert cell.cold_share() == pytest.approx(16 / 24)
+    assert cell.load_terms().late_s == LOAD_S  # not counted since
+    cell.publish_estimates()
+    factor, loading, _, late_s = cell.load_terms()
+    assert late_s == pytest.approx(0.5 * LOAD_S)
+    assert loading == pytest.approx(0.5 * LOAD_S * 16)
+    assert len(cell.loaded_runs or {}) == 8  # the ended runs' placements are pruned
+    copy = pickle.loads(pickle.dumps(cell))
+    assert copy.load_terms() == cell.load_terms()
+    state = {
+        k: v for k, v in cell.__getstate__().items() if k not in ("loaded_runs", "running_cold")
+    }
+    old = Cell.__new__(Cell)
+    old.__setstate__(state)  # an older snapshot: the started GPUs' share until counted
+    assert old.load_terms().late_s == pytest.approx(16 / 24 * LOAD_S)
+
+
 def loads(cell: Cell, running: float, recycled: float, models: dict[str, float]) -> None:
     """Set the loads' moments: 16 GPUs started, a share ``running`` of them
     loading; ``recycled`` of them on GPUs that held a model, all loading."""
