@@ -785,22 +785,13 @@ class Accounting:
 
     def queue_depths(self: Cell) -> tuple[ev.QueueDepth, ...]:
         """Per (tier, tenant) of every live job or run: queued jobs, their GPUs,
-        and the GPUs runs hold. Cost: O(jobs + runs) per publish (every
-        ``status_interval_s``); not yet O(rows): that needs the counts kept where
-        jobs are queued, placed, reshaped and released (``jobs.py``,
-        ``scheduling.py``, ``reservation.py``)."""
-        depth: dict[tuple[str, str], list[int]] = {}
-        for job in self.jobs.values():
-            row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
-            if job.state == JobState.QUEUED:
-                row[0] += 1
-                row[1] += job.shape[0]
-        for run in self.runs.values():
-            row = depth.setdefault((run.tier, run.tenant), [0, 0, 0])
-            row[2] += sum(len(g) for g in run.held.values())
+        and the GPUs runs hold. Cost: O(rows log rows) per publish (every
+        ``status_interval_s``): the rows are kept where jobs are queued,
+        placed, reshaped and released (``depth_rows``), not re-counted from
+        every job and run."""
         return tuple(
             ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
-            for (tier, tenant), (q, qg, rg) in sorted(depth.items())
+            for (tier, tenant), (_, _, q, qg, rg) in sorted(self.depth_rows().items())
         )
 
     def publish_estimates(self: Cell) -> None:

@@ -231,6 +231,7 @@ class Drain:
         del self.unplaceable[job_id]
         self.dequeue(job)
         del self.jobs[job_id]
+        self.shift_depth(job.tier, job.tenant, jobs=-1)
         self.wait_bands.forget(job_id)
         if self.reservation_job == job_id:
             self.clear_reservation()

@@ -45,6 +45,7 @@ class JobHandlers:
         # submit, from the cells' offers (``offers.wait_refusal``), so a job the API
         # accepted is never rejected later for its wait.
         self.jobs[spec.job_id] = job
+        self.shift_depth(job.tier, job.tenant, jobs=1)
         self.enqueue(job, requeued=False)
         position = self.leaf_of(job).queued
         # The JobQueued goes out first but is told its wait after the admission's
@@ -349,6 +350,7 @@ class JobHandlers:
         """Terminal; the caller has checked ``action`` against the table."""
         job.state = lc.next_state(job.job_id, job.state, action)
         del self.jobs[job.job_id]
+        self.shift_depth(job.tier, job.tenant, jobs=-1)
         self.wait_bands.forget(job.job_id)  # ended before it ever started
         self.finished[job.job_id] = state
         if self.reservation_job == job.job_id:
@@ -361,15 +363,66 @@ class JobHandlers:
         self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
         bounds.add(*self.bound_key(job))
         self.queued_count += 1
+        self.shift_depth(job.tier, job.tenant, queued=1, queued_gpus=job.shape[0])
         org, user = self.use_of(job)
         org.queued += 1
         user.queued += 1
+
+    def depth_rows(self: Cell) -> dict[tuple[str, str], list[int]]:
+        """Per ``(tier, tenant)`` with a live job or run: ``[jobs, runs, queued,
+        queued GPUs, GPUs runs hold]``, kept where each changes (``shift_depth``)
+        so a status publish reads its rows, not every job and run. Built from
+        the jobs and runs on first use (a new cell, or one restored from a
+        snapshot taken before the rows were kept)."""
+        rows: dict[tuple[str, str], list[int]] | None = self.__dict__.get("_depth_rows")
+        if rows is None:
+            rows = {}
+            self._depth_rows = rows
+            for job in self.jobs.values():
+                row = rows.setdefault((job.tier, job.tenant), [0, 0, 0, 0, 0])
+                row[0] += 1
+                if job.state == JobState.QUEUED:
+                    row[2] += 1
+                    row[3] += job.shape[0]
+            for run in self.runs.values():
+                row = rows.setdefault((run.tier, run.tenant), [0, 0, 0, 0, 0])
+                row[1] += 1
+                row[4] += sum(len(g) for g in run.held.values())
+        return rows
+
+    def shift_depth(
+        self: Cell,
+        tier: str,
+        tenant: str,
+        jobs: int = 0,
+        runs: int = 0,
+        queued: int = 0,
+        queued_gpus: int = 0,
+        held: int = 0,
+    ) -> None:
+        """A job joined or left the cell, the queue or a shape, or a run its
+        GPUs: move its row (dropped once it has no job and no run). O(1); a
+        no-op until the rows are first read."""
+        rows: dict[tuple[str, str], list[int]] | None = self.__dict__.get("_depth_rows")
+        if rows is None:
+            return
+        row = rows.get((tier, tenant))
+        if row is None:
+            row = rows[(tier, tenant)] = [0, 0, 0, 0, 0]
+        row[0] += jobs
+        row[1] += runs
+        row[2] += queued
+        row[3] += queued_gpus
+        row[4] += held
+        if not row[0] and not row[1]:
+            del rows[(tier, tenant)]
 
     def dequeue(self: Cell, job: Job) -> None:
         bounds = self.queue_bounds()
         if self.fair.remove(self.leaf_of(job), job.job_id, job.cost):
             bounds.remove(*self.bound_key(job))
             self.queued_count -= 1
+            self.shift_depth(job.tier, job.tenant, queued=-1, queued_gpus=-job.shape[0])
             org, user = self.use_of(job)
             org.queued -= 1
             user.queued -= 1

@@ -65,6 +65,7 @@ class Reservations:
         ):
             sticky = self.reservation_nodes
         best: tuple[int, tuple[str, ...], float] | None = None
+        was = job.shape[0]
         for gpus, per_node, estimate in self.shapes_of(job):
             base = self.node_filter(job, estimate, holder=True, claim_only=False)
             ok = (lambda node, base=base: node.node_id in sticky and base(node)) if sticky else base
@@ -80,6 +81,8 @@ class Reservations:
             if best is None or finish < best[2]:
                 best = (max(start_ms, self.now_ms), nodes, finish)
                 job.shape = (gpus, per_node, estimate)
+        if job.shape[0] != was:  # the queued job is counted at its shape's GPUs
+            self.shift_depth(job.tier, job.tenant, queued_gpus=job.shape[0] - was)
         if best is None:
             if sticky:
                 self.clear_reservation()

@@ -529,6 +529,7 @@ class Scheduling:
         run = Run(job, job.run, placement.slices, estimate, self.now_ms, limit_ms, charged)
         self.plan_release(run)
         self.runs[run.key] = run
+        self.shift_depth(run.tier, run.tenant, runs=1, held=sum(map(len, run.held.values())))
         if self.breakers:  # past a half-open breaker, this run is its probe
             self.note_placement(run)
         self.note_load(placement.slices, job.spec.model, gpus, estimate)  # before mark_warm
@@ -633,6 +634,7 @@ class Scheduling:
         self.index.refresh(node)
         org, user = self.use_of(run)
         self.shift_use(run.tenant, run.tier, -len(gpus))
+        self.shift_depth(run.tier, run.tenant, held=-len(gpus))
         org.gpus -= len(gpus)
         user.gpus -= len(gpus)
         self.tier_use[run.tier] -= len(gpus)
@@ -648,6 +650,7 @@ class Scheduling:
             if rates:
                 rates.pop(run.key, None)
             del self.runs[run.key]
+            self.shift_depth(run.tier, run.tenant, runs=-1)
 
 
 def _still_idle(signature: tuple, idle: tuple | None) -> bool:

@@ -13,7 +13,8 @@ from framespool.processors.core.config import TenantConfig, TierConfig
 from framespool.processors.core.fairshare import FairTree, Flow
 from framespool.processors.core.model import Node
 from framespool.processors.core.placement import NodeIndex, Placement
-from framespool.schemas.states import NodeState
+from framespool.schemas import events as ev
+from framespool.schemas.states import JobState, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,12 @@ class NaiveCell(Cell):
     def releases(self):
         return naive_releases(self)
 
+    def releases_on(self, node_ids):  # a sticky reservation's: filtered from the full sort
+        return [r for r in naive_releases(self) if r[1] in node_ids]
+
+    def queue_depths(self):  # count every job and run, every publish
+        return naive_queue_depths(self)
+
     def preempt_sensitive(self, job) -> bool:  # ask maybe_preempt about every candidate
         return True
 
@@ -170,6 +177,23 @@ class NaiveCell(Cell):
             if tier.reserved_gpus and tier.name != job.tier:
                 unused += max(0, tier.reserved_gpus - self.tier_use.get(tier.name, 0))
         return self.index.free_total - unused >= gpus
+
+
+def naive_queue_depths(cell: Cell) -> tuple[ev.QueueDepth, ...]:
+    """Per (tier, tenant) of every live job or run, counted afresh."""
+    depth: dict[tuple[str, str], list[int]] = {}
+    for job in cell.jobs.values():
+        row = depth.setdefault((job.tier, job.tenant), [0, 0, 0])
+        if job.state == JobState.QUEUED:
+            row[0] += 1
+            row[1] += job.shape[0]
+    for run in cell.runs.values():
+        row = depth.setdefault((run.tier, run.tenant), [0, 0, 0])
+        row[2] += sum(len(g) for g in run.held.values())
+    return tuple(
+        ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
+        for (tier, tenant), (q, qg, rg) in sorted(depth.items())
+    )
 
 
 def naive_releases(cell: Cell) -> list[tuple[int, str, int, tuple[str, int]]]:

@@ -34,7 +34,8 @@ from framespool.processors.sim.policies import POLICIES
 from framespool.processors.sim.workload import synthetic
 from framespool.schemas import events as ev
 from framespool.schemas.states import NodeState
-from tests.unit.core_oracle import NaiveCell, NaiveFairTree, naive_releases
+from tests.unit.core_harness import Harness
+from tests.unit.core_oracle import NaiveCell, NaiveFairTree, naive_queue_depths, naive_releases
 
 
 def _tape(jobs: int, nodes: int, load: float, base: CellConfig, seed: int = 3):
@@ -85,6 +86,8 @@ def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base) -> None:
         assert out == naive.apply(event, position), f"outputs differ at input {i}: {event}"
         assigned += sum(type(o) is ev.JobAssigned for o in out)
         deepest = max(deepest, fast.queued_count)
+        # the status rows kept as jobs queue, reshape, place and release: the fold's
+        assert fast.queue_depths() == naive_queue_depths(fast), f"rows differ at input {i}"
         if type(event) is ev.Tick and i % 7 == 0:
             _check_release_list(fast)
     # the workload really was a backlog of many tenants
@@ -200,6 +203,24 @@ def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
         out = restored.apply(event, f"sim:{i + 1}")
         assert out == naive.apply(event, f"sim:{i + 1}"), f"outputs differ at input {i}"
     assert "_release_list" not in restored.__dict__
+
+
+def test_a_cell_from_a_snapshot_without_status_rows_counts_them_on_first_read() -> None:
+    # rows are kept only once read; a snapshot from before them (or before any
+    # publish) builds them from the jobs and runs, then keeps them as it folds
+    tape, config, _ = _tape(150, 6, 3.0, CellConfig())
+    live = Cell(config, "sim")
+    half = len(tape) // 2
+    for i, event in enumerate(tape[:half]):
+        live.apply(event, f"sim:{i + 1}")
+    state = pickle.loads(pickle.dumps(live)).__dict__
+    state.pop("_depth_rows", None)
+    restored = Cell.__new__(Cell)
+    restored.__setstate__(state)
+    assert restored.queue_depths() == naive_queue_depths(restored) != ()
+    for i, event in enumerate(tape[half:], half):
+        restored.apply(event, f"sim:{i + 1}")
+        assert restored.queue_depths() == naive_queue_depths(restored), f"at input {i}"
 
 
 # -- 2. the heaps against the scan -------------------------------------------------
@@ -880,3 +901,21 @@ def test_config_memos_answer_as_computed_and_an_older_pickle_loads() -> None:
             assert [old.may_preempt(t, n) for t, n in cases] == [
                 cfg.may_preempt(t, n) for t, n in cases
             ]
+
+
+def test_status_rows_follow_a_queued_job_that_its_reservation_reshapes() -> None:
+    # an elastic job blocked behind two busy nodes: its reservation picks the
+    # 8-GPU shape that finishes first, and the queued GPUs its row shows follow
+    h = Harness(nodes=2)
+    h.submit("long", gpus=8, estimate_s=1000)
+    h.submit("short", gpus=7, estimate_s=100)  # one GPU free: the pass runs
+    h.start_all()
+    h.cell.queue_depths()  # the rows are kept from here on
+    shapes = (ev.Shape(gpus=8, gpus_per_node=8, estimate_s=300),)
+    h.submit("e", tenant="el", gpus=16, per_node=8, estimate_s=100, shapes=shapes)
+    h.tick(1)
+    job = h.cell.jobs["e"]
+    assert h.cell.reservation_job == "e" and job.shape[0] == 8
+    [row] = [r for r in h.cell.queue_depths() if r.tenant == "el"]
+    assert (row.queued, row.queued_gpus) == (1, 8)
+    assert h.cell.queue_depths() == naive_queue_depths(h.cell)
