@@ -26,10 +26,12 @@ placement searches; a Tick's pass tests at most ``backfill_depth`` candidates
 after a block, is skipped outright when nothing it reads has changed, and
 stops once no candidate left can start, reserve or preempt (``queuebounds.py``).
 Not yet within it: ``work_ahead`` (admission, estimates) visits every
-backlogged sibling flow; each full pass re-places every reservation (one walk
-of the release list each, re-projecting runs past their estimate); the
-periodic CellStatus and estimates are O(nodes + queued jobs) per publish; and
-gang liveness is checked over every running gang per Tick.
+backlogged sibling flow; each full pass re-places every reservation (one lazy
+walk of the release list each; a sticky one reads only its own nodes'); the
+periodic CellStatus is O(nodes + status rows) per publish (the rows, one per
+tier and tenant with live work, are kept as jobs move: ``depth_rows``) and the
+estimates O(runs + refreshed jobs); and gang liveness is checked over every
+running gang per Tick.
 """
 
 from __future__ import annotations

@@ -43,7 +43,9 @@ for placement, O(F) per shape tried:
   failed candidates;
 - the reservation walks running runs' ends from a list kept sorted as runs
   start and release (``reservation.py``), consuming only as many as it needs;
-  the late runs' ends are projected once per pass, not once per reservation;
+  the late runs' ends are kept in their projected order as time passes them
+  (``LateSlices``), so a walk projects only the ones it reads, and a
+  reservation that keeps its nodes reads only those nodes' ends;
 - a walk that placed, reserved and preempted nothing is not walked again while
   nothing it reads changed and no reservation's slack before its shadow time
   grew (``walk_signature``): a backlogged cell whose late runs move the shadow
