@@ -131,15 +131,16 @@ def sha256_file(path: Path | str) -> tuple[str, int]:
 # Local directory
 # ---------------------------------------------------------------------------
 class LocalDirStore:
-    """Objects as files under ``root``; metadata (digest, size) under ``root/.meta``.
+    """Objects as files under ``root``; metadata (digest, size) of an object with
+    bytes under ``root/.meta`` (an empty one needs none: see :meth:`_put`).
 
     URIs are ``local://<key>``; ``file://<absolute path>`` inside ``root`` is
     accepted too. Signed URLs point at the API (``url_base``) and carry an
     expiry and an HMAC-SHA256 over ``key`` and expiry.
     """
 
-    # An empty object is two mkdirs, two small writes and a rename, without an
-    # fsync (see _put): cheap enough for an agent's event loop
+    # An empty object is one mkdir -p, one empty write and a rename, without an
+    # fsync or metadata (see _put): cheap enough for an agent's event loop
     # (agents.keeping.RunFiles.keep_result). A store without this attribute
     # (S3: a network call) is always written from a worker thread.
     put_empty_inline = True
@@ -189,15 +190,20 @@ class LocalDirStore:
         """Write ``chunks`` under ``key``: a temporary file renamed into place, so
         readers see the whole object or none.
 
-        Cost: two ``mkdir -p`` (object and metadata), one file and one metadata
-        write, one rename, and an ``fsync`` of the object only when it has bytes:
-        an empty object (the ``noop`` builtin's) has no data a crash could lose
-        between its write and the ``RunCompleted`` that names its digest, and
-        its fsync was a fifth of a noop agent's CPU (``bench pipeline``).
+        Cost: a ``mkdir -p`` of the object's directory, one file write, one
+        rename; an object with bytes also an ``fsync`` and its metadata (a
+        second ``mkdir -p`` under ``.meta``, one small write). An empty object
+        (the ``noop`` builtin's) has neither: no data a crash could lose between
+        its write and the ``RunCompleted`` that names its digest (its fsync was
+        a fifth of a noop agent's CPU), and no digest to record, since every
+        empty object has the same one (:meth:`get_file` accepts an object
+        without metadata; a stale record from an earlier object under the key
+        is removed). Without them a noop's output costs 7 ``mkdir`` calls
+        instead of 14 (each key's directories are new), ~45 us apiece (mean,
+        cProfile of an agent in ``bench pipeline``, 2026-12-01).
         """
         dest, meta = self._path(key), self._meta(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        meta.parent.mkdir(parents=True, exist_ok=True)
         h, size = hashlib.sha256(), 0
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
         try:
@@ -210,7 +216,11 @@ class LocalDirStore:
                 if size:
                     os.fsync(out.fileno())
             digest = h.hexdigest()
-            meta.write_text(json.dumps({"sha256": digest, "size_bytes": size}))
+            if size:
+                meta.parent.mkdir(parents=True, exist_ok=True)
+                meta.write_text(json.dumps({"sha256": digest, "size_bytes": size}))
+            else:
+                meta.unlink(missing_ok=True)  # an earlier object's digest would not match
             os.replace(tmp, dest)  # readers see the whole object or none
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -101,3 +101,23 @@ def test_only_an_object_with_bytes_is_fsynced(store, tmp_path, monkeypatch):
     (tmp_path / "src").write_bytes(b"more")
     store.put_file(output_key("job-f", 1, "out"), tmp_path / "src")
     assert len(synced) == 2
+
+
+def test_an_empty_object_records_no_metadata_and_reads_back(store, tmp_path):
+    """Every empty object has the same digest, so the noop builtin's output costs no
+    metadata write (and no second tree of directories); an object with bytes still
+    records its digest, and an empty object over it removes the stale record."""
+    import hashlib
+
+    empty_key = output_key("job-e", 1, "out")
+    stored = store.put_bytes(empty_key, b"")
+    assert stored.sha256 == hashlib.sha256(b"").hexdigest() and stored.size_bytes == 0
+    assert not (tmp_path / "store" / ".meta").exists()
+    assert store.get_file(stored.uri, tmp_path / "e").sha256 == stored.sha256
+
+    key = output_key("job-d", 1, "out")
+    assert store.put_bytes(key, b"data").size_bytes == 4
+    assert (tmp_path / "store" / ".meta" / (key + ".json")).is_file()
+    again = store.put_bytes(key, b"")
+    assert not (tmp_path / "store" / ".meta" / (key + ".json")).exists()
+    assert store.get_file(again.uri, tmp_path / "d").size_bytes == 0
