@@ -147,11 +147,11 @@ class Reservations:
         already taken it out of ``run.held``, so a list built by this very call
         does not hold it)."""
         ends = self.release_list()
+        late = self.late_slices(ends)  # first use: built while the list still holds the slice
         key = run.key
         end = self._release_ends_filed.pop((key, node_id), None)
         if end is not None:
             del ends[bisect_left(ends, (end, node_id, gpus, key))]
-            late = self.late_slices(ends)
             if end <= late.at:
                 late.drop(key, node_id, gpus)
 

@@ -921,3 +921,21 @@ def test_status_rows_follow_a_queued_job_that_its_reservation_reshapes() -> None
     [row] = [r for r in h.cell.queue_depths() if r.tenant == "el"]
     assert (row.queued, row.queued_gpus) == (1, 8)
     assert h.cell.queue_depths() == naive_queue_depths(h.cell)
+
+
+def test_a_late_run_ends_in_a_cell_that_has_not_kept_its_late_ends_yet() -> None:
+    # a restored snapshot from before the late ends were kept (or a cell whose
+    # release list was rebuilt) builds them on first use: when that use is a
+    # late run giving its GPUs back, they are built before the slice leaves
+    h = Harness(nodes=1, config=CellConfig(heartbeat_timeout_s=1000, report_lease_s=1000))
+    h.submit("late", gpus=2, estimate_s=10)
+    h.submit("waits", gpus=8, estimate_s=10)
+    h.start_all()
+    h.tick(30)  # past the estimate: the slice is late
+    h.cell.__dict__.pop("_late_slices", None)
+    out = h.complete(("late", 1))
+    assert (
+        any(type(o) is ev.JobCompleted for o in out)
+        and not h.cell.late_slices(h.cell.release_list()).filed
+    )
+    assert list(h.cell.releases()) == naive_releases(h.cell)
