@@ -361,6 +361,7 @@ class JobHandlers:
         bounds = self.queue_bounds()  # before the job joins: a rebuild must not count it
         job.state = JobState.QUEUED
         self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
+        self.note_queued(job, 1)
         bounds.add(*self.bound_key(job))
         self.queued_count += 1
         self.shift_depth(job.tier, job.tenant, queued=1, queued_gpus=job.shape[0])
@@ -420,6 +421,7 @@ class JobHandlers:
     def dequeue(self: Cell, job: Job) -> None:
         bounds = self.queue_bounds()
         if self.fair.remove(self.leaf_of(job), job.job_id, job.cost):
+            self.note_queued(job, -1)
             bounds.remove(*self.bound_key(job))
             self.queued_count -= 1
             self.shift_depth(job.tier, job.tenant, queued=-1, queued_gpus=-job.shape[0])

@@ -5,6 +5,7 @@ the tier is served, not at the whole cell's rate."""
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 from hypothesis import given, settings
@@ -172,3 +173,42 @@ def test_a_tenant_with_no_record_of_service_has_the_fair_order_arithmetic_alone(
     # GPU: the job has the third GPU to free
     assert told.wait_estimate_s == pytest.approx(end_s(3), abs=0.01)
     assert told.wait_estimate_s < 9000 / 2  # not its 2-GPU share floor
+
+
+def test_a_small_job_is_not_behind_its_own_flows_blocked_gangs():
+    """Heavy's queue is gangs (two 8-GPU nodes each, blocked in the full cell)
+    and one 1-GPU job: the small job backfills past the gangs in the next full
+    pass, so the drain counts only the work of its own shape class ahead."""
+    h = tenant_cell()
+    for i in range(9):
+        h.submit(f"g{i}", tenant="heavy", gpus=16, per_node=8, estimate_s=1000 / 16)
+    h.submit("s0", tenant="heavy", gpus=1, estimate_s=1000)
+    told = queued(h.submit("s1", tenant="heavy", gpus=1, estimate_s=1000))
+    # not the flow's 10,000 GPU-s at the 4 GPUs heavy holds (2,500 s): s0's
+    # 1,000 (250 s), under the fair order's arithmetic over the cell (the
+    # 10,070 GPU-s ahead take three GPUs at ~5,000 s each: the fourth end)
+    assert told.wait_estimate_s == pytest.approx(end_s(4), abs=0.01)
+    # a gang behind them waits for all of the flow's queued work
+    gang = queued(h.submit("g9", tenant="heavy", gpus=16, per_node=8, estimate_s=1000 / 16))
+    assert gang.wait_estimate_s == pytest.approx(11_000 / 4, rel=1e-3)
+
+
+def test_the_flows_work_by_shape_class_is_kept_as_jobs_queue_and_leave_and_survives_a_snapshot():
+    h = tenant_cell()
+    for i in range(4):
+        h.submit(f"g{i}", tenant="heavy", gpus=16, per_node=8, estimate_s=100)
+        h.submit(f"m{i}", tenant="heavy", gpus=4, per_node=8, estimate_s=100)
+        h.submit(f"s{i}", tenant="heavy", gpus=1, estimate_s=100)
+    h.feed(ev.CancelJob(event_id=h.next_id(), ts_ms=h.now_ms, job_id="m1", tenant="heavy"))
+    h.feed(ev.CancelJob(event_id=h.next_id(), ts_ms=h.now_ms, job_id="g0", tenant="heavy"))
+    cell = h.cell
+    kept = {k: list(v) for k, v in cell.class_work().items()}
+    assert kept[("free", "heavy", "heavy")] == [4, 3, 3, 400, 1200, 4800]
+    assert kept[("free",)][:3] == [4 + 7, 3, 3]  # the light tenants' queued 1-GPU jobs
+    assert cell.unpassable_share(("free", "heavy", "heavy"), 0) == pytest.approx(400 / 6400)
+    assert cell.unpassable_share(("free", "heavy", "heavy"), 1) == pytest.approx(1600 / 6400)
+    assert cell.unpassable_share(("free", "heavy", "heavy"), 2) == 1.0
+    restored = pickle.loads(pickle.dumps(cell))
+    assert restored.class_work() == kept
+    del restored.__dict__["_class_work"]  # a snapshot taken before it was kept
+    assert restored.class_work() == kept
