@@ -205,6 +205,7 @@ def test_the_flows_work_by_shape_class_is_kept_as_jobs_queue_and_leave_and_survi
     kept = {k: list(v) for k, v in cell.class_work().items()}
     assert kept[("free", "heavy", "heavy")] == [4, 3, 3, 400, 1200, 4800]
     assert kept[("free",)][:3] == [4 + 7, 3, 3]  # the light tenants' queued 1-GPU jobs
+    assert kept[()] == kept[("free",)]  # the cell's: one tier queued
     assert cell.unpassable_share(("free", "heavy", "heavy"), 0) == pytest.approx(400 / 6400)
     assert cell.unpassable_share(("free", "heavy", "heavy"), 1) == pytest.approx(1600 / 6400)
     assert cell.unpassable_share(("free", "heavy", "heavy"), 2) == 1.0
@@ -212,3 +213,32 @@ def test_the_flows_work_by_shape_class_is_kept_as_jobs_queue_and_leave_and_survi
     assert restored.class_work() == kept
     del restored.__dict__["_class_work"]  # a snapshot taken before it was kept
     assert restored.class_work() == kept
+
+
+def _capped_job_told(gang: bool) -> ev.JobQueued:
+    """Two 8-GPU nodes with 7 GPUs busy on each; a tenant capped at 1 GPU runs
+    one job, and its second fits the 2 free GPUs but is passed over (the cap):
+    with ``gang``, another tenant's 16-GPU gang is queued ahead of it (all of
+    it: its tenant weighs 100)."""
+    tenants = (TenantConfig("capped", max_gpus=1), TenantConfig("x", weight=100.0))
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0, tenants=tenants)
+    h = Harness(config, nodes=2)
+    h.submit("a", tenant="busy", gpus=7, estimate_s=1000)
+    h.submit("b", tenant="busy", gpus=7, estimate_s=1000)
+    h.start_all()
+    queued(h.submit("c1", tenant="capped", gpus=1, estimate_s=100))
+    if gang:
+        assert queued(h.submit("gang", tenant="x", gpus=16, per_node=8, estimate_s=600))
+    told = queued(h.submit("c2", tenant="capped", gpus=1, estimate_s=100))
+    assert h.cell.jobs["c2"].state.name == "QUEUED" and h.cell.index.largest_free() >= 1
+    return told
+
+
+def test_a_passed_over_job_that_fits_the_free_gpus_is_not_behind_the_cells_blocked_gangs():
+    # the gang's 9,600 GPU-s ahead in the fair order cannot start before a and
+    # b end (1,000 s); c2 starts when c1 ends and frees its cap (100 s), as
+    # without the gang (the cell-wide arithmetic with the gang said 1,000 s)
+    alone = _capped_job_told(gang=False)
+    behind = _capped_job_told(gang=True)
+    assert behind.wait_estimate_s == pytest.approx(alone.wait_estimate_s, rel=1e-9)
+    assert behind.wait_estimate_s == pytest.approx(100, abs=0.01)
