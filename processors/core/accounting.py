@@ -345,7 +345,7 @@ class Accounting:
         smallest shape (fixed while it is queued). O(shapes)."""
         need = min(min(g, p) for g, p, _ in self.shapes_of(job))
         nodes = min(-(-g // p) for g, p, _ in self.shapes_of(job))
-        return 2 if nodes > 1 or need > 4 else 1 if need > 2 else 0
+        return _shape_class(need, nodes)
 
     def class_work(self: Cell) -> dict[tuple[str, ...], list[float]]:
         """Per flow (``(tier,)``, ``(tier, tenant)``, ``(tier, tenant, user)``
@@ -363,30 +363,36 @@ class Accounting:
                         self._add_class_work(table, self.jobs[job_id], 1)
         return table
 
-    def note_queued(self: Cell, job: Job, delta: int) -> None:
+    def note_queued(self: Cell, job: Job, delta: int, bound: tuple | None = None) -> None:
         """The job joined (``delta`` 1) or left (-1) its flow's queue: called
         after the queue changed, so a table built now already counts it.
-        O(depth + shapes)."""
+        ``bound``: the job's ``bound_key`` when the caller has it (its smallest
+        per-node need and node count give the class without a second look at
+        its shapes). O(depth + shapes)."""
         table = self.__dict__.get("_class_work")
         if table is None:
             self.class_work()
         else:
-            self._add_class_work(table, job, delta)
+            self._add_class_work(table, job, delta, bound)
 
     def _add_class_work(
-        self: Cell, table: dict[tuple[str, ...], list[float]], job: Job, delta: int
+        self: Cell,
+        table: dict[tuple[str, ...], list[float]],
+        job: Job,
+        delta: int,
+        bound: tuple | None = None,
     ) -> None:
-        c = self.shape_class(job)
-        path = (job.tier, job.tenant, job.user)
-        for n in (3, 2, 1, 0):
-            row = table.get(path[:n])
+        c = self.shape_class(job) if bound is None else _shape_class(bound[0], bound[1])
+        tier, tenant = job.tier, job.tenant
+        for path in ((tier, tenant, job.user), (tier, tenant), (tier,), ()):
+            row = table.get(path)
             if row is None:
-                row = table[path[:n]] = [0.0] * (2 * SHAPE_CLASSES)
+                row = table[path] = [0.0] * (2 * SHAPE_CLASSES)
             row[c] += delta
             # exact zero once the class is empty (no float drift kept)
             row[SHAPE_CLASSES + c] = row[SHAPE_CLASSES + c] + delta * job.cost if row[c] else 0.0
             if not any(row[:SHAPE_CLASSES]):
-                del table[path[:n]]
+                del table[path]
 
     def unpassable_share(self: Cell, path: tuple[str, ...], cls: int) -> float:
         """The share of a flow's queued GPU-seconds a job of ``shape_class``
@@ -958,3 +964,8 @@ class Accounting:
                 continue
             stack.extend(reversed(list(flow.active.values())))
         return leaves
+
+
+def _shape_class(need: int, nodes: int) -> int:
+    """``Accounting.shape_class`` of a job's smallest per-node need and node count."""
+    return 2 if nodes > 1 or need > 4 else 1 if need > 2 else 0

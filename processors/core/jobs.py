@@ -361,8 +361,9 @@ class JobHandlers:
         bounds = self.queue_bounds()  # before the job joins: a rebuild must not count it
         job.state = JobState.QUEUED
         self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
-        self.note_queued(job, 1)
-        bounds.add(*self.bound_key(job))
+        key = self.bound_key(job)
+        self.note_queued(job, 1, key)
+        bounds.add(*key)
         self.queued_count += 1
         self.shift_depth(job.tier, job.tenant, queued=1, queued_gpus=job.shape[0])
         org, user = self.use_of(job)
@@ -421,8 +422,9 @@ class JobHandlers:
     def dequeue(self: Cell, job: Job) -> None:
         bounds = self.queue_bounds()
         if self.fair.remove(self.leaf_of(job), job.job_id, job.cost):
-            self.note_queued(job, -1)
-            bounds.remove(*self.bound_key(job))
+            key = self.bound_key(job)
+            self.note_queued(job, -1, key)
+            bounds.remove(*key)
             self.queued_count -= 1
             self.shift_depth(job.tier, job.tenant, queued=-1, queued_gpus=-job.shape[0])
             org, user = self.use_of(job)
