@@ -33,7 +33,7 @@ For a ``SubmitJob``, in this order:
       every more important one + GPU-seconds routed there by this partition
       since that offer + what running work still needs) / capacity, or 0 when
       nothing is queued ahead and enough GPUs of the type are free: the
-      arithmetic of ``Accounting.predicted_wait_s``. Ties go to config order.
+      arithmetic of ``WaitEstimates.predicted_wait_s``. Ties go to config order.
       Freshness, hosting and the wait are ``framespool.processors.core.offers``,
       which the edge also uses to refuse a job past its tier's wait limit.
    b. Stickiness: the tenant's home cell (the host with the highest rendezvous

@@ -16,8 +16,10 @@ deterministic:
 The handlers live in mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases),
 ``gangs`` (a multi-node run's start barrier, per-member liveness and per-rank
-checkpoints) and ``scheduling`` (fair order, placement, reservation, backfill,
-preemption).
+checkpoints), ``scheduling`` (fair order, placement, reservation, backfill,
+preemption), ``estimates`` (the wait a queued job is told), ``breakers``
+(failure containment) and ``accounting`` (costs, bounded state, the periodic
+read-model output).
 
 Cost model (``scheduling.py`` states it in full, ``test_core_costmodel.py``
 tests it): with n backlogged flows, q queued jobs and F nodes with free GPUs,
@@ -45,8 +47,10 @@ from framespool.schemas import events as ev
 
 from . import lifecycle as lc
 from .accounting import Accounting
+from .breakers import Breakers
 from .config import CellConfig
 from .drain import Drain
+from .estimates import WaitEstimates
 from .fairshare import FairTree
 from .gangs import GangHandlers
 from .jobs import JobHandlers
@@ -69,7 +73,17 @@ class TenantUse:
         self.queued = 0
 
 
-class Cell(JobHandlers, NodeHandlers, GangHandlers, Scheduling, Reservations, Drain, Accounting):
+class Cell(
+    JobHandlers,
+    NodeHandlers,
+    GangHandlers,
+    Scheduling,
+    Reservations,
+    Drain,
+    WaitEstimates,
+    Breakers,
+    Accounting,
+):
     def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
         self.config = config or CellConfig()
         self.cell_id = cell_id

@@ -124,7 +124,7 @@ class CellConfig:
     straggler_interval_s: float = 5.0  # step-rate medians refreshed this often (0 = never)
     healthy_samples_to_recover: int = 5
 
-    # Failure containment (processors/core/accounting.py). A breaker trips on
+    # Failure containment (processors/core/breakers.py). A breaker trips on
     # ``breaker_*_failures`` generator errors within the window that come from
     # at least ``breaker_min_tenants`` tenants (one tenant's failures only burn
     # its own jobs' retry budgets; set 1 for a single-tenant cell). A tripped
@@ -170,7 +170,7 @@ class CellConfig:
     _any_caps: bool = field(init=False, repr=False, compare=False)
     # GPU-seconds a run takes to load its model on GPUs that do not hold it
     # (the fleet's model-load time, which no job's estimate counts): the wait
-    # estimates add it for the share of runs that load (accounting.load_terms);
+    # estimates add it for the share of runs that load (estimates.load_terms);
     # decisions never read it. Last, for the reason above: read it with
     # ``getattr(config, "model_load_s", 0.0)`` where an older pickle may reach
     model_load_s: float = 0.0

@@ -10,7 +10,7 @@ healthy GPUs of the type) and the largest job they could ever host; the cell's
 capacity, free GPUs and the GPU-seconds its running work still needs; and per
 tier the GPU-seconds queued in that tier and every more important one (lower
 rank), with the tier's ``max_predicted_wait_s``. That is what
-``Accounting.predicted_wait_s`` divides by the capacity, so admission predicts
+``WaitEstimates.predicted_wait_s`` divides by the capacity, so admission predicts
 a job's wait in each cell by the same arithmetic, and the edge refuses a job
 past its tier's limit by it (``framespool.processors.core.offers``). The shell
 sends the offer to every commands partition, where admission folds it, and to

@@ -22,8 +22,8 @@ through the functions here:
    cell starting, its agents restarting): such a cell is unknown.
 2. ``hosts``: a live offer hosts a job when its UP nodes could run every shape
    of it (``drain.job_fits``).
-3. ``predicted_wait_s``: ``accounting.point_wait_s``, the arithmetic of
-   ``Accounting.predicted_wait_s``, on the offer: the work ahead ``A`` (GPU-
+3. ``predicted_wait_s``: ``estimates.point_wait_s``, the arithmetic of
+   ``WaitEstimates.predicted_wait_s``, on the offer: the work ahead ``A`` (GPU-
    seconds queued in its tier and every more important one + GPU-seconds
    routed there since the offer), the job's GPUs times the running work's mean
    residual per running GPU, and a share ``min(1, A / R)`` of the rest of the
@@ -31,9 +31,9 @@ through the functions here:
    enough GPUs of the type are free. The running GPUs are the offer's capacity
    less its free GPUs, so no new field. (The cell's own estimate adds what an
    offer cannot carry: it is told after the admission's pass; each fair-share
-   flow drains at the GPUs it held lately, ``Accounting.drain_wait_s``; and a
+   flow drains at the GPUs it held lately, ``WaitEstimates.drain_wait_s``; and a
    deep job starts a busy GPU's mean residual before the work ahead has ended,
-   ``Accounting.run_residual_s``. So a job the edge lets through can be told
+   ``WaitEstimates.run_residual_s``. So a job the edge lets through can be told
    a longer wait by its cell (a drain) or a shorter one (the residual). Both
    stay out of the offer on purpose: they need state the offer does not carry
    (per-flow service rates, the started mix's moments: new schema fields), and
@@ -58,8 +58,8 @@ from typing import NamedTuple
 
 from framespool.schemas import events as ev
 
-from .accounting import point_wait_s
 from .drain import Groups, job_fits
+from .estimates import point_wait_s
 
 PREDICTED_WAIT = "predicted_wait"
 
@@ -91,7 +91,7 @@ def predicted_wait_s(
     offer: ev.CellOffer, spec: ev.JobSpec, routed_gpu_s: float = 0.0, routed_gpus: int = 0
 ) -> float:
     """The wait ``offer``'s cell predicts for ``spec``, after the work routed
-    there since the offer (``Accounting.predicted_wait_s``'s arithmetic,
+    there since the offer (``WaitEstimates.predicted_wait_s``'s arithmetic,
     ``point_wait_s``; -1 when the cell has no capacity)."""
     if offer.capacity_gpus <= 0:
         return -1.0

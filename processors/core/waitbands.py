@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The point estimate (``Accounting.predicted_wait_s``: fair-order work ahead,
+The point estimate (``WaitEstimates.predicted_wait_s``: fair-order work ahead,
 the job's own GPUs' residual and the running work the queue ahead waits
 behind, over capacity) is biased in ways that depend on the load,
 the tier and the job's shape. Rather than model them, the band learns them:
@@ -33,7 +33,7 @@ the tier and the job's shape. Rather than model them, the band learns them:
    over the square root of the number of jobs ahead (the law of large
    numbers): ``m50 = 1`` and ``m90 = exp(Z90 * sqrt(SIGMA_SYS**2 +
    SIGMA_JOB**2 / depth))``, ``depth`` = jobs' worth of work the point
-   estimate drains (``Accounting.wait_depth``: the queued work ahead that the
+   estimate drains (``WaitEstimates.wait_depth``: the queued work ahead that the
    point estimate times the capacity holds, over the mean cost of a queued
    job). At most one job deep the
    wait is one residual run time, which averages nothing: the fixed
@@ -44,7 +44,7 @@ the tier and the job's shape. Rather than model them, the band learns them:
    run times against its estimates, one factor for every job in it
    (estimates biased one way, the share of runs that load their model
    guessed before any run ended), 8 % (log). Measured on the default flood
-   with the model loads in the point (``Accounting.load_terms``): its jobs
+   with the model loads in the point (``WaitEstimates.load_terms``): its jobs
    waited the point +12 % (shallowest tenth) to -3 % (deepest), as without
    cold starts (+15 % to -2.5 %); at 10 % its P90 covered 96.0 % (94.4 %
    without cold starts), at 8 % 93.7 % (93.2 %).
@@ -238,14 +238,14 @@ class WaitBands:
         backlogged flow's queue drains at the rate it is served, which is the
         GPUs it holds: what its fair share, the flows served before it and
         their future arrivals leave it, measured rather than modelled
-        (``Accounting.drain_wait_s``). O(flows that held GPUs lately); taken on
+        (``WaitEstimates.drain_wait_s``). O(flows that held GPUs lately); taken on
         the estimate cadence."""
         if self.held_ms < 0:
             self.held = {flow: float(n) for flow, n in held.items()}
         else:
             dt_s = max(0.0, (now_ms - self.held_ms) / 1000)
             alpha = 1.0 - math.exp(-dt_s / HELD_TAU_S)
-            for flow in set(self.held) | set(held):
+            for flow in [*self.held, *(f for f in held if f not in self.held)]:
                 old = self.held.get(flow, 0.0)
                 new = old + alpha * (held.get(flow, 0) - old)
                 if new < 0.01 and flow not in held:

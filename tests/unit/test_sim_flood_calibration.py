@@ -4,7 +4,7 @@ and the depth prior alone must be honest. The forecasts land in the issue's
 bands, <= P50 for 40-60 %, <= P90 for 85-95 %, without cold starts and with
 them (20 s, the simulator's default): the cell is configured with that
 model-load time (``model_load_s``) and counts the loads of the runs it places
-(``Accounting.load_terms``).
+(``WaitEstimates.load_terms``).
 
 The point telling when the work ahead has *ended* (no started mix's residual,
 615ebd2) put 92 % of them under their P50 and 92 % under their P90; the point

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from framespool.processors.core import Cell
-from framespool.processors.core.accounting import MIX_HALVE_AT, point_wait_s
+from framespool.processors.core.estimates import MIX_HALVE_AT, point_wait_s
 from framespool.processors.core.offers import predicted_wait_s
 from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness

@@ -5,7 +5,7 @@ load (``note_load``, asked before the GPUs are marked warm) and keeps a
 moving share ``s`` of the GPUs started that load, and ``n`` of those started on
 GPUs that held a model (the next starts' share, with a model-mix prior); the
 point then counts ``n * L`` more GPU-seconds per GPU ahead, ``s * L`` per running
-GPU, and the loads in a busy GPU's mean residual (``Accounting.load_terms``).
+GPU, and the loads in a busy GPU's mean residual (``WaitEstimates.load_terms``).
 
 ``cold_cell`` starts 16 one-GPU runs of 1,000 s at once on GPUs that hold no
 model: all of them load (``s = 1``), and the next starts' share ``n`` has only
@@ -20,7 +20,7 @@ import pytest
 
 from framespool.processors import sim
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.core.accounting import LOAD_PRIOR_GPUS, MIX_HALVE_AT, LoadMix
+from framespool.processors.core.estimates import LOAD_PRIOR_GPUS, MIX_HALVE_AT, LoadMix
 from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
 
