@@ -384,7 +384,7 @@ class WaitEstimates:
         top = len(below) - 1
         share = float(capacity)
         wait = 0.0
-        cls = self.shape_class(job)
+        cls = self.shape_class(job) if passed_over else 0  # read only at admission
         for level in range(top, -1, -1):  # the tier first: each level's share nests
             if level != top and not passed_over:
                 break
