@@ -70,13 +70,10 @@ class Breakers:
             self.breakers[log_key] = until
             del self.failure_log[log_key]
             self._count("breakers_tripped")
-            self.emit(
-                ev.BreakerTripped,
-                model_version=run.model_version,
-                scope=scope,
-                key=key,
-                until_ms=until,
-                reason=f"{len(entries)} generator failures of {run.model_version} on "
+            self._announce(
+                log_key,
+                until,
+                f"{len(entries)} generator failures of {run.model_version} on "
                 f"{scope} {key} from {tenants} tenants within "
                 f"{self.config.breaker_window_s:.0f}s; one probe run after "
                 f"{(until - self.now_ms) / 1000:.0f}s",
@@ -98,15 +95,23 @@ class Breakers:
         until = self.now_ms + self._open_ms(trips)
         self.breakers[log_key] = until
         self._count("breakers_reopened")
+        self._announce(
+            log_key,
+            until,
+            f"probe run {run.job_id}#{run.run} failed; open again, next probe in "
+            f"{(until - self.now_ms) / 1000:.0f}s",
+        )
+
+    def _announce(self: Cell, log_key: tuple[str, str, str], until_ms: int, reason: str) -> None:
+        """A breaker opened, reopened or closed (``until_ms`` = now)."""
         model_version, scope, key = log_key
         self.emit(
             ev.BreakerTripped,
             model_version=model_version,
             scope=scope,
             key=key,
-            until_ms=until,
-            reason=f"probe run {run.job_id}#{run.run} failed; open again, next probe in "
-            f"{(until - self.now_ms) / 1000:.0f}s",
+            until_ms=until_ms,
+            reason=reason,
         )
 
     def note_placement(self: Cell, run: Run) -> None:
@@ -138,12 +143,6 @@ class Breakers:
             self.breaker_trips.pop(log_key, None)
             self.failure_log.pop(log_key, None)
             self._count("breakers_closed")
-            model_version, scope, key = log_key
-            self.emit(
-                ev.BreakerTripped,
-                model_version=model_version,
-                scope=scope,
-                key=key,
-                until_ms=self.now_ms,
-                reason=f"closed: probe run {run.job_id}#{run.run} completed",
+            self._announce(
+                log_key, self.now_ms, f"closed: probe run {run.job_id}#{run.run} completed"
             )
