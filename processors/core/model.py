@@ -147,11 +147,18 @@ class Run:
         has outlived that, a slack of 10% of the estimate (at least 1 s) from
         now, never past its hard limit. A late run thus delays a reservation by
         about as much as it overruns, not by its whole limit at once."""
-        end = self.started_ms + int(self.estimate_s * 1000)
+        end = self.static_end_ms()
         if end > now_ms:
             return end
-        slack = max(1000, int(self.estimate_s * 100))
-        return max(now_ms + 1, min(self.limit_ms, now_ms + slack))
+        return max(now_ms + 1, min(self.limit_ms, now_ms + self.late_slack_ms()))
+
+    def static_end_ms(self) -> int:
+        """When the run ends if it keeps to its estimate."""
+        return self.started_ms + int(self.estimate_s * 1000)
+
+    def late_slack_ms(self) -> int:
+        """How far past now a run that outlived its estimate is projected to end."""
+        return max(1000, int(self.estimate_s * 100))
 
 
 class Gang:

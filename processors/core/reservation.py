@@ -120,7 +120,7 @@ class Reservations:
             ends = []
             filed = {}
             for run in self.runs.values():
-                end = _static_end(run)
+                end = run.static_end_ms()
                 for node_id, gpus in run.held.items():
                     ends.append((end, node_id, len(gpus), run.key))
                     filed[(run.key, node_id)] = end
@@ -134,7 +134,7 @@ class Reservations:
         """A run was placed (call before it joins ``self.runs``)."""
         ends = self.release_list()
         filed = self._release_ends_filed
-        end = _static_end(run)
+        end = run.static_end_ms()
         late = self.late_slices(ends)
         for node_id, gpus in run.held.items():
             insort(ends, (end, node_id, len(gpus), run.key))
@@ -163,7 +163,7 @@ class Reservations:
         ends = self.release_list()
         filed = self._release_ends_filed
         late = self.late_slices(ends)
-        end = _static_end(run)
+        end = run.static_end_ms()
         key = run.key
         for node_id, gpus in run.held.items():
             old = filed.get((key, node_id))
@@ -242,9 +242,7 @@ class Reservations:
                     continue
                 run = runs[key]
                 if end <= now:  # late: projected as ``releases`` projects it
-                    end = max(
-                        now + 1, min(run.limit_ms, now + max(1000, int(run.estimate_s * 100)))
-                    )
+                    end = run.projected_end_ms(now)
                 out.append((end, node_id, len(run.held[node_id]), key))
         out.sort()
         return out
@@ -565,7 +563,7 @@ class LateSlices:
         self.at, self.by_slack, self.by_cap, self.filed = state
 
     def add(self, run: Run, node: str, gpus: int) -> None:
-        slack = max(1000, int(run.estimate_s * 100))  # as ``Run.projected_end_ms``
+        slack = run.late_slack_ms()
         cap = run.limit_ms - slack
         key = run.key
         self.filed[(key, node)] = (slack, cap)
@@ -594,12 +592,6 @@ class LateSlices:
             if (key, node) not in skip
         )
         return heapq.merge(capped, rest)
-
-
-def _static_end(run: Run) -> int:
-    """When the run ends if it keeps to its estimate (``projected_end_ms``
-    before it overruns)."""
-    return run.started_ms + int(run.estimate_s * 1000)
 
 
 def _unused(amounts: tuple[int, ...], used: int) -> int:

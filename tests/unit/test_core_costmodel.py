@@ -151,6 +151,9 @@ class _LateRun:
     def __init__(self, job: str, estimate_s: float, limit_ms: int) -> None:
         self.key, self.estimate_s, self.limit_ms = (job, 1), estimate_s, limit_ms
 
+    def late_slack_ms(self) -> int:
+        return _slack(self)
+
 
 @settings(max_examples=200, deadline=None)
 @given(
@@ -216,7 +219,7 @@ def test_a_cell_from_a_snapshot_without_status_rows_counts_them_on_first_read() 
     for i, event in enumerate(tape[:half]):
         live.apply(event, f"sim:{i + 1}")
     state = pickle.loads(pickle.dumps(live)).__dict__
-    state.pop("_depth_rows", None)
+    state.pop("_status_rows", None)
     restored = Cell.__new__(Cell)
     restored.__setstate__(state)
     assert restored.queue_depths() == naive_queue_depths(restored) != ()
