@@ -218,10 +218,21 @@ class Accounting:
         ``status_interval_s``): the rows are kept where jobs are queued,
         placed, reshaped and released (``depth_rows``), not re-counted from
         every job and run."""
-        return tuple(
-            ev.QueueDepth(tier=tier, tenant=tenant, queued=q, queued_gpus=qg, running_gpus=rg)
-            for (tier, tenant), (_, _, q, qg, rg) in sorted(self.depth_rows().items())
-        )
+        tiers = self.fair.root.children
+        out = []
+        for (tier, tenant), (_, _, queued_gpus, held) in sorted(self.depth_rows().items()):
+            flow = tiers.get(tier)
+            org = flow.children.get(tenant) if flow is not None else None
+            out.append(
+                ev.QueueDepth(
+                    tier=tier,
+                    tenant=tenant,
+                    queued=org.queued if org is not None else 0,
+                    queued_gpus=queued_gpus,
+                    running_gpus=held,
+                )
+            )
+        return tuple(out)
 
     def publish_estimates(self: Cell) -> None:
         """Refresh wait estimates of the jobs nearest the front of each flow,

@@ -365,31 +365,32 @@ class JobHandlers:
         self.note_queued(job, 1, key)
         bounds.add(*key)
         self.queued_count += 1
-        self.shift_depth(job.tier, job.tenant, queued=1, queued_gpus=job.shape[0])
+        self.shift_depth(job.tier, job.tenant, queued_gpus=job.shape[0])
         org, user = self.use_of(job)
         org.queued += 1
         user.queued += 1
 
     def depth_rows(self: Cell) -> dict[tuple[str, str], list[int]]:
-        """Per ``(tier, tenant)`` with a live job or run: ``[jobs, runs, queued,
-        queued GPUs, GPUs runs hold]``, kept where each changes (``shift_depth``)
-        so a status publish reads its rows, not every job and run. Built from
-        the jobs and runs on first use (a new cell, or one restored from a
-        snapshot taken before the rows were kept)."""
-        rows: dict[tuple[str, str], list[int]] | None = self.__dict__.get("_depth_rows")
+        """Per ``(tier, tenant)`` with a live job or run: ``[jobs, runs, queued
+        GPUs, GPUs runs hold]``, kept where each changes (``shift_depth``) so a
+        status publish reads its rows, not every job and run (the queued jobs
+        it counts are the fair tree's flow's, ``Flow.queued``). Built from the
+        jobs and runs on first use (a new cell, or one restored from a snapshot
+        taken before the rows were kept)."""
+        rows: dict[tuple[str, str], list[int]] | None = self.__dict__.get("_status_rows")
         if rows is None:
             rows = {}
-            self._depth_rows = rows
+            self._status_rows = rows
+            self.__dict__.pop("_depth_rows", None)  # five-slot rows (60b4690), queued kept too
             for job in self.jobs.values():
-                row = rows.setdefault((job.tier, job.tenant), [0, 0, 0, 0, 0])
+                row = rows.setdefault((job.tier, job.tenant), [0, 0, 0, 0])
                 row[0] += 1
                 if job.state == JobState.QUEUED:
-                    row[2] += 1
-                    row[3] += job.shape[0]
+                    row[2] += job.shape[0]
             for run in self.runs.values():
-                row = rows.setdefault((run.tier, run.tenant), [0, 0, 0, 0, 0])
+                row = rows.setdefault((run.tier, run.tenant), [0, 0, 0, 0])
                 row[1] += 1
-                row[4] += sum(len(g) for g in run.held.values())
+                row[3] += sum(len(g) for g in run.held.values())
         return rows
 
     def shift_depth(
@@ -398,24 +399,22 @@ class JobHandlers:
         tenant: str,
         jobs: int = 0,
         runs: int = 0,
-        queued: int = 0,
         queued_gpus: int = 0,
         held: int = 0,
     ) -> None:
         """A job joined or left the cell, the queue or a shape, or a run its
         GPUs: move its row (dropped once it has no job and no run). O(1); a
         no-op until the rows are first read."""
-        rows: dict[tuple[str, str], list[int]] | None = self.__dict__.get("_depth_rows")
+        rows: dict[tuple[str, str], list[int]] | None = self.__dict__.get("_status_rows")
         if rows is None:
             return
         row = rows.get((tier, tenant))
         if row is None:
-            row = rows[(tier, tenant)] = [0, 0, 0, 0, 0]
+            row = rows[(tier, tenant)] = [0, 0, 0, 0]
         row[0] += jobs
         row[1] += runs
-        row[2] += queued
-        row[3] += queued_gpus
-        row[4] += held
+        row[2] += queued_gpus
+        row[3] += held
         if not row[0] and not row[1]:
             del rows[(tier, tenant)]
 
@@ -426,7 +425,7 @@ class JobHandlers:
             self.note_queued(job, -1, key)
             bounds.remove(*key)
             self.queued_count -= 1
-            self.shift_depth(job.tier, job.tenant, queued=-1, queued_gpus=-job.shape[0])
+            self.shift_depth(job.tier, job.tenant, queued_gpus=-job.shape[0])
             org, user = self.use_of(job)
             org.queued -= 1
             user.queued -= 1
