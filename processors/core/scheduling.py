@@ -126,9 +126,6 @@ class Scheduling:
     def schedule(self: Cell, full: bool) -> None:
         if not self.queued_count:
             return
-        self._schedule(full)
-
-    def _schedule(self: Cell, full: bool) -> None:
         if full:
             self.preemption_scan()
         if self.index.free_total == 0:
