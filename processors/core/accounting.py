@@ -37,6 +37,11 @@ class Accounting:
         shapes.extend((s.gpus, s.gpus_per_node, s.estimate_s) for s in spec.shapes)
         return shapes
 
+    def fits_free_now(self: Cell, job: Job) -> bool:
+        """Whether some node's free GPUs hold the job's smallest per-node need:
+        a pass could start it now. O(shapes + GPUs per node)."""
+        return self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job))
+
     def cost_of(self: Cell, job: Job, gpus: int, estimate_s: float) -> float:
         spec = job.spec
         factor = 1.0

@@ -223,9 +223,7 @@ class WaitEstimates:
             return 0.0
         loads = self.load_terms()
         remaining = self.running_left_gpu_s() + loads.loading
-        if passed_over and self.index.largest_free() >= min(
-            min(g, p) for g, p, _ in self.shapes_of(job)
-        ):  # the bigger shapes ahead in the whole cell are passed too
+        if passed_over and self.fits_free_now(job):  # the bigger shapes ahead are passed too
             ahead *= self.unpassable_share((), self.shape_class(job))
         others = max(0.0, ahead - job.cost)
         loaded = others * loads.factor

@@ -54,7 +54,7 @@ class JobHandlers:
         # a cap holds them: 46 % of batch jobs told "fits the free GPUs now"
         # waited, a quarter of them over 6,000 s, multitenant 10,000 jobs).
         place = self.hold_output()
-        if self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job)):
+        if self.fits_free_now(job):
             self.schedule(full=False)
         if job.state is JobState.QUEUED:
             ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog, passed_over=True)
