@@ -346,8 +346,9 @@ def test_refreshed_points_learn_their_own_multipliers():
         job_id = f"r{i}"
         bands.admitted(job_id, "paid", 0, 5000.0)  # another class: not in the 600 s one
         bands.refreshed(job_id, "paid", 100_000, 600.0)
-        bands.refreshed(job_id, "paid", 110_000, 500.0)  # same class: the first one stays
         left_s = (600 + FLOOR_S) * 0.5 - FLOOR_S
+        # same class, 10 s later, also half its point: every refresh is learned
+        bands.refreshed(job_id, "paid", 110_000, (left_s - 10 + FLOOR_S) / 0.5 - FLOOR_S)
         bands.started(job_id, 100_000 + int(left_s * 1000))
     assert bands.rpending == {}
     m50 = (bands.band("paid", 600.0, refresh=True)[0] + FLOOR_S) / (600 + FLOOR_S)
@@ -360,6 +361,39 @@ def test_refreshed_points_learn_their_own_multipliers():
         assert bands.band("paid", point, 50.0, refresh=True) == bands.band("free", point, 50.0)
         assert bands.band("paid", point, 50.0, refresh=True)[0] == point
     assert bands.band("free", 600.0, refresh=True) == bands.band("free", 600.0)
+
+
+def test_every_published_refresh_is_learned_not_only_a_jobs_first_in_its_class():
+    """A flood's jobs enter a decade early, when their points overshoot more
+    than later (module doc, 6.): the band learns from all of a job's refreshes,
+    the population it is scored on. Each job's first refresh in the 100-999 s
+    class waited 0.5x its point, its four later ones 1x: the learned P50 is 1x."""
+    bands = WaitBands()
+    start_s = (900 + FLOOR_S) * 0.5 - FLOOR_S  # 435 s: the first refresh waited 0.5x
+    for i in range(40):
+        job_id = f"j{i}"
+        bands.refreshed(job_id, "paid", 0, 900.0)
+        for at_s in (50, 100, 150, 200):  # each told the wait left exactly
+            bands.refreshed(job_id, "paid", at_s * 1000, start_s - at_s)
+        bands.started(job_id, int(start_s * 1000))
+    hist = bands.hists[("paid", REFRESH + estimate_class(600.0))]
+    assert hist.total == 200
+    m50 = (bands.band("paid", 600.0, refresh=True)[0] + FLOOR_S) / (600 + FLOOR_S)
+    assert 0.95 < m50 < 1.05  # the first refreshes alone: 0.5
+    assert bands.rpending == {}
+
+
+def test_a_snapshot_keeping_first_refreshes_per_class_loads_as_a_list() -> None:
+    bands = WaitBands()
+    bands.refreshed("q", "paid", 0, 600.0)
+    state = dict(bands.__dict__, rpending={"q": ("paid", {3: (0, 600.0), 4: (5, 2000.0)})})
+    old = WaitBands.__new__(WaitBands)
+    old.__setstate__(state)
+    assert old.rpending == {"q": ("paid", [(3, 0, 600.0), (4, 5, 2000.0)])}
+    old.refreshed("q", "paid", 10_000, 500.0)
+    old.censor(20_000)
+    old.started("q", 300_000)
+    assert old.rpending == {} and set(old.hists) == {("paid", REFRESH + 3), ("paid", REFRESH + 4)}
 
 
 def test_a_snapshot_drops_the_tiers_pools_of_refreshes_which_nothing_reads() -> None:
