@@ -48,6 +48,16 @@ cached-total lookup, and only a tenant at its cap scans its oldest finished view
 ``k`` views costs ``k`` view reads and encodes plus its sweeps, each amortized
 O(1) per key it deletes.
 
+The decoded job views are cached too (:data:`VIEW_CACHE`, the most recently
+read or written, least recently used out first), write-through like the
+counts: a view enters after the write batch that wrote it (or a read that
+decoded it) and leaves after the batch that deleted it, so a cached view is
+always the database's. A job's events arrive within its short life, and each
+was read twice per event (the fold's ``get`` of the view before, ``commit``'s
+of the old one for its index keys), each a RocksDB ``get``, a JSON decode and a
+``view_from_dict``: a cache hit is one dict lookup. It was the largest part of
+the API process's CPU in ``bench pipeline`` (issue #13).
+
 ``InMemoryViewStore`` is the fake that implements the same ``ViewStore``
 protocol; one test suite runs against both.
 """
@@ -56,6 +66,7 @@ from __future__ import annotations
 
 import heapq
 import json
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
@@ -184,11 +195,21 @@ def _count_change(
         counts[(new.tenant, new.state)] = counts.get((new.tenant, new.state), 0) + 1
 
 
+# Decoded job views a RocksViewStore keeps (module doc, "Cost model"): a few
+# seconds of jobs at the pipeline's rate; a view is a few kB.
+VIEW_CACHE = 4096
+
+
 class RocksViewStore:
     """The rocksdict adapter; one ``Rdict`` directory per projection process."""
 
-    def __init__(self, path: str, retention: Retention = Retention()) -> None:
+    def __init__(
+        self, path: str, retention: Retention = Retention(), view_cache: int = VIEW_CACHE
+    ) -> None:
         self._db = Rdict(str(path), options=Options(raw_mode=True))
+        # job id -> its decoded view, as in the database (write-through, LRU)
+        self._views: OrderedDict[str, JobView] = OrderedDict()
+        self._view_cache = view_cache
         self.retention = retention
         self._floors: dict[bytes, bytes] = {}  # index prefix -> where its expiry scan starts
         # write-through caches (module doc, "Cost model"): filled on first read
@@ -257,8 +278,30 @@ class RocksViewStore:
 
     # -- reads --------------------------------------------------------------
     def get(self, job_id: str) -> JobView | None:
+        """Cost: a dict lookup for a cached view; else a RocksDB ``get``, a JSON
+        decode and ``view_from_dict`` (the view is then cached)."""
+        view = self._views.get(job_id)
+        if view is not None:
+            self._views.move_to_end(job_id)
+            return view
         raw = self._db.get(self._job_key(job_id))
-        return None if raw is None else view_from_dict(json.loads(raw))
+        if raw is None:
+            return None
+        view = view_from_dict(json.loads(raw))
+        self._remember((view,))
+        return view
+
+    def _remember(self, views: Iterable[JobView], gone: Iterable[str] = ()) -> None:
+        """The view cache after a read, or after a write batch that wrote ``views``
+        and deleted ``gone`` (never before the write: a failed one changes nothing)."""
+        cache = self._views
+        for job_id in gone:
+            cache.pop(job_id, None)
+        for view in views:
+            cache[view.job_id] = view
+            cache.move_to_end(view.job_id)
+        while len(cache) > self._view_cache:
+            cache.popitem(last=False)
 
     def offset(self, topic: str, partition: int) -> int:
         raw = self._db.get(self._offset_key(topic, partition))
@@ -315,8 +358,8 @@ class RocksViewStore:
         unchanged, the age sweeps are skipped while they have nothing to do).
         Cost: module doc, "Cost model"."""
         key = self._job_key(view.job_id)
-        if self._db.get(key) is not None:
-            return False
+        if view.job_id in self._views or self._db.get(key) is not None:
+            return False  # a cached view is in the database
         if view.terminal:  # not the API's case: the generic path writes its expiry keys
             self.commit(Batch(views={view.job_id: view}), from_log=False)
             return True
@@ -328,11 +371,13 @@ class RocksViewStore:
         newest = self._newest()
         by_age = self._swept_at != newest
         clean = True
+        gone: list[str] = []
         if by_age or self.view_count(view.tenant) >= self.retention.max_views_per_tenant:
-            clean = self._expire(wb, counts, {view.job_id: view}, newest, by_age)
+            clean = self._expire(wb, counts, {view.job_id: view}, newest, by_age, gone)
         written = self._put_counts(wb, counts)
         self._db.write(wb)
         self._written(written, newest, clean)
+        self._remember((view,), gone)
         return True
 
     def _put_counts(
@@ -391,11 +436,13 @@ class RocksViewStore:
             if off > self.offset(topic, partition):
                 wb.put(self._offset_key(topic, partition), str(off).encode())
         by_age = self._swept_at != newest
-        clean = self._expire(wb, counts, batch.views, newest, by_age)
+        gone: list[str] = []
+        clean = self._expire(wb, counts, batch.views, newest, by_age, gone)
         written = self._put_counts(wb, counts)
         wb.put(b"w/", str(newest).encode())
         self._db.write(wb)
         self._written(written, newest, swept and clean)
+        self._remember(batch.views.values(), gone)
 
     def _expire(
         self,
@@ -404,10 +451,12 @@ class RocksViewStore:
         views: dict[str, JobView],
         newest: int,
         by_age: bool = True,
+        gone: list[str] | None = None,
     ) -> bool:
         """Steps 5-7 of the module doc, into the same write batch; ``by_age=False``
         skips steps 5 and 7. Returns False when step 5 deferred a view (one of
-        ``views``, the batch's) to a later batch.
+        ``views``, the batch's) to a later batch. The job ids of the views it
+        deletes are appended to ``gone`` (for the view cache, once written).
 
         Cost: step 5 and step 7 each seek once to their floor and read every key
         they delete plus one; step 6 is a sum over the tenant's cached counts,
@@ -462,6 +511,8 @@ class RocksViewStore:
                     excess -= len(victims) - before
                 floors[prefix] = floor or key[len(prefix) :]
         for job_id, view in victims.items():
+            if gone is not None:
+                gone.append(job_id)
             wb.delete(self._job_key(job_id))
             for key in (*self._index_keys(view), *self._ended_keys(view)):
                 wb.delete(key)
@@ -494,6 +545,7 @@ class RocksViewStore:
             wb.put(f"y/{_ms_key(done)}/{d.delivery_id}".encode(), b"")
 
     def close(self) -> None:
+        self._views.clear()
         self._db.close()
 
 

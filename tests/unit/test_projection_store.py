@@ -122,3 +122,49 @@ def test_views_running_state_survive_reopen(tmp_path):
     s2 = RocksViewStore(path)
     assert s2.get("j1") == v and s2.offset("progress", 0) == 9
     s2.close()
+
+
+class _CountingDb:
+    """A RocksViewStore's database, counting the reads of job views."""
+
+    def __init__(self, db):
+        self.db, self.view_reads = db, 0
+
+    def get(self, key):
+        if key.startswith(b"j/"):
+            self.view_reads += 1
+        return self.db.get(key)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_rocks_views_are_read_from_the_database_once_then_from_the_cache(tmp_path):
+    """The decoded-view cache (store.VIEW_CACHE): a view written or read once is
+    not read again while cached; the least recently used leaves first and is
+    then read again; a view the retention deletes is gone from the cache too."""
+    from framespool.projections.store import Retention
+
+    s = RocksViewStore(str(tmp_path / "views"), view_cache=2)
+    counting = s._db = _CountingDb(s._db)
+    queued, done = view("j1", n=2), view("j1")
+    assert s.insert_if_absent(submitted_view(spec("j1"), 1_000))
+    reads = counting.view_reads
+    s.commit(Batch(views={"j1": queued}))  # commit reads the old view for its index keys
+    assert s.get("j1") == queued
+    s.commit(Batch(views={"j1": done}))
+    assert s.get("j1") == done and s.list_jobs("acme").jobs == [done]
+    assert counting.view_reads == reads, "every read of j1 after its insert was a cache hit"
+    s.commit(Batch(views={"j2": view("j2")}))
+    s.commit(Batch(views={"j3": view("j3")}))  # the cache holds two views: j1 leaves
+    reads = counting.view_reads
+    assert s.get("j1") == done and counting.view_reads == reads + 1
+    s.close()
+    # retention: a finished view past its horizon leaves the database and the cache
+    r = RocksViewStore(str(tmp_path / "expiring"), Retention(finished_horizon_s=60))
+    r.commit(Batch(views={"old": view("old", created_ms=1_000)}))
+    assert r.get("old") is not None
+    later = view("new", created_ms=1_000 + 3_600_000)
+    r.commit(Batch(views={"new": later}))
+    assert r.get("old") is None
+    r.close()
