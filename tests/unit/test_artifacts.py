@@ -159,3 +159,38 @@ def test_a_new_keys_directories_cost_one_mkdir_each_and_none_fails(store, monkey
     assert store.local_path(first.uri).read_bytes() == b""
     with pytest.raises(OSError):  # a level that is a file is still refused
         store.put_bytes("jobs/j1/runs/1/output/result.gif/below", b"")
+
+
+def test_an_empty_object_is_created_in_place_and_replaces_an_earlier_one_whole(
+    store, tmp_path, monkeypatch
+):
+    """put_bytes of no bytes (the noop builtin's output) creates the file with
+    O_EXCL, without a temporary file; under a key that already holds an object
+    it falls back to the temporary file and rename, and the earlier object's
+    metadata goes (its digest would not match)."""
+    import hashlib
+    import tempfile
+
+    key = output_key("j9", 1, "result.gif")
+    temporaries: list[str] = []
+    real_mkstemp = tempfile.mkstemp
+
+    def counting_mkstemp(*args, **kwargs):
+        fd, path = real_mkstemp(*args, **kwargs)
+        temporaries.append(path)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", counting_mkstemp)
+    stored = store.put_bytes(key, b"")
+    assert temporaries == [], "a new empty object needs no temporary file"
+    assert (stored.sha256, stored.size_bytes) == (hashlib.sha256(b"").hexdigest(), 0)
+    assert store.local_path(key).read_bytes() == b""
+    assert store.get_file(stored.uri, tmp_path / "got").sha256 == stored.sha256
+    other = output_key("j9", 2, "result.gif")
+    store.put_bytes(other, b"earlier bytes")
+    assert store._meta(other).exists()
+    replaced = store.put_bytes(other, b"")
+    assert len(temporaries) == 2, "an existing object is replaced through a temporary file"
+    assert store.local_path(other).read_bytes() == b"" and not store._meta(other).exists()
+    assert store.get_file(replaced.uri, tmp_path / "got2").size_bytes == 0
+    assert [p.name for p in store.local_path(other).parent.iterdir()] == ["result.gif"]
