@@ -330,23 +330,17 @@ class WaitBands:
         log2, floor = math.log2, FLOOR_S
         for tier, since_ms, point_s in self.pending.values():
             key = (tier, estimate_class(point_s), False)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = {}
+            group = groups.setdefault(key, {})
             waited_s = max(0.0, (now_ms - since_ms) / 1000)
             r = min(HIGH, max(LOW, log2((waited_s + floor) / (point_s + floor))))
             i = int(round((r - LOW) / STEP))
             group[i] = group.get(i, 0.0) + 1.0
         for tier, seen in self.rpending.values():
             last_cls = -1  # a job's refreshes mostly share a class: one lookup for a run
-            group: dict[int, float] = {}
             for cls, since_ms, point_s in seen:
                 if cls != last_cls:
                     last_cls = cls
-                    key = (tier, cls, True)
-                    group = groups.get(key)
-                    if group is None:
-                        group = groups[key] = {}
+                    group = groups.setdefault((tier, cls, True), {})
                 waited_s = max(0.0, (now_ms - since_ms) / 1000)
                 r = min(HIGH, max(LOW, log2((waited_s + floor) / (point_s + floor))))
                 i = int(round((r - LOW) / STEP))
