@@ -270,14 +270,15 @@ class Accounting:
             running = self.running_gpus
             self.running_cold = sum(kept.values()) / running if running > 0 else -1.0
         self.wait_bands.sample_held(self.now_ms, held)
+        terms = self.wait_terms()  # nothing below changes them
         for leaf in self.active_leaves():
             ahead = 0.0
-            for job_id in list(leaf.requeued) + list(leaf.queue):
+            for job_id in itertools.chain(leaf.requeued, leaf.queue):  # a publish changes no queue
                 if budget <= 0:
                     return
                 job = self.jobs[job_id]
                 ahead += job.cost
-                wait = self.predicted_wait_s(job, ahead, levels=levels)
+                wait = self.predicted_wait_s(job, ahead, levels=levels, terms=terms)
                 old = job.wait_estimate_s
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait

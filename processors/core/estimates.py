@@ -150,6 +150,7 @@ class WaitEstimates:
         own_ahead: float,
         passed_over: bool = False,
         levels: dict[int, LevelIndex] | None = None,
+        terms: tuple[int, LoadTerms, float] | None = None,
     ) -> float:
         """The time until the work ahead of the job has started and the job's own
         GPUs have freed (``point_wait_s``, shared with ``offers.predicted_wait_s``):
@@ -207,22 +208,19 @@ class WaitEstimates:
 
         ``own_ahead``: GPU-seconds queued in the job's own flow up to and
         including the job itself; ``levels``: ``FairTree.work_ahead``'s cache
-        for a publish's many calls. Cost: O(depth of the fair tree * siblings)
+        for a publish's many calls; ``terms``: ``wait_terms()``, which a
+        publish takes once for all its calls. Cost: O(depth of the fair tree * siblings)
         plus O(tiers); the loads O(1); the shape classes O(1) a level plus
         O(max GPUs per node) for ``largest_free``."""
         leaf = self.leaf_of(job)
         below: list[float] = []
         ahead = self.fair.work_ahead(leaf, own_ahead, below, levels)
-        capacity = self.index.free_total + self.running_gpus
-        if capacity <= 0:
-            capacity = sum(n.total for n in self.index.nodes.values())
+        capacity, loads, remaining = terms if terms is not None else self.wait_terms()
         if capacity <= 0:
             return -1.0
         gpus = job.shape[0]
         if not passed_over and self.index.free_total >= gpus and ahead <= job.cost:
             return 0.0
-        loads = self.load_terms()
-        remaining = self.running_left_gpu_s() + loads.loading
         if passed_over and self.fits_free_now(job):  # the bigger shapes ahead are passed too
             ahead *= self.unpassable_share((), self.shape_class(job))
         others = max(0.0, ahead - job.cost)
@@ -232,6 +230,17 @@ class WaitEstimates:
             ends = self.first_ends_wait_s(others, gpus, capacity, remaining, loads)
             point = max(point, ends)
         return max(point, self.drain_wait_s(job, leaf, below, capacity, passed_over))
+
+    def wait_terms(self: Cell) -> tuple[int, LoadTerms, float]:
+        """What every point reads of the cell as a whole: the capacity (the
+        free and running GPUs, else every node's; 0: no GPUs at all), the
+        model loads' terms (``load_terms``) and the running work left, loads
+        included. O(1) but for a cell without running or free GPUs (O(nodes))."""
+        capacity = self.index.free_total + self.running_gpus
+        if capacity <= 0:
+            capacity = sum(n.total for n in self.index.nodes.values())
+        loads = self.load_terms()
+        return capacity, loads, self.running_left_gpu_s() + loads.loading
 
     def deep_point_s(
         self: Cell, gpus: int, capacity: int, remaining: float, residual: float
