@@ -43,6 +43,18 @@ fake is ``framespool.log.memory``) and handles the broker's quirks in one place
    librdkafka's pause/resume: a resumed partition delivered its first record
    only after 0.4-0.7 s (measured on Tansu), an explicit assignment within a
    millisecond. ``REQUEST_PATH`` consumers and group members never rest.
+7. Tansu can make a consumer skip records: with several producers writing one
+   partition, a Fetch at offset N sometimes returns the batch that follows
+   N's (whose records are written), and librdkafka, for which a gap is
+   legal (compaction, transaction markers), reads on after it. Verified
+   (2026-12-01): 4 producers on one partition for 10 s, 5 batches of 5-10
+   records skipped by a consumer, all of them in the log. So a
+   :class:`LogConsumer` knows the offset it expects next on each partition
+   (from its assignment, then each record) and, on a record past it, drops
+   that record and the rest of the partition's batch and seeks back to the
+   expected offset, at most ``SKIP_REFETCHES`` times per offset: a gap still
+   there after that is a real one (retention, compaction, a transaction
+   marker) and is read past.
 """
 
 from __future__ import annotations
@@ -183,6 +195,10 @@ IDLE_BACKOFF_MS_BY_ROLE = {
     Role.FLEET: _env_ms("FRAMESPOOL_IDLE_BACKOFF_FLEET_MS", 100),
     Role.BACKGROUND: _env_ms("FRAMESPOOL_IDLE_BACKOFF_BACKGROUND_MS", 100),
 }
+
+# How often a LogConsumer seeks back to an offset it expected and was skipped
+# (theory of operation, 7) before it takes the gap for a real one.
+SKIP_REFETCHES = 5
 
 # A diagnostic, off by default: with FRAMESPOOL_CLIENT_STATS_MS > 0 every client
 # collects librdkafka's statistics that often and, when closed, logs how many
@@ -661,6 +677,11 @@ class LogConsumer:
         self._look_s = IDLE_LOOK_FETCHES * int(settings["fetch.wait.max.ms"]) / 1000
         self._resting: list[TopicPartition] = []  # where to read on when waking
         self._starts: dict[tuple[str, int], int] = {}  # of the manual assignment
+        # the offset expected next per partition, and the re-fetches of skipped
+        # records (theory of operation, 7)
+        self._next: dict[tuple[str, int], int] = {}
+        self._refetches: dict[tuple[str, int, int], int] = {}
+        self.refetches = 0  # seeks back over a skip (tests, diagnostics)
         self._last_record_at = time.monotonic()
         self._wake_at = self._awake_until = 0.0
         self.rests = 0  # how many times it rested for being idle (tests, diagnostics)
@@ -681,6 +702,7 @@ class LogConsumer:
         start = offsets if isinstance(offsets, Mapping) else {p: offsets for p in parts}
         self._consumer.assign([TopicPartition(topic, p, start[p]) for p in parts])
         self._starts = {(topic, p): start[p] for p in parts}
+        self._next = {(topic, p): start[p] for p in parts if start[p] >= 0}
         self._resting, self._last_record_at = [], time.monotonic()  # a new assignment reads
 
     def committed(
@@ -725,10 +747,19 @@ class LogConsumer:
             raise LogError("subscribe() needs a group_id")
         self._backoff_s = 0.0  # a rebalance could hand it partitions to read at once
         kwargs = {}
-        if on_assign is not None:
-            kwargs["on_assign"] = lambda _consumer, parts: on_assign(parts)
-        if on_revoke is not None:
-            kwargs["on_revoke"] = lambda _consumer, parts: on_revoke(parts)
+
+        def assigned(_consumer, parts) -> None:
+            self._next.clear()  # read from where the group (or on_assign) says
+            if on_assign is not None:
+                on_assign(parts)
+
+        def revoked(_consumer, parts) -> None:
+            self._next.clear()
+            if on_revoke is not None:
+                on_revoke(parts)
+
+        kwargs["on_assign"] = assigned
+        kwargs["on_revoke"] = revoked
         self._consumer.subscribe(list(topics), **kwargs)
 
     # -- reading and committing ---------------------------------------------------
@@ -782,9 +813,52 @@ class LogConsumer:
         self._last_record_at = time.monotonic()
         error = msg.error()
         if error is None:
-            return _to_record(msg)
+            return _to_record(msg) if self._in_order(msg, set()) else None
         self._handle_error(error, msg)
         return None
+
+    def _in_order(self, msg, rewound: set[tuple[str, int]]) -> bool:
+        """Whether to hand ``msg`` out: it is the next record of its partition, or
+        its gap is taken for a real one. False: drop it, its partition is sought
+        back to the record expected (theory of operation, 7); the partition's
+        later records in this batch (``rewound``) are dropped too.
+
+        Cost: a dict lookup and store per record; a seek per skip re-fetched.
+        """
+        tp = (msg.topic(), msg.partition())
+        offset, expected = msg.offset(), self._next.get(tp)
+        if expected is not None and offset > expected:
+            if tp in rewound:
+                return False
+            key = (tp[0], tp[1], expected)
+            tries = self._refetches.get(key, 0)
+            if tries < SKIP_REFETCHES:
+                try:
+                    self._consumer.seek(TopicPartition(tp[0], tp[1], expected))
+                except KafkaException as exc:
+                    log.warning("%s[%d]: cannot seek back to %d: %s", *tp, expected, exc)
+                else:
+                    self._refetches[key] = tries + 1
+                    self.refetches += 1
+                    rewound.add(tp)
+                    log.warning(
+                        "%s[%d]: the broker skipped offsets %d..%d; reading them again",
+                        *tp,
+                        expected,
+                        offset - 1,
+                    )
+                    return False
+            log.error(
+                "%s[%d]: offsets %d..%d are not in the log; reading on",
+                *tp,
+                expected,
+                offset - 1,
+            )
+        if self._refetches:
+            self._refetches.pop((tp[0], tp[1], expected), None)
+        rewound.discard(tp)
+        self._next[tp] = offset + 1
+        return True
 
     def consume(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
         """Up to ``max_records`` records: waits at most ``timeout`` seconds for the first,
@@ -796,10 +870,12 @@ class LogConsumer:
         self._last_record_at = time.monotonic()
         records = []
         more = self._consumer.consume(max_records - 1, 0) if max_records > 1 else []
+        rewound: set[tuple[str, int]] = set()
         for msg in (first, *more):
             error = msg.error()
             if error is None:
-                records.append(_to_record(msg))
+                if self._in_order(msg, rewound):
+                    records.append(_to_record(msg))
             else:
                 self._handle_error(error, msg)
         return records
@@ -925,7 +1001,8 @@ def read_all(
                 continue  # already at its end: later appends are not ours
             error = msg.error()
             if error is None:
-                by_partition[p].append(_to_record(msg))
+                if consumer._in_order(msg, set()):  # else sought back to a skipped record
+                    by_partition[p].append(_to_record(msg))
             elif error.code() == KafkaError._PARTITION_EOF:
                 # EOF means "fetch position == the Fetch response's high watermark".
                 high = consumer.high_watermark(topic, p)
