@@ -14,6 +14,7 @@ from framespool.commands import jobs as job_commands
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.waitbands import (
     FLOOR_S,
+    KEEP_REFRESHES,
     PRIOR,
     REFRESH,
     SIGMA_JOB,
@@ -389,7 +390,7 @@ def test_a_snapshot_keeping_first_refreshes_per_class_loads_as_a_list() -> None:
     state = dict(bands.__dict__, rpending={"q": ("paid", {3: (0, 600.0), 4: (5, 2000.0)})})
     old = WaitBands.__new__(WaitBands)
     old.__setstate__(state)
-    assert old.rpending == {"q": ("paid", [(3, 0, 600.0), (4, 5, 2000.0)])}
+    assert old.rpending == {"q": ("paid", [(3, 0, 600.0, 1.0), (4, 5, 2000.0, 1.0)])}
     old.refreshed("q", "paid", 10_000, 500.0)
     old.censor(20_000)
     old.started("q", 300_000)
@@ -431,10 +432,10 @@ def _recount(bands: WaitBands, now_ms: int) -> dict[tuple[str, int], dict[int, f
     """Every entry's censored bucket, by the module doc's formula, for the
     histograms that exist."""
     out: dict[tuple[str, int], dict[int, float]] = {}
-    entries = [(t, estimate_class(p), ms, p, False) for t, ms, p in bands.pending.values()]
+    entries = [(t, estimate_class(p), ms, p, False, 1.0) for t, ms, p in bands.pending.values()]
     for tier, seen in bands.rpending.values():
-        entries.extend((tier, cls, ms, p, True) for cls, ms, p in seen)
-    for tier, cls, since_ms, point_s, refresh in entries:
+        entries.extend((tier, cls, ms, p, True, w) for cls, ms, p, w in seen)
+    for tier, cls, since_ms, point_s, refresh, weight in entries:
         waited_s = max(0.0, (now_ms - since_ms) / 1000)
         log_ratio = math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S))
         i = int(round((min(6.0, max(-6.0, log_ratio)) + 6.0) / 0.0625))
@@ -448,7 +449,7 @@ def _recount(bands: WaitBands, now_ms: int) -> dict[tuple[str, int], dict[int, f
         for key in keys:
             if key in bands.hists:
                 row = out.setdefault(key, {})
-                row[i] = row.get(i, 0.0) + 1.0
+                row[i] = row.get(i, 0.0) + weight
     return out
 
 
@@ -493,3 +494,21 @@ def test_censored_counts_are_every_queued_entrys_bucket_now(ops):
         want = _recount(bands, now)
         for key, hist in bands.hists.items():
             assert hist.censored == want.get(key, {}), (key, op)
+
+
+def test_a_job_keeps_a_bounded_number_of_refreshes_and_each_still_counts_once():
+    """A job queued for hours is published dozens of times (module doc, 6.):
+    it keeps at most KEEP_REFRESHES, older ones merged with their weights, so
+    its start still teaches one observation per published refresh."""
+    bands = WaitBands()
+    points = [5000.0 - 100 * k for k in range(40)] + [50_000.0, 60_000.0, 70.0]
+    for k, point in enumerate(points):
+        bands.refreshed("long", "batch", k * 60_000, point)
+        kept = bands.rpending["long"][1]
+        assert len(kept) <= KEEP_REFRESHES
+        assert sum(w for *_, w in kept) == k + 1
+        assert [ms for _, ms, _, _ in kept] == sorted(ms for _, ms, _, _ in kept)
+    bands.censor(len(points) * 60_000)
+    bands.started("long", len(points) * 60_000)
+    learned = sum(h.total for key, h in bands.hists.items() if key[1] >= REFRESH)
+    assert learned == len(points)
