@@ -14,9 +14,11 @@ from framespool.commands import jobs as job_commands
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.waitbands import (
     FLOOR_S,
+    HALVE_AT,
     KEEP_REFRESHES,
     PRIOR,
     REFRESH,
+    REFRESH_HALVE_AT,
     SIGMA_JOB,
     SIGMA_SYS,
     Z90,
@@ -391,6 +393,10 @@ def test_a_snapshot_keeping_first_refreshes_per_class_loads_as_a_list() -> None:
     old = WaitBands.__new__(WaitBands)
     old.__setstate__(state)
     assert old.rpending == {"q": ("paid", [(3, 0, 600.0, 1.0), (4, 5, 2000.0, 1.0)])}
+    unweighted = dict(bands.__dict__, rpending={"u": ("paid", [(3, 0, 600.0), (3, 9, 500.0)])})
+    older = WaitBands.__new__(WaitBands)
+    older.__setstate__(unweighted)
+    assert older.rpending == {"u": ("paid", [(3, 0, 600.0, 1.0), (3, 9, 500.0, 1.0)])}
     old.refreshed("q", "paid", 10_000, 500.0)
     old.censor(20_000)
     old.started("q", 300_000)
@@ -512,3 +518,19 @@ def test_a_job_keeps_a_bounded_number_of_refreshes_and_each_still_counts_once():
     bands.started("long", len(points) * 60_000)
     learned = sum(h.total for key, h in bands.hists.items() if key[1] >= REFRESH)
     assert learned == len(points)
+
+
+def test_refresh_histograms_forget_twice_as_fast_as_admissions():
+    """A refresh histogram halves at REFRESH_HALVE_AT observations (module doc,
+    5.), an admission histogram at HALVE_AT: after REFRESH_HALVE_AT of each,
+    the refreshes' evidence weighs half, the admissions' whole."""
+    assert REFRESH_HALVE_AT < HALVE_AT
+    bands = WaitBands()
+    n = int(REFRESH_HALVE_AT)
+    for i in range(n):
+        bands.admitted(f"a{i}", "paid", 0, 600.0)
+        bands.started(f"a{i}", 600_000)
+        bands.refreshed(f"r{i}", "paid", 0, 600.0)
+        bands.started(f"r{i}", 600_000)
+    assert bands.hists[("paid", estimate_class(600.0))].total == n
+    assert bands.hists[("paid", REFRESH + estimate_class(600.0))].total == n / 2
