@@ -286,7 +286,7 @@ class Accounting:
                     bands = self.wait_bands
                     bands.refreshed(job_id, job.tier, self.now_ms, wait)
                     p50, p90 = bands.band(
-                        job.tier, wait, self.wait_depth(wait, job.shape[0]), refresh=True
+                        job.tier, wait, self.wait_depth(wait, job.shape[0], terms), refresh=True
                     )
                     self.emit(
                         ev.JobWaitEstimated,

@@ -521,7 +521,9 @@ class WaitEstimates:
         and ``running_gpus`` are kept as runs start and end."""
         return max(0.0, self.running_end_gpu_s - self.running_gpus * self.now_ms / 1000)
 
-    def wait_depth(self: Cell, wait_s: float, gpus: int = 1) -> float:
+    def wait_depth(
+        self: Cell, wait_s: float, gpus: int = 1, terms: tuple[int, LoadTerms, float] | None = None
+    ) -> float:
         """Jobs that must end before a ``gpus``-GPU job told ``wait_s`` starts,
         for the wait bands' depth prior: one (the first end that frees its GPUs)
         plus the queued work the wait drains, over the mean cost of a queued job.
@@ -531,17 +533,16 @@ class WaitEstimates:
         much of the started runs' residual ``rho``), inverted:
         ``wait * capacity = A + g * r + min(1, A / R) * (R - g * r - rho * capacity)``;
         at most the jobs ahead that the running runs' ends imply when they
-        decide the wait (``_jobs_ahead_of_ends``). O(tiers + log slices): the
-        tier flows keep their queued count and backlog."""
+        decide the wait (``_jobs_ahead_of_ends``). ``terms``: ``wait_terms()``,
+        the capacity, loads and running work the point was computed with.
+        O(tiers + log slices): the tier flows keep their queued count and backlog."""
         queued, backlog = 0, 0.0
         for tier in self.fair.root.active.values():
             queued += tier.queued
             backlog += tier.backlog
         if wait_s <= 0 or queued <= 0 or backlog <= 0:
             return 1.0
-        capacity = self.index.free_total + self.running_gpus
-        loads = self.load_terms()
-        remaining = self.running_left_gpu_s() + loads.loading
+        capacity, loads, remaining = terms if terms is not None else self.wait_terms()
         own = gpus * (remaining / self.running_gpus) if self.running_gpus > 0 else 0.0
         held = wait_s * capacity - own  # A + min(1, A / R) * net
         extra = max(0.0, remaining - own)

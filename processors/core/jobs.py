@@ -57,9 +57,13 @@ class JobHandlers:
         if self.fits_free_now(job):
             self.schedule(full=False)
         if job.state is JobState.QUEUED:
-            ahead = self.predicted_wait_s(job, self.leaf_of(job).backlog, passed_over=True)
+            terms = self.wait_terms()
+            ahead = self.predicted_wait_s(
+                job, self.leaf_of(job).backlog, passed_over=True, terms=terms
+            )
             self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead)
-            p50, p90 = self.wait_bands.band(spec.tier, ahead, self.wait_depth(ahead, job.shape[0]))
+            depth = self.wait_depth(ahead, job.shape[0], terms)
+            p50, p90 = self.wait_bands.band(spec.tier, ahead, depth)
         else:
             ahead = p50 = p90 = 0.0
         job.wait_estimate_s = ahead
