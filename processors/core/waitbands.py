@@ -348,18 +348,16 @@ class WaitBands:
             return
         hists = self.hists
         # per (tier, class, refresh): the histograms it counts into, and its
-        # censored jobs by bucket. One pass with the bucket arithmetic inline
-        # (``_bucket`` of the log-ratio, the same float operations): this runs
-        # over every queued job and every kept refresh on each estimate cadence,
-        # where two calls per entry were most of its cost.
+        # censored jobs by bucket, in one pass with one call per entry (this
+        # runs over every queued job and every kept refresh on each estimate
+        # cadence; a closure per entry on top of ``_bucket`` was ~10 % of it)
         groups: dict[tuple[str, int, bool], dict[int, float]] = {}
-        log2, floor = math.log2, FLOOR_S
+        log2, floor, bucket = math.log2, FLOOR_S, _bucket
         for tier, since_ms, point_s in self.pending.values():
             key = (tier, estimate_class(point_s), False)
             group = groups.setdefault(key, {})
             waited_s = max(0.0, (now_ms - since_ms) / 1000)
-            r = min(HIGH, max(LOW, log2((waited_s + floor) / (point_s + floor))))
-            i = int(round((r - LOW) / STEP))
+            i = bucket(log2((waited_s + floor) / (point_s + floor)))
             group[i] = group.get(i, 0.0) + 1.0
         for tier, seen in self.rpending.values():
             last_cls = -1  # a job's refreshes mostly share a class: one lookup for a run
@@ -368,8 +366,7 @@ class WaitBands:
                     last_cls = cls
                     group = groups.setdefault((tier, cls, True), {})
                 waited_s = max(0.0, (now_ms - since_ms) / 1000)
-                r = min(HIGH, max(LOW, log2((waited_s + floor) / (point_s + floor))))
-                i = int(round((r - LOW) / STEP))
+                i = bucket(log2((waited_s + floor) / (point_s + floor)))
                 group[i] = group.get(i, 0.0) + weight
         extra: dict[tuple[str, int], dict[int, float]] = {}
         for (tier, cls, refresh), group in groups.items():
