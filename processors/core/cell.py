@@ -215,6 +215,8 @@ class Cell(
         if self.now_ms == 0 and event.now_ms > 0:
             self.rebase_time(event.now_ms)
         if event.now_ms > self.now_ms:
+            if self.now_ms:
+                self.wait_bands.ticked(event.now_ms - self.now_ms)
             self.now_ms = event.now_ms
         self.expire_nodes()
         self.expire_runs()

@@ -54,16 +54,19 @@ class JobHandlers:
         # a cap holds them: 46 % of batch jobs told "fits the free GPUs now"
         # waited, a quarter of them over 6,000 s, multitenant 10,000 jobs).
         place = self.hold_output()
-        if self.fits_free_now(job):
+        fits = self.fits_free_now(job)
+        if fits:
             self.schedule(full=False)
         if job.state is JobState.QUEUED:
             terms = self.wait_terms()
             ahead = self.predicted_wait_s(
                 job, self.leaf_of(job).backlog, passed_over=True, terms=terms
             )
-            self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead)
+            # held while it fit: most such jobs start at the next full pass
+            # (waitbands.py, 7.), so they learn their own bands
+            self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead, held=fits)
             depth = self.wait_depth(ahead, job.shape[0], terms)
-            p50, p90 = self.wait_bands.band(spec.tier, ahead, depth)
+            p50, p90 = self.wait_bands.band(spec.tier, ahead, depth, held=fits)
         else:
             ahead = p50 = p90 = 0.0
         job.wait_estimate_s = ahead

@@ -15,6 +15,9 @@ from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.waitbands import (
     FLOOR_S,
     HALVE_AT,
+    HELD,
+    HELD_FLOOR_S,
+    HELD_WAIT_CLASS,
     KEEP_REFRESHES,
     PRIOR,
     REFRESH,
@@ -438,13 +441,11 @@ def _recount(bands: WaitBands, now_ms: int) -> dict[tuple[str, int], dict[int, f
     """Every entry's censored bucket, by the module doc's formula, for the
     histograms that exist."""
     out: dict[tuple[str, int], dict[int, float]] = {}
-    entries = [(t, estimate_class(p), ms, p, False, 1.0) for t, ms, p in bands.pending.values()]
+    entries = [(t, cls, ms, p, False, 1.0) for t, ms, p, cls in bands.pending.values()]
     for tier, seen in bands.rpending.values():
         entries.extend((tier, cls, ms, p, True, w) for cls, ms, p, w in seen)
     for tier, cls, since_ms, point_s, refresh, weight in entries:
         waited_s = max(0.0, (now_ms - since_ms) / 1000)
-        log_ratio = math.log2((waited_s + FLOOR_S) / (point_s + FLOOR_S))
-        i = int(round((min(6.0, max(-6.0, log_ratio)) + 6.0) / 0.0625))
         keys = (
             ((tier, REFRESH + cls),)
             if refresh
@@ -453,6 +454,11 @@ def _recount(bands: WaitBands, now_ms: int) -> dict[tuple[str, int], dict[int, f
             else ((tier, 0),)
         )
         for key in keys:
+            if HELD < key[1] <= HELD + HELD_WAIT_CLASS:  # the wait itself (module doc, 7.)
+                ratio = (waited_s + HELD_FLOOR_S) / HELD_FLOOR_S
+            else:
+                ratio = (waited_s + FLOOR_S) / (point_s + FLOOR_S)
+            i = int(round((min(6.0, max(-6.0, math.log2(ratio))) + 6.0) / 0.0625))
             if key in bands.hists:
                 row = out.setdefault(key, {})
                 row[i] = row.get(i, 0.0) + weight
@@ -482,12 +488,16 @@ def test_censored_counts_are_every_queued_entrys_bucket_now(ops):
     bands = WaitBands()
     _observe(bands, [0.5, 1.0, 2.0] * 12, point=600.0)
     _observe(bands, [1.0] * 31, tier="free", point=45.0)
+    for point in (45.0, 600.0):  # held classes: one in the wait's frame, one in the point's
+        for i in range(31):
+            bands.admitted(f"h{point}-{i}", "paid", 0, point, held=True)
+            bands.started(f"h{point}-{i}", 1000 * (i % 3))
     now = 0
     for op, j, point, step in ops:
         now += step
         job_id = f"q{j}"
         if op == "admit":
-            bands.admitted(job_id, ("paid", "free")[j % 2], now, point)
+            bands.admitted(job_id, ("paid", "free")[j % 2], now, point, held=j % 3 == 0)
         elif op == "refresh":
             bands.refreshed(job_id, ("paid", "free")[j % 2], now, point)
         elif op == "start":
@@ -534,3 +544,81 @@ def test_refresh_histograms_forget_twice_as_fast_as_admissions():
         bands.started(f"r{i}", 600_000)
     assert bands.hists[("paid", estimate_class(600.0))].total == n
     assert bands.hists[("paid", REFRESH + estimate_class(600.0))].total == n / 2
+
+
+def test_held_admissions_learn_their_own_classes():
+    """A job that fit the free GPUs but that the admission's quick pass left
+    queued mostly starts at the next full pass whatever its point (module doc,
+    7.): held admissions learn and read their own classes, those of points under
+    100 s in the wait's own frame (the point plays no part), longer ones as
+    ratios to the point like the others."""
+    bands = WaitBands()
+    for i in range(40):  # held, told 20-90 s, started a second later
+        bands.admitted(f"q{i}", "paid", 0, 20.0 + i * 70 / 39, held=True)
+        bands.started(f"q{i}", 1000)
+    for i in range(40):  # held, told 600 s, started after 300 s
+        bands.admitted(f"l{i}", "paid", 0, 600.0, held=True)
+        bands.started(f"l{i}", 300_000)
+    assert ("paid", HELD + estimate_class(50.0)) in bands.hists
+    assert ("paid", estimate_class(50.0)) not in bands.hists  # not the unheld class
+    short = [bands.band("paid", point, held=True) for point in (20.0, 50.0, 90.0)]
+    assert short[0] == short[1] == short[2]  # the wait itself, whatever the point
+    assert 0.9 < short[0][0] <= short[0][1] < 1.1
+    # points of 100 s and more: the learned ratio (330/630) scales the point
+    assert math.isclose(bands.band("paid", 600.0, held=True)[0], 300.0, rel_tol=0.03)
+    assert math.isclose(
+        bands.band("paid", 1200.0, held=True)[0], 1230 * 330 / 630 - 30, rel_tol=0.03
+    )
+    # an unheld job of the same point reads the tier's pool, not a held class
+    assert bands.band("paid", 50.0) != short[1]
+
+
+def test_an_admissions_band_allows_for_the_clocks_grain():
+    """The cell's clock is the Tick's (module doc, 8.): an admission between two
+    Ticks is stamped at the one before, so its measured wait is the real one
+    plus a uniform share of a Tick; its P50 is half a Tick lower, its P90 a
+    tenth. A refresh is made on a Tick: unchanged."""
+    bands = WaitBands()
+    _observe(bands, [0.5, 1.0, 2.0] * 12, point=600.0)
+    before = bands.band("paid", 600.0)
+    refresh_before = bands.band("paid", 600.0, refresh=True)
+    bands.ticked(1000)
+    after = bands.band("paid", 600.0)
+    assert math.isclose(before[0] - after[0], 0.5) and math.isclose(before[1] - after[1], 0.1)
+    assert bands.band("paid", 600.0, refresh=True) == refresh_before
+    cell = Cell(CellConfig(status_interval_s=0, estimate_interval_s=0), "c")
+    for now in (1000, 3000, 4000):
+        cell.apply(ev.Tick(event_id=f"t{now}", ts_ms=now, cell="c", now_ms=now))
+    assert cell.wait_bands.tick_ms == 1000  # the last gap
+
+
+def test_a_job_held_while_it_fit_is_admitted_into_a_held_class():
+    """A reservation holds the free GPU: the 1-GPU job fits it, the quick pass
+    leaves it queued (it would end after the shadow time), so it learns as
+    held; the 2-GPU job did not fit the free GPUs at all, so it does not."""
+    cell = Cell(CellConfig(status_interval_s=0, estimate_interval_s=0), "c")
+    cell.apply(
+        ev.NodeRegistered(event_id="r", ts_ms=0, node_id="n0", incarnation=1, cell="c", gpus=2)
+    )
+    cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+
+    def admit(job_id: str, gpus: int, estimate_s: float) -> list:
+        spec = ev.JobSpec(
+            job_id=job_id,
+            tenant="x",
+            tier="paid",
+            gpus=gpus,
+            gpus_per_node=gpus,
+            estimate_s=estimate_s,
+        )
+        return cell.apply(ev.JobAdmitted(event_id=f"a-{job_id}", ts_ms=1000, spec=spec))
+
+    admit("running", 1, 1000)
+    assert "running" not in cell.wait_bands.pending  # started at once
+    admit("big", 2, 100)
+    cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000))
+    assert cell.reservation_job == "big"
+    out = admit("small", 1, 5000)
+    assert not any(isinstance(o, ev.JobAssigned) for o in out)
+    assert cell.wait_bands.pending["small"][3] >= HELD
+    assert cell.wait_bands.pending["big"][3] < HELD
