@@ -622,3 +622,21 @@ def test_a_job_held_while_it_fit_is_admitted_into_a_held_class():
     assert not any(isinstance(o, ev.JobAssigned) for o in out)
     assert cell.wait_bands.pending["small"][3] >= HELD
     assert cell.wait_bands.pending["big"][3] < HELD
+
+
+def test_a_snapshot_from_before_the_held_classes_loads():
+    """A snapshot's pending admissions kept (tier, ms, point) and no clock
+    grain: restored, each gets its point's class and the grain is 0."""
+    import pickle
+
+    bands = WaitBands()
+    bands.admitted("old", "paid", 0, 600.0)
+    state = bands.__dict__.copy()
+    state["pending"] = {"old": ("paid", 0, 600.0)}
+    del state["tick_ms"]
+    restored = WaitBands.__new__(WaitBands)
+    restored.__setstate__(pickle.loads(pickle.dumps(state)))
+    assert restored.pending == {"old": ("paid", 0, 600.0, estimate_class(600.0))}
+    assert restored.tick_ms == 0
+    restored.started("old", 300_000)
+    assert restored.hists[("paid", estimate_class(600.0))].total == 1
