@@ -19,6 +19,8 @@ from framespool.processors.core.waitbands import (
     HELD_FLOOR_S,
     HELD_WAIT_CLASS,
     KEEP_REFRESHES,
+    MIN_REFRESH_SAMPLES,
+    MIN_SAMPLES,
     PRIOR,
     REFRESH,
     REFRESH_HALVE_AT,
@@ -345,7 +347,7 @@ def test_bands_are_ordered_and_a_deeper_queue_never_gets_a_wider_prior(point, d1
 def test_refreshed_points_learn_their_own_multipliers():
     """Admissions that waited 2x their point, refreshes that waited half of
     theirs: a refreshed band reads the refreshes' multipliers once a class has
-    MIN_SAMPLES, an admission's band its own."""
+    MIN_REFRESH_SAMPLES, an admission's band its own."""
     bands = WaitBands()
     _observe(bands, [2.0] * 40)
     for i in range(40):
@@ -640,3 +642,26 @@ def test_a_snapshot_from_before_the_held_classes_loads():
     assert restored.tick_ms == 0
     restored.started("old", 300_000)
     assert restored.hists[("paid", estimate_class(600.0))].total == 1
+
+
+def test_an_admission_class_reads_its_quantiles_sooner_than_a_refresh_class():
+    """Module doc, 9.: an admission class's own quantiles from MIN_SAMPLES
+    starts (a tier that seldom queues is not told the prior for long), a refresh
+    class's from MIN_REFRESH_SAMPLES (its first starts come from another regime)."""
+    assert MIN_SAMPLES < MIN_REFRESH_SAMPLES
+    bands = WaitBands()
+
+    def m50(refresh: bool) -> float:
+        return (bands.band("paid", 600.0, refresh=refresh)[0] + FLOOR_S) / (600 + FLOOR_S)
+
+    _observe(bands, [2.0] * (MIN_SAMPLES - 1))
+    assert m50(False) == PRIOR[0]
+    _observe(bands, [2.0])
+    assert math.isclose(m50(False), 2.0, rel_tol=0.05)
+    left_s = (600 + FLOOR_S) * 0.5 - FLOOR_S  # refreshes that waited half their point
+    for i in range(MIN_REFRESH_SAMPLES):
+        if i == MIN_SAMPLES:
+            assert m50(True) == PRIOR[0]  # as many as an admission class needs: not yet
+        bands.refreshed(f"r{i}", "paid", 0, 600.0)
+        bands.started(f"r{i}", int(left_s * 1000))
+    assert math.isclose(m50(True), 0.5, rel_tol=0.05)
