@@ -370,18 +370,15 @@ class WaitBands:
         return self.held.get(flow, 0.0)
 
     def multipliers(
-        self,
-        tier: str,
-        point_s: float,
-        depth: float = 1.0,
-        refresh: bool = False,
-        held: bool = False,
+        self, tier: str, cls: int, depth: float, refresh: bool
     ) -> tuple[float, float, tuple[str, int] | None]:
-        """(m50, m90, the histogram they were read from; None for the prior)."""
-        cls = admission_class(point_s, held and not refresh)
+        """(m50, m90, the histogram they were read from; None for the prior) for
+        a point of class ``cls`` (``admission_class``, or ``estimate_class`` of
+        a refresh's point)."""
+        need = MIN_REFRESH_SAMPLES if refresh else MIN_SAMPLES
         for key in _keys(tier, cls, refresh):
             hist = self.hists.get(key)
-            if hist is not None and hist.total >= (MIN_REFRESH_SAMPLES if refresh else MIN_SAMPLES):
+            if hist is not None and hist.total >= need:
                 return (*hist.multipliers(), key)
         return (*depth_prior(depth), None)
 
@@ -399,7 +396,8 @@ class WaitBands:
         admission the quick pass left queued while it fit the free GPUs (7.)."""
         if point_s < 0:
             return -1.0, -1.0
-        m50, m90, key = self.multipliers(tier, point_s, depth, refresh, held)
+        cls = admission_class(point_s, held and not refresh)
+        m50, m90, key = self.multipliers(tier, cls, depth, refresh)
         floor, base = frame(key, point_s) if key else (FLOOR_S, point_s + FLOOR_S)
         # an admission's band: the cell's clock stamped it at the Tick before (8.)
         grain = 0.0 if refresh else self.tick_ms / 1000
