@@ -200,12 +200,19 @@ def admission_class(point_s: float, held: bool) -> int:
     return cls + HELD if held and cls else cls
 
 
-def frame(key: tuple[str, int], point_s: float) -> tuple[float, float]:
-    """(floor, base) of the ratios a histogram holds: a wait ``a`` is the ratio
-    ``(a + floor) / base`` and a multiplier ``m`` the band ``base * m - floor``.
-    The point's: ``(FLOOR_S, point + FLOOR_S)``; a held class's (module doc, 7.)
-    ignores the point: ``(HELD_FLOOR_S, HELD_FLOOR_S)``."""
-    if HELD < key[1] <= HELD + HELD_WAIT_CLASS:
+def waits_itself(cls: int) -> bool:
+    """Whether a class learns the wait itself rather than its ratio to the
+    point: a held class of points under 100 s (module doc, 7.)."""
+    return HELD < cls <= HELD + HELD_WAIT_CLASS
+
+
+def frame(key: tuple[str, int] | None, point_s: float) -> tuple[float, float]:
+    """(floor, base) of the ratios a histogram holds (``None``: the depth
+    prior's): a wait ``a`` is the ratio ``(a + floor) / base`` and a multiplier
+    ``m`` the band ``base * m - floor``. The point's: ``(FLOOR_S, point +
+    FLOOR_S)``; a class that ``waits_itself`` ignores the point:
+    ``(HELD_FLOOR_S, HELD_FLOOR_S)``."""
+    if key is not None and waits_itself(key[1]):
         return HELD_FLOOR_S, HELD_FLOOR_S
     return FLOOR_S, point_s + FLOOR_S
 
@@ -402,7 +409,7 @@ class WaitBands:
             return -1.0, -1.0
         cls = admission_class(point_s, held and not refresh)
         m50, m90, key = self.multipliers(tier, cls, depth, refresh)
-        floor, base = frame(key, point_s) if key else (FLOOR_S, point_s + FLOOR_S)
+        floor, base = frame(key, point_s)
         # an admission's band: the cell's clock stamped it at the Tick before (8.)
         grain = 0.0 if refresh else self.tick_ms / 1000
         return (
@@ -458,7 +465,9 @@ class WaitBands:
         # runs over every queued job and every kept refresh on each estimate
         # cadence; a closure per entry on top of ``_bucket`` was ~10 % of it)
         groups: dict[tuple[str, int, bool], dict[int, float]] = {}
-        held: dict[tuple[str, int], dict[int, float]] = {}  # a held class's own (7.)
+        # the classes that wait themselves, in their own frame (7.); the tier's
+        # pool still counts those entries in the point's, through ``groups``
+        own_frame: dict[tuple[str, int], dict[int, float]] = {}
         log2, floor, bucket = math.log2, FLOOR_S, _bucket
         for tier, since_ms, point_s, cls in self.pending.values():
             key = (tier, cls, False)
@@ -466,9 +475,10 @@ class WaitBands:
             waited_s = max(0.0, (now_ms - since_ms) / 1000)
             i = bucket(log2((waited_s + floor) / (point_s + floor)))
             group[i] = group.get(i, 0.0) + 1.0
-            if HELD < cls <= HELD + HELD_WAIT_CLASS:
-                group = held.setdefault((tier, cls), {})
-                i = bucket(log2((waited_s + HELD_FLOOR_S) / HELD_FLOOR_S))
+            if waits_itself(cls):
+                own_floor, base = frame(key[:2], point_s)
+                group = own_frame.setdefault(key[:2], {})
+                i = bucket(log2((waited_s + own_floor) / base))
                 group[i] = group.get(i, 0.0) + 1.0
         for tier, seen in self.rpending.values():
             last_cls = -1  # a job's refreshes mostly share a class: one lookup for a run
@@ -479,10 +489,10 @@ class WaitBands:
                 waited_s = max(0.0, (now_ms - since_ms) / 1000)
                 i = bucket(log2((waited_s + floor) / (point_s + floor)))
                 group[i] = group.get(i, 0.0) + weight
-        extra: dict[tuple[str, int], dict[int, float]] = dict(held)
+        extra: dict[tuple[str, int], dict[int, float]] = dict(own_frame)
         for (tier, cls, refresh), group in groups.items():
             for hist_key in _keys(tier, cls, refresh):
-                if hist_key in hists and hist_key not in held:
+                if hist_key in hists and hist_key not in own_frame:
                     buckets = extra.setdefault(hist_key, {})
                     for i, n in group.items():
                         buckets[i] = buckets.get(i, 0.0) + n
