@@ -326,8 +326,7 @@ class WaitBands:
         # runs held, averaged (HELD_TAU_S); a flow decayed under 0.01 is dropped
         self.held: dict[tuple[str, ...], float] = {}
         self.held_ms = -1  # when ``held`` was last sampled
-        self.tick_ms = 0  # the cell's clock's grain: the smaller of its last two Tick gaps (8.)
-        self.gap_ms = 0  # the last gap between Ticks
+        self.gaps_ms = (0, 0)  # the last two gaps between Ticks, newest first (8.)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle; a snapshot taken before service rates were kept starts without them."""
@@ -337,10 +336,11 @@ class WaitBands:
             self.held_ms = -1
         if "rpending" not in state:
             self.rpending = {}
-        if "tick_ms" not in state:
-            self.tick_ms = 0
-        if "gap_ms" not in state:
-            self.gap_ms = self.tick_ms
+        if "gaps_ms" not in state:  # kept the grain (and the last gap), or nothing
+            grain, last = state.get("tick_ms", 0), state.get("gap_ms", 0)
+            self.__dict__.pop("tick_ms", None)
+            self.__dict__.pop("gap_ms", None)
+            self.gaps_ms = (last, grain) if last else (grain, 0)
         for job_id, entry in list(self.pending.items()):
             if len(entry) == 3:  # before the held classes (7.): the point's class
                 self.pending[job_id] = (*entry, estimate_class(entry[2]))
@@ -417,14 +417,18 @@ class WaitBands:
             max(0.0, base * m90 - floor - (1.0 - QUANTILES[1]) * grain),
         )
 
+    @property
+    def tick_ms(self) -> int:
+        """The cell's clock's grain (module doc, 8.): the smaller of the last
+        two gaps between Ticks, so one long gap (the clock was down) is not
+        taken for the cadence, and a new cadence is from its second gap. O(1)."""
+        last, before = self.gaps_ms
+        return min(last, before) if before else last
+
     def ticked(self, gap_ms: int) -> None:
-        """The cell's clock moved ``gap_ms`` on a Tick (module doc, 8.): the grain
-        is the smaller of the last two gaps, so one long gap (the clock was
-        down) is not taken for the cadence, and a new cadence is after two
-        Ticks. O(1)."""
+        """The cell's clock moved ``gap_ms`` on a Tick. O(1)."""
         if gap_ms > 0:
-            self.tick_ms = min(gap_ms, self.gap_ms) if self.gap_ms else gap_ms
-            self.gap_ms = gap_ms
+            self.gaps_ms = (gap_ms, self.gaps_ms[0])
 
     def admitted(
         self, job_id: str, tier: str, now_ms: int, point_s: float, held: bool = False

@@ -639,7 +639,7 @@ def test_a_snapshot_from_before_the_held_classes_loads():
     bands.admitted("old", "paid", 0, 600.0)
     state = bands.__dict__.copy()
     state["pending"] = {"old": ("paid", 0, 600.0)}
-    del state["tick_ms"], state["gap_ms"]
+    del state["gaps_ms"]
     restored = WaitBands.__new__(WaitBands)
     restored.__setstate__(pickle.loads(pickle.dumps(state)))
     assert restored.pending == {"old": ("paid", 0, 600.0, estimate_class(600.0))}
