@@ -102,7 +102,10 @@ the tier and the job's shape. Rather than model them, the band learns them:
 7. Held admissions. A job whose shape fit the free GPUs at admission but that
    the admission's quick pass left queued (a reservation, a guarantee, a cap or
    the pass's budget held the GPUs) mostly starts at the next full pass,
-   whatever its point says: on the multitenant workload 93 % of the batch
+   whatever its point says: on the multitenant workload (``framespool
+   simulate --synthetic multitenant --estimates``, each admission's
+   ``fits_free_now`` joined with jobs.csv; the figures in 8. and 9. are the
+   same command's calibration table) 93 % of the batch
    tier's such jobs told 10-100 s started within 2 s, and 76 % of the paid
    tier's, against 4 % of the paid jobs of that class that did not fit. Mixed
    into their point's class, they made it learn two populations at once, and
