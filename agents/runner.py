@@ -340,9 +340,16 @@ class Runner:
             os.killpg(self._proc.pid, sig)
 
     def _signal_leader(self, sig: int) -> None:
+        # os.kill, not Process.send_signal: on Python 3.11 that reaches
+        # Popen.send_signal, which first polls (waitpid WNOHANG). A leader that
+        # has just exited is then reaped here, and asyncio's child watcher,
+        # finding nothing to wait for, reports exit code 255: a completed run
+        # would be failed. Until the watcher reaps it the pid is our zombie and
+        # names no other process; the moment between that reap and returncode
+        # being set is the one ``_killpg`` lives with too.
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                self._proc.send_signal(sig)
+                os.kill(self._proc.pid, sig)
 
     @staticmethod
     def _callback(fn: Callable | None, arg: object) -> None:

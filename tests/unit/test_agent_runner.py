@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -374,3 +375,42 @@ def test_malformed_progress_and_checkpoint_lines_are_skipped_not_fatal(tmp_path)
     assert asyncio.run(main()).kind == COMPLETED
     assert [(p.progress, p.step, p.total_steps) for p in seen] == [(1.0, 2, 0), (0.5, 3, 6)]
     assert checkpoints == []
+
+
+def test_a_checkpoint_asked_of_a_generator_that_just_exited_does_not_steal_its_exit(
+    tmp_path, monkeypatch
+):
+    """The leader has exited, asyncio's child watcher has not reaped it yet, and
+    a checkpoint is asked for. Signalling must not reap it (Popen.send_signal
+    polls first): the watcher would find nothing and report exit code 255, and
+    a completed run would be failed. The watcher is held back until the signal
+    is sent, so the race that CI once lost is played every time."""
+    release = threading.Event()
+    real_waitpid = os.waitpid
+
+    def held_waitpid(pid: int, options: int):
+        if options == 0:  # the watcher's blocking wait for its child
+            release.wait(10)
+        return real_waitpid(pid, options)
+
+    monkeypatch.setattr(os, "waitpid", held_waitpid)
+
+    async def main():
+        r = demo_runner(tmp_path, steps=2, time_scale=1000)
+        await r.start()
+        deadline = time.monotonic() + 10
+        while alive(r.pid) or not r._spoke.is_set():  # exited, not yet reaped
+            assert time.monotonic() < deadline, "the generator did not exit"
+            await asyncio.sleep(0.01)
+        asked = r.request_checkpoint()
+        release.set()
+        outcome = await asyncio.wait_for(r.wait(), 10)
+        with pytest.raises(ProcessLookupError):
+            await asked
+        return outcome
+
+    try:
+        outcome = asyncio.run(main())
+    finally:
+        release.set()
+    assert outcome.kind == COMPLETED and outcome.exit_code == 0, outcome
