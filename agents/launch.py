@@ -17,7 +17,10 @@ from framespool.agents.runner import Checkpoint, Progress, Runner
 from framespool.agents.sandbox import Identity
 from framespool.schemas.events import StartRun
 
-MIN_HANG_TIMEOUT_S = 2.0  # a time-scaled hang timeout never drops below process start-up time
+# A time-scaled hang timeout never drops below this: the gaps between a scaled
+# generator's lines still include real scheduling delays. (Its start-up has its
+# own, unscaled allowance: ``startup_timeout_s``.)
+MIN_HANG_TIMEOUT_S = 2.0
 
 
 def make_runner(
@@ -86,6 +89,8 @@ def runner_for(
                 "TMPDIR": str(workdir / "tmp"),
             },
             hang_timeout_s=max(profile.hang_timeout_s / time_scale, MIN_HANG_TIMEOUT_S),
+            # start-up runs in real time whatever the scale: not divided
+            startup_timeout_s=profile.startup_timeout_s or profile.hang_timeout_s,
             identity=identity,
             output_required=member.speaks_for_job,
         )

@@ -2,7 +2,9 @@
 
 A profile says which command line to run (a template), how progress is read
 from its stdout, whether and how it checkpoints and resumes, what its output
-is called, and how long silence means "hung". Profiles load from a dict, a
+is called, and how long silence means "hung" (``hang_timeout_s``; before the
+generator's first line ``startup_timeout_s``, for a model that loads for
+minutes before it says anything). Profiles load from a dict, a
 JSON file or a TOML file, so operators add models without code changes.
 
 Placeholders in ``command`` and ``resume_args``: ``{python}``, ``{prompt}``,
@@ -107,6 +109,9 @@ class ModelProfile:
     output_name: str = "output.bin"
     content_type: str = "application/octet-stream"
     hang_timeout_s: float = 120.0
+    # Silence allowed before the generator's first JSON line (interpreter and
+    # model start-up); None: hang_timeout_s. Not shortened by a time scale.
+    startup_timeout_s: float | None = None
     stop_grace_s: float = 10.0
     env: Mapping[str, str] = field(default_factory=dict)
     # Names of the agent's environment variables the generator may see besides
@@ -178,6 +183,13 @@ class ModelProfile:
         for k, v in limits.items():
             if v <= 0:
                 raise ProfileError(f"profile {name!r}: {k} must be positive, got {v}")
+        startup = d.get("startup_timeout_s")
+        if startup is not None:
+            startup = float(startup)
+            if not startup > 0:
+                raise ProfileError(
+                    f"profile {name!r}: startup_timeout_s must be positive, got {startup}"
+                )
         result_rank = int(d.get("result_rank", 0))
         if result_rank < 0:
             raise ProfileError(f"profile {name!r}: result_rank must be >= 0, got {result_rank}")
@@ -190,6 +202,7 @@ class ModelProfile:
             output_name=str(d.get("output_name", "output.bin")),
             content_type=str(d.get("content_type", "application/octet-stream")),
             hang_timeout_s=float(d.get("hang_timeout_s", 120.0)),
+            startup_timeout_s=startup,
             stop_grace_s=float(d.get("stop_grace_s", 10.0)),
             env=dict(d.get("env", {})),
             inherit_env=tuple(str(n) for n in d.get("inherit_env", ())),

@@ -12,7 +12,10 @@ runner
    user (see :mod:`sandbox`);
 2. reads stdout (progress, checkpoints) and keeps the tail of stderr;
 3. watches for silence: no progress, checkpoint or status line for
-   ``hang_timeout_s`` means hung, and the group is killed;
+   ``hang_timeout_s`` means hung, and the group is killed; before its first
+   line the allowance is ``startup_timeout_s`` (an interpreter or a model
+   loading says nothing yet; a time-scaled hang timeout must not count its
+   start-up, which runs in real time, as a hang);
 4. on stop, sends SIGTERM to the group, waits ``stop_grace_s`` for the leader,
    then SIGKILLs the group; after any exit it SIGKILLs the group once more so
    no helper outlives the run (no GPU stays busy for a finished run);
@@ -90,6 +93,7 @@ class Runner:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         hang_timeout_s: float | None = None,
+        startup_timeout_s: float | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -103,6 +107,13 @@ class Runner:
         self.output_path = output_path
         self.cwd = cwd
         self.hang_timeout_s = profile.hang_timeout_s if hang_timeout_s is None else hang_timeout_s
+        if startup_timeout_s is None:
+            startup_timeout_s = profile.startup_timeout_s
+        self.startup_timeout_s = (
+            startup_timeout_s
+            if startup_timeout_s and startup_timeout_s > 0
+            else self.hang_timeout_s
+        )
         self._env = generator_env(profile.env, profile.inherit_env, env or {})
         self._on_progress = on_progress
         self._on_checkpoint = on_checkpoint
@@ -114,6 +125,7 @@ class Runner:
         self._last_activity = 0.0
         self._stop_requested = False
         self._hung = False
+        self._silent_s = 0.0  # the allowance it outlived, when hung
         self._done: asyncio.Task[Outcome] | None = None
         self._checkpoint_waiters: list[asyncio.Future[Checkpoint]] = []
         self.last: Progress = Progress(0.0, 0, 0)
@@ -234,7 +246,11 @@ class Runner:
                 rc,
                 failure_class="hung",
                 stderr_tail=tail,
-                reason=f"no progress for {self.hang_timeout_s:g}s (last step {self.last.step})",
+                reason=(
+                    f"no progress for {self._silent_s:g}s (last step {self.last.step})"
+                    if self._spoke.is_set()
+                    else f"no output for {self._silent_s:g}s after it started"
+                ),
             )
         # Whether the output is a file the agent may upload is decided on upload.
         if rc == 0 and os.path.lexists(self.output_path):
@@ -310,15 +326,18 @@ class Runner:
     async def _watchdog(self) -> None:
         if self.hang_timeout_s <= 0:
             return
-        period = min(1.0, self.hang_timeout_s / 4)
+        period = min(1.0, self.hang_timeout_s / 4, self.startup_timeout_s / 4)
         while True:
             await asyncio.sleep(period)
-            if self._clock() - self._last_activity > self.hang_timeout_s:
+            allowed = self.hang_timeout_s if self._spoke.is_set() else self.startup_timeout_s
+            if self._clock() - self._last_activity > allowed:
                 log.warning(
-                    "generator pid %s silent for %.1fs: killing its group",
+                    "generator pid %s silent for %.1fs%s: killing its group",
                     self.pid,
-                    self.hang_timeout_s,
+                    allowed,
+                    "" if self._spoke.is_set() else " since it started",
                 )
+                self._silent_s = allowed
                 self._hung = True
                 await self._terminate(min(self.profile.stop_grace_s, 2.0))
                 return

@@ -193,3 +193,12 @@ def test_bounds_load_from_dict():
     )
     assert (p.inherit_env, p.max_output_bytes, p.max_checkpoint_bytes) == (("HF_HOME",), 10, 20)
     assert (p.max_checkpoints, p.result_rank) == (3, 1)
+
+
+def test_startup_timeout_is_read_and_must_be_positive():
+    base = {"name": "t2v", "command": ["gen", "{out}"], "hang_timeout_s": 60}
+    assert ModelProfile.from_dict(base).startup_timeout_s is None
+    assert ModelProfile.from_dict({**base, "startup_timeout_s": 900}).startup_timeout_s == 900.0
+    for bad in (0, -5):
+        with pytest.raises(ProfileError, match="startup_timeout_s"):
+            ModelProfile.from_dict({**base, "startup_timeout_s": bad})

@@ -414,3 +414,94 @@ def test_a_checkpoint_asked_of_a_generator_that_just_exited_does_not_steal_its_e
     finally:
         release.set()
     assert outcome.kind == COMPLETED and outcome.exit_code == 0, outcome
+
+
+def _script_runner(tmp_path: Path, script: str, **kw) -> Runner:
+    profile = ModelProfile.from_dict(
+        {"name": "slow-start", "command": ["{python}", "-c", script, "{out}"]}
+    )
+    out = tmp_path / "o"
+    argv = profile.argv(
+        prompt="",
+        out=str(out),
+        params_json="{}",
+        checkpoint_dir="",
+        resume_from=None,
+        time_scale="1",
+        gpus="",
+        job_id="j",
+        run="1",
+    )
+    return Runner(profile, argv, output_path=out, **kw)
+
+
+SLOW_START = (
+    "import json,sys,time\n"
+    "time.sleep(1.2)\n"  # a model loading: nothing to say yet
+    "for i in range(4):\n"
+    "    print(json.dumps(dict(progress=i/3, step=i, total_steps=3)), flush=True)\n"
+    "    time.sleep(0.05)\n"
+    "open(sys.argv[1], 'w').write('ok')\n"
+)
+
+
+@pytest.mark.parametrize("startup_s, kind", [(10.0, COMPLETED), (None, HUNG)])
+def test_silence_before_the_first_line_has_its_own_allowance(tmp_path, startup_s, kind):
+    """A generator silent for 1.2 s while it starts, then quick: hung under a
+    0.4 s hang timeout alone, completed with a start-up allowance."""
+
+    async def main():
+        r = _script_runner(tmp_path, SLOW_START, hang_timeout_s=0.4, startup_timeout_s=startup_s)
+        await r.start()
+        return await asyncio.wait_for(r.wait(), 20)
+
+    outcome = asyncio.run(main())
+    assert outcome.kind == kind, outcome
+    if kind == HUNG:
+        assert "no output for 0.4s after it started" in outcome.reason
+
+
+def test_a_generator_that_never_speaks_is_hung_after_its_start_up_allowance(tmp_path):
+    async def main():
+        r = _script_runner(
+            tmp_path, "import time; time.sleep(60)", hang_timeout_s=30, startup_timeout_s=0.5
+        )
+        await r.start()
+        return await asyncio.wait_for(r.wait(), 20)
+
+    outcome = asyncio.run(main())
+    assert outcome.kind == HUNG and "after it started" in outcome.reason, outcome
+
+
+def test_a_time_scale_shortens_the_hang_timeout_but_not_the_start_up(tmp_path):
+    from framespool.agents.gang import membership
+    from framespool.agents.launch import runner_for
+    from framespool.schemas.events import JobSpec, StartRun
+
+    cmd = StartRun(
+        event_id="e",
+        ts_ms=0,
+        node_id="n0",
+        incarnation=1,
+        run=1,
+        spec=JobSpec(job_id="j", tenant="t", model="demo", prompt="p", params={}),
+        gpus=(0,),
+        placement=(),
+        estimate_s=1.0,
+    )
+    profile = demo_profile()  # hang_timeout_s 30, no start-up allowance of its own
+    r = runner_for(profile, cmd, tmp_path, membership(cmd, "n0"), resume_from=None, time_scale=10.0)
+    assert isinstance(r, Runner)
+    assert r.hang_timeout_s == 3.0 and r.startup_timeout_s == 30.0
+    own = ModelProfile.from_dict({**_demo_dict(), "startup_timeout_s": 600})
+    r = runner_for(own, cmd, tmp_path, membership(cmd, "n0"), resume_from=None, time_scale=10.0)
+    assert isinstance(r, Runner) and r.startup_timeout_s == 600.0
+
+
+def _demo_dict() -> dict:
+    p = demo_profile()
+    return {
+        "name": p.name,
+        "command": list(p.command),
+        "hang_timeout_s": p.hang_timeout_s,
+    }
