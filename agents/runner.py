@@ -280,8 +280,10 @@ class Runner:
                 continue  # generators may print logs; only JSON lines speak to us
             if not isinstance(msg, dict):
                 continue
-            self._spoke.set()
             now = self._clock()
+            if not self._spoke.is_set():
+                self._spoke.set()
+                self._last_activity = now  # start-up is over: the hang clock starts here
             if ckpt is not None and ckpt.path_key in msg:
                 self._last_activity = now
                 path = Path(str(msg[ckpt.path_key]))

@@ -461,6 +461,24 @@ def test_silence_before_the_first_line_has_its_own_allowance(tmp_path, startup_s
         assert "no output for 0.4s after it started" in outcome.reason
 
 
+def test_the_hang_clock_starts_at_the_first_line_whatever_it_says(tmp_path):
+    """A first line that is neither progress nor status (a log record in JSON)
+    ends the start-up; the hang timeout counts from it, not from the start."""
+    script = SLOW_START.replace(
+        "time.sleep(1.2)\n",
+        "time.sleep(1.2)\nprint(json.dumps(dict(msg='loaded')), flush=True)\ntime.sleep(0.25)\n",
+    )
+    assert "loaded" in script
+
+    async def main():
+        r = _script_runner(tmp_path, script, hang_timeout_s=0.8, startup_timeout_s=10)
+        await r.start()
+        return await asyncio.wait_for(r.wait(), 20)
+
+    outcome = asyncio.run(main())
+    assert outcome.kind == COMPLETED, outcome
+
+
 def test_a_generator_that_never_speaks_is_hung_after_its_start_up_allowance(tmp_path):
     async def main():
         r = _script_runner(
