@@ -64,6 +64,21 @@ def demo_runner(
     return Runner(profile, argv, output_path=out, cwd=tmp_path, **kw)
 
 
+def plain_argv(profile: ModelProfile, out: str) -> list[str]:
+    """A profile's command line with every placeholder but the output empty."""
+    return profile.argv(
+        prompt="",
+        out=out,
+        params_json="{}",
+        checkpoint_dir="",
+        resume_from=None,
+        time_scale="1",
+        gpus="",
+        job_id="j",
+        run="1",
+    )
+
+
 def test_completes_with_progress_and_output(tmp_path):
     seen = []
 
@@ -164,17 +179,7 @@ def test_exit_zero_without_output_is_a_failure(tmp_path):
     async def main():
         r = Runner(
             profile,
-            profile.argv(
-                prompt="",
-                out="",
-                params_json="{}",
-                checkpoint_dir="",
-                resume_from=None,
-                time_scale="1",
-                gpus="",
-                job_id="j",
-                run="1",
-            ),
+            plain_argv(profile, ""),
             output_path=tmp_path / "missing",
         )
         await r.start()
@@ -229,17 +234,7 @@ def test_profile_env_reaches_the_generator(tmp_path):
     async def main():
         r = Runner(
             profile,
-            profile.argv(
-                prompt="",
-                out=str(out),
-                params_json="{}",
-                checkpoint_dir="",
-                resume_from=None,
-                time_scale="1",
-                gpus="",
-                job_id="j",
-                run="1",
-            ),
+            plain_argv(profile, str(out)),
             output_path=out,
             env={"EXTRA": "!"},
         )
@@ -266,17 +261,7 @@ def test_status_lines_keep_a_busy_generator_from_counting_as_hung(tmp_path):
     async def main():
         r = Runner(
             profile,
-            profile.argv(
-                prompt="",
-                out=str(out),
-                params_json="{}",
-                checkpoint_dir="",
-                resume_from=None,
-                time_scale="1",
-                gpus="",
-                job_id="j",
-                run="1",
-            ),
+            plain_argv(profile, str(out)),
             output_path=out,
             hang_timeout_s=0.4,
         )
@@ -353,17 +338,7 @@ def test_malformed_progress_and_checkpoint_lines_are_skipped_not_fatal(tmp_path)
     async def main():
         r = Runner(
             profile,
-            profile.argv(
-                prompt="",
-                out=str(out),
-                params_json="{}",
-                checkpoint_dir="",
-                resume_from=None,
-                time_scale="1",
-                gpus="",
-                job_id="j",
-                run="1",
-            ),
+            plain_argv(profile, str(out)),
             output_path=out,
             cwd=tmp_path,
             on_progress=seen.append,
@@ -423,17 +398,7 @@ def _script_runner(tmp_path: Path, script: str, **kw) -> Runner:
         {"name": "slow-start", "command": ["{python}", "-c", script, "{out}"]}
     )
     out = tmp_path / "o"
-    argv = profile.argv(
-        prompt="",
-        out=str(out),
-        params_json="{}",
-        checkpoint_dir="",
-        resume_from=None,
-        time_scale="1",
-        gpus="",
-        job_id="j",
-        run="1",
-    )
+    argv = plain_argv(profile, str(out))
     return Runner(profile, argv, output_path=out, **kw)
 
 
@@ -494,21 +459,13 @@ def test_a_generator_that_never_speaks_is_hung_after_its_start_up_allowance(tmp_
 
 
 def test_a_time_scale_shortens_the_hang_timeout_but_not_the_start_up(tmp_path):
+    from types import SimpleNamespace
+
     from framespool.agents.gang import membership
     from framespool.agents.launch import runner_for
-    from framespool.schemas.events import JobSpec, StartRun
+    from tests.unit.test_agent_execution import start_run
 
-    cmd = StartRun(
-        event_id="e",
-        ts_ms=0,
-        node_id="n0",
-        incarnation=1,
-        run=1,
-        spec=JobSpec(job_id="j", tenant="t", model="demo", prompt="p", params={}),
-        gpus=(0,),
-        placement=(),
-        estimate_s=1.0,
-    )
+    cmd = start_run(SimpleNamespace(node_id="n0", incarnation=1), "j", model="demo")  # type: ignore[arg-type]
     profile = demo_profile()  # hang_timeout_s 30, no start-up allowance of its own
     r = runner_for(profile, cmd, tmp_path, membership(cmd, "n0"), resume_from=None, time_scale=10.0)
     assert isinstance(r, Runner)

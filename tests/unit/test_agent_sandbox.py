@@ -20,6 +20,7 @@ from framespool.agents.sandbox import (
     hand_over,
     unreachable_part,
 )
+from tests.unit.test_agent_runner import plain_argv
 
 USERS = {"gen": (1500, 1500, "gen"), "root": (0, 0, "root"), 1600: (1600, 1600, "1600")}
 
@@ -104,17 +105,7 @@ def run(profile: ModelProfile, out: Path, workdir: Path, identity: Identity | No
     async def main():
         r = Runner(
             profile,
-            profile.argv(
-                prompt="",
-                out=str(out),
-                params_json="{}",
-                checkpoint_dir="",
-                resume_from=None,
-                time_scale="1",
-                gpus="",
-                job_id="j",
-                run="1",
-            ),
+            plain_argv(profile, str(out)),
             output_path=out,
             cwd=workdir,
             identity=identity,
