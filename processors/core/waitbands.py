@@ -339,11 +339,8 @@ class WaitBands:
             self.held_ms = -1
         if "rpending" not in state:
             self.rpending = {}
-        if "gaps_ms" not in state:  # kept the grain (and the last gap), or nothing
-            grain, last = state.get("tick_ms", 0), state.get("gap_ms", 0)
-            self.__dict__.pop("tick_ms", None)
-            self.__dict__.pop("gap_ms", None)
-            self.gaps_ms = (last, grain) if last else (grain, 0)
+        if "gaps_ms" not in state:  # before the clock's grain was kept (8.)
+            self.gaps_ms = (0, 0)
         for job_id, entry in list(self.pending.items()):
             if len(entry) == 3:  # before the held classes (7.): the point's class
                 self.pending[job_id] = (*entry, estimate_class(entry[2]))
