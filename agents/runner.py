@@ -107,12 +107,8 @@ class Runner:
         self.output_path = output_path
         self.cwd = cwd
         self.hang_timeout_s = profile.hang_timeout_s if hang_timeout_s is None else hang_timeout_s
-        if startup_timeout_s is None:
-            startup_timeout_s = profile.startup_timeout_s
         self.startup_timeout_s = (
-            startup_timeout_s
-            if startup_timeout_s and startup_timeout_s > 0
-            else self.hang_timeout_s
+            startup_timeout_s or profile.startup_timeout_s or self.hang_timeout_s
         )
         self._env = generator_env(profile.env, profile.inherit_env, env or {})
         self._on_progress = on_progress
@@ -124,8 +120,7 @@ class Runner:
         self._rate = StepRate()
         self._last_activity = 0.0
         self._stop_requested = False
-        self._hung = False
-        self._silent_s = 0.0  # the allowance it outlived, when hung
+        self._hung = ""  # why the watchdog killed it, when it did
         self._done: asyncio.Task[Outcome] | None = None
         self._checkpoint_waiters: list[asyncio.Future[Checkpoint]] = []
         self.last: Progress = Progress(0.0, 0, 0)
@@ -246,11 +241,7 @@ class Runner:
                 rc,
                 failure_class="hung",
                 stderr_tail=tail,
-                reason=(
-                    f"no progress for {self._silent_s:g}s (last step {self.last.step})"
-                    if self._spoke.is_set()
-                    else f"no output for {self._silent_s:g}s after it started"
-                ),
+                reason=self._hung,
             )
         # Whether the output is a file the agent may upload is decided on upload.
         if rc == 0 and os.path.lexists(self.output_path):
@@ -331,16 +322,15 @@ class Runner:
         period = min(1.0, self.hang_timeout_s / 4, self.startup_timeout_s / 4)
         while True:
             await asyncio.sleep(period)
-            allowed = self.hang_timeout_s if self._spoke.is_set() else self.startup_timeout_s
+            spoke = self._spoke.is_set()
+            allowed = self.hang_timeout_s if spoke else self.startup_timeout_s
             if self._clock() - self._last_activity > allowed:
-                log.warning(
-                    "generator pid %s silent for %.1fs%s: killing its group",
-                    self.pid,
-                    allowed,
-                    "" if self._spoke.is_set() else " since it started",
+                self._hung = (
+                    f"no progress for {allowed:g}s (last step {self.last.step})"
+                    if spoke
+                    else f"no output for {allowed:g}s after it started"
                 )
-                self._silent_s = allowed
-                self._hung = True
+                log.warning("generator pid %s hung (%s): killing its group", self.pid, self._hung)
                 await self._terminate(min(self.profile.stop_grace_s, 2.0))
                 return
 

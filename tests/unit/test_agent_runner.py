@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -470,15 +471,6 @@ def test_a_time_scale_shortens_the_hang_timeout_but_not_the_start_up(tmp_path):
     r = runner_for(profile, cmd, tmp_path, membership(cmd, "n0"), resume_from=None, time_scale=10.0)
     assert isinstance(r, Runner)
     assert r.hang_timeout_s == 3.0 and r.startup_timeout_s == 30.0
-    own = ModelProfile.from_dict({**_demo_dict(), "startup_timeout_s": 600})
+    own = dataclasses.replace(profile, startup_timeout_s=600.0)
     r = runner_for(own, cmd, tmp_path, membership(cmd, "n0"), resume_from=None, time_scale=10.0)
     assert isinstance(r, Runner) and r.startup_timeout_s == 600.0
-
-
-def _demo_dict() -> dict:
-    p = demo_profile()
-    return {
-        "name": p.name,
-        "command": list(p.command),
-        "hang_timeout_s": p.hang_timeout_s,
-    }
