@@ -1,4 +1,5 @@
-"""``framespool bench core|pipeline|takeover``: the core, the pipeline, a cell takeover."""
+"""``framespool bench core|pipeline|takeover|fetch``: the core, the pipeline, a cell
+takeover, what idle consumers cost the broker."""
 
 from __future__ import annotations
 
@@ -128,6 +129,21 @@ def register(subparsers: Any) -> None:
     )
     take.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     take.set_defaults(handler=handle_takeover)
+    fetch = targets.add_parser(
+        "fetch",
+        help="the embedded broker's CPU under idle consumers, by fetch wait and partitions",
+        description="Start the embedded broker; for each fetch wait and partition count, "
+        "read empty partitions with --consumers request-path readers and report the "
+        "broker's CPU (%% of one core) over --seconds.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    fetch.add_argument("--waits", default="3,10,30,100", help="fetch.wait.max.ms values (ms)")
+    fetch.add_argument("--partitions", default="1,8", help="partitions each reader reads (1-8)")
+    fetch.add_argument("--consumers", type=int, default=1, help="readers per case")
+    fetch.add_argument("--seconds", type=float, default=8.0, help="measured time per case")
+    fetch.add_argument("--settle", type=float, default=2.0, help="unmeasured time first")
+    fetch.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    fetch.set_defaults(handler=handle_fetch)
 
 
 def handle_core(args: argparse.Namespace) -> int:
@@ -310,6 +326,35 @@ def handle_takeover(args: argparse.Namespace) -> int:
         f"  suffix decisions match an uninterrupted run: {r['decisions_match']} "
         f"({r['decisions']:,} outputs); folding the whole log instead: {r['replay_s']} s of CPU"
     )
+    return write_json(args.json, r)
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 0:
+        raise CommandError(f"{flag}={text!r}: expected comma-separated whole numbers >= 0")
+    return values
+
+
+def handle_fetch(args: argparse.Namespace) -> int:
+    from framespool.fetch_bench import TOPIC, bench_fetch
+
+    waits, parts = _ints("--waits", args.waits), _ints("--partitions", args.partitions)
+    if min(parts) < 1 or max(parts) > TOPIC.partitions:
+        raise CommandError(f"--partitions={args.partitions!r}: each 1..{TOPIC.partitions}")
+    if args.consumers < 1 or args.seconds <= 0 or args.settle < 0:
+        raise CommandError("--consumers must be >= 1, --seconds > 0 and --settle >= 0")
+    r = bench_fetch(waits, parts, args.consumers, args.settle, args.seconds)
+    print(f"broker CPU, % of one core, over {r['seconds']:g} s per case")
+    print(f"  no consumer                         {r['broker_idle_cpu_pct']}")
+    for c in r["cases"]:
+        print(
+            f"  wait {c['wait_ms']:>4} ms, {c['partitions']} partition(s), "
+            f"{c['consumers']} consumer(s)  {c['broker_cpu_pct']}"
+        )
     return write_json(args.json, r)
 
 
