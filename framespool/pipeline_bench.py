@@ -208,7 +208,9 @@ def process_kind(name: str) -> str:
 class CpuMeter:
     """% of one core each kind of process used between :meth:`start` and :meth:`stop`.
 
-    Cost: one read of ``/proc/<pid>/stat`` per process at each end.
+    Cost: one read of ``/proc/<pid>/stat`` per process at each end; names that
+    share a process share that one reading (read apart, a clock tick of 10 ms
+    could fall between them and count for one name only).
     """
 
     def __init__(self, pids: dict[str, int]) -> None:
@@ -217,15 +219,20 @@ class CpuMeter:
         self._t0 = 0.0
         self.elapsed_s = 0.0  # of the last start..stop
 
+    def _read(self) -> dict[str, float | None]:
+        by_pid = {pid: process_cpu_s(pid) for pid in set(self.pids.values())}
+        return {name: by_pid[pid] for name, pid in self.pids.items()}
+
     def start(self) -> None:
-        self._start = {name: process_cpu_s(pid) for name, pid in self.pids.items()}
+        self._start = self._read()
         self._t0 = time.monotonic()
 
     def stop(self) -> dict[str, float]:
+        now = self._read()
         elapsed = self.elapsed_s = max(1e-9, time.monotonic() - self._t0)
         out: dict[str, float] = {}
-        for name, pid in self.pids.items():
-            before, after = self._start.get(name), process_cpu_s(pid)
+        for name in self.pids:
+            before, after = self._start.get(name), now[name]
             if before is None or after is None:
                 continue  # gone or restarted meanwhile: no figure rather than a wrong one
             kind = process_kind(name)
