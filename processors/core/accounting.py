@@ -39,8 +39,9 @@ class Accounting:
 
     def fits_free_now(self: Cell, job: Job) -> bool:
         """Whether some node's free GPUs hold the job's smallest per-node need:
-        a pass could start it now. O(shapes + GPUs per node)."""
-        return self.index.largest_free() >= min(min(g, p) for g, p, _ in self.shapes_of(job))
+        a pass could start it now. O(GPUs per node) (the need is the cached
+        ``bound_key``'s)."""
+        return self.index.largest_free() >= self.bound_key(job)[0]
 
     def cost_of(self: Cell, job: Job, gpus: int, estimate_s: float) -> float:
         spec = job.spec

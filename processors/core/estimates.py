@@ -283,9 +283,8 @@ class WaitEstimates:
     def shape_class(self: Cell, job: Job) -> int:
         """Which work a job can pass within its flow (``class_work``): 0 for at
         most 2 GPUs on a node, 1 for at most 4, 2 for more or a gang, by its
-        smallest shape (fixed while it is queued). O(shapes)."""
-        need = min(min(g, p) for g, p, _ in self.shapes_of(job))
-        nodes = min(-(-g // p) for g, p, _ in self.shapes_of(job))
+        smallest shape (fixed for its life). O(1) (the cached ``bound_key``)."""
+        need, nodes = self.bound_key(job)[:2]
         return _shape_class(need, nodes)
 
     def class_work(self: Cell) -> dict[tuple[str, ...], list[float]]:

@@ -36,6 +36,7 @@ class Job:
         "wait_estimate_s",
         "checkpoint_progress",
         "fit",
+        "bounds",
     )
 
     def __init__(self, spec: JobSpec, tier: str, now_ms: int) -> None:
@@ -59,6 +60,9 @@ class Job:
         # its shapes with the part of a search's key the spec fixes, built on
         # the first walk that tests it (``Scheduling.fit_shapes``)
         self.fit: tuple[tuple[int, int, float, tuple], ...] | None = None
+        # its ``Scheduling.bound_key``, built on first use (spec and config
+        # never change, so neither does it)
+        self.bounds: tuple[int, int, float, int, bool] | None = None
 
     @property
     def job_id(self) -> str:

@@ -203,12 +203,15 @@ class NodeHandlers:
                 )
 
     def reconcile(self: Cell, node: Node, event: ev.NodeHeartbeat) -> None:
+        """O(runs listed + runs held here); per listed run that is simply
+        running, a few dict reads (the common case, every heartbeat)."""
         listed: dict = {}
+        runs, node_id, now = self.runs, node.node_id, self.now_ms
         for report in event.runs:
             key = (report.job_id, report.run)
             listed[key] = None
-            run = self.runs.get(key)
-            if run is None or node.node_id not in run.held:
+            run = runs.get(key)
+            if run is None or node_id not in run.held:
                 self.instruct(
                     ev.StopRun,
                     node,
@@ -217,8 +220,9 @@ class NodeHandlers:
                     "reconcile: running but not assigned here",
                 )
                 continue
-            run.last_report_ms = self.now_ms
-            self.member_seen(run, node.node_id)
+            run.last_report_ms = now
+            if run.gang is not None:
+                self.member_seen(run, node_id)
             if run.phase == RunPhase.ASSIGNED:
                 job = self.jobs.get(run.job_id)
                 if job is not None and job.run != run.run:
@@ -230,10 +234,8 @@ class NodeHandlers:
                     if job is not None:
                         job.state = lc.next_state(job.job_id, job.state, "start")
                     self.run_started(run)
-            elif (
-                run.phase == RunPhase.STOPPING and self.now_ms - run.stop_sent_ms >= STOP_RESEND_MS
-            ):
-                run.stop_sent_ms = self.now_ms
+            elif run.phase == RunPhase.STOPPING and now - run.stop_sent_ms >= STOP_RESEND_MS:
+                run.stop_sent_ms = now
                 self.instruct(
                     ev.StopRun, node, run.job_id, run.run, "reconcile: stop not yet obeyed"
                 )

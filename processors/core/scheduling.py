@@ -333,16 +333,24 @@ class Scheduling:
     def bound_key(self: Cell, job: Job) -> tuple[int, int, float, int, bool]:
         """What ``QueueBounds`` keeps of a queued job: its smallest per-node GPU
         need, node count and estimate over its shapes, its tier's rank, and
-        whether it may preempt. All fixed while it is queued (spec and config)."""
-        shapes = self.shapes_of(job)
-        tier = self.config.tier(job.tier)
-        return (
-            min(min(gpus, per_node) for gpus, per_node, _ in shapes),
-            min(-(-gpus // per_node) for gpus, per_node, _ in shapes),
-            min(estimate for _, _, estimate in shapes),
-            tier.rank if tier is not None else 0,
-            self.preempt_sensitive(job),
-        )
+        whether it may preempt. Fixed for the job's life (its spec and the
+        config never change), so built once and kept on the job: O(1) after
+        the first call, O(shapes) for it."""
+        try:
+            key = job.bounds
+        except AttributeError:  # a job from a snapshot taken before the cache
+            key = None
+        if key is None:
+            shapes = self.shapes_of(job)
+            tier = self.config.tier(job.tier)
+            key = job.bounds = (
+                min(min(gpus, per_node) for gpus, per_node, _ in shapes),
+                min(-(-gpus // per_node) for gpus, per_node, _ in shapes),
+                min(estimate for _, _, estimate in shapes),
+                tier.rank if tier is not None else 0,
+                self.preempt_sensitive(job),
+            )
+        return key
 
     def preemption_scan(self: Cell) -> None:
         """With the cell full no placement is tried, so look at the heads of the
@@ -559,7 +567,7 @@ class Scheduling:
         self.more_reservations().pop(job.job_id, None)
         self.claims.pop(job.job_id, None)
         reason = f"{why}; {placement.reason}"
-        if len(self.shapes_of(job)) > 1:
+        if job.spec.shapes:  # more shapes than the spec's own
             reason += f"; elastic shape {gpus} GPUs x {estimate:.0f}s finishes earliest"
         self.emit(
             ev.JobAssigned,

@@ -745,6 +745,33 @@ def test_a_walk_reads_a_jobs_shapes_once_not_per_pass(monkeypatch) -> None:
     assert len(tested) >= 256, len(tested)  # the passes did walk
 
 
+def test_a_jobs_bound_key_is_built_once_and_old_snapshot_jobs_build_theirs(monkeypatch) -> None:
+    # the queue bounds' key of a job (queuebounds.py) is read at enqueue, at
+    # dequeue and by the admission's fit check: its shapes are read for it once
+    cell = _one_free_gpu_under(5)
+    for i in range(2):  # as jobs from an older snapshot: no cache slot set
+        del cell.jobs[f"q{i}"].bounds
+    builds = []
+    shapes_of = cell.shapes_of
+
+    def counted(job):
+        if sys._getframe(1).f_code.co_name == "bound_key":
+            builds.append(job.job_id)
+        return shapes_of(job)
+
+    monkeypatch.setattr(cell, "shapes_of", counted)
+    cell.apply(ev.CancelJob(event_id="x", ts_ms=1500, job_id="s", tenant="x"))
+    # the node lists no run: the cancelled one's GPUs are given back
+    cell.apply(ev.NodeHeartbeat(event_id="h", ts_ms=1600, node_id="n0", incarnation=1))
+    cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000))
+    # the long job's GPUs are back: four 2-GPU jobs start, each dequeued by the
+    # key it was queued with; the two slot-less ones built theirs, once
+    assert cell.queued_count == 1
+    bounds = cell.queue_bounds()
+    assert bounds.size == 1 and bounds.need == {2: 1}
+    assert sorted(builds) == ["q0", "q1"], builds
+
+
 def _old_format(index: NodeIndex) -> NodeIndex:
     """``index`` as a snapshot from before the warm index would restore it."""
     state = pickle.loads(pickle.dumps(index)).__dict__
