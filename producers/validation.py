@@ -177,6 +177,10 @@ def _params(value: Any, limits: Limits) -> dict[str, str]:
             out[key] = _resolution(v, limits, field)
         elif key == "duration_s":
             seconds = _number(value, key, 0.0, limits.duration_max_s, lo_open=True, field=field)
+            if seconds is None:  # sent as null
+                raise ValidationError(
+                    field, f"must be a number of seconds, at most {limits.duration_max_s:g}"
+                )
             out[key] = json.dumps(int(seconds) if seconds.is_integer() else seconds)
         elif key == "fps":
             out[key] = str(

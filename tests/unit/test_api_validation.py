@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from framespool.callbacks.targets import TargetPolicy
 from framespool.producers.auth import TenantPolicy
-from framespool.producers.validation import Limits, ValidationError, validate_submit
-from framespool.schemas.events import JobSpec, Shape
+from framespool.producers.validation import FIELDS, Limits, ValidationError, validate_submit
+from framespool.schemas import codec
+from framespool.schemas.events import JobSpec, Shape, SubmitJob
 
 POLICY = TenantPolicy(("enterprise", "free"), "free")
 GOOD = {
@@ -79,6 +82,7 @@ def test_defaults_and_normalisation():
         ({"params": {"duration_s": 0}}, "params.duration_s", "greater than 0"),
         ({"params": {"duration_s": 121}}, "params.duration_s", "120"),
         ({"params": {"duration_s": "5"}}, "params.duration_s", "number"),
+        ({"params": {"duration_s": None}}, "params.duration_s", "number"),  # was a 500
         ({"params": {"fps": 61}}, "params.fps", "60"),
         ({"params": {"fps": 0}}, "params.fps", "between 1 and 60"),
         ({"params": {"seed": 1.5}}, "params.seed", "integer"),
@@ -123,3 +127,86 @@ def test_model_allow_list_and_private_callbacks_when_allowed():
         url_policy=TargetPolicy(allow_private=True),
     )
     assert fields["callback_url"] == "http://127.0.0.1:9/h"
+
+
+# -- any JSON a client may send ------------------------------------------------
+_JSON_LEAF = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=40)
+)
+_JSON = st.recursive(
+    _JSON_LEAF,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+# mostly valid, with the edges and a little beyond
+_COUNT = st.sampled_from([1, 2, 4, 8, 1, 2, 4, 8, 3, 0, -1, 16, 64, 65, 0.5, 1e6, 1e300])
+_NAME = st.sampled_from(["demo", "wan-2.1", "demo", "wan-2.1", "m" * 64, "m" * 65, "a b"])
+_SHAPE = st.fixed_dictionaries(
+    {}, optional={"gpus": _COUNT, "gpus_per_node": _COUNT, "estimate_s": _COUNT}
+)
+_PLAUSIBLE = {
+    "model": _NAME,
+    "model_version": _NAME,
+    "params": st.dictionaries(
+        st.sampled_from(["seed", "duration_s", "fps", "resolution"]) | st.text(max_size=12),
+        st.integers(-10, 10**7) | st.floats() | st.text(max_size=20) | st.booleans() | st.none(),
+        max_size=5,
+    ),
+    "gpus": _COUNT,
+    "gpus_per_node": _COUNT,
+    "tier": st.sampled_from(["enterprise", "free", "paid", "Free"]),
+    "preemptible": st.booleans(),
+    "callback_url": st.just("https://hooks.example.com/x")
+    | st.sampled_from(["http://10.0.0.1/x", "ftp://a/b", "https://" + "a" * 3000]),
+    "shapes": st.lists(_SHAPE, max_size=3),
+    "estimate_s": _COUNT,
+    "checkpoint_interval_s": _COUNT,
+    "gpu_type": _NAME,
+    "cpus": _COUNT,
+    "mem_gb": _COUNT,
+}
+
+
+@st.composite
+def _bodies(draw) -> dict:
+    """GOOD with each field absent or plausible (often valid), and perhaps one
+    field, known or not, holding any JSON at all."""
+    body = dict(GOOD)
+    for field, plausible in _PLAUSIBLE.items():
+        if draw(st.booleans()):
+            body[field] = draw(plausible)
+    hostile = draw(st.none() | st.sampled_from([*_PLAUSIBLE, "prompt"]) | st.text(max_size=8))
+    if hostile is not None:
+        body[hostile] = draw(_JSON)
+    return body
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_bodies())
+def test_any_json_body_is_refused_by_field_or_becomes_an_encodable_spec(body) -> None:
+    # what the API does with a body: a refusal is the client's (4xx, naming a
+    # field or the body), an acceptance a spec the log's contract holds
+    # and the same spec every time (its idempotency fingerprint)
+    try:
+        fields = validate_submit(body, POLICY)
+    except ValidationError as e:
+        assert e.status in (400, 403, 413, 422)
+        # a field it sent, or a known one it left to its default (gpus 9 with
+        # the default gpus_per_node 8 is refused by gpus_per_node)
+        assert (
+            e.field is None
+            or e.field in body
+            or e.field.split(".")[0].split("[")[0] in {*body, *FIELDS}
+        ), e.field
+        assert e.message
+        return
+    assert validate_submit(body, POLICY) == fields
+    spec = JobSpec(job_id="j", tenant="t", user="u", submitted_ms=1, **fields)
+    command = SubmitJob(event_id="j/submit", ts_ms=1, spec=spec, idempotency_key=None)
+    assert codec.decode(codec.encode(command)) == command
