@@ -6,7 +6,24 @@ from the environment. Defaults are the product's defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field, fields, replace
+
+
+def _check(
+    where: str, name: str, value: float, *, positive: bool = False, finite: bool = False
+) -> None:
+    """``value`` is a number at least 0 (above 0 when ``positive``; not
+    infinite when ``finite``), else ``ValueError`` naming ``name`` (after
+    ``where``, the tier or tenant, when given)."""
+    what = f"{where}: {name}" if where else name
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    bound = "greater than 0" if positive else "at least 0"
+    if math.isnan(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{what} must be {bound}, got {value!r}")
+    if finite and math.isinf(value):
+        raise ValueError(f"{what} must be a finite number {bound}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +47,15 @@ class TierConfig:
     max_predicted_wait_s: float = 0.0
     reserved_gpus: int = 0
 
+    def __post_init__(self) -> None:
+        where = f"tier {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a tier needs a name, got {self.name!r}")
+        _check(where, "weight", self.weight, positive=True, finite=True)
+        _check(where, "sla_wait_s", self.sla_wait_s)  # inf: never past it
+        _check(where, "max_predicted_wait_s", self.max_predicted_wait_s)
+        _check(where, "reserved_gpus", self.reserved_gpus, finite=True)
+
 
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
@@ -44,6 +70,23 @@ class TenantConfig:
     user_max_running: int = 0
     reserved_gpus: int = 0  # guaranteed minimum, lent to others while idle
     user_weights: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"tenant {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a tenant needs a name, got {self.name!r}")
+        _check(where, "weight", self.weight, positive=True, finite=True)
+        for name in (
+            "max_gpus",
+            "max_queued",
+            "max_running",
+            "user_max_gpus",
+            "user_max_running",
+            "reserved_gpus",
+        ):
+            _check(where, name, getattr(self, name), finite=True)
+        for user, weight in self.user_weights:
+            _check(where, f"user_weights[{user!r}]", weight, positive=True, finite=True)
 
     def capped(self) -> bool:
         """Whether a GPU or run cap applies, to the organisation or its users."""
@@ -176,6 +219,7 @@ class CellConfig:
     model_load_s: float = 0.0
 
     def __post_init__(self) -> None:
+        self.check()
         tiers: dict[str, TierConfig] = {}
         for tier in self.tiers:
             tiers.setdefault(tier.name, tier)
@@ -194,6 +238,26 @@ class CellConfig:
         set_(self, "_any_caps", any(t.capped() for t in (*self.tenants, self.default_tenant)))
         set_(self, "reserved_tenant_gpus", _reserved(self.tenants))
         set_(self, "reserved_tier_gpus", _reserved(self.tiers))
+
+    def check(self) -> None:
+        """Refuse what no cell can run by (``ValueError`` naming the field; a
+        config file's loader adds the file and section): no tier, a number that
+        is NaN or negative (every knob here is a count, a duration, a threshold
+        or a factor; ``inf`` is a duration that never ends), a ratio above 1,
+        an overrun factor of 0 (every run would be past its limit at its start)
+        or a negative retry budget. Tiers and tenants check their own fields."""
+        if not self.tiers:
+            raise ValueError("tiers: name at least one tier (every job names one)")
+        for f in fields(self):
+            value = getattr(self, f.name, None)
+            if f.init and isinstance(value, (int, float)) and not isinstance(value, bool):
+                _check("", f.name, value)
+        _check("", "overrun_factor", self.overrun_factor, positive=True, finite=True)
+        for name in ("straggler_ratio", "throttle_clock_ratio"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name} must be a ratio from 0 to 1, got {getattr(self, name)}")
+        for failure_class, budget in self.retries:
+            _check("", f"retries[{failure_class!r}]", budget, finite=True)
 
     def tier(self, name: str) -> TierConfig | None:
         return self._tiers.get(name)

@@ -4,6 +4,7 @@ expected."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -34,6 +35,76 @@ def test_a_processor_config_error_names_the_file_the_key_and_what_was_expected(t
     # read once, built later (as the processors' entry point does): still the file
     doc = config_file.read_config_file(path)
     assert error(config_file.cell_config, doc).file == str(path)
+
+
+@pytest.mark.parametrize(
+    "section, key, says",
+    [
+        ('tiers = []', "scheduler", "tiers: name at least one tier"),
+        ("backfill_depth = -5", "scheduler", "backfill_depth must be at least 0, got -5"),
+        ("overrun_factor = 0.0", "scheduler", "overrun_factor must be greater than 0"),
+        ("heartbeat_timeout_s = nan", "scheduler", "heartbeat_timeout_s must be at least 0"),
+        ("straggler_ratio = 1.5", "scheduler", "straggler_ratio must be a ratio from 0 to 1"),
+        ('retries = [["hung", -1]]', "scheduler", "retries['hung'] must be at least 0"),
+        (
+            '[[scheduler.tenants]]\nname = "acme"\nweight = 0.0',
+            "scheduler.tenants[0]",
+            "tenant 'acme': weight must be greater than 0, got 0.0",
+        ),
+        (
+            '[[scheduler.tenants]]\nname = "acme"\nweight = inf',
+            "scheduler.tenants[0]",
+            "tenant 'acme': weight must be a finite number greater than 0",
+        ),
+        (
+            '[[scheduler.tenants]]\nname = "acme"\nmax_gpus = -8',
+            "scheduler.tenants[0]",
+            "tenant 'acme': max_gpus must be at least 0",
+        ),
+        (
+            '[[scheduler.tenants]]\nname = "acme"\nuser_weights = [["ann", 0.0]]',
+            "scheduler.tenants[0]",
+            "user_weights['ann'] must be greater than 0",
+        ),
+        (
+            '[[scheduler.tiers]]\nname = "paid"\nweight = -1.0\nrank = 1\nsla_wait_s = 60.0',
+            "scheduler.tiers[0]",
+            "tier 'paid': weight must be greater than 0",
+        ),
+        (
+            '[[scheduler.tiers]]\nname = ""\nweight = 1.0\nrank = 1\nsla_wait_s = 60.0',
+            "scheduler.tiers[0]",
+            "a tier needs a name",
+        ),
+    ],
+)
+def test_values_no_cell_can_run_by_are_refused_with_file_and_key(tmp_path, section, key, says):
+    # a weight of 0 divides the fair share by 0, no tier rejects every job, a
+    # negative depth or budget is a typo: the scheduler would start and misbehave
+    path = tmp_path / "fs.toml"
+    path.write_text(f"[scheduler]\n{section}\n")
+    e = error(config_file.load_cell_config, path)
+    assert (e.file, e.key) == (str(path), key)
+    assert says in e.detail, e.detail
+
+
+@pytest.mark.parametrize(
+    "name",
+    [f.name for f in dataclasses.fields(CellConfig) if f.init and f.type in ("int", "float")],
+)
+def test_every_numeric_knob_refuses_nan_and_negatives(name):
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match=name):
+            CellConfig(**{name: bad})
+    CellConfig(**{name: 1})  # and takes a plain positive value
+
+
+def test_the_shipped_and_simulator_configs_pass_the_checks():
+    from framespool.processors.sim.policies import POLICIES
+
+    CellConfig()
+    for policy in POLICIES.values():
+        policy.configure(CellConfig(), {"acme": 1.0, "zeta": 3.0})
 
 
 def test_unknown_fields_sections_and_bad_syntax_name_the_file(tmp_path):
