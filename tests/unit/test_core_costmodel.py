@@ -715,6 +715,20 @@ def test_gang_liveness_looks_at_the_gangs_only_when_a_report_may_have_lapsed() -
         assert h.now_ms - silent_since <= 16_000, "the silent member went unnoticed"
 
 
+def _count_shape_reads(monkeypatch, cell: Cell, caller: str) -> list[str]:
+    """The ids of the jobs whose shapes ``caller`` reads from now on, in order."""
+    reads: list[str] = []
+    shapes_of = cell.shapes_of
+
+    def counted(job):
+        if sys._getframe(1).f_code.co_name == caller:
+            reads.append(job.job_id)
+        return shapes_of(job)
+
+    monkeypatch.setattr(cell, "shapes_of", counted)
+    return reads
+
+
 def test_a_walk_reads_a_jobs_shapes_once_not_per_pass(monkeypatch) -> None:
     # 1 GPU free, 300 tenants' 2-GPU jobs queued: every full pass tests 256 of
     # them; their shapes (and the spec's part of each search key) are built
@@ -725,15 +739,7 @@ def test_a_walk_reads_a_jobs_shapes_once_not_per_pass(monkeypatch) -> None:
     cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000))
     uncached = sum(getattr(job, "fit", None) is None for job in cell.jobs.values())
     assert uncached <= len(cell.jobs) - 256  # the pass tested 256 candidates
-    builds = []
-    shapes_of = cell.shapes_of
-
-    def counted(job):
-        if sys._getframe(1).f_code.co_name == "fit_shapes":
-            builds.append(job.job_id)
-        return shapes_of(job)
-
-    monkeypatch.setattr(cell, "shapes_of", counted)
+    builds = _count_shape_reads(monkeypatch, cell, "fit_shapes")
     tested = []
     start = cell.try_start
     monkeypatch.setattr(cell, "try_start", lambda j, *a, **k: tested.append(j) or start(j, *a, **k))
@@ -751,15 +757,7 @@ def test_a_jobs_bound_key_is_built_once_and_old_snapshot_jobs_build_theirs(monke
     cell = _one_free_gpu_under(5)
     for i in range(2):  # as jobs from an older snapshot: no cache slot set
         del cell.jobs[f"q{i}"].bounds
-    builds = []
-    shapes_of = cell.shapes_of
-
-    def counted(job):
-        if sys._getframe(1).f_code.co_name == "bound_key":
-            builds.append(job.job_id)
-        return shapes_of(job)
-
-    monkeypatch.setattr(cell, "shapes_of", counted)
+    builds = _count_shape_reads(monkeypatch, cell, "bound_key")
     cell.apply(ev.CancelJob(event_id="x", ts_ms=1500, job_id="s", tenant="x"))
     # the node lists no run: the cancelled one's GPUs are given back
     cell.apply(ev.NodeHeartbeat(event_id="h", ts_ms=1600, node_id="n0", incarnation=1))
