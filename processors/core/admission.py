@@ -88,6 +88,7 @@ O(C * (T + G + s)) for C candidate cells and s shapes, all small.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -142,8 +143,11 @@ class AdmissionConfig:
             )
         if not self.tiers:
             raise ValueError("tiers must name at least one tier")
-        if self.idempotency_horizon_s <= 0:
-            raise ValueError(f"idempotency_horizon_s={self.idempotency_horizon_s} must be positive")
+        if not 0 < self.idempotency_horizon_s < math.inf:  # NaN too: nothing would expire
+            raise ValueError(
+                f"idempotency_horizon_s={self.idempotency_horizon_s} must be a finite positive "
+                "number of seconds (the decided ids it keeps are bounded by it)"
+            )
         if not self.offer_stale_s > 0:
             raise ValueError(
                 f"offer_stale_s={self.offer_stale_s} must be positive; use about three "

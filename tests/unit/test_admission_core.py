@@ -277,6 +277,8 @@ def test_config_refuses_impossible_settings(kwargs, message):
         AdmissionConfig(**kwargs)
 
 
-def test_horizon_must_be_positive():
+@pytest.mark.parametrize("horizon", [0, -1, float("nan"), float("inf")])
+def test_horizon_must_be_finite_and_positive(horizon):
+    # NaN and inf would keep every decided id for ever (nothing compares past them)
     with pytest.raises(ValueError, match="idempotency_horizon_s"):
-        AdmissionConfig(idempotency_horizon_s=0)
+        AdmissionConfig(idempotency_horizon_s=horizon)
