@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -142,6 +143,7 @@ class Stack:
     def start(self, ready_timeout_s: float = 60.0) -> dict:
         from framespool.log import create_topics
 
+        self.check_config()
         self.reset_state()
         self.broker = EmbeddedBroker(log_path=self.log_dir / "broker.log")
         self.broker.start()
@@ -227,6 +229,20 @@ class Stack:
         from framespool.schemas.topics import cell_of_partition
 
         return [cell_of_partition(p) for p in range(self.config.cells)]
+
+    def check_config(self) -> None:
+        """Refuse, before anything starts, the settings no stack runs with (the
+        counts, cells and schedulers are checked where they are used)."""
+        c = self.config
+        if not 1 <= c.port <= 65535:
+            raise StackError(f"port={c.port}: use a TCP port from 1 to 65535")
+        if c.nodes_per_rail < 1:
+            raise StackError(f"nodes_per_rail={c.nodes_per_rail}: at least 1 node per rail")
+        if not 0 < c.time_scale < math.inf:  # NaN too
+            raise StackError(
+                f"time_scale={c.time_scale}: a positive speed factor (1 = real time, 10 = "
+                "ten times faster)"
+            )
 
     def write_processor_config(self) -> Path:
         """The processors' config: the user's ``processor_config`` (if any) with
