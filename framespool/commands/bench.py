@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +167,7 @@ def handle_core(args: argparse.Namespace) -> int:
         "--backlog-tenants": args.backlog_tenants,
         "--backlog-load": args.backlog_load,
     }.items():
-        if value <= 0:
+        if not 0 < value < math.inf:  # NaN too
             raise CommandError(f"{flag}={value} must be positive")
     scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
     unknown = [s for s in scenarios if s not in ("light", "backlog")]
@@ -253,7 +254,7 @@ def handle_pipeline(args: argparse.Namespace) -> int:
         "--nodes": args.nodes,
         "--nodes-per-agent": args.nodes_per_agent,
     }.items():
-        if value <= 0:
+        if not 0 < value < math.inf:  # NaN too
             raise CommandError(f"{flag}={value} must be positive")
     result = bench_pipeline(
         jobs=args.jobs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ def handle(args: argparse.Namespace) -> int:
         )
     if args.schedulers < 1:
         raise CommandError(f"--schedulers={args.schedulers} must be at least 1")
-    if args.time_scale <= 0:
+    if not 0 < args.time_scale < math.inf:  # NaN too
         raise CommandError(f"--time-scale={args.time_scale} must be positive")
     say = (
         (lambda line: None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ def _check(args: argparse.Namespace) -> None:
         "--repair-s": args.repair_s,
     }
     for flag, value in positive.items():
-        if value <= 0:
+        if not 0 < value < math.inf:  # NaN too
             raise CommandError(f"{flag}={value} must be positive")
     if args.nodes % args.cells:
         raise CommandError(
@@ -157,7 +158,7 @@ def _check(args: argparse.Namespace) -> None:
         "--max-sim-s": args.max_sim_s,
         "--node-failures": args.node_failures or 0.0,
     }.items():
-        if value < 0:
+        if not 0 <= value < math.inf:  # NaN too
             raise CommandError(f"{flag}={value} must not be negative")
     if args.tick_s > args.heartbeat_s:
         raise CommandError(
