@@ -232,8 +232,9 @@ class Stack:
 
     def check_config(self) -> None:
         """Refuse, before anything starts, the settings no stack runs with (the
-        counts, cells and schedulers are checked where they are used)."""
+        node counts are checked by ``framespool up``)."""
         c = self.config
+        self.check_cells()
         if not 1 <= c.port <= 65535:
             raise StackError(f"port={c.port}: use a TCP port from 1 to 65535")
         if c.nodes_per_rail < 1:
@@ -244,10 +245,8 @@ class Stack:
                 "ten times faster)"
             )
 
-    def write_processor_config(self) -> Path:
-        """The processors' config: the user's ``processor_config`` (if any) with
-        admission routing over this stack's cells unless the file names them."""
-        from framespool.processors.config_file import read_config_file
+    def check_cells(self) -> None:
+        """One scheduler partition per cell, and at least one scheduler."""
         from framespool.schemas.topics import SCHEDULER
 
         if not 1 <= self.config.cells <= SCHEDULER.partitions:
@@ -257,6 +256,13 @@ class Stack:
             )
         if self.config.schedulers < 1:
             raise StackError(f"schedulers={self.config.schedulers}: at least one is needed")
+
+    def write_processor_config(self) -> Path:
+        """The processors' config: the user's ``processor_config`` (if any) with
+        admission routing over this stack's cells unless the file names them."""
+        from framespool.processors.config_file import read_config_file
+
+        self.check_cells()
         doc = read_config_file(self.config.processor_config) if self.config.processor_config else {}
         doc.setdefault("admission", {}).setdefault("cells", self.cell_ids)
         if self.config.cells > 1:  # a cell that cannot run a queued job sends it on

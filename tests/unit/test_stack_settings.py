@@ -17,6 +17,9 @@ from framespool import stack
         (["--time-scale", "nan"], "time_scale=nan"),
         (["--port", "70000"], "port=70000"),  # the API died with only its log to say why
         (["--port", "0"], "port=0"),
+        (["--cells", "0"], "cells=0"),  # the broker started before these two were refused
+        (["--cells", "999"], "cells=999"),
+        (["--schedulers", "0"], "schedulers=0"),
     ],
 )
 def test_up_refuses_impossible_settings_before_starting_anything(
