@@ -256,7 +256,7 @@ class Accounting:
         budget = self.config.estimate_publish_limit
         # nothing here changes the fair tree: one LevelIndex per parent serves
         # every refresh (O(log siblings) a level instead of O(siblings))
-        levels: dict[int, LevelIndex] = {}
+        levels: dict[Flow, LevelIndex] = {}
         self.wait_bands.censor(self.now_ms)
         held: dict[tuple[str, ...], int] = {}  # by flow: (tier,), (tier, tenant), (..., user)
         loaded = self.loaded_runs

@@ -149,7 +149,7 @@ class WaitEstimates:
         job: Job,
         own_ahead: float,
         passed_over: bool = False,
-        levels: dict[int, LevelIndex] | None = None,
+        levels: dict[Flow, LevelIndex] | None = None,
         terms: tuple[int, LoadTerms, float] | None = None,
     ) -> float:
         """The time until the work ahead of the job has started and the job's own

@@ -122,9 +122,10 @@ class FairTree:
         self.stamp = 0
         self.version = 0  # bumped by every queue, charge or settlement change
         # pass state: flows charged an offset, and flows exhausted (their heap
-        # entries are dropped or left stale until the pass ends), by id
-        self.touched: dict[int, Flow] = {}
-        self.exhausted: dict[int, Flow] = {}
+        # entries are dropped or left stale until the pass ends), in order; a
+        # Flow hashes by identity, so a membership test is one C-level lookup
+        self.touched: dict[Flow, None] = {}
+        self.exhausted: dict[Flow, None] = {}
 
     # -- structure -----------------------------------------------------------
     def leaf(self, path: tuple[str, str, str], weights: tuple[float, float, float]) -> Flow:
@@ -185,7 +186,7 @@ class FairTree:
         parent = cast(Flow, flow.parent)  # only the root has none, and it is never filed
         if settled:
             self._file_settled(flow, parent)
-        if id(flow) in self.exhausted:
+        if flow in self.exhausted:
             return  # re-filed when the pass ends
         self.stamp += 1
         flow.stamp = self.stamp
@@ -207,7 +208,7 @@ class FairTree:
     def _rebuild(self, parent: Flow) -> None:
         entries = []
         for flow in parent.active.values():
-            if id(flow) in self.exhausted:
+            if flow in self.exhausted:
                 continue
             self.stamp += 1
             flow.stamp = self.stamp
@@ -263,15 +264,15 @@ class FairTree:
         """Drop the pass's offsets and exhaustion; re-file what they moved."""
         touched, exhausted = self.touched, self.exhausted
         self.touched, self.exhausted = {}, {}
-        for flow in touched.values():
+        for flow in touched:
             flow.offset = 0.0
-        for flow in (touched | exhausted).values():
+        for flow in touched | exhausted:
             if flow.queued and flow.parent is not None:
                 self._file(flow, settled=False)
 
     def exhaust(self, flow: Flow) -> None:
         """Nothing more of ``flow`` in this pass."""
-        self.exhausted[id(flow)] = flow
+        self.exhausted[flow] = None
 
     def pick(self) -> Flow | None:
         """The leaf to serve next, or None when every backlogged leaf is
@@ -287,7 +288,7 @@ class FairTree:
                 child = entry[3]
                 if child.stamp != entry[2]:
                     heappop(heap)
-                elif id(child) in exhausted:
+                elif child in exhausted:
                     heappop(heap)  # re-filed when the pass ends
                     child.stamp = 0
                 else:
@@ -300,10 +301,12 @@ class FairTree:
                     best = child
                     break
             if best is None:
-                exhausted[id(flow)] = flow
+                exhausted[flow] = None
                 if flow.parent is None:
                     return None
-                flow = self.root
+                # the levels above chose this flow and nothing of theirs changed:
+                # walking down from the root would arrive at its parent again
+                flow = flow.parent
                 continue
             flow = best
         return flow if flow is not self.root else None
@@ -322,7 +325,7 @@ class FairTree:
         flow = leaf
         while flow.parent is not None:
             flow.offset = flow.offset + gpu_seconds
-            touched[id(flow)] = flow
+            touched[flow] = None
             flow = flow.parent
 
     def work_ahead(
@@ -330,7 +333,7 @@ class FairTree:
         leaf: Flow,
         own_ahead: float,
         below: list[float] | None = None,
-        levels: dict[int, LevelIndex] | None = None,
+        levels: dict[Flow, LevelIndex] | None = None,
     ) -> float:
         """GPU-seconds the fair order serves before a job with ``own_ahead``
         GPU-seconds queued before it in its own leaf: at each level, every
@@ -350,9 +353,9 @@ class FairTree:
             vt_end = flow.vt() + ahead / flow.weight
             parent = cast(Flow, flow.parent)
             if levels is not None:
-                index = levels.get(id(parent))
+                index = levels.get(parent)
                 if index is None:
-                    index = levels[id(parent)] = LevelIndex(parent)
+                    index = levels[parent] = LevelIndex(parent)
                 served = index.served(vt_end)
                 if flow.name in parent.active:  # not ahead of itself
                     lead = (vt_end - flow.vt()) * flow.weight

@@ -94,19 +94,20 @@ class PassMemo:
     ``reservations_changed`` whenever it places or reserves. A hit costs
     O(log reservations) where the computation looks up every holder's tier."""
 
-    __slots__ = ("no_fit", "reserved", "shadows")
+    __slots__ = ("no_fit", "reserved", "shadows", "more")
 
-    def __init__(self) -> None:
+    def __init__(self, more: dict[str, tuple[int, tuple[str, ...]]]) -> None:
         self.no_fit: dict[tuple, None] = {}
         self.reserved: dict[tuple, tuple[str, ...]] = {}
         self.shadows: list[int] | None = None
+        self.more = more  # the cell's further reservations (the dict, kept as it changes)
 
     def reservations_changed(self) -> None:
         self.reserved.clear()
         self.shadows = None
 
     def reserved_for_others(self, cell: Cell, job: Job, estimate_s: float) -> tuple[str, ...]:
-        more = cell.__dict__.get("_more_reservations") or {}
+        more = self.more
         shadows = self.shadows
         if shadows is None:
             shadows = sorted(shadow for shadow, _ in more.values())
@@ -209,10 +210,12 @@ class Scheduling:
         fair = self.fair
         pick, offset = fair.pick, fair.offset
         jobs, claims, index = self.jobs, self.claims, self.index
-        cursors: dict[int, Iterator[str]] = {}
-        memo = PassMemo()
+        cursors: dict[Flow, list] = {}  # leaf -> [its candidates (a snapshot), next one]
+        more = self.more_reservations()  # one dict for the cell's life
+        memo = PassMemo(more)
         budget = self.config.backfill_depth if full else QUICK_PASS_TESTS
         reservations = self.config.reservations
+        caps = self.config.any_caps()
         after_block = 0
         recheck = True  # whether nothing_fits() may have changed its answer
         while index.free_total > 0:
@@ -223,18 +226,25 @@ class Scheduling:
             leaf = pick()
             if leaf is None:
                 break
-            cursor = cursors.get(id(leaf))
+            cursor = cursors.get(leaf)
             if cursor is None:
-                cursor = cursors[id(leaf)] = self.candidates(leaf, budget)
-            job_id = next(cursor, None)
-            if job_id is None:
+                cursor = cursors[leaf] = [self.candidate_list(leaf, budget), 0]
+            ids, at = cursor
+            if at == len(ids):  # an empty snapshot (not expected: a picked leaf has a job)
                 fair.exhaust(leaf)
                 continue
+            job_id = ids[at]
+            cursor[1] = at + 1
+            # the leaf's last candidate: nothing more of it in this pass, said now
+            # rather than when the fair order next offers the leaf
+            last = at + 1 == len(ids)
             job = jobs[job_id]
             if job_id == self.reservation_job or job_id in claims:
                 offset(leaf, job.cost)
+                if last:
+                    fair.exhaust(leaf)
                 continue
-            capped = self.cap_hit(job)
+            capped = caps and self.cap_hit(job)
             if capped:
                 fair.exhaust(leaf if capped == "user" else cast(Flow, leaf.parent))
                 continue
@@ -246,7 +256,7 @@ class Scheduling:
                         self.reserve(job)
                         recheck = True
                         memo.reservations_changed()
-                    elif len(self.more_reservations()) + 1 < reservations:
+                    elif len(more) + 1 < reservations:
                         self.reserve_more(job)
                         recheck = True
                         memo.reservations_changed()
@@ -256,6 +266,8 @@ class Scheduling:
             else:
                 recheck = True
                 memo.reservations_changed()  # a placement may have taken a reservation
+            if last:
+                fair.exhaust(leaf)
             if self.reservation_job or not full:
                 after_block += 1
                 if after_block >= budget:
@@ -369,12 +381,17 @@ class Scheduling:
 
     @staticmethod
     def candidates(leaf: Flow, limit: int) -> Iterator[str]:
-        """A snapshot of a leaf's first jobs (requeued first): the pass may
-        place or drop jobs while it walks them. At least one, even when the
-        pass's budget is spent (``limit`` <= 0): the walk still tries the job
+        """An iterator over ``candidate_list``."""
+        return iter(Scheduling.candidate_list(leaf, limit))
+
+    @staticmethod
+    def candidate_list(leaf: Flow, limit: int) -> list[str]:
+        """A snapshot of a backlogged leaf's first jobs (requeued first): the
+        pass may place or drop jobs while it walks them. At least one, even when
+        the pass's budget is spent (``limit`` <= 0): the walk still tries the job
         at the head of the fair order (without it, a spent budget left gang
         queues stalled for a day: ``test_sim_shapes``)."""
-        return iter(list(islice(chain(leaf.requeued, leaf.queue), max(1, limit))))
+        return list(islice(chain(leaf.requeued, leaf.queue), max(1, limit)))
 
     def cap_hit(self: Cell, job: Job) -> str:
         """ "org" or "user" when the job's organisation or user is at a cap, else

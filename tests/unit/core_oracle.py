@@ -79,13 +79,13 @@ class NaiveFairTree(FairTree):
             best = None
             best_vt = 0.0
             for child in flow.active.values():
-                if id(child) in exhausted:
+                if child in exhausted:
                     continue
                 vt = (child.usage + offsets.get(id(child), 0.0)) / child.weight
                 if best is None or vt < best_vt:
                     best, best_vt = child, vt
             if best is None:
-                exhausted[id(flow)] = flow
+                exhausted[flow] = None
                 if flow.parent is None:
                     return None
                 flow = self.root

@@ -296,7 +296,7 @@ def _check_heaps(flow, exhausted) -> None:
     for child in flow.active.values():
         assert id(child) in settled
         assert settled[id(child)][0] == (child.usage - child.inflight) / child.weight
-        if id(child) not in exhausted:
+        if child not in exhausted:
             key = (child.usage + child.offset) / child.weight
             assert live[id(child)][0] == key or (child.offset > 0 and live[id(child)][0] <= key)
         _check_heaps(child, exhausted)
