@@ -119,3 +119,47 @@ def _drop(counts: dict, key: object) -> None:
         counts[key] = left
     else:
         del counts[key]
+
+
+class ShapeClass:
+    """The queued jobs of one ``QueueClasses`` key: their ids (in queue order of
+    arrival, any one stands for the rest) and, per shape, their smallest
+    estimate."""
+
+    __slots__ = ("jobs", "estimates")
+
+    def __init__(self, shapes: int) -> None:
+        self.jobs: dict[str, None] = {}
+        self.estimates = [MinCounts() for _ in range(shapes)]
+
+
+class QueueClasses:
+    """The queued jobs by what decides whether one can start on the GPUs free
+    now: its tier (which reservations bind it) and, per shape, the spec's
+    demands (``Scheduling.fit_shapes``). Within a class only the estimate
+    differs, and a longer estimate runs past more shadow times, so more nodes
+    are reserved against it (``reserved_for_others``): a search for the class's
+    shortest job that finds no nodes proves that no job of the class fits
+    (``Scheduling.every_class_blocked``). O(shapes * log q) per add or remove."""
+
+    __slots__ = ("classes",)
+
+    def __init__(self) -> None:
+        self.classes: dict[tuple, ShapeClass] = {}
+
+    def add(self, key: tuple, job_id: str, estimates: tuple[float, ...]) -> None:
+        cls = self.classes.get(key)
+        if cls is None:
+            cls = self.classes[key] = ShapeClass(len(estimates))
+        cls.jobs[job_id] = None
+        for counts, estimate in zip(cls.estimates, estimates):
+            counts.add(estimate)
+
+    def remove(self, key: tuple, job_id: str, estimates: tuple[float, ...]) -> None:
+        cls = self.classes[key]
+        del cls.jobs[job_id]
+        if not cls.jobs:
+            del self.classes[key]
+            return
+        for counts, estimate in zip(cls.estimates, estimates):
+            counts.remove(estimate)

@@ -167,6 +167,9 @@ class NaiveCell(Cell):
     def nothing_fits(self, full: bool) -> bool:  # never stop a walk early
         return False
 
+    def every_class_blocked(self, memo) -> bool:  # nor on the classes' proof
+        return False
+
     def guarantees_allow(self, job, gpus: int) -> bool:
         unused = 0
         for tenant in self.config.tenants:

@@ -71,12 +71,17 @@ def _guarded_base() -> CellConfig:
 
 
 @pytest.mark.parametrize(
-    "jobs,nodes,load,base",
-    [(500, 10, 3.0, CellConfig()), (400, 16, 3.0, _guarded_base())],
+    "jobs,nodes,load,base,proofs",
+    [(500, 10, 3.0, CellConfig(), True), (400, 16, 3.0, _guarded_base(), False)],
     ids=["plain", "guarantees-and-caps"],
 )
-def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base) -> None:
+def test_indexed_core_decides_like_the_scans(monkeypatch, jobs, nodes, load, base, proofs) -> None:
     tape, config, summary = _tape(jobs, nodes, load, base)
+    held: list[bool] = []  # the classes' proofs the walks asked for (NaiveCell asks none)
+    prove = Cell.every_class_blocked
+    monkeypatch.setattr(
+        Cell, "every_class_blocked", lambda c, m: held.append(prove(c, m)) or held[-1]
+    )
     assert summary["violations_by_kind"].keys() <= {"not_terminal"}
     fast, naive = Cell(config, "sim"), NaiveCell(config, "sim")
     deepest = assigned = 0
@@ -94,6 +99,8 @@ def test_indexed_core_decides_like_the_scans(jobs, nodes, load, base) -> None:
             _check_release_list(fast)
     # the workload really was a backlog of many tenants
     assert deepest > 60 and assigned > jobs // 2
+    if proofs:  # walks stopped on the classes' proof, and decided as the whole walks
+        assert held.count(True) > 10 and held.count(False) > 10, held.count(True)
     assert len({j.tenant for j in fast.jobs.values()} | set(fast.org_use)) > 50
 
 
@@ -428,6 +435,7 @@ def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
         cell = build()
         if not stop:
             monkeypatch.setattr(cell, "nothing_fits", lambda full: False)
+            monkeypatch.setattr(cell, "every_class_blocked", lambda memo: False)
         tried: list = []
 
         def counted(job, *a, _inner=cell.try_start, _tried=tried, **k):
@@ -443,6 +451,110 @@ def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
         else:
             assert len(tried) > 100  # the walk it replaces
     assert outputs[0] == outputs[1]
+
+
+def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypatch) -> None:
+    # Two nodes run long jobs, the third is free but reserved for a 3-node gang
+    # until they end. Queued: 8-GPU jobs that would run past that shadow time
+    # (the reserved node is barred to them) and 2-node jobs short enough to use
+    # it (but one node is too few). Per smallest need the bounds mix the 8-GPU
+    # jobs' one node with the 2-node jobs' short estimate and cannot prove that
+    # nothing fits; one search per class can. The walk stops after
+    # QUIET_BEFORE_PROOF candidates and decides as the whole walk does.
+    from framespool.processors.core import scheduling
+
+    def build() -> Cell:
+        config = CellConfig(
+            status_interval_s=0, estimate_interval_s=0, backfill_depth=256, reservations=1
+        )
+        cell = Cell(config, "c")
+        for n in range(3):
+            cell.apply(
+                ev.NodeRegistered(
+                    event_id=f"r{n}", ts_ms=0, node_id=f"n{n}", incarnation=1, cell="c", gpus=8
+                )
+            )
+        cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+        for n in range(2):
+            spec = ev.JobSpec(
+                job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
+            )
+            cell.apply(ev.JobAdmitted(event_id=f"s{n}", ts_ms=1000, spec=spec))
+        spec = ev.JobSpec(
+            job_id="gang", tenant="g", tier="paid", gpus=24, gpus_per_node=8, estimate_s=60
+        )
+        cell.apply(ev.JobAdmitted(event_id="g", ts_ms=1000, spec=spec))
+        cell.apply(ev.Tick(event_id="t0b", ts_ms=1500, cell="c", now_ms=1500))  # it reserves
+        for i in range(300):
+            long_one = i % 2 == 0
+            spec = ev.JobSpec(
+                job_id=f"q{i}",
+                tenant=f"t{i}",
+                tier="paid",
+                gpus=8 if long_one else 16,
+                gpus_per_node=8,
+                estimate_s=2e4 if long_one else 60,
+            )
+            cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=1000, spec=spec))
+        return cell
+
+    outputs = []
+    for proof in (True, False):
+        cell = build()
+        assert cell.reservation_job == "gang" and cell.index.free_total == 8
+        if not proof:
+            monkeypatch.setattr(cell, "every_class_blocked", lambda memo: False)
+        tried: list = []
+
+        def counted(job, *a, _inner=cell.try_start, _tried=tried, **k):
+            _tried.append(job)
+            return _inner(job, *a, **k)
+
+        monkeypatch.setattr(cell, "try_start", counted)
+        outputs.append(cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000)))
+        assert not cell.nothing_fits(True)  # the bounds alone do not stop this walk
+        if proof:
+            assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3, len(tried)
+        else:
+            assert len(tried) > 100  # the walk it replaces
+    assert outputs[0] == outputs[1]
+
+
+def test_the_classes_proof_searches_a_further_holder_on_its_own_nodes(monkeypatch) -> None:
+    # F holds a further reservation on the 4-GPU node n2, free again once M
+    # ends. The queued 4-GPU jobs of F's class may not use n2 (they run past its
+    # shadow time), but F may: the proof must search F itself, or it would stop
+    # the walk before the fair order reaches F (its tenant has used more).
+    def run(proof: bool) -> tuple[list, list[bool]]:
+        held: list[bool] = []
+        prove = Cell.every_class_blocked
+        monkeypatch.setattr(
+            Cell,
+            "every_class_blocked",
+            (lambda c, m: held.append(prove(c, m)) or held[-1]) if proof else (lambda c, m: False),
+        )
+        config = CellConfig(status_interval_s=0, estimate_interval_s=0, reservations=2)
+        h = Harness(config=config, nodes=2)
+        h.register("n2", gpus=4, rail="rail-1")
+        h.register("n3", gpus=1, rail="rail-1")  # free, too small for all: passes run
+        for job_id, node_gpus in (("L0", 8), ("L1", 8)):
+            h.submit(job_id, tenant="x", gpus=node_gpus, estimate_s=1e4, tier="paid")
+        h.submit("M", tenant="f", gpus=4, per_node=4, estimate_s=100, tier="paid")
+        h.start_all()
+        h.submit("G", tenant="g", gpus=16, per_node=8, estimate_s=60, tier="paid")
+        h.submit("F", tenant="f", gpus=4, per_node=4, estimate_s=50, tier="paid")
+        h.tick(1)
+        assert h.cell.reservation_job == "G" and list(h.cell.more_reservations()) == ["F"]
+        for i in range(20):
+            h.submit(f"Q{i}", tenant=f"q{i}", gpus=4, per_node=4, estimate_s=1e5, tier="paid")
+        h.complete(("M", 1))
+        h.tick(1)
+        assert [s.spec.job_id for s in h.assigned()][-1] == "F"
+        return h.log, held
+
+    with_proof, held = run(True)
+    assert False in held  # F could start: the proof did not hold
+    assert with_proof == run(False)[0]
 
 
 def test_a_skipped_walk_wakes_when_a_reservation_gains_slack(monkeypatch) -> None:
