@@ -366,13 +366,14 @@ class JobHandlers:
 
     def enqueue(self: Cell, job: Job, requeued: bool) -> None:
         bounds = self.queue_bounds()  # before the job joins: a rebuild must not count it
-        classes = self.queue_classes()
+        classes = self.__dict__.get("_queue_classes")  # kept once a walk first asks
         job.state = JobState.QUEUED
         self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
         key = self.bound_key(job)
         self.note_queued(job, 1, key)
         bounds.add(*key)
-        classes.add(*self.class_key(job))
+        if classes is not None:
+            classes.add(*self.class_key(job))
         self.queued_count += 1
         self.shift_depth(job.tier, job.tenant, queued_gpus=job.shape[0])
         org, user = self.use_of(job)
@@ -429,12 +430,13 @@ class JobHandlers:
 
     def dequeue(self: Cell, job: Job) -> None:
         bounds = self.queue_bounds()
-        classes = self.queue_classes()
+        classes = self.__dict__.get("_queue_classes")
         if self.fair.remove(self.leaf_of(job), job.job_id, job.cost):
             key = self.bound_key(job)
             self.note_queued(job, -1, key)
             bounds.remove(*key)
-            classes.remove(*self.class_key(job))
+            if classes is not None:
+                classes.remove(*self.class_key(job))
             self.queued_count -= 1
             self.shift_depth(job.tier, job.tenant, queued_gpus=-job.shape[0])
             org, user = self.use_of(job)

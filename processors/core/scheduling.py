@@ -369,9 +369,10 @@ class Scheduling:
         return bounds
 
     def queue_classes(self: Cell) -> QueueClasses:
-        """The queued jobs by class (``QueueClasses``), kept by ``enqueue`` and
-        ``dequeue``; built from the queues on first use (or a cell restored
-        from an older snapshot)."""
+        """The queued jobs by class (``QueueClasses``): built from the queues
+        when a walk first asks (O(q) once; a cell whose walks never need a
+        proof, a lightly loaded one, keeps none), then kept by ``enqueue`` and
+        ``dequeue``."""
         classes: QueueClasses | None = self.__dict__.get("_queue_classes")
         if classes is None:
             classes = self._queue_classes = QueueClasses()
