@@ -362,11 +362,16 @@ class Scheduling:
         bounds: QueueBounds | None = self.__dict__.get("_queue_bounds")
         if bounds is None:
             bounds = self._queue_bounds = QueueBounds()
-            for leaf in self.leaves.values():
-                for source in (leaf.requeued, leaf.queue):
-                    for job_id in source:
-                        bounds.add(*self.bound_key(self.jobs[job_id]))
+            for job in self.queued_jobs():
+                bounds.add(*self.bound_key(job))
         return bounds
+
+    def queued_jobs(self: Cell) -> Iterator[Job]:
+        """Every queued job, leaf by leaf (requeued ones first). O(q)."""
+        for leaf in self.leaves.values():
+            for source in (leaf.requeued, leaf.queue):
+                for job_id in source:
+                    yield self.jobs[job_id]
 
     def queue_classes(self: Cell) -> QueueClasses:
         """The queued jobs by class (``QueueClasses``): built from the queues
@@ -376,10 +381,8 @@ class Scheduling:
         classes: QueueClasses | None = self.__dict__.get("_queue_classes")
         if classes is None:
             classes = self._queue_classes = QueueClasses()
-            for leaf in self.leaves.values():
-                for source in (leaf.requeued, leaf.queue):
-                    for job_id in source:
-                        classes.add(*self.class_key(self.jobs[job_id]))
+            for job in self.queued_jobs():
+                classes.add(*self.class_key(job))
         return classes
 
     def class_key(self: Cell, job: Job) -> tuple[tuple, str, tuple[float, ...]]:

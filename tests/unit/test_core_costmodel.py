@@ -405,19 +405,34 @@ def test_config_lookups_do_not_scan() -> None:
     assert config.retry_budget("hung") == 1
 
 
+def _cell_of_nodes(nodes: int, **config) -> Cell:
+    """A cell of ``nodes`` 8-GPU nodes, its clock at 1 s."""
+    cell = Cell(CellConfig(status_interval_s=0, estimate_interval_s=0, **config), "c")
+    for n in range(nodes):
+        cell.apply(
+            ev.NodeRegistered(
+                event_id=f"r{n}", ts_ms=0, node_id=f"n{n}", incarnation=1, cell="c", gpus=8
+            )
+        )
+    cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+    return cell
+
+
+def _tick_counting_tests(monkeypatch, cell: Cell) -> tuple[list, list]:
+    """The outputs of a Tick at 2 s, and the jobs its pass tested (``try_start``)."""
+    tried: list = []
+    start = cell.try_start
+    monkeypatch.setattr(
+        cell, "try_start", lambda job, *a, **k: tried.append(job) or start(job, *a, **k)
+    )
+    return cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000)), tried
+
+
 def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
     # 1 GPU free, 2,000 queued 2-GPU jobs, every reservation slot taken: the walk
     # tests no candidate at all (the bounds say none fits), and decides as a full walk
     def build() -> Cell:
-        config = CellConfig(status_interval_s=0, estimate_interval_s=0, backfill_depth=256)
-        cell = Cell(config, "c")
-        for n in range(4):
-            cell.apply(
-                ev.NodeRegistered(
-                    event_id=f"r{n}", ts_ms=0, node_id=f"n{n}", incarnation=1, cell="c", gpus=8
-                )
-            )
-        cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+        cell = _cell_of_nodes(4, backfill_depth=256)
         for n in range(4):
             spec = ev.JobSpec(
                 job_id=f"s{n}", tenant="x", tier="paid", gpus=7, gpus_per_node=7, estimate_s=1e5
@@ -436,14 +451,8 @@ def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
         if not stop:
             monkeypatch.setattr(cell, "nothing_fits", lambda full: False)
             monkeypatch.setattr(cell, "every_class_blocked", lambda memo: False)
-        tried: list = []
-
-        def counted(job, *a, _inner=cell.try_start, _tried=tried, **k):
-            _tried.append(job)
-            return _inner(job, *a, **k)
-
-        monkeypatch.setattr(cell, "try_start", counted)
-        outputs.append(cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000)))
+        out, tried = _tick_counting_tests(monkeypatch, cell)
+        outputs.append(out)
         assert cell.reservation_job and len(cell.more_reservations()) == 3
         if stop:
             # the holder, and the jobs that take the further reservations
@@ -464,17 +473,7 @@ def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypat
     from framespool.processors.core import scheduling
 
     def build() -> Cell:
-        config = CellConfig(
-            status_interval_s=0, estimate_interval_s=0, backfill_depth=256, reservations=1
-        )
-        cell = Cell(config, "c")
-        for n in range(3):
-            cell.apply(
-                ev.NodeRegistered(
-                    event_id=f"r{n}", ts_ms=0, node_id=f"n{n}", incarnation=1, cell="c", gpus=8
-                )
-            )
-        cell.apply(ev.Tick(event_id="t0", ts_ms=1000, cell="c", now_ms=1000))
+        cell = _cell_of_nodes(3, backfill_depth=256, reservations=1)
         for n in range(2):
             spec = ev.JobSpec(
                 job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
@@ -504,14 +503,8 @@ def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypat
         assert cell.reservation_job == "gang" and cell.index.free_total == 8
         if not proof:
             monkeypatch.setattr(cell, "every_class_blocked", lambda memo: False)
-        tried: list = []
-
-        def counted(job, *a, _inner=cell.try_start, _tried=tried, **k):
-            _tried.append(job)
-            return _inner(job, *a, **k)
-
-        monkeypatch.setattr(cell, "try_start", counted)
-        outputs.append(cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000)))
+        out, tried = _tick_counting_tests(monkeypatch, cell)
+        outputs.append(out)
         assert not cell.nothing_fits(True)  # the bounds alone do not stop this walk
         if proof:
             assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3, len(tried)
