@@ -246,11 +246,8 @@ class Scheduling:
                 break
             cursor = cursors.get(leaf)
             if cursor is None:
-                cursor = cursors[leaf] = [self.candidate_list(leaf, budget), 0]
-            ids, at = cursor
-            if at == len(ids):  # an empty snapshot (not expected: a picked leaf has a job)
-                fair.exhaust(leaf)
-                continue
+                cursor = cursors[leaf] = [self.candidates(leaf, budget), 0]
+            ids, at = cursor  # never spent: a leaf is exhausted at its last candidate
             job_id = ids[at]
             cursor[1] = at + 1
             # the leaf's last candidate: nothing more of it in this pass, said now
@@ -415,7 +412,7 @@ class Scheduling:
             if job is None or job.state != JobState.QUEUED or job_id in claims:
                 continue
             for gpus, per_node, estimate, fixed in self.fit_shapes(job):
-                if self.shape_may_fit(job, gpus, per_node, estimate, fixed, memo):
+                if self.memo_search(job, gpus, per_node, estimate, fixed, memo):
                     return False
         for cls in classes.values():
             # one job stands for the class: any but a further holder (whose own
@@ -427,11 +424,11 @@ class Scheduling:
             if job is None:
                 return False  # not expected: a queued job is in the table
             for (gpus, per_node, _, fixed), shortest in zip(self.fit_shapes(job), cls.estimates):
-                if self.shape_may_fit(job, gpus, per_node, shortest.min(), fixed, memo):
+                if self.memo_search(job, gpus, per_node, shortest.min(), fixed, memo):
                     return False
         return True
 
-    def shape_may_fit(
+    def memo_search(
         self: Cell,
         job: Job,
         gpus: int,
@@ -439,18 +436,20 @@ class Scheduling:
         estimate: float,
         fixed: tuple,
         memo: PassMemo,
-    ) -> bool:
-        """``try_start``'s search for one shape of ``job`` with ``estimate``
-        (guarantees left out), remembered in ``memo`` when it finds nothing."""
+    ) -> Placement | None:
+        """A walk's search for one shape of ``job`` (no claim or reservation of
+        its own in play) with ``estimate``: None at once when the pass already
+        searched its ``fit_key`` in vain, else the search, remembered in
+        ``memo`` when it finds nothing."""
         reserved = memo.reserved_for_others(self, job, estimate)
         key = self.fit_key(fixed, job.spec, reserved)
         if key in memo.no_fit:
-            return False
+            return None
         ok = self.node_filter(job, estimate, False, False, reserved)
-        if self.index.find(gpus, per_node, job.spec.model, ok) is not None:
-            return True
-        memo.no_fit[key] = None
-        return False
+        placement = self.index.find(gpus, per_node, job.spec.model, ok)
+        if placement is None:
+            memo.no_fit[key] = None
+        return placement
 
     def bound_key(self: Cell, job: Job) -> tuple[int, int, float, int, bool]:
         """What ``QueueBounds`` keeps of a queued job: its smallest per-node GPU
@@ -485,17 +484,12 @@ class Scheduling:
                 if tier_name not in tiers and org_name not in reserved:
                     continue
                 for leaf in list(org_flow.active.values()):
-                    head = next(self.candidates(leaf, 1), None)
+                    head = next(iter(self.candidates(leaf, 1)), None)
                     if head is not None and head in self.jobs:
                         self.maybe_preempt(self.jobs[head])
 
     @staticmethod
-    def candidates(leaf: Flow, limit: int) -> Iterator[str]:
-        """An iterator over ``candidate_list``."""
-        return iter(Scheduling.candidate_list(leaf, limit))
-
-    @staticmethod
-    def candidate_list(leaf: Flow, limit: int) -> list[str]:
+    def candidates(leaf: Flow, limit: int) -> list[str]:
         """A snapshot of a backlogged leaf's first jobs (requeued first): the
         pass may place or drop jobs while it walks them. At least one, even when
         the pass's budget is spent (``limit`` <= 0): the walk still tries the job
@@ -556,19 +550,13 @@ class Scheduling:
                 continue
             if not spec.preemptible and not self.guarantees_allow(job, gpus):
                 continue
-            key: tuple | None = None
-            reserved: tuple[str, ...] | None = None
             if memo is not None:
-                reserved = memo.reserved_for_others(self, job, estimate)
-                key = self.fit_key(fixed, spec, reserved)
-                if key in memo.no_fit:
-                    continue
-            ok = self.node_filter(job, estimate, holder, claim_only, reserved)
-            placement = self.index.find(gpus, per_node, spec.model, ok)
+                placement = self.memo_search(job, gpus, per_node, estimate, fixed, memo)
+            else:
+                ok = self.node_filter(job, estimate, holder, claim_only)
+                placement = self.index.find(gpus, per_node, spec.model, ok)
             if placement is not None:
                 best = (placement, (gpus, per_node, estimate))
-            elif key is not None and memo is not None:
-                memo.no_fit[key] = None
         if best is None:
             return False
         return self.commit(job, best[0], best[1], why)
