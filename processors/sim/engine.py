@@ -443,6 +443,17 @@ class Simulation(Agents, JobEvents):
                     if k.startswith("rejected:")
                 },
                 "ignored_reports": int(counters.get("ignored_reports", 0)),
+                # the scheduling walks: candidates tested, and the classes' proofs
+                # that stopped a walk (held) or let it go on (scheduling.py)
+                "walks": {
+                    name: int(self.cell.counters.get(key, 0))
+                    for name, key in (
+                        ("walks", "walks"),
+                        ("candidates_tested", "walk_tests"),
+                        ("proofs_held", "walk_proofs_held"),
+                        ("proofs_failed", "walk_proofs_failed"),
+                    )
+                },
                 "invariant_violations": rec.violations,
                 "violations_by_kind": dict(sorted(rec.violations_by_kind.items())),
                 "violation_examples": rec.examples,

@@ -101,6 +101,8 @@ def test_indexed_core_decides_like_the_scans(monkeypatch, jobs, nodes, load, bas
     assert deepest > 60 and assigned > jobs // 2
     if proofs:  # walks stopped on the classes' proof, and decided as the whole walks
         assert held.count(True) > 10 and held.count(False) > 10, held.count(True)
+        assert summary["walks"]["proofs_held"] > 10  # as the simulator reports them
+    assert summary["walks"]["candidates_tested"] > summary["walks"]["walks"] > 0
     assert len({j.tenant for j in fast.jobs.values()} | set(fast.org_use)) > 50
 
 
@@ -503,11 +505,13 @@ def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypat
         assert cell.reservation_job == "gang" and cell.index.free_total == 8
         if not proof:
             monkeypatch.setattr(cell, "every_class_blocked", lambda memo: False)
+        proven = cell.counters.get("walk_proofs_held", 0)  # the admissions' passes too
         out, tried = _tick_counting_tests(monkeypatch, cell)
         outputs.append(out)
         assert not cell.nothing_fits(True)  # the bounds alone do not stop this walk
         if proof:
             assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3, len(tried)
+            assert cell.counters["walk_proofs_held"] == proven + 1
         else:
             assert len(tried) > 100  # the walk it replaces
     assert outputs[0] == outputs[1]
