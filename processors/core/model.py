@@ -37,6 +37,7 @@ class Job:
         "checkpoint_progress",
         "fit",
         "bounds",
+        "qclass",
     )
 
     def __init__(self, spec: JobSpec, tier: str, now_ms: int) -> None:
@@ -63,6 +64,8 @@ class Job:
         # its ``Scheduling.bound_key``, built on first use (spec and config
         # never change, so neither does it)
         self.bounds: tuple[int, int, float, int, bool] | None = None
+        # its class in ``QueueClasses`` (``Scheduling.class_of``), built on first use
+        self.qclass: tuple | None = None
 
     @property
     def job_id(self) -> str:

@@ -48,11 +48,15 @@ for placement, O(F) per shape tried:
   ``QueueClasses``, O(shapes * log q) per enqueue or dequeue), one search per
   class for its shortest estimate and one per further holder, shared with the
   walk's memo; at most ``CLASS_PROOF_LIMIT`` classes, so a proof costs
-  O(classes * (reservations + F)) at most once per quiet stretch. On a fleet
-  cell, ``framespool simulate --synthetic multitenant --jobs 10000 --nodes 125
-  --gpus-per-node 8 --production-cadences --max-sim-s 21600`` (summary.json
-  ``walks``), it held on 2,671 of 16,223 attempts; its walks test 1.15 M
-  candidates (1.40 M without it, counted by the same walks instrumented);
+  O(classes * (reservations + F)) at most once until the walk places or
+  reserves. A proof that fails still names the classes it found blocked, and
+  the walk's later candidates of those fail on a class lookup, O(1), with no
+  search (``PassMemo.class_blocked``). On a fleet cell, ``framespool simulate
+  --synthetic multitenant --jobs 10000 --nodes 125 --gpus-per-node 8
+  --production-cadences --max-sim-s 21600`` (summary.json ``walks``), the
+  proof held on 2,671 of 8,855 attempts; its walks test 1.15 M candidates
+  (1.40 M without the proof, counted by the same walks instrumented), 0.86 M
+  of them failed on a class lookup (``candidates_of_blocked_classes``);
 - the reservation walks running runs' ends from a list kept sorted as runs
   start and release (``reservation.py``), consuming only as many as it needs;
   the late runs' ends are kept in their projected order as time passes them
@@ -87,7 +91,7 @@ from . import lifecycle as lc
 from .fairshare import Flow
 from .model import Job, Node, Run
 from .placement import Placement
-from .queuebounds import QueueBounds, QueueClasses
+from .queuebounds import QueueBounds, QueueClasses, ShapeClass
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -108,19 +112,50 @@ class PassMemo:
     through ``end > shadow``, and nothing else changes the answer while the
     reservations and the clock stay as they are, so the walk calls
     ``reservations_changed`` whenever it places or reserves. A hit costs
-    O(log reservations) where the computation looks up every holder's tier."""
+    O(log reservations) where the computation looks up every holder's tier.
 
-    __slots__ = ("no_fit", "reserved", "shadows", "more")
+    ``blocked``: after a proof (``every_class_blocked``), whether each class
+    of queued job (``QueueClasses``) the walk met since is unable to start,
+    valid while the reservations, ``index.freed`` and the claims stay as they
+    were then (``blocked_at``): a candidate of such a class fails without a
+    search (``class_blocked``)."""
+
+    __slots__ = ("no_fit", "reserved", "shadows", "more", "blocked", "blocked_at")
 
     def __init__(self, more: dict[str, tuple[int, tuple[str, ...]]]) -> None:
         self.no_fit: dict[tuple, None] = {}
         self.reserved: dict[tuple, tuple[str, ...]] = {}
         self.shadows: list[int] | None = None
         self.more = more  # the cell's further reservations (the dict, kept as it changes)
+        self.blocked: dict[tuple, bool] | None = None  # None: no proof since the last change
+        self.blocked_at: tuple[int, int] = (0, 0)
 
     def reservations_changed(self) -> None:
         self.reserved.clear()
         self.shadows = None
+        self.blocked = None
+
+    def class_blocked(self, cell: Cell, job: Job) -> bool:
+        """Whether ``job``'s class cannot start, known since the walk's last
+        proof: the search for the class's shortest estimate finds no nodes
+        (``Scheduling.class_may_start``, made once per class and remembered),
+        and the job's own estimate is no shorter, so as many nodes or more are
+        reserved against it; within a pass capacity only shrinks. False before
+        a proof, after the walk placed or reserved (``reservations_changed``),
+        and for a further holder, whose own reservation's nodes are not
+        reserved against it. O(shapes), plus the class's search the first time."""
+        blocked = self.blocked
+        if blocked is None or job.job_id in self.more:
+            return False
+        if self.blocked_at != (cell.index.freed, len(cell.claims)):
+            self.blocked = None
+            return False
+        key = cell.class_of(job)
+        known = blocked.get(key)
+        if known is None:
+            cls = cell.queue_classes().classes.get(key)
+            known = blocked[key] = cls is not None and not cell.class_may_start(cls, self)
+        return known
 
     def reserved_for_others(self, cell: Cell, job: Job, estimate_s: float) -> tuple[str, ...]:
         more = self.more
@@ -235,13 +270,13 @@ class Scheduling:
         after_block = 0
         recheck = True  # whether nothing_fits() may have changed its answer
         quiet = 0  # candidates in a row that failed on searches already made
-        tested = 0
+        tested = known = 0  # candidates, and those a known blocked class failed
         while index.free_total > 0:
             if recheck:
                 recheck = False
                 if self.nothing_fits(full):
                     break  # the rest of the walk could change nothing (queuebounds.py)
-            if quiet == QUIET_BEFORE_PROOF and self.walk_may_stop(full):
+            if quiet == QUIET_BEFORE_PROOF and memo.blocked is None and self.walk_may_stop(full):
                 held = self.every_class_blocked(memo)
                 self._count("walk_proofs_held" if held else "walk_proofs_failed")
                 if held:
@@ -271,7 +306,14 @@ class Scheduling:
             why = "backfill" if self.reservation_job else "fair-share order"
             tested += 1
             searched = len(memo.no_fit)
-            if not self.try_start(job, why, memo=memo):
+            # a class the last proof found blocked fails as try_start would,
+            # without its searches (``PassMemo.class_blocked``)
+            if memo.class_blocked(self, job):
+                known += 1
+                started = False
+            else:
+                started = self.try_start(job, why, memo=memo)
+            if not started:
                 offset(leaf, job.cost)
                 quiet = quiet + 1 if len(memo.no_fit) == searched else 0
                 if full:
@@ -298,6 +340,7 @@ class Scheduling:
         counters = self.counters  # what ``framespool simulate`` reports as ``walks``
         counters["walks"] = counters.get("walks", 0) + 1
         counters["walk_tests"] = counters.get("walk_tests", 0) + tested
+        counters["walk_class_skips"] = counters.get("walk_class_skips", 0) + known
         return sensitive
 
     def nothing_fits(self: Cell, full: bool) -> bool:
@@ -392,10 +435,21 @@ class Scheduling:
         return classes
 
     def class_key(self: Cell, job: Job) -> tuple[tuple, str, tuple[float, ...]]:
-        """``(class, job id, estimate per shape)`` for ``QueueClasses``: the class
-        is the tier and the ``fit_key`` part the spec fixes, per shape."""
+        """``(class, job id, estimate per shape)`` for ``QueueClasses``."""
         fit = self.fit_shapes(job)
-        return (job.tier, tuple(f[3] for f in fit)), job.job_id, tuple(f[2] for f in fit)
+        return self.class_of(job), job.job_id, tuple(f[2] for f in fit)
+
+    def class_of(self: Cell, job: Job) -> tuple:
+        """The job's class in ``QueueClasses``: its tier and, per shape, the
+        ``fit_key`` part the spec fixes. Fixed for the job's life, so built
+        once and kept on the job: O(1) after the first call, O(shapes) for it."""
+        try:
+            key = job.qclass
+        except AttributeError:  # a job from a snapshot taken before the cache
+            key = None
+        if key is None:
+            key = job.qclass = (job.tier, tuple(f[3] for f in self.fit_shapes(job)))
+        return key
 
     def every_class_blocked(self: Cell, memo: PassMemo) -> bool:
         """Whether no queued job that the walk would test can start on the GPUs
@@ -407,6 +461,15 @@ class Scheduling:
         holder may use its own reservation's nodes, so each is searched on its
         own. Every search is a ``fit_key`` the walk shares through ``memo``.
 
+        A proof that fails still leaves what it learned: from then on the
+        walk's candidates of a class it found blocked fail without a search
+        (``PassMemo.class_blocked``), and the classes it did not reach are
+        searched once each as the walk meets them, until it places or
+        reserves. Searching on past the first class that fits would name
+        more classes at once, but each costs a new O(F) search, most for
+        classes the walk never meets: +28 % instructions on the bench core
+        backlog stream, where proofs rarely hold.
+
         Only with no breaker (which bar nodes per model) and at most
         ``CLASS_PROOF_LIMIT`` classes. Cost: O(classes * shapes) memo lookups
         plus one search per key not yet in the memo, O(F) each."""
@@ -415,6 +478,8 @@ class Scheduling:
         classes = self.queue_classes().classes
         if len(classes) > CLASS_PROOF_LIMIT:
             return False
+        blocked = memo.blocked = {}
+        memo.blocked_at = (self.index.freed, len(self.claims))
         jobs, claims = self.jobs, self.claims
         for job_id in memo.more:
             job = jobs.get(job_id)
@@ -423,19 +488,28 @@ class Scheduling:
             for gpus, per_node, estimate, fixed in self.fit_shapes(job):
                 if self.memo_search(job, gpus, per_node, estimate, fixed, memo):
                     return False
-        for cls in classes.values():
-            # one job stands for the class: any but a further holder (whose own
-            # nodes are not reserved against it) or a claimant
-            stands = next((j for j in cls.jobs if j not in memo.more and j not in claims), None)
-            if stands is None:
-                continue  # holders (searched above) and claimants only
-            job = jobs.get(stands)
-            if job is None:
-                return False  # not expected: a queued job is in the table
-            for (gpus, per_node, _, fixed), shortest in zip(self.fit_shapes(job), cls.estimates):
-                if self.memo_search(job, gpus, per_node, shortest.min(), fixed, memo):
-                    return False
+        for key, cls in classes.items():
+            blocked[key] = not self.class_may_start(cls, memo)
+            if not blocked[key]:
+                return False
         return True
+
+    def class_may_start(self: Cell, cls: ShapeClass, memo: PassMemo) -> bool:
+        """Whether the search for the class's shortest estimate per shape finds
+        nodes (``every_class_blocked``). A further holder or a claimant does not
+        stand for its class (the walk tests the one on its own nodes and skips
+        the other): a class of only those is not searched (False)."""
+        claims = self.claims
+        stands = next((j for j in cls.jobs if j not in memo.more and j not in claims), None)
+        if stands is None:
+            return False
+        job = self.jobs.get(stands)
+        if job is None:
+            return True  # not expected: a queued job is in the table (not proven)
+        return any(
+            self.memo_search(job, gpus, per_node, shortest.min(), fixed, memo)
+            for (gpus, per_node, _, fixed), shortest in zip(self.fit_shapes(job), cls.estimates)
+        )
 
     def memo_search(
         self: Cell,

@@ -443,13 +443,15 @@ class Simulation(Agents, JobEvents):
                     if k.startswith("rejected:")
                 },
                 "ignored_reports": int(counters.get("ignored_reports", 0)),
-                # the scheduling walks: candidates tested, and the classes' proofs
+                # the scheduling walks: candidates tested (those of a class a
+                # proof found blocked without a search), and the classes' proofs
                 # that stopped a walk (held) or let it go on (scheduling.py)
                 "walks": {
                     name: int(self.cell.counters.get(key, 0))
                     for name, key in (
                         ("walks", "walks"),
                         ("candidates_tested", "walk_tests"),
+                        ("candidates_of_blocked_classes", "walk_class_skips"),
                         ("proofs_held", "walk_proofs_held"),
                         ("proofs_failed", "walk_proofs_failed"),
                     )

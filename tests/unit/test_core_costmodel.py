@@ -33,7 +33,7 @@ from framespool.processors.sim.engine import SimOptions, Simulation
 from framespool.processors.sim.policies import POLICIES
 from framespool.processors.sim.workload import synthetic
 from framespool.schemas import events as ev
-from framespool.schemas.states import NodeState
+from framespool.schemas.states import JobState, NodeState
 from tests.unit.core_harness import Harness
 from tests.unit.core_oracle import NaiveCell, NaiveFairTree, naive_queue_depths, naive_releases
 
@@ -102,6 +102,8 @@ def test_indexed_core_decides_like_the_scans(monkeypatch, jobs, nodes, load, bas
     if proofs:  # walks stopped on the classes' proof, and decided as the whole walks
         assert held.count(True) > 10 and held.count(False) > 10, held.count(True)
         assert summary["walks"]["proofs_held"] > 10  # as the simulator reports them
+        # and candidates failed on a class a failed proof had found blocked
+        assert summary["walks"]["candidates_of_blocked_classes"] > 10
     assert summary["walks"]["candidates_tested"] > summary["walks"]["walks"] > 0
     assert len({j.tenant for j in fast.jobs.values()} | set(fast.org_use)) > 50
 
@@ -517,6 +519,64 @@ def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypat
     assert outputs[0] == outputs[1]
 
 
+def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch) -> None:
+    # As above, plus one job that does fit: a short 8-GPU job of tenant x, whose
+    # running jobs put it last in the fair order, behind 300 candidates of the
+    # two blocked classes; the walk spends its 256 tests before reaching it. So
+    # the proof fails, but it found both other classes blocked, and the walk
+    # tests their candidates without searching (``PassMemo.class_blocked``),
+    # deciding as the walk that searches each one.
+    from framespool.processors.core import scheduling
+
+    def build() -> Cell:
+        cell = _cell_of_nodes(3, backfill_depth=256, reservations=1)
+        for n in range(2):
+            spec = ev.JobSpec(
+                job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
+            )
+            cell.apply(ev.JobAdmitted(event_id=f"s{n}", ts_ms=1000, spec=spec))
+        spec = ev.JobSpec(
+            job_id="gang", tenant="g", tier="paid", gpus=24, gpus_per_node=8, estimate_s=60
+        )
+        cell.apply(ev.JobAdmitted(event_id="g", ts_ms=1000, spec=spec))
+        cell.apply(ev.Tick(event_id="t0b", ts_ms=1500, cell="c", now_ms=1500))  # it reserves
+        for i in range(300):
+            long_one = i % 2 == 0
+            spec = ev.JobSpec(
+                job_id=f"q{i}",
+                tenant=f"t{i}",
+                tier="paid",
+                gpus=8 if long_one else 16,
+                gpus_per_node=8,
+                estimate_s=2e4 if long_one else 60,
+            )
+            cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=1000, spec=spec))
+        spec = ev.JobSpec(  # a class of its own (cpus), ends before the shadow time
+            job_id="fits", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=60, cpus=1
+        )
+        cell.apply(ev.JobAdmitted(event_id="f", ts_ms=1000, spec=spec))
+        return cell
+
+    outputs = []
+    for skip in (True, False):
+        cell = build()
+        assert cell.reservation_job == "gang" and cell.index.free_total == 8
+        if not skip:
+            monkeypatch.setattr(scheduling.PassMemo, "class_blocked", lambda m, c, j: False)
+        failed = cell.counters.get("walk_proofs_failed", 0)
+        tests = cell.counters.get("walk_tests", 0)
+        out, tried = _tick_counting_tests(monkeypatch, cell)
+        outputs.append(out)
+        assert cell.jobs["fits"].state == JobState.QUEUED  # never reached: the walk is idle
+        assert cell.counters["walk_tests"] - tests == 256  # the whole budget, either way
+        if skip:
+            assert cell.counters["walk_proofs_failed"] == failed + 1
+            assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3, len(tried)
+        else:
+            assert len(tried) == 257  # the holder, then each candidate searched (or in the memo)
+    assert outputs[0] == outputs[1]
+
+
 def test_the_classes_proof_searches_a_further_holder_on_its_own_nodes(monkeypatch) -> None:
     # F holds a further reservation on the 4-GPU node n2, free again once M
     # ends. The queued 4-GPU jobs of F's class may not use n2 (they run past its
@@ -552,6 +612,49 @@ def test_the_classes_proof_searches_a_further_holder_on_its_own_nodes(monkeypatc
     with_proof, held = run(True)
     assert False in held  # F could start: the proof did not hold
     assert with_proof == run(False)[0]
+
+
+def test_a_class_found_blocked_is_searched_again_once_a_further_holder_starts(
+    monkeypatch,
+) -> None:
+    # F holds a further reservation on the 4-GPU node n2, free once M ends; the
+    # queued 2-GPU jobs run past its shadow time, so the proof finds their
+    # class blocked (F itself fits: the proof fails). The walk reaches F after
+    # nine of them and starts it on half of n2: its reservation is gone, and
+    # the next 2-GPU job fits the other half. The blocked classes are
+    # forgotten as the walk places (``PassMemo.reservations_changed``).
+    from framespool.processors.core import scheduling
+
+    def run(skip: bool) -> list:
+        if not skip:
+            monkeypatch.setattr(scheduling.PassMemo, "class_blocked", lambda m, c, j: False)
+        config = CellConfig(status_interval_s=0, estimate_interval_s=0, reservations=2)
+        h = Harness(config=config, nodes=2)
+        h.register("n2", gpus=4, rail="rail-1")
+        h.register("n3", gpus=1, rail="rail-1")  # free, too small for all: passes run
+        for job_id in ("L0", "L1"):
+            h.submit(job_id, tenant="x", gpus=8, estimate_s=1e4, tier="paid")
+        h.submit("M", tenant="f", gpus=4, per_node=4, estimate_s=100, tier="paid")
+        h.start_all()
+        h.submit("G", tenant="g", gpus=16, per_node=8, estimate_s=60, tier="paid")
+        h.submit("F", tenant="f", gpus=2, per_node=2, estimate_s=50, tier="paid")
+        h.tick(1)
+        assert h.cell.reservation_job == "G" and list(h.cell.more_reservations()) == ["F"]
+        for i in range(20):
+            for k in range(2):
+                h.submit(
+                    f"Q{i}.{k}", tenant=f"q{i}", gpus=2, per_node=2, estimate_s=1e5, tier="paid"
+                )
+        h.complete(("M", 1))
+        failed = h.cell.counters.get("walk_proofs_failed", 0)
+        h.tick(1)
+        started = [s.spec.job_id for s in h.assigned()]
+        assert started[-2:] == ["F", "Q0.1"]
+        if skip:
+            assert h.cell.counters["walk_proofs_failed"] > failed  # the blocked class was known
+        return h.log
+
+    assert run(True) == run(False)
 
 
 def test_a_skipped_walk_wakes_when_a_reservation_gains_slack(monkeypatch) -> None:
