@@ -466,44 +466,46 @@ def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
     assert outputs[0] == outputs[1]
 
 
+def _two_blocked_classes_cell() -> Cell:
+    """Two nodes run tenant x's long jobs, the third is free but reserved for a
+    3-node gang until they end; queued, one per tenant, alternately: 8-GPU jobs
+    that would run past that shadow time (the reserved node is barred to them)
+    and 2-node jobs short enough to use it (but one node is too few)."""
+    cell = _cell_of_nodes(3, backfill_depth=256, reservations=1)
+    for n in range(2):
+        spec = ev.JobSpec(
+            job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
+        )
+        cell.apply(ev.JobAdmitted(event_id=f"s{n}", ts_ms=1000, spec=spec))
+    spec = ev.JobSpec(
+        job_id="gang", tenant="g", tier="paid", gpus=24, gpus_per_node=8, estimate_s=60
+    )
+    cell.apply(ev.JobAdmitted(event_id="g", ts_ms=1000, spec=spec))
+    cell.apply(ev.Tick(event_id="t0b", ts_ms=1500, cell="c", now_ms=1500))  # it reserves
+    for i in range(300):
+        long_one = i % 2 == 0
+        spec = ev.JobSpec(
+            job_id=f"q{i}",
+            tenant=f"t{i}",
+            tier="paid",
+            gpus=8 if long_one else 16,
+            gpus_per_node=8,
+            estimate_s=2e4 if long_one else 60,
+        )
+        cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=1000, spec=spec))
+    return cell
+
+
 def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypatch) -> None:
-    # Two nodes run long jobs, the third is free but reserved for a 3-node gang
-    # until they end. Queued: 8-GPU jobs that would run past that shadow time
-    # (the reserved node is barred to them) and 2-node jobs short enough to use
-    # it (but one node is too few). Per smallest need the bounds mix the 8-GPU
+    # (``_two_blocked_classes_cell``) Per smallest need the bounds mix the 8-GPU
     # jobs' one node with the 2-node jobs' short estimate and cannot prove that
     # nothing fits; one search per class can. The walk stops after
     # QUIET_BEFORE_PROOF candidates and decides as the whole walk does.
     from framespool.processors.core import scheduling
 
-    def build() -> Cell:
-        cell = _cell_of_nodes(3, backfill_depth=256, reservations=1)
-        for n in range(2):
-            spec = ev.JobSpec(
-                job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
-            )
-            cell.apply(ev.JobAdmitted(event_id=f"s{n}", ts_ms=1000, spec=spec))
-        spec = ev.JobSpec(
-            job_id="gang", tenant="g", tier="paid", gpus=24, gpus_per_node=8, estimate_s=60
-        )
-        cell.apply(ev.JobAdmitted(event_id="g", ts_ms=1000, spec=spec))
-        cell.apply(ev.Tick(event_id="t0b", ts_ms=1500, cell="c", now_ms=1500))  # it reserves
-        for i in range(300):
-            long_one = i % 2 == 0
-            spec = ev.JobSpec(
-                job_id=f"q{i}",
-                tenant=f"t{i}",
-                tier="paid",
-                gpus=8 if long_one else 16,
-                gpus_per_node=8,
-                estimate_s=2e4 if long_one else 60,
-            )
-            cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=1000, spec=spec))
-        return cell
-
     outputs = []
     for proof in (True, False):
-        cell = build()
+        cell = _two_blocked_classes_cell()
         assert cell.reservation_job == "gang" and cell.index.free_total == 8
         if not proof:
             monkeypatch.setattr(cell, "every_class_blocked", lambda memo: False)
@@ -529,28 +531,7 @@ def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch
     from framespool.processors.core import scheduling
 
     def build() -> Cell:
-        cell = _cell_of_nodes(3, backfill_depth=256, reservations=1)
-        for n in range(2):
-            spec = ev.JobSpec(
-                job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
-            )
-            cell.apply(ev.JobAdmitted(event_id=f"s{n}", ts_ms=1000, spec=spec))
-        spec = ev.JobSpec(
-            job_id="gang", tenant="g", tier="paid", gpus=24, gpus_per_node=8, estimate_s=60
-        )
-        cell.apply(ev.JobAdmitted(event_id="g", ts_ms=1000, spec=spec))
-        cell.apply(ev.Tick(event_id="t0b", ts_ms=1500, cell="c", now_ms=1500))  # it reserves
-        for i in range(300):
-            long_one = i % 2 == 0
-            spec = ev.JobSpec(
-                job_id=f"q{i}",
-                tenant=f"t{i}",
-                tier="paid",
-                gpus=8 if long_one else 16,
-                gpus_per_node=8,
-                estimate_s=2e4 if long_one else 60,
-            )
-            cell.apply(ev.JobAdmitted(event_id=f"a{i}", ts_ms=1000, spec=spec))
+        cell = _two_blocked_classes_cell()
         spec = ev.JobSpec(  # a class of its own (cpus), ends before the shadow time
             job_id="fits", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=60, cpus=1
         )
@@ -577,6 +558,25 @@ def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch
     assert outputs[0] == outputs[1]
 
 
+def _further_holder_on_n2(f_gpus: int) -> Harness:
+    """Tenant x's long jobs fill the two 8-GPU nodes, M the 4-GPU node n2 for
+    100 s; the gang G holds the first reservation, and F (``f_gpus``, 50 s) a
+    further one on n2, free once M ends. n3's one free GPU fits nobody."""
+    config = CellConfig(status_interval_s=0, estimate_interval_s=0, reservations=2)
+    h = Harness(config=config, nodes=2)
+    h.register("n2", gpus=4, rail="rail-1")
+    h.register("n3", gpus=1, rail="rail-1")  # free, too small for all: passes run
+    for job_id in ("L0", "L1"):
+        h.submit(job_id, tenant="x", gpus=8, estimate_s=1e4, tier="paid")
+    h.submit("M", tenant="f", gpus=4, per_node=4, estimate_s=100, tier="paid")
+    h.start_all()
+    h.submit("G", tenant="g", gpus=16, per_node=8, estimate_s=60, tier="paid")
+    h.submit("F", tenant="f", gpus=f_gpus, per_node=f_gpus, estimate_s=50, tier="paid")
+    h.tick(1)
+    assert h.cell.reservation_job == "G" and list(h.cell.more_reservations()) == ["F"]
+    return h
+
+
 def test_the_classes_proof_searches_a_further_holder_on_its_own_nodes(monkeypatch) -> None:
     # F holds a further reservation on the 4-GPU node n2, free again once M
     # ends. The queued 4-GPU jobs of F's class may not use n2 (they run past its
@@ -590,18 +590,7 @@ def test_the_classes_proof_searches_a_further_holder_on_its_own_nodes(monkeypatc
             "every_class_blocked",
             (lambda c, m: held.append(prove(c, m)) or held[-1]) if proof else (lambda c, m: False),
         )
-        config = CellConfig(status_interval_s=0, estimate_interval_s=0, reservations=2)
-        h = Harness(config=config, nodes=2)
-        h.register("n2", gpus=4, rail="rail-1")
-        h.register("n3", gpus=1, rail="rail-1")  # free, too small for all: passes run
-        for job_id, node_gpus in (("L0", 8), ("L1", 8)):
-            h.submit(job_id, tenant="x", gpus=node_gpus, estimate_s=1e4, tier="paid")
-        h.submit("M", tenant="f", gpus=4, per_node=4, estimate_s=100, tier="paid")
-        h.start_all()
-        h.submit("G", tenant="g", gpus=16, per_node=8, estimate_s=60, tier="paid")
-        h.submit("F", tenant="f", gpus=4, per_node=4, estimate_s=50, tier="paid")
-        h.tick(1)
-        assert h.cell.reservation_job == "G" and list(h.cell.more_reservations()) == ["F"]
+        h = _further_holder_on_n2(4)
         for i in range(20):
             h.submit(f"Q{i}", tenant=f"q{i}", gpus=4, per_node=4, estimate_s=1e5, tier="paid")
         h.complete(("M", 1))
@@ -628,18 +617,7 @@ def test_a_class_found_blocked_is_searched_again_once_a_further_holder_starts(
     def run(skip: bool) -> list:
         if not skip:
             monkeypatch.setattr(scheduling.PassMemo, "class_blocked", lambda m, c, j: False)
-        config = CellConfig(status_interval_s=0, estimate_interval_s=0, reservations=2)
-        h = Harness(config=config, nodes=2)
-        h.register("n2", gpus=4, rail="rail-1")
-        h.register("n3", gpus=1, rail="rail-1")  # free, too small for all: passes run
-        for job_id in ("L0", "L1"):
-            h.submit(job_id, tenant="x", gpus=8, estimate_s=1e4, tier="paid")
-        h.submit("M", tenant="f", gpus=4, per_node=4, estimate_s=100, tier="paid")
-        h.start_all()
-        h.submit("G", tenant="g", gpus=16, per_node=8, estimate_s=60, tier="paid")
-        h.submit("F", tenant="f", gpus=2, per_node=2, estimate_s=50, tier="paid")
-        h.tick(1)
-        assert h.cell.reservation_job == "G" and list(h.cell.more_reservations()) == ["F"]
+        h = _further_holder_on_n2(2)
         for i in range(20):
             for k in range(2):
                 h.submit(
