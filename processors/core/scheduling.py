@@ -116,11 +116,12 @@ class PassMemo:
 
     ``blocked``: after a proof (``every_class_blocked``), whether each class
     of queued job (``QueueClasses``) the walk met since is unable to start,
-    valid while the reservations, ``index.freed`` and the claims stay as they
-    were then (``blocked_at``): a candidate of such a class fails without a
-    search (``class_blocked``)."""
+    until the walk places or reserves: a candidate of such a class fails
+    without a search (``class_blocked``). Nothing else in a walk gives GPUs
+    back or claims nodes once a proof ran: it runs only while no queued job
+    may preempt (``walk_may_stop``), so ``maybe_preempt`` acts for none."""
 
-    __slots__ = ("no_fit", "reserved", "shadows", "more", "blocked", "blocked_at")
+    __slots__ = ("no_fit", "reserved", "shadows", "more", "blocked")
 
     def __init__(self, more: dict[str, tuple[int, tuple[str, ...]]]) -> None:
         self.no_fit: dict[tuple, None] = {}
@@ -128,7 +129,6 @@ class PassMemo:
         self.shadows: list[int] | None = None
         self.more = more  # the cell's further reservations (the dict, kept as it changes)
         self.blocked: dict[tuple, bool] | None = None  # None: no proof since the last change
-        self.blocked_at: tuple[int, int] = (0, 0)
 
     def reservations_changed(self) -> None:
         self.reserved.clear()
@@ -143,12 +143,9 @@ class PassMemo:
         reserved against it; within a pass capacity only shrinks. False before
         a proof, after the walk placed or reserved (``reservations_changed``),
         and for a further holder, whose own reservation's nodes are not
-        reserved against it. O(shapes), plus the class's search the first time."""
+        reserved against it. O(1), plus the class's search the first time."""
         blocked = self.blocked
         if blocked is None or job.job_id in self.more:
-            return False
-        if self.blocked_at != (cell.index.freed, len(cell.claims)):
-            self.blocked = None
             return False
         key = cell.class_of(job)
         known = blocked.get(key)
@@ -468,7 +465,8 @@ class Scheduling:
         reserves. Searching on past the first class that fits would name
         more classes at once, but each costs a new O(F) search, most for
         classes the walk never meets: +28 % instructions on the bench core
-        backlog stream, where proofs rarely hold.
+        backlog stream, where proofs rarely hold (cachegrind, 20,000 events,
+        the recipe in ``docs/measuring.md``).
 
         Only with no breaker (which bar nodes per model) and at most
         ``CLASS_PROOF_LIMIT`` classes. Cost: O(classes * shapes) memo lookups
@@ -479,7 +477,6 @@ class Scheduling:
         if len(classes) > CLASS_PROOF_LIMIT:
             return False
         blocked = memo.blocked = {}
-        memo.blocked_at = (self.index.freed, len(self.claims))
         jobs, claims = self.jobs, self.claims
         for job_id in memo.more:
             job = jobs.get(job_id)
