@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare
+from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare, scheduling
 from framespool.processors.core.fairshare import FairTree
 from framespool.processors.core.model import Node
 from framespool.processors.core.placement import NodeIndex
@@ -501,8 +501,6 @@ def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypat
     # jobs' one node with the 2-node jobs' short estimate and cannot prove that
     # nothing fits; one search per class can. The walk stops after
     # QUIET_BEFORE_PROOF candidates and decides as the whole walk does.
-    from framespool.processors.core import scheduling
-
     outputs = []
     for proof in (True, False):
         cell = _two_blocked_classes_cell()
@@ -528,8 +526,6 @@ def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch
     # the proof fails, but it found both other classes blocked, and the walk
     # tests their candidates without searching (``PassMemo.class_blocked``),
     # deciding as the walk that searches each one.
-    from framespool.processors.core import scheduling
-
     def build() -> Cell:
         cell = _two_blocked_classes_cell()
         spec = ev.JobSpec(  # a class of its own (cpus), ends before the shadow time
@@ -612,8 +608,6 @@ def test_a_class_found_blocked_is_searched_again_once_a_further_holder_starts(
     # nine of them and starts it on half of n2: its reservation is gone, and
     # the next 2-GPU job fits the other half. The blocked classes are
     # forgotten as the walk places (``PassMemo.reservations_changed``).
-    from framespool.processors.core import scheduling
-
     def run(skip: bool) -> list:
         if not skip:
             monkeypatch.setattr(scheduling.PassMemo, "class_blocked", lambda m, c, j: False)
