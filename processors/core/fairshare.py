@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
 from typing import cast
 
@@ -310,6 +310,59 @@ class FairTree:
                 continue
             flow = best
         return flow if flow is not self.root else None
+
+    def upcoming(
+        self,
+        remaining: Callable[[Flow, int], Sequence[str]],
+        cost: Callable[[str], float],
+        limit: int,
+    ) -> list[tuple[float, str, Flow]]:
+        """The candidates, as ``(cost, job id, leaf)``, that ``pick`` would lead
+        to next, at most ``limit`` (fewer when every flow runs out first), if
+        the walk charged each one's ``cost`` to the pass (``offset``) and
+        exhausted each leaf at the last of ``remaining(leaf, n)`` (its first
+        ``n`` candidates not yet taken in this pass). Nothing changes.
+
+        Each flow's picks, restricted to its subtree, depend only on its
+        children's keys, so a flow's order is the merge of its children's by
+        the key each child has at its pick, ``(usage + offset + costs of its
+        earlier picks) / weight`` (ties by activation order), computed with
+        the very float operations ``offset`` and ``pick`` use. Cost: O(q *
+        depth * log q) for the q candidates the leaves offer (``limit`` at most
+        each), plus O(1) per backlogged flow not exhausted; no heap is
+        touched."""
+        return self._upcoming(self.root, remaining, cost, limit)
+
+    def _upcoming(
+        self,
+        flow: Flow,
+        remaining: Callable[[Flow, int], Sequence[str]],
+        cost: Callable[[str], float],
+        limit: int,
+    ) -> list[tuple[float, str, Flow]]:
+        """``upcoming`` within ``flow`` (not a leaf). A flow with one child left
+        has that child's order."""
+        exhausted = self.exhausted
+        orders = []
+        for child in flow.active.values():
+            if child in exhausted:
+                continue
+            if child.children:
+                items = self._upcoming(child, remaining, cost, limit)
+            else:
+                items = [(cost(job_id), job_id, child) for job_id in remaining(child, limit)]
+            if items:
+                orders.append((child, items))
+        if len(orders) == 1:
+            return orders[0][1][:limit]
+        merged: list[tuple[float, int, int, tuple[float, str, Flow]]] = []
+        for child, items in orders:
+            usage, weight, offset, seq = child.usage, child.weight, child.offset, child.seq
+            for i, item in enumerate(items):
+                merged.append(((usage + offset) / weight, seq, i, item))
+                offset = offset + item[0]  # as ``offset`` adds it
+        merged.sort()
+        return [entry[3] for entry in merged[:limit]]
 
     def offset(self, leaf: Flow, gpu_seconds: float) -> None:
         """Charge a job that could not be placed to the pass only.

@@ -466,19 +466,20 @@ def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
     assert outputs[0] == outputs[1]
 
 
-def _two_blocked_classes_cell() -> Cell:
+def _two_blocked_classes_cell(depth: int = 256, gang_tenant: str = "g") -> Cell:
     """Two nodes run tenant x's long jobs, the third is free but reserved for a
     3-node gang until they end; queued, one per tenant, alternately: 8-GPU jobs
     that would run past that shadow time (the reserved node is barred to them)
-    and 2-node jobs short enough to use it (but one node is too few)."""
-    cell = _cell_of_nodes(3, backfill_depth=256, reservations=1)
+    and 2-node jobs short enough to use it (but one node is too few). A walk
+    tests ``depth`` candidates at most; the gang is ``gang_tenant``'s."""
+    cell = _cell_of_nodes(3, backfill_depth=depth, reservations=1)
     for n in range(2):
         spec = ev.JobSpec(
             job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
         )
         cell.apply(ev.JobAdmitted(event_id=f"s{n}", ts_ms=1000, spec=spec))
     spec = ev.JobSpec(
-        job_id="gang", tenant="g", tier="paid", gpus=24, gpus_per_node=8, estimate_s=60
+        job_id="gang", tenant=gang_tenant, tier="paid", gpus=24, gpus_per_node=8, estimate_s=60
     )
     cell.apply(ev.JobAdmitted(event_id="g", ts_ms=1000, spec=spec))
     cell.apply(ev.Tick(event_id="t0b", ts_ms=1500, cell="c", now_ms=1500))  # it reserves
@@ -552,6 +553,50 @@ def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch
         else:
             assert len(tried) == 257  # the holder, then each candidate searched (or in the memo)
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("depth", [300, 301])
+def test_a_walk_read_ahead_stops_exactly_where_its_budget_ends(monkeypatch, depth) -> None:
+    # As above: the proof fails (the short 8-GPU job fits), and the candidates
+    # the walk would then fail on are read off the fair order and taken at once
+    # (``Scheduling.blocked_prefix``), not walked. The fitting job is the 301st
+    # candidate (the 300 of the blocked classes first; the holder, tenant x's
+    # too, is passed over uncounted just before it), so a walk of 300 tests
+    # ends just before it and one of 301 starts it: a read one candidate too
+    # short or too long decides otherwise than the walk, which the same cell
+    # walks with the read turned off.
+    def run(read: bool) -> tuple:
+        cell = _two_blocked_classes_cell(depth, gang_tenant="x")
+        spec = ev.JobSpec(
+            job_id="fits", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=60, cpus=1
+        )
+        cell.apply(ev.JobAdmitted(event_id="f", ts_ms=1000, spec=spec))
+        if not read:
+            monkeypatch.setattr(cell, "blocked_prefix", lambda *a: ([], 0))
+        taken: list[tuple[list, int]] = []
+        prefix = cell.blocked_prefix
+        monkeypatch.setattr(
+            cell, "blocked_prefix", lambda *a: taken.append(prefix(*a)) or taken[-1]
+        )
+        tests = cell.counters.get("walk_tests", 0)
+        skips = cell.counters.get("walk_class_skips", 0)
+        out, tried = _tick_counting_tests(monkeypatch, cell)
+        started = cell.jobs["fits"].state != JobState.QUEUED
+        assert started == (depth == 301)
+        if read:  # every candidate after the proof's, at once
+            assert len(taken) == 1
+            prefix_taken, counted = taken[0]
+            assert counted > depth - 2 * scheduling.QUIET_BEFORE_PROOF
+            assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3 + started, len(tried)
+            assert (prefix_taken[-1][1] == "gang") == started  # the holder, just before "fits"
+        return (
+            out,
+            cell.counters["walk_tests"] - tests,
+            cell.counters["walk_class_skips"] - skips,
+        )
+
+    runs = [run(True), run(False)]
+    assert runs[0] == runs[1]  # the same outputs and the same counts of tests
 
 
 def _further_holder_on_n2(f_gpus: int) -> Harness:
