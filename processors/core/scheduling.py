@@ -332,16 +332,25 @@ class Scheduling:
             if capped:
                 fair.exhaust(leaf if capped == "user" else cast(Flow, leaf.parent))
                 continue
-            why = "backfill" if self.reservation_job else "fair-share order"
             tested += 1
-            searched = len(memo.no_fit)
             # a class the last proof found blocked fails as try_start would,
-            # without its searches (``PassMemo.class_blocked``)
+            # without its searches (``PassMemo.class_blocked``), and nothing
+            # else follows: since the proof no candidate may reserve or preempt
+            # (``walk_may_stop``) and ``quiet`` is read again only after the
+            # walk places or reserves, which resets it
             if memo.class_blocked(self, job):
                 known += 1
-                started = False
-            else:
-                started = self.try_start(job, why, memo=memo)
+                offset(leaf, job.cost)
+                if last:
+                    fair.exhaust(leaf)
+                if self.reservation_job or not full:
+                    after_block += 1
+                    if after_block >= budget:
+                        break
+                continue
+            why = "backfill" if self.reservation_job else "fair-share order"
+            searched = len(memo.no_fit)
+            started = self.try_start(job, why, memo=memo)
             if not started:
                 offset(leaf, job.cost)
                 quiet = quiet + 1 if len(memo.no_fit) == searched else 0
