@@ -302,14 +302,14 @@ class Scheduling:
                     after_block += counted
                     if after_block >= budget:
                         break  # the walk would end on them: nothing to take
-                    for leaf, _, cost in taken:  # what the walk does with each
-                        cursor = cursors.get(leaf)
+                    for flow, _, cost in taken:  # what the walk does with each
+                        cursor = cursors.get(flow)
                         if cursor is None:
-                            cursor = cursors[leaf] = [self.candidates(leaf, budget), 0]
+                            cursor = cursors[flow] = [self.candidates(flow, budget), 0]
                         cursor[1] += 1
-                        offset(leaf, cost)
+                        offset(flow, cost)
                         if cursor[1] == len(cursor[0]):
-                            fair.exhaust(leaf)
+                            fair.exhaust(flow)
             leaf = pick()
             if leaf is None:
                 break
