@@ -333,6 +333,7 @@ class Scheduling:
                 fair.exhaust(leaf if capped == "user" else cast(Flow, leaf.parent))
                 continue
             tested += 1
+            searched = len(memo.no_fit)
             # a class the last proof found blocked fails as try_start would,
             # without its searches (``PassMemo.class_blocked``), and nothing
             # else follows: since the proof no candidate may reserve or preempt
@@ -341,17 +342,9 @@ class Scheduling:
             if memo.class_blocked(self, job):
                 known += 1
                 offset(leaf, job.cost)
-                if last:
-                    fair.exhaust(leaf)
-                if self.reservation_job or not full:
-                    after_block += 1
-                    if after_block >= budget:
-                        break
-                continue
-            why = "backfill" if self.reservation_job else "fair-share order"
-            searched = len(memo.no_fit)
-            started = self.try_start(job, why, memo=memo)
-            if not started:
+            elif not self.try_start(
+                job, "backfill" if self.reservation_job else "fair-share order", memo=memo
+            ):
                 offset(leaf, job.cost)
                 quiet = quiet + 1 if len(memo.no_fit) == searched else 0
                 if full:
