@@ -1,15 +1,14 @@
 """``FairTree.upcoming`` reads the rest of a pass in which every candidate fails
-(``Scheduling.blocked_rest``): it must name the very jobs, in the very order,
+(``Scheduling.blocked_prefix``): it must name the very jobs, in the very order,
 that ``pick`` and ``offset`` give one by one, from any point of a pass."""
 
 from __future__ import annotations
-
-from itertools import chain, islice
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from framespool.processors.core.fairshare import FairTree, Flow
+from framespool.processors.core.scheduling import Scheduling
 
 paths = st.tuples(
     st.sampled_from(["t1", "t2", "t3"]),
@@ -31,8 +30,7 @@ def walk(tree: FairTree, cursors: dict, budget: int, cost: dict[str, float], ste
             break
         cursor = cursors.get(leaf)
         if cursor is None:
-            ids = list(islice(chain(leaf.requeued, leaf.queue), budget))
-            cursor = cursors[leaf] = [ids, 0]
+            cursor = cursors[leaf] = [Scheduling.candidates(leaf, budget), 0]
         ids, at = cursor
         cursor[1] = at + 1
         taken.append((cost[ids[at]], ids[at], leaf))
@@ -76,7 +74,7 @@ def test_upcoming_is_what_pick_and_offset_give(jobs, usage, weights, budget, bef
     def remaining(leaf: Flow, n: int) -> list[str]:
         cursor = cursors.get(leaf)
         if cursor is None:
-            return list(islice(chain(leaf.requeued, leaf.queue), min(budget, n)))
+            return Scheduling.candidates(leaf, min(budget, n))
         ids, at = cursor
         return ids[at : at + n]
 
