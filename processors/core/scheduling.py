@@ -57,8 +57,8 @@ for placement, O(F) per shape tried:
   proof held on 2,671 of 8,855 attempts; its walks test 1.15 M candidates
   (1.40 M without the proof, counted by the same walks instrumented), 0.86 M
   of them failed on a class lookup (``candidates_of_blocked_classes``);
-- after a proof that failed, while the queue is no deeper than twice what
-  the walk may still test, the candidates it would fail on next are read off
+- after a proof that failed, while the queue is no deeper than ``READ_DEPTH``
+  times what the walk may still test, the candidates it would fail on next are read off
   the fair order at once (``FairTree.upcoming``: one sort per level, in C,
   O(q log q)) and taken together (``blocked_prefix``), where picking each
   cost O(depth * log n) in Python; the walk goes on from the first that may
@@ -112,7 +112,8 @@ CLASS_PROOF_LIMIT = 64
 # ``blocked_prefix`` reads the walk ahead only while the queue holds at most this
 # many times the candidates it may still test: the read sorts every queued job.
 # At 4 a fleet cell's hour 9 (~890 queued, a walk reaching ~200 of them) ran
-# 10-15 % slower than walking (the read sorted ~4 jobs per one it took)
+# 10-15 % slower than walking (process time of that window's replay,
+# docs/measuring.md, 3 runs each; the read sorted ~4 jobs per one it took)
 READ_DEPTH = 2
 
 
@@ -295,7 +296,7 @@ class Scheduling:
                     # read the walk ahead up to its first candidate that may
                     # start, and take the ones before it at once
                     taken, counted = self.blocked_prefix(
-                        memo, cursors, budget, budget - after_block, full
+                        memo, cursors, budget, budget - after_block
                     )
                     tested += counted
                     known += counted
@@ -526,7 +527,7 @@ class Scheduling:
         return True
 
     def blocked_prefix(
-        self: Cell, memo: PassMemo, cursors: dict[Flow, list], budget: int, left: int, full: bool
+        self: Cell, memo: PassMemo, cursors: dict[Flow, list], budget: int, left: int
     ) -> tuple[list[tuple[Flow, str, float]], int]:
         """After a proof that failed: the candidates the rest of the walk takes
         before the first that may start, as ``(leaf, job id, cost)`` in its
@@ -534,12 +535,13 @@ class Scheduling:
         more tests at most): each fails on a class the walk knows or finds
         blocked (``PassMemo.class_blocked``, searching a class met for the
         first time, as the walk would). Nothing where the queue is deeper than
-        twice what the walk may still test.
+        ``READ_DEPTH`` times what the walk may still test.
 
         Such a candidate changes nothing but the pass's charges: it is charged
         to the pass (``FairTree.offset``) and its leaf exhausted at its last,
         and it may not preempt or reserve (the proof runs only then,
-        ``walk_may_stop``). So the walk takes them at once, read off the fair
+        ``walk_may_stop``: a full walk holds the first reservation, so every
+        candidate counts against the budget). So the walk takes them at once, read off the fair
         order (``FairTree.upcoming``: the order of a pass in which every
         candidate fails) where it picked them one by one, then goes on from
         the first that may start, or stops on its budget. Holders of the first
@@ -550,9 +552,10 @@ class Scheduling:
 
         On a fleet cell (``framespool simulate --synthetic multitenant --jobs
         10000 --nodes 125 --gpus-per-node 8 --production-cadences``, 80,000
-        events of hour 3, ~300-430 queued), 380 k of the 533 k candidates the
-        walks tested came after a failed proof in 1,483 walks that then spent
-        their whole budget and placed nothing.
+        events of hour 3, ~300-430 queued, replayed with its walks
+        instrumented), 380 k of the 533 k candidates the walks tested came
+        after a failed proof in 1,483 walks that then spent their whole budget
+        and placed nothing.
 
         Cost: O(q * log q) for the q <= ``2 * (left + skipped)`` queued jobs
         (``FairTree.upcoming``, one sort per level, in C) plus O(1) per
@@ -560,9 +563,10 @@ class Scheduling:
         Python (``pick``). A deeper queue is walked: a read would sort jobs the
         walk never reaches (the bench core backlog's 5,000 queued jobs, of
         which a walk tests ~40 after a failed proof)."""
-        if full and not self.reservation_job:
-            return [], 0  # not asked then (``walk_may_stop``): its candidates would reserve
         jobs, claims, holder = self.jobs, self.claims, self.reservation_job
+        limit = left + len(claims) + 1  # enough to count ``left`` past those passed over
+        if self.queued_count > READ_DEPTH * limit:
+            return [], 0  # the read would sort jobs the walk may never reach (READ_DEPTH)
 
         def remaining(leaf: Flow, limit: int) -> Sequence[str]:
             cursor = cursors.get(leaf)
@@ -571,9 +575,6 @@ class Scheduling:
             ids, at = cursor
             return ids[at : at + limit]
 
-        limit = left + len(claims) + 1  # enough to count ``left`` past those passed over
-        if self.queued_count > READ_DEPTH * limit:
-            return [], 0  # the read would sort jobs the walk may never reach (READ_DEPTH)
         order = self.fair.upcoming(remaining, lambda job_id: jobs[job_id].cost, limit)
         out: list[tuple[Flow, str, float]] = []
         counted = 0
