@@ -567,15 +567,11 @@ class Scheduling:
         limit = left + len(claims) + 1  # enough to count ``left`` past those passed over
         if self.queued_count > READ_DEPTH * limit:
             return [], 0  # the read would sort jobs the walk may never reach (READ_DEPTH)
-
-        def remaining(leaf: Flow, limit: int) -> Sequence[str]:
-            cursor = cursors.get(leaf)
-            if cursor is None:
-                return self.candidates(leaf, min(budget, limit))
-            ids, at = cursor
-            return ids[at : at + limit]
-
-        order = self.fair.upcoming(remaining, lambda job_id: jobs[job_id].cost, limit)
+        order = self.fair.upcoming(
+            lambda leaf, n: self.untaken(cursors, leaf, budget, n),
+            lambda job_id: jobs[job_id].cost,
+            limit,
+        )
         out: list[tuple[Flow, str, float]] = []
         counted = 0
         for cost, job_id, leaf in order:
@@ -664,6 +660,17 @@ class Scheduling:
                     head = next(iter(self.candidates(leaf, 1)), None)
                     if head is not None and head in self.jobs:
                         self.maybe_preempt(self.jobs[head])
+
+    @staticmethod
+    def untaken(cursors: dict[Flow, list], leaf: Flow, budget: int, limit: int) -> Sequence[str]:
+        """The first ``limit`` of a leaf's candidates a walk has not taken yet:
+        past its cursor (``[snapshot, next]``), or the first of the snapshot
+        it would take (``candidates`` with the walk's ``budget``)."""
+        cursor = cursors.get(leaf)
+        if cursor is None:
+            return Scheduling.candidates(leaf, min(budget, limit))
+        ids, at = cursor
+        return ids[at : at + limit]
 
     @staticmethod
     def candidates(leaf: Flow, limit: int) -> list[str]:

@@ -71,14 +71,9 @@ def test_upcoming_is_what_pick_and_offset_give(jobs, usage, weights, budget, bef
         leaf = leaf_of(path)
         tree.exhaust(leaf.parent if org else leaf)
 
-    def remaining(leaf: Flow, n: int) -> list[str]:
-        cursor = cursors.get(leaf)
-        if cursor is None:
-            return Scheduling.candidates(leaf, min(budget, n))
-        ids, at = cursor
-        return ids[at : at + n]
-
-    read = tree.upcoming(remaining, cost.__getitem__, limit)
+    read = tree.upcoming(
+        lambda leaf, n: Scheduling.untaken(cursors, leaf, budget, n), cost.__getitem__, limit
+    )
     assert read == walk(tree, cursors, budget, cost, limit)
     tree.end_pass()
 
