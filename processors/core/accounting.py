@@ -244,9 +244,15 @@ class Accounting:
         """Refresh wait estimates of the jobs nearest the front of each flow,
         publishing only those that moved by more than 20% (and 5 s).
 
-        Cost per publish: O(L) for the ``estimate_publish_limit`` L jobs
-        refreshed, each O(depth * log siblings) (``LevelIndex``, built once per
-        parent in O(siblings log siblings)), plus O(runs) for the GPUs each
+        Cost per publish: O(Q * depth * log siblings) for the Q queued jobs
+        whose point it recomputes (``LevelIndex``, built once per parent in
+        O(siblings log siblings)): every queued job, in fair order, until
+        ``estimate_publish_limit`` have moved enough to be published (a job's
+        point must be computed to know whether it moved). At the start of the
+        fleet cell's hour-3 window (docs/measuring.md; 185 queued jobs) every
+        point took ~7 us, 1.4 ms a publish (``time.perf_counter`` around the
+        loop's ``predicted_wait_s`` calls, best of 7, 2026-12-02), once every
+        ``estimate_interval_s``. Plus O(runs) for the GPUs each
         flow holds, the share of the running GPUs whose run loaded its model
         (``running_cold``: the started GPUs' share remembers a fresh cell's
         first runs, which all loaded, for ``MIX_HALVE_AT`` starts; on the
