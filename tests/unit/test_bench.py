@@ -130,3 +130,29 @@ def test_bench_core_runs_light_and_backlog_side_by_side(tmp_path: Path, capsys) 
 def test_bench_core_scenarios_flag_is_checked(capsys) -> None:
     assert main(["bench", "core", "--scenarios", "light,heavy"]) == 2
     assert "--scenarios" in capsys.readouterr().err
+
+
+def test_bench_core_repeat_times_every_run_from_the_same_warm_cell(tmp_path: Path, capsys) -> None:
+    """``--repeat 3``: three timed runs of each part, the best reported. Each
+    run of the mixed stream replays the recording on its own copy of the warm
+    cell, so every run matches it (a run on the cell an earlier run already
+    advanced would not)."""
+    out = tmp_path / "bench.json"
+    status = main(
+        ["bench", "core", "--nodes", "20", "--queued", "400", "--events", "3000"]
+        + ["--rounds", "2", "--scenarios", "light", "--repeat", "3", "--json", str(out)]
+    )
+    assert status == 0
+    result = json.loads(out.read_text())
+    runs = result["mixed"]["runs_events_per_s"]
+    assert len(runs) == 3 and result["events_per_s"] == max(runs)
+    assert result["mixed"]["replay_matches"] is True
+    passes = result["placement"]["runs_placements_per_s"]
+    assert len(passes) == 3 and result["placements_per_s"] == max(passes)
+    assert result["setup"]["repeat"] == 3
+    assert "best of 3 runs" in capsys.readouterr().out
+
+
+def test_bench_core_repeat_must_be_positive(capsys) -> None:
+    assert main(["bench", "core", "--repeat", "0"]) == 2
+    assert "--repeat" in capsys.readouterr().err
