@@ -209,7 +209,14 @@ def restart_process(stack: Stack, name: str) -> Process:
 
 class LogTail:
     """Every record of some topics from offset 0, decoded where possible; for tests
-    and post-mortems that wait for a fault's consequences."""
+    and post-mortems that wait for a fault's consequences.
+
+    The topics are read by one consumer each, so one poll may have read further
+    into one topic than another: an event seen on job-events need not come with
+    the scheduler-topic report that caused it. :meth:`wait_for` therefore ends
+    with :meth:`catch_up`, after which everything appended to any tailed topic
+    before the awaited event was seen is in :attr:`events` too.
+    """
 
     def __init__(
         self,
@@ -225,25 +232,49 @@ class LogTail:
     ) -> None:
         from framespool.log import LogConsumer
 
+        self._bootstrap = bootstrap
         self._consumers = []
+        self._next: dict[tuple[str, int], int] = {}  # the offset to take next per partition
         for name in names:
             topic = getattr(topics, name)
             consumer = LogConsumer(bootstrap)
             consumer.assign(topic.name, range(topic.partitions), 0)
             self._consumers.append(consumer)
+            self._next.update({(topic.name, p): 0 for p in range(topic.partitions)})
         self.records: list[Any] = []
         self.events: list[Any] = []
 
-    def poll(self) -> None:
+    def _take(self, rec: Any) -> None:
         from framespool.schemas import codec
 
+        tp = (rec.topic, rec.partition)
+        if rec.offset < self._next[tp]:
+            return  # already taken by catch_up
+        self._next[tp] = rec.offset + 1
+        self.records.append(rec)
+        try:
+            self.events.append(codec.decode(rec.value))
+        except Exception:
+            pass
+
+    def poll(self) -> None:
         for consumer in self._consumers:
             for rec in consumer.consume(1000, 0.02):
-                self.records.append(rec)
-                try:
-                    self.events.append(codec.decode(rec.value))
-                except Exception:
-                    pass
+                self._take(rec)
+
+    def catch_up(self, timeout_s: float = 30.0) -> None:
+        """Take every record appended to the tailed topics before this call.
+
+        A fresh reader fetches from where each partition was left to its high
+        watermark (:func:`framespool.log.read_to_end`); the tail's own consumers
+        later skip what it took. Cost: one consumer and a Fetch round or two.
+        """
+        from framespool.log import read_to_end
+
+        found = read_to_end(self._bootstrap, dict(self._next), timeout_s)
+        for records in found.values():
+            for rec in records:
+                self._take(rec)
 
     def of(self, cls: type, **fields: Any) -> list[Any]:
         return [
@@ -259,12 +290,16 @@ class LogTail:
     def wait_for(
         self, predicate: Callable[[LogTail], Any], timeout_s: float = 30.0, what: str = ""
     ) -> Any:
+        """Poll until ``predicate`` holds, then :meth:`catch_up` and return its value
+        (re-taken after the catch-up where it still holds). Raises ``TimeoutError``
+        naming ``what`` and the event kinds seen after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
             self.poll()
             result = predicate(self)
             if result:
-                return result
+                self.catch_up()
+                return predicate(self) or result
             if time.monotonic() > deadline:
                 kinds = Counter(type(e).__name__ for e in self.events)
                 raise TimeoutError(

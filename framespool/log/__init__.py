@@ -13,6 +13,7 @@ from framespool.log.kafka import (
     Role,
     create_topics,
     read_all,
+    read_to_end,
 )
 from framespool.log.partitioning import murmur2, partition_for_key
 from framespool.log.port import (
@@ -54,4 +55,5 @@ __all__ = [
     "murmur2",
     "partition_for_key",
     "read_all",
+    "read_to_end",
 ]

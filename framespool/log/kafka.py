@@ -700,9 +700,16 @@ class LogConsumer:
         """
         parts = list(partitions)
         start = offsets if isinstance(offsets, Mapping) else {p: offsets for p in parts}
-        self._consumer.assign([TopicPartition(topic, p, start[p]) for p in parts])
-        self._starts = {(topic, p): start[p] for p in parts}
-        self._next = {(topic, p): start[p] for p in parts if start[p] >= 0}
+        self.assign_from({(topic, p): start[p] for p in parts})
+
+    def assign_from(self, starts: Mapping[tuple[str, int], int]) -> None:
+        """Read each ``(topic, partition)`` of ``starts`` from its offset, across topics.
+
+        Replaces any previous assignment.
+        """
+        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in starts.items()])
+        self._starts = dict(starts)
+        self._next = {tp: o for tp, o in starts.items() if o >= 0}
         self._resting, self._last_record_at = [], time.monotonic()  # a new assignment reads
 
     def committed(
@@ -964,52 +971,72 @@ def read_all(
 ) -> list[Record]:
     """Every record of ``topic`` (or of ``partitions``), from offset 0 to the high watermark.
 
-    Records come partition by partition, in offset order within each. Each
-    partition stops where a Fetch response said its high watermark was when the
-    reader caught up (librdkafka's partition-EOF event, cross-checked against
+    Records come partition by partition, in offset order within each; where each
+    partition ends is :func:`read_to_end`'s. Raises ``TimeoutError`` naming the
+    partitions not read to their end in ``timeout_s``.
+    """
+    if partitions is None:
+        with LogConsumer(bootstrap_servers, **conf) as consumer:
+            partitions = range(consumer.partitions_of(topic))
+    parts = sorted(partitions)
+    found = read_to_end(bootstrap_servers, {(topic, p): 0 for p in parts}, timeout_s, **conf)
+    return [r for p in parts for r in found[(topic, p)]]
+
+
+def read_to_end(
+    bootstrap_servers: str,
+    starts: Mapping[tuple[str, int], int],
+    timeout_s: float = 30.0,
+    **conf: object,
+) -> dict[tuple[str, int], list[Record]]:
+    """The records of each ``(topic, partition)`` from its offset in ``starts`` to its end.
+
+    Each partition stops where a Fetch response said its high watermark was when
+    the reader caught up (librdkafka's partition-EOF event, cross-checked against
     ``get_watermark_offsets(cached=True)``); records appended later are not
-    included. Tansu quirk: ListOffsets(latest), i.e. ``end_offsets``, uncached
+    included. The reader is a new consumer, so its first Fetch is sent after the
+    call: everything appended before the call is returned (a consistent cut across
+    topics, for readers that must see what caused what they already saw). Tansu
+    quirk: ListOffsets(latest), i.e. ``end_offsets``, uncached
     ``get_watermark_offsets`` and consumer lag, is wrong there, so "the end" must
     come from a Fetch response as here, never from ListOffsets. Raises
     ``TimeoutError`` naming the partitions not read to their end in ``timeout_s``.
+
+    Cost: one consumer, one Fetch round per partition batch (``fetch.wait.max.ms``
+    10 ms on Tansu) plus the records themselves.
     """
+    found: dict[tuple[str, int], list[Record]] = {tp: [] for tp in starts}
+    if not starts:
+        return found
     conf = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, **conf}
     with LogConsumer(bootstrap_servers, **conf) as consumer:
-        parts = (
-            sorted(partitions)
-            if partitions is not None
-            else list(range(consumer.partitions_of(topic)))
-        )
-        if not parts:
-            return []
-        consumer.assign(topic, parts, 0)
-        by_partition: dict[int, list[Record]] = {p: [] for p in parts}
-        open_parts = set(parts)
+        consumer.assign_from(starts)
+        open_parts = set(starts)
         deadline = time.monotonic() + timeout_s
         while open_parts:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(
-                    f"read_all({topic!r}): partitions {sorted(open_parts)} not read to their high "
+                    f"read_to_end: partitions {sorted(open_parts)} not read to their high "
                     f"watermark within {timeout_s} s"
                 )
             msg = consumer._consumer.poll(min(left, 0.5))
             if msg is None:
                 continue
-            p = msg.partition()
-            if p not in open_parts:
+            tp = (msg.topic(), msg.partition())
+            if tp not in open_parts:
                 continue  # already at its end: later appends are not ours
             error = msg.error()
             if error is None:
                 if consumer._in_order(msg, set()):  # else sought back to a skipped record
-                    by_partition[p].append(_to_record(msg))
+                    found[tp].append(_to_record(msg))
             elif error.code() == KafkaError._PARTITION_EOF:
                 # EOF means "fetch position == the Fetch response's high watermark".
-                high = consumer.high_watermark(topic, p)
+                high = consumer.high_watermark(*tp)
                 if high is not None and msg.offset() < high:
                     continue  # stale EOF; more is on its way
-                consumer._consumer.pause([TopicPartition(topic, p)])
-                open_parts.discard(p)
+                consumer._consumer.pause([TopicPartition(*tp)])
+                open_parts.discard(tp)
             else:
                 consumer._handle_error(error, msg)
-        return [r for p in parts for r in by_partition[p]]
+    return found

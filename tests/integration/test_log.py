@@ -21,6 +21,7 @@ from framespool.log import (
     murmur2,
     partition_for_key,
     read_all,
+    read_to_end,
 )
 from framespool.schemas.topics import Topic
 
@@ -145,6 +146,70 @@ def test_read_all_returns_the_whole_topic_up_to_the_high_watermark(kafka_bootstr
 
     some = read_all(kafka_bootstrap, topic.name, partitions=[1, 2], timeout_s=10)
     assert _by_partition(some) == {p: expected[p] for p in (1, 2) if expected[p]}
+
+
+def test_read_to_end_reads_each_partition_from_its_start_across_topics(
+    kafka_bootstrap, fresh_topics
+):
+    commands, jobs = fresh_topics.COMMANDS, fresh_topics.JOB_EVENTS
+    expected = _produce_keyed(kafka_bootstrap, commands.name)
+    with LogProducer(kafka_bootstrap) as producer:
+        for i in range(5):
+            producer.produce(jobs.name, "k", f"j{i}".encode(), partition=3)
+    starts = {(commands.name, p): min(2, len(expected[p])) for p in range(4)}
+    starts[(jobs.name, 3)] = 4
+    starts[(jobs.name, 0)] = 0  # empty: ends at 0
+    found = read_to_end(kafka_bootstrap, starts, timeout_s=10)
+    assert set(found) == set(starts)
+    for p in range(4):
+        assert [(r.key, r.value) for r in found[(commands.name, p)]] == expected[p][2:]
+    assert [r.value for r in found[(jobs.name, 3)]] == [b"j4"]
+    assert found[(jobs.name, 0)] == []
+    assert read_to_end(kafka_bootstrap, {}, timeout_s=1) == {}
+
+
+def test_log_tail_catch_up_takes_what_its_consumers_have_not_polled_yet_once(
+    kafka_bootstrap, fresh_topics
+):
+    from framespool.chaos.drill import LogTail
+    from framespool.schemas import codec
+    from framespool.schemas import events as ev
+
+    def failed(job: str) -> bytes:
+        return codec.encode(ev.JobFailed(event_id=job, ts_ms=1, job_id=job, run=1, reason="r"))
+
+    with LogTail(kafka_bootstrap, fresh_topics, ("JOB_EVENTS", "DEAD_LETTER")) as tail:
+        with LogProducer(kafka_bootstrap) as producer:
+            producer.produce(fresh_topics.JOB_EVENTS.name, "a", failed("a"))
+            producer.produce(fresh_topics.DEAD_LETTER.name, "b", b"not an event")
+        tail.catch_up(timeout_s=10)  # nothing polled: all of it comes from catch_up
+        assert [e.job_id for e in tail.of(ev.JobFailed)] == ["a"]
+        assert len(tail.records) == 2
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            tail.poll()  # the tail's own consumers deliver both again: skipped
+        assert len(tail.records) == 2 and len(tail.events) == 1
+        # wait_for ends caught up: the dead letter written before job c's end is
+        # there even though the dead-letter consumer (made to lag forever) never saw it
+        tail._consumers[1] = _Lagging()
+        with LogProducer(kafka_bootstrap) as producer:
+            producer.produce(fresh_topics.DEAD_LETTER.name, "d", b"the cause")
+            producer.flush()
+            producer.produce(fresh_topics.JOB_EVENTS.name, "c", failed("c"))
+        seen = tail.wait_for(lambda t: t.of(ev.JobFailed, job_id="c"), 10, "job c")
+        assert [e.job_id for e in seen] == ["c"]
+        assert sorted(e.job_id for e in tail.of(ev.JobFailed)) == ["a", "c"]
+        assert [r.value for r in tail.records if r.key == b"d"] == [b"the cause"]
+
+
+class _Lagging:
+    """A consumer that has not fetched yet."""
+
+    def consume(self, max_records: int, timeout: float) -> list[Record]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
 def test_read_all_of_a_missing_topic_fails_and_does_not_create_it(kafka_bootstrap):
