@@ -455,18 +455,29 @@ class ChaosRun:
                 return
             time.sleep(0.2)
 
-    def _cluster_view(self) -> dict:
+    def _cluster_view(self, timeout_s: float = 10.0) -> dict:
+        """The API's cluster totals once they show no GPU busy (or after ``timeout_s``).
+
+        The API folds cell statuses with its own consumer, a few milliseconds to a
+        fetch wait behind the watcher that :meth:`_settle` waited on, so its view is
+        polled rather than read once.
+        """
         import urllib.request
 
         req = urllib.request.Request(
-            f"{self.stack.api_url}/v1/cluster",
+            f"{self.stack.api_url}/v1/cluster?detail=0",
             headers={"Authorization": f"Bearer {self.stack.tenant_keys[0]['api_key']}"},
         )
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return json.loads(resp.read()).get("totals", {})
-        except (OSError, ValueError) as e:
-            return {"error": str(e)}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    totals = json.loads(resp.read()).get("totals", {})
+            except (OSError, ValueError) as e:
+                totals = {"error": str(e)}
+            if totals.get("busy") == 0 or time.monotonic() > deadline:
+                return totals
+            time.sleep(0.2)
 
     # -- submissions ----------------------------------------------------------------
     def _submit_all(self) -> None:

@@ -113,20 +113,30 @@ def test_cancel_queued_and_running_jobs_releases_gpus(stack):
     wait_state(c, blocker, {"QUEUED", "ASSIGNED", "RUNNING"})
     c.cancel(blocker)
     assert wait_state(c, blocker, {"CANCELLED"})["state"] == "CANCELLED"
-    # every GPU is free again once the agents confirm the stops
+    # every GPU is free again once the agents confirm the stops: read off cell
+    # statuses published after the cancel (cells publish them every few seconds,
+    # so an older one may predate the runs and show 0 busy without proving it)
+    since_ms = int(time.time() * 1000)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        totals = c.cluster()["totals"]
-        if totals.get("busy", 1) == 0:
+        view = c.cluster(detail=False)
+        fresh = bool(view["cells"]) and all(cell["ts_ms"] > since_ms for cell in view["cells"])
+        if fresh and view["totals"].get("busy", 1) == 0:
             break
         time.sleep(0.5)
-    assert totals.get("busy") == 0, totals
-    # this stack's generators only (their output paths are under its data dir)
-    generators = subprocess.run(
-        ["pgrep", "-f", f"framespool.agents.demo_generator.*{stack.data_dir}"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    assert fresh and view["totals"].get("busy") == 0, view
+    # this stack's generators only (their output paths are under its data dir);
+    # each agent reaps its run's process group after the stop, so allow it a moment
+    deadline = time.monotonic() + 15
+    while True:
+        generators = subprocess.run(
+            ["pgrep", "-f", f"framespool.agents.demo_generator.*{stack.data_dir}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if not generators or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert generators == []
 
 

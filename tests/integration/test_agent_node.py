@@ -436,7 +436,11 @@ def test_checkpoint_then_stop_then_resume_elsewhere(
             lambda o: o.of(RunCompleted, "job-pre"), what="RunCompleted"
         )
         assert done[0].run == 2
-        run2 = [p for p in h.observer.progress if p.run == 2]
+        # progress is read by another consumer than the run's end: wait for it too
+        run2 = await h.observer.wait_for(
+            lambda o: [p for p in o.progress if p.job_id == "job-pre" and p.run == 2],
+            what="run 2 progress",
+        )
         assert (
             run2[0].step == int(cp.checkpoint_uri.rsplit("/", 1)[1]) > 0
         )  # resumed, not restarted

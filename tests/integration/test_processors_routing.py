@@ -67,6 +67,13 @@ def test_a_big_job_goes_where_it_fits_and_a_dead_cells_queue_moves(
     def admitted_to(job_id: str, got) -> list[str]:
         return [e.cell for _, e in got if isinstance(e, ev.JobAdmitted) and e.spec.job_id == job_id]
 
+    def kinds_of_small(got) -> list[str]:
+        return [type(e).__name__ for _, e in got if getattr(e, "job_id", "") == "small"]
+
+    def queued_after_reroute(got) -> bool:
+        kinds = kinds_of_small(got)
+        return "JobRerouted" in kinds and "JobQueued" in kinds[kinds.index("JobRerouted") + 1 :]
+
     with (
         in_process("admission", kafka_bootstrap, t, tmp_path, config=admission),
         in_process("scheduler", kafka_bootstrap, t, tmp_path, config=CELL_CONFIG),
@@ -95,12 +102,14 @@ def test_a_big_job_goes_where_it_fits_and_a_dead_cells_queue_moves(
             kafka_bootstrap, t.JOB_EVENTS.name, lambda got: admitted_to("small", got), timeout=30
         )
         assert admitted_to("small", got) == ["cell-0"]
-        # 3. cell-0's agent dies: a0 goes DOWN after 3 s, its queue drains 3 s later
+        # 3. cell-0's agent dies: a0 goes DOWN after 3 s, its queue drains 3 s later;
+        # cell-1 queues the job only after it read the second JobAdmitted, so the
+        # wait is for that JobQueued, not for the admission alone
         produce_to_cells(kafka_bootstrap, t.SCHEDULER.name, seconds(6, 20, dead=("a0",)))
         got = wait_for(
             kafka_bootstrap,
             t.JOB_EVENTS.name,
-            lambda got: len(admitted_to("small", got)) == 2,
+            lambda got: len(admitted_to("small", got)) == 2 and queued_after_reroute(got),
             timeout=45,
         )
     assert admitted_to("small", got) == ["cell-0", "cell-1"]
@@ -109,5 +118,5 @@ def test_a_big_job_goes_where_it_fits_and_a_dead_cells_queue_moves(
     assert "cell-0 has no UP nodes" in moved[0].reason
     assert not [e for _, e in got if isinstance(e, ev.JobRejected)]
     # on the job's key: queued in cell-0, rerouted, then queued again by cell-1
-    kinds = [type(e).__name__ for _, e in got if getattr(e, "job_id", "") == "small"]
+    kinds = kinds_of_small(got)
     assert kinds[kinds.index("JobRerouted") + 1 :].count("JobQueued") == 1
