@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from framespool.agents.artifacts import LocalDirStore
 from framespool.callbacks.targets import check_target
@@ -237,6 +239,43 @@ def test_logs_never_carry_api_keys_or_callback_query_strings(line, secret):
     assert secret not in redact(line)
     record = logging.LogRecord("t", logging.INFO, "", 0, "%s", (line,), None)
     assert secret not in JsonFormatter().format(record)
+
+
+_SECRET_BITS = st.sampled_from(
+    [
+        "Bearer ",
+        "bEaReR\t",
+        "?",
+        "&",
+        "sig=",
+        "Signature=",
+        "X-Amz-Credential=",
+        "x-api-KEY",
+        "X-API-Key: ",
+        "'X-API-Key': '",
+        "https://",
+        "http://h/p?",
+        "\u212a",
+        "\u0130",
+        "\u017f",
+        "=",
+        " ",
+        "'",
+        '"',
+        "#",
+    ]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(_SECRET_BITS, st.text(max_size=8)), max_size=12).map("".join))
+def test_redact_quick_check_never_changes_what_is_masked(text):
+    """``redact`` skips the full pattern when no trigger occurs: that must mask
+    exactly what the full pattern masks, for any text (case folding included)."""
+    from framespool.telemetry.jsonlog import _SECRETS
+
+    full = _SECRETS.sub(lambda m: next(g for g in m.groups() if g is not None) + "***", text)
+    assert redact(text) == full
 
 
 # -- one definition of each pattern -------------------------------------------
