@@ -215,7 +215,8 @@ class LogTail:
     into one topic than another: an event seen on job-events need not come with
     the scheduler-topic report that caused it. :meth:`wait_for` therefore ends
     with :meth:`catch_up`, after which everything appended to any tailed topic
-    before the awaited event was seen is in :attr:`events` too.
+    before the awaited event was seen is in :attr:`events` too
+    (``docs/broker-notes.md#reading-several-topics``).
     """
 
     def __init__(
