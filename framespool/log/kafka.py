@@ -962,6 +962,11 @@ class LogConsumer:
         self.close()
 
 
+# A reader to the end: partition EOF events say where each partition ends, and a
+# short fetch wait keeps each Fetch round (Tansu holds it for the whole wait) brief.
+_TO_END: dict[str, object] = {"enable.partition.eof": True, "fetch.wait.max.ms": 10}
+
+
 def read_all(
     bootstrap_servers: str,
     topic: str,
@@ -975,11 +980,11 @@ def read_all(
     partition ends is :func:`read_to_end`'s. Raises ``TimeoutError`` naming the
     partitions not read to their end in ``timeout_s``.
     """
-    if partitions is None:
-        with LogConsumer(bootstrap_servers, **conf) as consumer:
-            partitions = range(consumer.partitions_of(topic))
-    parts = sorted(partitions)
-    found = read_to_end(bootstrap_servers, {(topic, p): 0 for p in parts}, timeout_s, **conf)
+    with LogConsumer(bootstrap_servers, **{**_TO_END, **conf}) as consumer:
+        parts = sorted(
+            partitions if partitions is not None else range(consumer.partitions_of(topic))
+        )
+        found = _read_to_end(consumer, {(topic, p): 0 for p in parts}, timeout_s)
     return [r for p in parts for r in found[(topic, p)]]
 
 
@@ -1005,38 +1010,44 @@ def read_to_end(
     Cost: one consumer, one Fetch round per partition batch (``fetch.wait.max.ms``
     10 ms on Tansu) plus the records themselves.
     """
-    found: dict[tuple[str, int], list[Record]] = {tp: [] for tp in starts}
     if not starts:
-        return found
-    conf = {"enable.partition.eof": True, "fetch.wait.max.ms": 10, **conf}
-    with LogConsumer(bootstrap_servers, **conf) as consumer:
-        consumer.assign_from(starts)
-        open_parts = set(starts)
-        deadline = time.monotonic() + timeout_s
-        while open_parts:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    f"read_to_end: partitions {sorted(open_parts)} not read to their high "
-                    f"watermark within {timeout_s} s"
-                )
-            msg = consumer._consumer.poll(min(left, 0.5))
-            if msg is None:
-                continue
-            tp = (msg.topic(), msg.partition())
-            if tp not in open_parts:
-                continue  # already at its end: later appends are not ours
-            error = msg.error()
-            if error is None:
-                if consumer._in_order(msg, set()):  # else sought back to a skipped record
-                    found[tp].append(_to_record(msg))
-            elif error.code() == KafkaError._PARTITION_EOF:
-                # EOF means "fetch position == the Fetch response's high watermark".
-                high = consumer.high_watermark(*tp)
-                if high is not None and msg.offset() < high:
-                    continue  # stale EOF; more is on its way
-                consumer._consumer.pause([TopicPartition(*tp)])
-                open_parts.discard(tp)
-            else:
-                consumer._handle_error(error, msg)
+        return {}
+    with LogConsumer(bootstrap_servers, **{**_TO_END, **conf}) as consumer:
+        return _read_to_end(consumer, starts, timeout_s)
+
+
+def _read_to_end(
+    consumer: LogConsumer, starts: Mapping[tuple[str, int], int], timeout_s: float
+) -> dict[tuple[str, int], list[Record]]:
+    """:func:`read_to_end` on a consumer made with ``_TO_END`` and not yet assigned."""
+    found: dict[tuple[str, int], list[Record]] = {tp: [] for tp in starts}
+    consumer.assign_from(starts)
+    open_parts = set(starts)
+    deadline = time.monotonic() + timeout_s
+    while open_parts:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(
+                f"read_to_end: partitions {sorted(open_parts)} not read to their high "
+                f"watermark within {timeout_s} s"
+            )
+        msg = consumer._consumer.poll(min(left, 0.5))
+        if msg is None:
+            continue
+        tp = (msg.topic(), msg.partition())
+        if tp not in open_parts:
+            continue  # already at its end: later appends are not ours
+        error = msg.error()
+        if error is None:
+            if consumer._in_order(msg, set()):  # else sought back to a skipped record
+                found[tp].append(_to_record(msg))
+        elif error.code() == KafkaError._PARTITION_EOF:
+            # EOF means "fetch position == the Fetch response's high watermark".
+            high = consumer.high_watermark(*tp)
+            if high is not None and msg.offset() < high:
+                continue  # stale EOF; more is on its way
+            consumer._consumer.pause([TopicPartition(*tp)])
+            open_parts.discard(tp)
+        else:
+            consumer._handle_error(error, msg)
     return found
