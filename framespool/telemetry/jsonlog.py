@@ -31,12 +31,17 @@ _MAYBE_SECRET = re.compile(r"[?&]|bearer|x-api-key", re.IGNORECASE)
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
+def _mask(text: str) -> str:
+    """Every match of the full pattern masked after its kept prefix."""
+    return _SECRETS.sub(lambda m: next(g for g in m.groups() if g is not None) + "***", text)
+
+
 def redact(text: str) -> str:
     """``text`` with its secrets masked. Cost: one scan for a trigger (``?``,
     ``&``, ``bearer``, ``x-api-key``); the full pattern only where one occurs."""
     if _MAYBE_SECRET.search(text) is None:
         return text
-    return _SECRETS.sub(lambda m: next(g for g in m.groups() if g is not None) + "***", text)
+    return _mask(text)
 
 
 class JsonFormatter(logging.Formatter):
