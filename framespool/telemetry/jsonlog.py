@@ -72,9 +72,8 @@ def setup_logging(level: str = "INFO", **static: Any) -> None:
     made to collect them (the logging HOWTO's "Optimization"; ``stack_info``
     is then not filled in, and nothing here asks for it). The processors log a
     line per decision: with this and :func:`redact`'s quick check a scheduler's
-    ``JobAssigned`` line costs 17.9 / 16.9 instead of 23.6 / 22.4 us (two runs,
-    each the best of 4 x 30,000 lines to a file, the variants alternated in one
-    process; this alone 20.6 / 20.1, the check alone 18.7 / 18.3).
+    ``JobAssigned`` line costs 16.4-17.9 instead of 21.2-23.6 us
+    (``docs/measuring.md#timing-a-log-line``: the script and four runs).
     """
     logging._srcfile = None  # no findCaller: no file, line or function in the lines
     logging.logThreads = False
