@@ -248,8 +248,10 @@ class ProjectionConsumer:
 
         A topic starts only after the one before it in ``topics`` first caught
         up (a poll came back empty), so a catch-up folds job-events before
-        progress: progress for a run whose ``JobAssigned`` has not been read
-        yet would otherwise be fenced off. Live, the topics interleave.
+        progress: the fold holds at most one report per job read ahead of its
+        run's ``JobAssigned`` (``framespool.projections.jobs``, theory of
+        operation 3), and a catch-up would read a whole backlog of them ahead.
+        Live, the topics interleave, and a report read ahead is held.
         """
         caught_up = [asyncio.Event() for _ in self.topics]
         await asyncio.gather(

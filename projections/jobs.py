@@ -14,9 +14,16 @@ clock and is deterministic, so truncate-and-replay rebuilds the same views.
    may arrive in and the state it leads to. An event that arrives in another
    state is recorded in the timeline as ignored and changes nothing else.
 3. **Fencing.** ``JobAssigned`` starts run ``n`` (the job's fencing epoch). A
-   report that names another run is stale and ignored (progress is only
+   report that names an older run is stale and ignored (progress is only
    counted, it would flood the timeline). The first progress of the current
-   run means RUNNING.
+   run means RUNNING. Progress and job events come from two topics, read by
+   two consumers, each at its own pace, so progress of run ``n`` can be read
+   before ``JobAssigned`` of run ``n``: the view holds the newest such report
+   (one, with the time of the job's first: ``held_progress``) and applies it right
+   after that ``JobAssigned``, drops it when an even newer run is assigned or
+   the job ends. Held progress is not shown (the run is not assigned yet in
+   the view) and one report per job at most is held, so a report for a run
+   that never comes costs one tuple.
 4. **Terminal jobs** (COMPLETED, FAILED, CANCELLED, REJECTED) never change state
    again; later events are recorded as ignored.
 5. **Timeline.** Every applied or recorded event appends a ``TimelineEntry``
@@ -142,6 +149,10 @@ class JobView:
     seq: int = 0
     timeline: tuple[TimelineEntry, ...] = ()
     seen: tuple[str, ...] = ()
+    # the newest RunProgress of a run newer than ``run`` (theory of operation 3):
+    # (event_id, ts_ms, run, node_id, progress, step, total_steps, message,
+    # first_ts_ms), or () when none is held
+    held_progress: tuple = ()
 
     @property
     def terminal(self) -> bool:
@@ -231,6 +242,8 @@ def apply(view: JobView | None, event: Any) -> JobView | None:
         return view
     allowed_from, _ = TRANSITIONS[name]
     if isinstance(event, RunProgress):
+        if event.run > view.run and not view.terminal:
+            return _hold_progress(view, event)
         if view.state not in allowed_from or event.run != view.run or _older_progress(view, event):
             return _ignore_silently(view, event)
         return _finish(_progress(view, event), event, _progress_summary(event))
@@ -242,7 +255,10 @@ def apply(view: JobView | None, event: Any) -> JobView | None:
     if stale:
         return _record_ignored(view, event, stale)
     new_view, summary = _HANDLERS[name](view, event)
-    return _finish(new_view, event, summary)
+    new_view = _finish(new_view, event, summary)
+    if new_view.held_progress:
+        new_view = _release_held(new_view)
+    return new_view
 
 
 def fold(events, view: JobView | None = None) -> JobView | None:
@@ -271,6 +287,57 @@ def _stale_run(view: JobView, event: Any) -> str:
 
 def _older_progress(view: JobView, event: RunProgress) -> bool:
     return view.state == RUNNING and (event.step, event.progress) < (view.step, view.progress)
+
+
+def _hold_progress(view: JobView, event: RunProgress) -> JobView:
+    """Keep ``event`` (of a run newer than the view's) unless a newer report is held."""
+    held = view.held_progress
+    first_ts = event.ts_ms
+    if held:
+        first_ts = min(first_ts, held[8])  # the job's first report, whichever run
+        if (held[2], held[5], held[4]) > (event.run, event.step, event.progress):
+            kept = held[:8] + (first_ts,)
+            return replace(view, held_progress=kept, seen=_remember(view, event.event_id))
+    kept = (
+        event.event_id,
+        event.ts_ms,
+        event.run,
+        event.node_id,
+        event.progress,
+        event.step,
+        event.total_steps,
+        event.message,
+        first_ts,
+    )
+    return replace(view, held_progress=kept, seen=_remember(view, event.event_id))
+
+
+def _release_held(view: JobView) -> JobView:
+    """After a job event: apply held progress of the run now assigned, drop it if
+    the job ended or moved past its run, keep it while its run is still ahead."""
+    held = view.held_progress
+    run = held[2]
+    if run > view.run and not view.terminal:
+        return view
+    view = replace(view, held_progress=())
+    if view.terminal:
+        return view
+    if run != view.run or view.state != ASSIGNED:  # a newer run was assigned: it did run
+        return replace(view, started_ms=view.started_ms or held[8])
+    event_id, ts_ms, _, node_id, progress, step, total_steps, message, first_ts = held
+    event = RunProgress(
+        event_id=event_id,
+        ts_ms=ts_ms,
+        job_id=view.job_id,
+        run=run,
+        node_id=node_id,
+        progress=progress,
+        step=step,
+        total_steps=total_steps,
+        message=message,
+    )
+    started = replace(view, started_ms=view.started_ms or first_ts)
+    return _finish(_progress(started, event), event, _progress_summary(event))
 
 
 def _remember(view: JobView, event_id: str) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ def view_to_dict(v: JobView) -> dict[str, Any]:
     doc["nodes"] = list(v.nodes)
     doc["timeline"] = [[e.seq, e.event_id, e.ts_ms, e.type, e.state, e.summary] for e in v.timeline]
     doc["seen"] = list(v.seen)
+    doc["held_progress"] = list(v.held_progress)
     return doc
 
 
@@ -33,6 +34,7 @@ def view_from_dict(doc: dict[str, Any]) -> JobView:
     fields["nodes"] = tuple(doc.get("nodes", ()))
     fields["timeline"] = tuple(TimelineEntry(*row) for row in doc.get("timeline", ()))
     fields["seen"] = tuple(doc.get("seen", ()))
+    fields["held_progress"] = tuple(doc.get("held_progress", ()))
     return JobView(**fields)
 
 

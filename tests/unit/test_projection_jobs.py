@@ -107,14 +107,66 @@ def test_first_progress_of_current_run_means_running():
     assert running.state == RUNNING and running.started_ms == events[4].ts_ms
 
 
-def test_progress_before_assignment_or_for_unknown_job_is_ignored():
+def test_progress_for_a_job_never_seen_is_ignored():
     p = RunProgress(event_id="p", ts_ms=1, job_id="nope", run=1, node_id="n", progress=0.5)
     assert apply(None, p) is None
-    queued = fold(lifecycle("j1")[:2])
-    after = apply(
-        queued, RunProgress(event_id="p", ts_ms=1, job_id="j1", run=1, node_id="n", progress=0.5)
+
+
+def _early(run: int, n: int, progress: float, ts: int = 1) -> RunProgress:
+    return RunProgress(
+        event_id=f"early-{run}-{n}",
+        ts_ms=ts,
+        job_id="j1",
+        run=run,
+        node_id="node-1",
+        progress=progress,
+        step=n,
+        total_steps=4,
     )
-    assert after.state == QUEUED and after.ignored == 1 and after.timeline == queued.timeline
+
+
+def test_progress_read_before_its_assignment_is_held_then_shown_when_the_run_is_assigned():
+    # progress and job-events are two topics read at their own pace: a run's
+    # first reports can be folded before its JobAssigned
+    events = lifecycle("j1", progress_steps=0)
+    queued = fold(events[:3])
+    held = apply(apply(queued, _early(1, 1, 0.25, ts=50)), _early(1, 2, 0.5, ts=60))
+    assert held.state == QUEUED and held.ignored == 0 and held.timeline == queued.timeline
+    assert public_job(held) == public_job(queued)  # not shown before the run is assigned
+    running = apply(held, events[3])  # JobAssigned run 1
+    assert running.state == RUNNING and running.run == 1
+    assert (running.progress, running.step, running.total_steps) == (0.5, 2, 4)
+    assert running.started_ms == 50  # the first report's time, not the held one's
+    assert [t.type for t in running.timeline[-2:]] == ["JobAssigned", "RunProgress"]
+    assert running.held_progress == ()
+    # an older report read after the newer one does not replace it
+    again = apply(apply(held, _early(1, 0, 0.1, ts=70)), events[3])
+    assert again.progress == 0.5
+
+
+def test_held_progress_of_a_run_that_never_comes_is_dropped():
+    events = lifecycle("j1", progress_steps=0)
+    queued = fold(events[:3])
+    ahead = apply(queued, _early(2, 1, 0.5))
+    assigned = apply(ahead, events[3])  # run 1: the held report is for run 2, still ahead
+    assert assigned.state == ASSIGNED and assigned.progress == 0.0
+    assert assigned.held_progress and assigned.held_progress[2] == 2
+    done = apply(assigned, events[-1])  # the job ends: nothing is held any more
+    assert done.state == COMPLETED and done.held_progress == ()
+    # a newer run assigned drops a report of an older one
+    assert fold([*events[:3], _early(1, 1, 0.5)], None).held_progress
+    stale = jobs.apply(
+        apply(queued, _early(1, 1, 0.5)), replace(events[3], run=2, event_id="a2")
+    )
+    assert stale.run == 2 and stale.state == ASSIGNED and stale.held_progress == ()
+    assert stale.started_ms == 1  # run 1 reported progress: the job did start then
+
+
+def test_progress_after_the_job_ended_is_not_held():
+    events = lifecycle("j1")
+    done = fold(events)
+    later = apply(done, _early(done.run + 1, 1, 0.5))
+    assert later.held_progress == () and later.state == COMPLETED
 
 
 def test_progress_never_moves_backwards_within_a_run():
@@ -384,3 +436,63 @@ def test_truncate_and_replay_is_idempotent(data):
         job = jobs.job_id_of(e)
         through_json[job] = apply(through_json.get(job), e)
     assert through_json == fold_all(events)
+
+
+@st.composite
+def progress_read_ahead(draw, events):
+    """One job's events as the projection's two consumers can fold them when the
+    progress reader is ahead: job events in log order, each report read at the
+    latest where the log has it and as early as right after any job event before
+    it (job events and progress are two topics, read at their own pace)."""
+    ahead = [(pos, e) for pos, e in enumerate(events) if isinstance(e, RunProgress)]
+    out = []
+    for pos, event in enumerate(events):
+        if isinstance(event, RunProgress):
+            continue
+        while ahead and ahead[0][0] < pos:
+            out.append(ahead.pop(0)[1])
+        out.append(event)
+        for _ in range(draw(st.integers(0, len(ahead)))):
+            out.append(ahead.pop(0)[1])
+    return out + [e for _, e in ahead]
+
+
+@st.composite
+def merged(draw, sequences):
+    """Several jobs' sequences interleaved, each kept in its order."""
+    queues = [list(q) for q in sequences]
+    out = []
+    while any(queues):
+        i = draw(st.sampled_from([i for i, q in enumerate(queues) if q]))
+        out.append(queues[i].pop(0))
+    return out
+
+
+# what reading progress ahead may show differently: the timeline's numbering
+# (held reports are shown as one entry) and the time of the last update
+_ORDER_DEPENDENT = ("timeline", "updated_ms")
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_progress_read_ahead_of_its_assignment_ends_as_in_log_order(data):
+    streams = {}
+    for i in range(data.draw(st.integers(1, 3))):
+        outcome = data.draw(OUTCOMES)
+        events = lifecycle(
+            f"job-{i}",
+            ts0=1_000 * (i + 1),
+            runs=data.draw(st.integers(1, 3)),
+            progress_steps=data.draw(st.integers(1, 4)),
+            outcome="COMPLETED" if outcome == "RUNNING" else outcome,
+            stale_progress=False,
+        )
+        streams[f"job-{i}"] = events[:-1] if outcome == "RUNNING" else events
+    clean = {job: fold(events) for job, events in streams.items()}
+    ahead = [data.draw(progress_read_ahead(events)) for events in streams.values()]
+    folded = fold_all(data.draw(merged(ahead)))
+    for job, view in clean.items():
+        want = {k: v for k, v in public_job(view).items() if k not in _ORDER_DEPENDENT}
+        got = {k: v for k, v in public_job(folded[job]).items() if k not in _ORDER_DEPENDENT}
+        assert got == want
+        assert folded[job].held_progress == ()
