@@ -155,9 +155,7 @@ def test_held_progress_of_a_run_that_never_comes_is_dropped():
     assert done.state == COMPLETED and done.held_progress == ()
     # a newer run assigned drops a report of an older one
     assert fold([*events[:3], _early(1, 1, 0.5)], None).held_progress
-    stale = jobs.apply(
-        apply(queued, _early(1, 1, 0.5)), replace(events[3], run=2, event_id="a2")
-    )
+    stale = jobs.apply(apply(queued, _early(1, 1, 0.5)), replace(events[3], run=2, event_id="a2"))
     assert stale.run == 2 and stale.state == ASSIGNED and stale.held_progress == ()
     assert stale.started_ms == 1  # run 1 reported progress: the job did start then
 
