@@ -26,6 +26,12 @@ the one store call in progress. The store must then be safe to share
 (``framespool.projections.serialized_store``, which the service wires in).
 Steps 4 and 6 run on the loop (the producer's futures, the hub's queues).
 
+The polls run on threads of their own too, one per topic, never on the
+event loop's default executor: the API process also resolves tenants'
+callback hosts there (``getaddrinfo``), and a tenant whose DNS answers
+slowly could otherwise occupy every thread of it and stop the fold, and so
+every tenant's status and progress, for as long as its lookups hang.
+
 A crash between 4 and 5 re-sends a dead letter (at-least-once, like every
 topic); a crash before 5 re-folds the records, which the store makes a no-op.
 """
@@ -126,6 +132,10 @@ class ProjectionConsumer:
         self._progress = asyncio.Condition()
         self._lock = asyncio.Lock()  # one fold-and-commit at a time across topics
         self._fence = EpochFence()
+        # the polls' own threads (theory of operation): one per topic
+        self._pollers = ThreadPoolExecutor(
+            max_workers=len(self.topics), thread_name_prefix="projection-poll"
+        )
         # one thread: folds stay in order, and prepare/commit never race each other
         self._folder = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="projection-fold")
@@ -233,9 +243,10 @@ class ProjectionConsumer:
             await self.finish(step)
 
     def close(self) -> None:
-        """Stop the fold thread (after the fold in progress, if any)."""
+        """Stop the fold thread (after the fold in progress, if any) and the poll threads."""
         if self._folder is not None:
             self._folder.shutdown(wait=True)
+        self._pollers.shutdown(wait=False)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds after some commit (tests, readiness checks)."""
@@ -270,14 +281,14 @@ class ProjectionConsumer:
         consumer = self._factory()
         pending: asyncio.Future | None = None
         try:
-            partitions = await loop.run_in_executor(None, consumer.partitions_of, topic)
+            partitions = await loop.run_in_executor(self._pollers, consumer.partitions_of, topic)
             start = {p: self.store.offset(topic, p) + 1 for p in range(partitions)}
             consumer.assign(topic, list(start), start)
             log.info("projection reading %s from %s", topic, start)
             failures = 0
             while True:
                 pending = loop.run_in_executor(
-                    None, consumer.consume, self._max_records, self._poll_timeout_s
+                    self._pollers, consumer.consume, self._max_records, self._poll_timeout_s
                 )
                 try:
                     records = await asyncio.shield(pending)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from framespool.log.memory import MemoryProducer
+from framespool.log.memory import MemoryLog, MemoryProducer
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.jobs import JobView
 from framespool.projections.serialized_store import SerializedStore
@@ -120,3 +121,41 @@ def test_control_an_unserialized_store_is_entered_concurrently():
     inner = OverlapDetectingStore()
     hammer(inner)
     assert inner.overlaps > 0
+
+
+def test_the_polls_do_not_wait_for_the_default_executor_a_tenant_can_fill():
+    """A tenant's callback hosts are resolved on the loop's default executor
+    (getaddrinfo); lookups that hang there must not stop every tenant's fold."""
+    log = MemoryLog()
+    writer = MemoryProducer(log)
+    store = InMemoryViewStore()
+    consumer = ProjectionConsumer(
+        store,
+        dead_letter_sender=MemoryProducer(),
+        consumer_factory=log.consumer,
+        poll_timeout_s=0.05,
+        fold_thread=True,
+    )
+    hanging = threading.Event()
+
+    async def scenario() -> str:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+        lookups = [loop.run_in_executor(None, hanging.wait, 30) for _ in range(4)]
+        run = asyncio.create_task(consumer.run())
+        try:
+            for rec in records_for(lifecycle("j1")):
+                await writer.send(rec.topic, rec.key, rec.value, partition=rec.partition)
+            await consumer.wait_until(
+                lambda: (v := store.get("j1")) is not None and v.terminal, timeout=10
+            )
+            return store.get("j1").state
+        finally:
+            hanging.set()
+            run.cancel()
+            await asyncio.gather(run, *lookups, return_exceptions=True)
+
+    try:
+        assert asyncio.run(scenario()) == "COMPLETED"
+    finally:
+        consumer.close()
