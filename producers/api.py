@@ -46,7 +46,6 @@ import hmac
 import ipaddress
 import json
 import re
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -64,6 +63,7 @@ from framespool.processors.core.offers import PREDICTED_WAIT, live_offers, wait_
 from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
+from framespool.producers.lookups import CallbackLookups, resolve_host
 from framespool.producers.metrics import (
     AssignmentObserver,
     Metrics,
@@ -87,12 +87,6 @@ from framespool.schemas.topics import COMMANDS
 
 _CURSOR = re.compile(patterns.CURSOR)  # fullmatch: "$" would accept a trailing newline
 _IDEMPOTENCY_KEY = re.compile(patterns.IDEMPOTENCY_KEY)
-
-
-async def resolve_host(host: str) -> list[str]:
-    """The addresses ``host`` resolves to (the default ``ApiConfig.resolve_host``)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return [info[4][0] for info in infos]
 
 
 @dataclass
@@ -126,6 +120,8 @@ class ApiConfig:
     # ``offer_stale_s`` (this API's clock) is unknown and refuses nothing.
     offers: Callable[[], Mapping[str, Any]] | None = None
     offer_stale_s: float = 15.0
+    # callback host names at submit: looked up on threads of their own, bounded
+    # per tenant (framespool.producers.lookups)
     resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
     resolve_timeout_s: float = 2.0
     dashboard_dir: Path | None = dashboard.DIRECTORY  # None: no dashboard
@@ -162,7 +158,10 @@ LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
 OPENAPI = web.AppKey("openapi", dict)
 ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", list)  # [RateLimiter]
-STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
+STREAMS = web.AppKey("open_streams", dict)
+LOOKUPS = web.AppKey(
+    "callback_lookups", CallbackLookups
+)  # ("key"|"tenant", name) -> open SSE streams
 
 
 def error_body(
@@ -275,11 +274,14 @@ def _principal(request: web.Request) -> Principal:
     return principal
 
 
-async def _check_callback_host(config: ApiConfig, url: str | None) -> None:
+async def _check_callback_host(
+    config: ApiConfig, lookups: CallbackLookups, tenant: str, url: str | None
+) -> None:
     """Refuse a callback whose host name resolves to an address the policy forbids.
 
     IP literals were checked by the validation. A name that does not resolve
-    now is accepted: delivery resolves it again and checks every address it
+    now (or is not looked up now: ``framespool.producers.lookups``) is
+    accepted: delivery resolves it again and checks every address it
     connects to (``framespool.callbacks.targets.PolicyResolver``).
     """
     if not url:
@@ -293,11 +295,8 @@ async def _check_callback_host(config: ApiConfig, url: str | None) -> None:
     policy = config.url_policy
     if not host or policy.allow_private or host.lower() in policy.allow_hosts:
         return
-    try:
-        addresses = await asyncio.wait_for(config.resolve_host(host), config.resolve_timeout_s)
-    except (TimeoutError, OSError, UnicodeError):
-        return
-    for address in addresses:
+    addresses = await lookups.addresses(tenant, host, config.resolve_timeout_s)
+    for address in addresses or ():
         problem = check_address(host, address, policy)
         if problem:
             raise ApiError(
@@ -405,7 +404,9 @@ async def submit_job(request: web.Request) -> web.Response:
             "the body is nested too deeply; a job is a flat object (params values are scalars)",
         ) from None
     fields = validate_submit(body, principal.policy, config.limits, config.url_policy)
-    await _check_callback_host(config, fields.get("callback_url"))
+    await _check_callback_host(
+        config, request.app[LOOKUPS], principal.tenant, fields.get("callback_url")
+    )
     key = request.headers.get("Idempotency-Key")
     if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
         raise ApiError(
@@ -808,6 +809,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app[LOCKS] = {}
     app[TASKS] = []
     app[STREAMS] = {}
+    app[LOOKUPS] = CallbackLookups(config.resolve_host)
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OFFERS] = _offers_of(config)
