@@ -9,8 +9,8 @@ Four kinds of figure, each from where it is true:
   the store for the cluster view, so the figures are exactly what
   ``GET /v1/cluster`` answers;
 - counters the projection parts keep (records folded, dead-lettered, webhooks
-  delivered/failed, slow SSE clients dropped): ``ProjectionCollector`` reads
-  them at scrape time;
+  delivered/failed, slow SSE clients dropped, records not folded yet per
+  topic): ``ProjectionCollector`` reads them at scrape time;
 - submit -> assigned latency: ``AssignmentObserver`` looks at every job view
   the projection publishes and observes, once per job, the first
   ``JobAssigned`` entry's time minus the job's ``created_ms``.
@@ -180,6 +180,17 @@ class ProjectionCollector:
                     family = CounterMetricFamily(f"framespool_projection_{name}", help_text)
                     family.add_metric([], getattr(counters, name, 0))
                     out.append(family)
+            behind = getattr(part, "behind", None)
+            if isinstance(behind, dict):
+                gauge = GaugeMetricFamily(
+                    "framespool_projection_behind_records",
+                    "Records on the log the projection has not folded yet, per topic "
+                    "(from its consumer's latest Fetch)",
+                    labels=["topic"],
+                )
+                for topic, n in sorted(behind.items()):
+                    gauge.add_metric([topic], n)
+                out.append(gauge)
             if hasattr(part, "delivered") and hasattr(part, "failed"):
                 hooks = CounterMetricFamily(
                     "framespool_webhook_deliveries",

@@ -34,12 +34,23 @@ every tenant's status and progress, for as long as its lookups hang.
 
 A crash between 4 and 5 re-sends a dead letter (at-least-once, like every
 topic); a crash before 5 re-folds the records, which the store makes a no-op.
+
+Lag watch. Every ``LAG_CHECK_S`` each topic's watch compares, per partition,
+the high watermark its consumer last saw in a Fetch response with the offset
+folded and committed so far: ``behind[topic]`` (the API's
+``framespool_projection_behind_records`` gauge) is the sum of the gaps, and a
+partition whose gap has not moved for ``STALL_WARN_S`` is logged once as a
+warning (naming the offsets), its catching up as info. Records on the log
+that the views do not show for seconds are otherwise invisible: no error is
+raised anywhere. Cost: one cached watermark read per partition per check, on
+the event loop (no store call, no broker request).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,6 +70,8 @@ from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS
 log = logging.getLogger(__name__)
 
 PROCESSOR = "projections"  # the ``processor`` header of its dead letters
+LAG_CHECK_S = 1.0  # lag watch period (theory of operation)
+STALL_WARN_S = 10.0  # a partition this long behind without folding anything is logged
 
 
 @dataclass
@@ -132,6 +145,12 @@ class ProjectionConsumer:
         self._progress = asyncio.Condition()
         self._lock = asyncio.Lock()  # one fold-and-commit at a time across topics
         self._fence = EpochFence()
+        # lag watch (theory of operation): the next offset folded and committed per
+        # (topic, partition), records behind per topic, and per stalled partition
+        # (the folded offset it is stuck at, since when, whether it was logged)
+        self.folded: dict[tuple[str, int], int] = {}
+        self.behind: dict[str, int] = {}
+        self._stalls: dict[tuple[str, int], tuple[int, float, bool]] = {}
         # the polls' own threads (theory of operation): one per topic
         self._pollers = ThreadPoolExecutor(
             max_workers=len(self.topics), thread_name_prefix="projection-poll"
@@ -224,6 +243,8 @@ class ProjectionConsumer:
                 self._folder, self.store.commit, step.batch
             )
         self.counters.commits += 1
+        for tp, offset in step.batch.offsets.items():
+            self.folded[tp] = max(self.folded.get(tp, 0), offset + 1)
         self.cluster = step.cluster or self.cluster
         if self.hub is not None:
             for job_id, view in step.batch.views.items():
@@ -253,6 +274,41 @@ class ProjectionConsumer:
         async with self._progress:
             await asyncio.wait_for(self._progress.wait_for(predicate), timeout)
 
+    def check_lag(self, consumer: Consumer, topic: str, partitions: int, now: float) -> int:
+        """One lag-watch check of ``topic`` (theory of operation); returns its records behind."""
+        behind = 0
+        for p in range(partitions):
+            tp = (topic, p)
+            high = consumer.high_watermark(topic, p)
+            folded = self.folded.get(tp, 0)
+            if high is None or high <= folded:
+                stall = self._stalls.pop(tp, None)
+                if stall is not None and stall[2]:
+                    log.info("projection caught up on %s[%d] at offset %d", topic, p, folded)
+                continue
+            behind += high - folded
+            stall = self._stalls.get(tp)
+            if stall is None or stall[0] != folded:
+                self._stalls[tp] = (folded, now, False)
+            elif not stall[2] and now - stall[1] >= STALL_WARN_S:
+                self._stalls[tp] = (folded, stall[1], True)
+                log.warning(
+                    "projection has folded nothing of %s[%d] for %.1f s: folded to offset %d, "
+                    "the log has records to %d (fold or commit stuck, or the store failing)",
+                    topic,
+                    p,
+                    now - stall[1],
+                    folded,
+                    high,
+                )
+        self.behind[topic] = behind
+        return behind
+
+    async def _watch_lag(self, consumer: Consumer, topic: str, partitions: int) -> None:
+        while True:
+            await asyncio.sleep(LAG_CHECK_S)
+            self.check_lag(consumer, topic, partitions, time.monotonic())
+
     # -- the IO loop --------------------------------------------------------------
     async def run(self) -> None:
         """Consume every topic until cancelled.
@@ -280,11 +336,15 @@ class ProjectionConsumer:
         loop = asyncio.get_running_loop()
         consumer = self._factory()
         pending: asyncio.Future | None = None
+        watch: asyncio.Task | None = None
         try:
             partitions = await loop.run_in_executor(self._pollers, consumer.partitions_of, topic)
             start = {p: self.store.offset(topic, p) + 1 for p in range(partitions)}
             consumer.assign(topic, list(start), start)
             log.info("projection reading %s from %s", topic, start)
+            for p, offset in start.items():
+                self.folded[(topic, p)] = max(self.folded.get((topic, p), 0), offset)
+            watch = asyncio.create_task(self._watch_lag(consumer, topic, partitions))
             failures = 0
             while True:
                 pending = loop.run_in_executor(
@@ -311,6 +371,8 @@ class ProjectionConsumer:
                     start = {p: self.store.offset(topic, p) + 1 for p in range(partitions)}
                     consumer.assign(topic, list(start), start)
         finally:
+            if watch is not None:
+                watch.cancel()
             if pending is not None:  # let the poll thread finish before closing under it
                 try:
                     await pending

@@ -93,6 +93,7 @@ def test_projection_counters_from_the_background_parts():
         dispatcher,
     ]
     consumer.counters.dead_lettered = 2
+    consumer.behind = {"job-events": 7, "progress": 0}
     dispatcher.delivered, dispatcher.failed = 5, 1
     hub.dropped_total = 3
     registry = CollectorRegistry()
@@ -102,6 +103,8 @@ def test_projection_counters_from_the_background_parts():
     assert sample(text, "framespool_webhook_deliveries_total", outcome="delivered") == 5
     assert sample(text, "framespool_webhook_deliveries_total", outcome="failed") == 1
     assert sample(text, "framespool_sse_dropped_clients_total") == 3
+    assert sample(text, "framespool_projection_behind_records", topic="job-events") == 7
+    assert sample(text, "framespool_projection_behind_records", topic="progress") == 0
 
 
 def test_publish_tap_never_breaks_publishing_and_is_removed():

@@ -14,6 +14,7 @@ from framespool.projections.serialized_store import SerializedStore
 from framespool.projections.service import ProjectionService
 from framespool.projections.store import Batch, InMemoryViewStore
 from framespool.projections.testing import lifecycle, records_for
+from framespool.schemas.topics import JOB_EVENTS
 
 
 class ThreadRecordingStore(InMemoryViewStore):
@@ -157,5 +158,77 @@ def test_the_polls_do_not_wait_for_the_default_executor_a_tenant_can_fill():
 
     try:
         assert asyncio.run(scenario()) == "COMPLETED"
+    finally:
+        consumer.close()
+
+
+class StuckStore(InMemoryViewStore):
+    """A store whose commits hang until released (a stuck fold or disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck = threading.Event()
+        self.released = threading.Event()
+
+    def commit(self, batch: Batch, from_log: bool = True) -> None:
+        if self.stuck.is_set():
+            self.released.wait(30)
+        super().commit(batch, from_log)
+
+
+def test_a_partition_the_projection_stops_folding_is_counted_behind_and_warned_once(
+    monkeypatch, caplog
+):
+    from framespool.projections import consumer as projection
+
+    monkeypatch.setattr(projection, "LAG_CHECK_S", 0.02)
+    monkeypatch.setattr(projection, "STALL_WARN_S", 0.2)
+    log = MemoryLog()
+    writer = MemoryProducer(log)
+    store = StuckStore()
+    consumer = ProjectionConsumer(
+        store,
+        dead_letter_sender=MemoryProducer(),
+        consumer_factory=log.consumer,
+        topics=(JOB_EVENTS.name,),
+        poll_timeout_s=0.02,
+        fold_thread=True,
+    )
+    events = [e for e in lifecycle("j1") if type(e).__name__ != "RunProgress"]
+
+    async def until(predicate, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, "not within the timeout"
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        run = asyncio.create_task(consumer.run())
+        try:
+            first, rest = records_for(events[:2]), records_for(events)[2:]
+            for rec in first:
+                await writer.send(rec.topic, rec.key, rec.value, partition=rec.partition)
+            await until(lambda: store.get("j1") is not None)
+            await until(lambda: consumer.behind.get(JOB_EVENTS.name) == 0)
+            store.stuck.set()
+            for rec in rest:
+                await writer.send(rec.topic, rec.key, rec.value, partition=rec.partition)
+            # behind by what its consumer fetched before the fold stuck (1 to 3)
+            await until(lambda: consumer.behind.get(JOB_EVENTS.name, 0) > 0, 5)
+            await until(lambda: "has folded nothing" in caplog.text, 5)
+            await asyncio.sleep(0.3)  # warned once per stall, not per check
+            assert caplog.text.count("has folded nothing") == 1
+            store.released.set()
+            await until(lambda: consumer.behind.get(JOB_EVENTS.name) == 0)
+            await until(lambda: f"caught up on {JOB_EVENTS.name}" in caplog.text)
+            assert store.get("j1").state == "COMPLETED"
+        finally:
+            store.released.set()
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+
+    caplog.set_level("INFO", logger="framespool.projections.consumer")
+    try:
+        asyncio.run(scenario())
     finally:
         consumer.close()
