@@ -45,7 +45,11 @@ cleanup() {
         kill -9 "$pid" 2>/dev/null
     done
     if [ "$MUNGE_STARTED" = 1 ] && [ -f "$TMP/munged.pid" ]; then
-        kill "$(cat "$TMP/munged.pid")" 2>/dev/null
+        # and wait for it to be gone: a run started right after this one would
+        # otherwise find it still exiting and fail to start its own
+        munge_pid=$(cat "$TMP/munged.pid")
+        kill "$munge_pid" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$munge_pid" 2>/dev/null || break; sleep 0.1; done
     fi
     if [ "${KEEP_TMP:-0}" = 1 ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
 }
@@ -61,7 +65,8 @@ if ! pgrep -x munged >/dev/null; then
     chown munge: "$TMP" "$TMP/munge" 2>/dev/null || true
     # munged runs as root here (--force: root-owned dirs are fine for a bench).
     munged --force --socket="$MUNGE_SOCKET" --pid-file="$TMP/munged.pid" \
-        --seed-file="$TMP/munge/seed" --log-file="$TMP/munged.log"
+        --seed-file="$TMP/munge/seed" --log-file="$TMP/munged.log" ||
+        { echo "munged did not start; see $TMP/munged.log (KEEP_TMP=1)" >&2; exit 1; }
     MUNGE_STARTED=1
 fi
 
