@@ -57,13 +57,13 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from framespool.callbacks.lookups import CallbackLookups
 from framespool.callbacks.targets import TargetPolicy, check_address
 from framespool.log import Sender
 from framespool.processors.core.offers import PREDICTED_WAIT, live_offers, wait_refusal
 from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
-from framespool.producers.lookups import CallbackLookups, resolve_host
 from framespool.producers.metrics import (
     AssignmentObserver,
     Metrics,
@@ -121,8 +121,9 @@ class ApiConfig:
     offers: Callable[[], Mapping[str, Any]] | None = None
     offer_stale_s: float = 15.0
     # callback host names at submit: looked up on threads of their own, bounded
-    # per tenant (framespool.producers.lookups)
-    resolve_host: Callable[[str], Awaitable[list[str]]] = resolve_host
+    # per tenant (framespool.callbacks.lookups)
+    # None: getaddrinfo on the lookups' own threads; tests give a fake
+    resolve_host: Callable[[str], Awaitable[list[str]]] | None = None
     resolve_timeout_s: float = 2.0
     dashboard_dir: Path | None = dashboard.DIRECTORY  # None: no dashboard
     webhook_secrets: Any = None  # projections.webhook_secrets.WebhookSecrets; None: no rotation
@@ -280,7 +281,7 @@ async def _check_callback_host(
     """Refuse a callback whose host name resolves to an address the policy forbids.
 
     IP literals were checked by the validation. A name that does not resolve
-    now (or is not looked up now: ``framespool.producers.lookups``) is
+    now (or is not looked up now: ``framespool.callbacks.lookups``) is
     accepted: delivery resolves it again and checks every address it
     connects to (``framespool.callbacks.targets.PolicyResolver``).
     """

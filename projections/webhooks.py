@@ -17,7 +17,10 @@ Theory of operation
 3. Targets: the policy is ``framespool.callbacks.targets`` (shared with request
    validation). Each attempt re-checks the URL, and the HTTP session resolves
    hosts through its ``PolicyResolver``, which checks the very addresses it
-   connects to.
+   connects to. Host names are looked up on the dispatcher's own threads, at
+   most ``per_tenant_concurrency`` of one tenant in flight
+   (``framespool.callbacks.lookups``): a tenant whose names hang delays only
+   its own notifications.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
 
+from framespool.callbacks.lookups import LOOKUP_TENANT, CallbackLookups, TenantResolver
 from framespool.callbacks.targets import PolicyResolver, TargetPolicy, TargetRefused, check_target
 from framespool.projections.delivery_lanes import DeliveryLanes
 from framespool.projections.jobs import (
@@ -147,6 +151,10 @@ class WebhookConfig:
     max_response_bytes: int = 64 * 1024  # a reply body is read up to this, then dropped
     max_age_s: float = 24 * 3600.0  # older notifications (e.g. after a full replay) expire
     secrets: Any = None
+    # a callback host name's lookup, per attempt (framespool.callbacks.lookups);
+    # None resolves with getaddrinfo on the dispatcher's own threads (tests: a fake)
+    dns_timeout_s: float = 5.0
+    resolve_host: Callable[[str], Awaitable[list[str]]] | None = None
 
     @classmethod
     def for_tenants(cls, tenants: dict[str, Any], **kw: Any) -> WebhookConfig:
@@ -189,6 +197,12 @@ class WebhookDispatcher:
         self._rand = rand
         self._wake = asyncio.Event()
         self._lanes = DeliveryLanes(max(1, config.per_tenant_concurrency))
+        # host names are looked up at most per_tenant_concurrency per tenant in flight,
+        # on threads of the dispatcher's own (framespool.callbacks.lookups); counted
+        # across runs, since a lookup outlives the attempt that started it
+        self._lookups = CallbackLookups(
+            config.resolve_host, per_tenant=max(1, config.per_tenant_concurrency)
+        )
         self._rescan = True
         self._running = 0
         self.delivered = 0
@@ -204,8 +218,10 @@ class WebhookDispatcher:
         self._wake.set()
 
     async def run(self) -> None:
+        resolver = TenantResolver(self._lookups, self._config.dns_timeout_s)
         connector = aiohttp.TCPConnector(
-            resolver=PolicyResolver(self._config.policy), limit=self._config.concurrency
+            resolver=PolicyResolver(self._config.policy, resolver),
+            limit=self._config.concurrency,
         )
         timeout = aiohttp.ClientTimeout(total=self._config.timeout_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -275,6 +291,7 @@ class WebhookDispatcher:
                 "Framespool-Signature": sign(secret, int(now), body),
                 "User-Agent": "framespool-webhooks/1",
             }
+            LOOKUP_TENANT.set(current.tenant)  # this task's lookups count against it
             try:
                 async with asyncio.timeout(self._config.timeout_s):
                     status = await self._post(session, current.url, body, headers)

@@ -1,4 +1,4 @@
-"""One tenant's slow DNS slows no one else's submissions (framespool.producers.lookups)."""
+"""One tenant's slow DNS slows no one else's submissions (framespool.callbacks.lookups)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from framespool.callbacks.lookups import LOOKUP_THREADS, CallbackLookups
 from framespool.log.memory import MemoryProducer
 from framespool.producers.api import LOOKUPS, ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
-from framespool.producers.lookups import LOOKUP_THREADS, CallbackLookups
 from framespool.projections.store import InMemoryViewStore
 
 MALLORY = "mallory-key.m-secret"

@@ -123,6 +123,56 @@ def test_one_tenants_hung_receivers_do_not_delay_another_tenants_webhooks():
     assert receivers.max_hanging <= 2  # WebhookConfig().per_tenant_concurrency
 
 
+def test_one_tenants_hanging_dns_does_not_delay_another_tenants_webhooks():
+    gate = asyncio.Event()
+    asked = {"slow": 0, "slow_max": 0}
+
+    async def dns(host: str) -> list[str]:
+        if host.endswith(".slow.test"):  # the slow tenant's DNS never answers
+            asked["slow"] += 1
+            asked["slow_max"] = max(asked["slow_max"], asked["slow"])
+            try:
+                await gate.wait()
+            finally:
+                asked["slow"] -= 1
+            raise OSError("no answer")
+        return ["127.0.0.1"]
+
+    async def go():
+        receivers = Receivers()
+        async with TestServer(receivers.app()) as server:
+            store = InMemoryViewStore()
+            for i in range(20):
+                url = f"http://h{i}.slow.test:{server.port}/hook"
+                store.put_delivery(delivery("slow", f"s{i}", url))
+            dispatcher = WebhookDispatcher(
+                store, config(concurrency=8, resolve_host=dns, dns_timeout_s=0.2)
+            )
+            # the slow tenant's lookups hang, and its later attempts fail at once
+            await run_until(
+                dispatcher,
+                lambda: any(
+                    "too many lookups" in store.get_delivery(f"s{i}:evt").last_error
+                    for i in range(20)
+                ),
+            )
+            assert asked["slow"] == 2
+            late = delivery("fast", "f0", f"http://hooks.fast.test:{server.port}/hook")
+            store.put_delivery(late)
+            dispatcher.notify([late])
+            await run_until(dispatcher, lambda: store.get_delivery("f0:evt").status == DELIVERED)
+            still_hanging = asked["slow"]
+            gate.set()
+            assert still_hanging == 2
+            return receivers, store
+
+    receivers, store = asyncio.run(go())
+    assert receivers.hooked == ["f0:evt"]
+    # the slow tenant's lookups never held more than its share, even once abandoned
+    assert asked["slow_max"] == 2  # WebhookConfig().per_tenant_concurrency
+    assert all(store.get_delivery(f"s{i}:evt").status != DELIVERED for i in range(20))
+
+
 def test_a_huge_reply_is_not_read_past_the_cap():
     async def go():
         receivers = Receivers(huge_bytes=64 << 20)
