@@ -11,6 +11,14 @@ Builtins (``ModelProfile.builtin``):
     Completes with an empty output and reports progress 1.0 (step 1 of 1): zero
     work, for measuring the pipeline itself (``framespool bench pipeline``).
 
+``hold``
+    Holds its GPUs for ``params.duration_s`` seconds (1 when absent or not a
+    number, at most ``HOLD_MAX_S``) divided by the agent's time scale, one
+    progress step a second of ``duration_s``, then completes like ``noop``:
+    jobs that occupy capacity without a process each, so that a test or a
+    drill builds a backlog of thousands of jobs on a small machine (stopped,
+    it ends at once, like a killed process).
+
 A builtin's output is the agent's own bytes (``Outcome.output_data``), not a
 file a generator names: it needs no work directory, no staging and no copy,
 and the run keeps it in the store with one ``put_bytes``
@@ -22,12 +30,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from framespool.agents.profiles import ModelProfile
 from framespool.agents.runner import COMPLETED, STOPPED, Checkpoint, Outcome, Progress
 
 log = logging.getLogger(__name__)
+
+
+HOLD_MAX_S = 3600.0
+
+
+def hold_duration_s(params: Mapping[str, str]) -> float:
+    """``hold``'s duration in job seconds: ``params.duration_s``, else 1."""
+    try:
+        duration_s = float(params.get("duration_s", "1"))
+    except (TypeError, ValueError):
+        return 1.0
+    if duration_s != duration_s:  # NaN
+        return 1.0
+    return min(max(duration_s, 0.0), HOLD_MAX_S)
 
 
 class BuiltinRunner:
@@ -41,10 +63,17 @@ class BuiltinRunner:
         profile: ModelProfile,
         *,
         on_progress: Callable[[Progress], None] | None = None,
+        params: Mapping[str, str] | None = None,
+        time_scale: float = 1.0,
     ) -> None:
-        if profile.builtin != "noop":
+        if profile.builtin not in ("noop", "hold"):
             raise ValueError(f"profile {profile.name!r}: no builtin {profile.builtin!r}")
         self.profile = profile
+        self._steps, self._step_s = 1, 0.0
+        if profile.builtin == "hold":
+            duration_s = hold_duration_s(params or {})
+            self._steps = max(1, round(duration_s))
+            self._step_s = duration_s / self._steps / max(time_scale, 1e-6)
         self._on_progress = on_progress
         self._task: asyncio.Task[Outcome] | None = None
         self._stopped = False
@@ -60,12 +89,15 @@ class BuiltinRunner:
 
     async def _noop(self) -> Outcome:
         await asyncio.sleep(0)  # like a process, it works after start() returns
-        self.last = Progress(1.0, 1, 1)
-        if self._on_progress is not None:
-            try:
-                self._on_progress(self.last)
-            except Exception:  # a reporting bug must not fail the run
-                log.exception("builtin %s: progress callback failed", self.profile.name)
+        for step in range(1, self._steps + 1):
+            if self._step_s:
+                await asyncio.sleep(self._step_s)
+            self.last = Progress(step / self._steps, step, self._steps)
+            if self._on_progress is not None:
+                try:
+                    self._on_progress(self.last)
+                except Exception:  # a reporting bug must not fail the run
+                    log.exception("builtin %s: progress callback failed", self.profile.name)
         return Outcome(COMPLETED, 0, output_data=b"")
 
     async def wait(self) -> Outcome:

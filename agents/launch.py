@@ -70,7 +70,9 @@ def runner_for(
     made at once (building them was a twentieth of a noop agent's event-loop
     time, ``bench pipeline``)."""
     if profile.builtin:
-        return BuiltinRunner(profile, on_progress=on_progress)
+        return BuiltinRunner(
+            profile, on_progress=on_progress, params=cmd.spec.params, time_scale=time_scale
+        )
     spec, n = cmd.spec, str(cmd.run)
     gpus = ",".join(str(g) for g in cmd.gpus)
     rank, world = str(member.rank), str(member.world_size)

@@ -19,7 +19,8 @@ a shell or spliced into inline code, and never where a generator's option
 parser could read them as an option (``--prompt={prompt}``, or after ``--``).
 
 A profile with ``builtin`` instead of a command runs in the agent's process:
-``noop`` (report done, write an empty output) costs no process per job.
+``noop`` (report done, write an empty output) costs no process per job, nor does
+``hold`` (holds its GPUs for ``params.duration_s``, scaled).
 
 What the generator gets and gives back is bounded by the profile too:
 ``inherit_env`` names the agent's variables it may see (it sees almost none
@@ -64,7 +65,7 @@ SHELLS = frozenset(
 )
 INTERPRETER = re.compile(r"^(\{python\}|python[0-9.]*|perl|ruby|node|php|lua[0-9.]*|Rscript)$")
 INLINE_CODE_FLAGS = frozenset({"-c", "-e", "-E", "--eval", "--command"})
-BUILTINS = frozenset({"noop"})
+BUILTINS = frozenset({"noop", "hold"})
 GIB = 1 << 30
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -325,11 +326,26 @@ def noop_profile() -> ModelProfile:
     )
 
 
+def hold_profile() -> ModelProfile:
+    """A generator that holds its GPUs for ``params.duration_s`` (scaled) in the
+    agent's process (``framespool.agents.builtin``): backlogs of many jobs on a
+    small machine, without a process per job."""
+    return ModelProfile.from_dict(
+        {
+            "name": "hold",
+            "builtin": "hold",
+            "output_name": "output.bin",
+            "hang_timeout_s": 30.0,
+            "stop_grace_s": 1.0,
+        }
+    )
+
+
 def load_profiles(source: Any = None) -> dict[str, ModelProfile]:
     """Profiles by model name: the built-in ``demo`` and ``noop`` plus any from
     ``source`` (a path to .json/.toml holding ``{"profiles": [...]}`` or a list
     of dicts)."""
-    profiles = {"demo": demo_profile(), "noop": noop_profile()}
+    profiles = {"demo": demo_profile(), "noop": noop_profile(), "hold": hold_profile()}
     if source is None:
         return profiles
     if isinstance(source, (str, Path)):

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from framespool.agents.profiles import ModelProfile, ProfileError, demo_profile, load_profiles
+from framespool.agents.runner import COMPLETED, STOPPED
 
 VALUES = dict(
     prompt="a cat",
@@ -92,7 +93,7 @@ def test_load_from_json_and_toml(tmp_path):
     )
     from_json = load_profiles(tmp_path / "p.json")
     from_toml = load_profiles(tmp_path / "p.toml")
-    assert set(from_json) == {"demo", "noop", "vidgen-2"}
+    assert set(from_json) == {"demo", "noop", "hold", "vidgen-2"}
     assert from_toml["t2v"].hang_timeout_s == 5.0 and from_toml["t2v"].can_checkpoint
     assert not from_toml["t2v"].can_resume
 
@@ -202,3 +203,48 @@ def test_startup_timeout_is_read_and_must_be_positive():
     for bad in (0, -5):
         with pytest.raises(ProfileError, match="startup_timeout_s"):
             ModelProfile.from_dict({**base, "startup_timeout_s": bad})
+
+
+def test_hold_holds_its_gpus_for_the_scaled_duration_in_steps_then_completes():
+    import asyncio
+
+    from framespool.agents.builtin import HOLD_MAX_S, BuiltinRunner, hold_duration_s
+
+    hold = load_profiles()["hold"]
+    assert hold.builtin == "hold" and hold.command == ()
+    seen = []
+
+    async def run(params, time_scale):
+        runner = BuiltinRunner(hold, on_progress=seen.append, params=params, time_scale=time_scale)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await runner.start()
+        outcome = await runner.wait()
+        return outcome, loop.time() - t0
+
+    outcome, _ = asyncio.run(run({"duration_s": "3"}, 100.0))
+    assert outcome.kind == COMPLETED and outcome.output_data == b""
+    assert [(p.step, p.total_steps) for p in seen] == [(1, 3), (2, 3), (3, 3)]
+    assert seen[-1].progress == 1.0
+    # it holds: not done before its scaled duration (a lower bound, not a timing)
+    _, took = asyncio.run(run({"duration_s": "2"}, 20.0))
+    assert took >= 0.1
+    assert hold_duration_s({}) == 1.0
+    assert hold_duration_s({"duration_s": "soon"}) == 1.0
+    assert hold_duration_s({"duration_s": "nan"}) == 1.0
+    assert hold_duration_s({"duration_s": "-5"}) == 0.0
+    assert hold_duration_s({"duration_s": "1e9"}) == HOLD_MAX_S
+
+
+def test_a_stopped_hold_ends_at_once():
+    import asyncio
+
+    from framespool.agents.builtin import BuiltinRunner
+
+    async def go():
+        runner = BuiltinRunner(load_profiles()["hold"], params={"duration_s": "3600"})
+        await runner.start()
+        await asyncio.sleep(0.01)
+        return await asyncio.wait_for(runner.stop(), 5)
+
+    assert asyncio.run(go()).kind == STOPPED
