@@ -124,19 +124,30 @@ def test_control_an_unserialized_store_is_entered_concurrently():
     assert inner.overlaps > 0
 
 
-def test_the_polls_do_not_wait_for_the_default_executor_a_tenant_can_fill():
-    """A tenant's callback hosts are resolved on the loop's default executor
-    (getaddrinfo); lookups that hang there must not stop every tenant's fold."""
+def live(store: InMemoryViewStore, **kw) -> tuple[MemoryProducer, ProjectionConsumer]:
+    """A projection consumer reading a memory log as ``run()`` does, and a writer to it."""
     log = MemoryLog()
-    writer = MemoryProducer(log)
-    store = InMemoryViewStore()
     consumer = ProjectionConsumer(
         store,
         dead_letter_sender=MemoryProducer(),
         consumer_factory=log.consumer,
-        poll_timeout_s=0.05,
         fold_thread=True,
+        **kw,
     )
+    return MemoryProducer(log), consumer
+
+
+async def write(writer: MemoryProducer, records) -> None:
+    for rec in records:
+        await writer.send(rec.topic, rec.key, rec.value, partition=rec.partition)
+
+
+def test_the_polls_do_not_wait_for_the_default_executor_a_tenant_can_fill():
+    """Whatever else runs on the loop's default executor (in the API process,
+    blocking calls that a tenant's input can make hang) must not stop every
+    tenant's fold."""
+    store = InMemoryViewStore()
+    writer, consumer = live(store, poll_timeout_s=0.05)
     hanging = threading.Event()
 
     async def scenario() -> str:
@@ -145,8 +156,7 @@ def test_the_polls_do_not_wait_for_the_default_executor_a_tenant_can_fill():
         lookups = [loop.run_in_executor(None, hanging.wait, 30) for _ in range(4)]
         run = asyncio.create_task(consumer.run())
         try:
-            for rec in records_for(lifecycle("j1")):
-                await writer.send(rec.topic, rec.key, rec.value, partition=rec.partition)
+            await write(writer, records_for(lifecycle("j1")))
             await consumer.wait_until(
                 lambda: (v := store.get("j1")) is not None and v.terminal, timeout=10
             )
@@ -183,17 +193,8 @@ def test_a_partition_the_projection_stops_folding_is_counted_behind_and_warned_o
 
     monkeypatch.setattr(projection, "LAG_CHECK_S", 0.02)
     monkeypatch.setattr(projection, "STALL_WARN_S", 0.2)
-    log = MemoryLog()
-    writer = MemoryProducer(log)
     store = StuckStore()
-    consumer = ProjectionConsumer(
-        store,
-        dead_letter_sender=MemoryProducer(),
-        consumer_factory=log.consumer,
-        topics=(JOB_EVENTS.name,),
-        poll_timeout_s=0.02,
-        fold_thread=True,
-    )
+    writer, consumer = live(store, topics=(JOB_EVENTS.name,), poll_timeout_s=0.02)
     events = [e for e in lifecycle("j1") if type(e).__name__ != "RunProgress"]
 
     async def until(predicate, timeout: float = 10.0) -> None:
@@ -206,13 +207,11 @@ def test_a_partition_the_projection_stops_folding_is_counted_behind_and_warned_o
         run = asyncio.create_task(consumer.run())
         try:
             first, rest = records_for(events[:2]), records_for(events)[2:]
-            for rec in first:
-                await writer.send(rec.topic, rec.key, rec.value, partition=rec.partition)
+            await write(writer, first)
             await until(lambda: store.get("j1") is not None)
             await until(lambda: consumer.behind.get(JOB_EVENTS.name) == 0)
             store.stuck.set()
-            for rec in rest:
-                await writer.send(rec.topic, rec.key, rec.value, partition=rec.partition)
+            await write(writer, rest)
             # behind by what its consumer fetched before the fold stuck (1 to 3)
             await until(lambda: consumer.behind.get(JOB_EVENTS.name, 0) > 0, 5)
             await until(lambda: "has folded nothing" in caplog.text, 5)
