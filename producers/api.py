@@ -786,9 +786,10 @@ async def _background(app: web.Application):
     tap.remove()
 
 
-def _register_collectors(metrics: Metrics, config: ApiConfig) -> None:
+def _register_collectors(metrics: Metrics, config: ApiConfig, lookups: CallbackLookups) -> None:
     metrics.registry.register(ViewCollector(config.store.load_cluster))
-    metrics.registry.register(ProjectionCollector(projection_parts(config.background), config.hub))
+    parts = projection_parts(config.background)
+    metrics.registry.register(ProjectionCollector(parts, config.hub, lookups))
 
 
 def metrics_app(api: web.Application) -> web.Application:
@@ -806,11 +807,11 @@ def make_app(config: ApiConfig) -> web.Application:
     app = web.Application(middlewares=[_errors_and_metrics], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[METRICS] = Metrics()
-    _register_collectors(app[METRICS], config)
+    app[LOOKUPS] = CallbackLookups(config.resolve_host)
+    _register_collectors(app[METRICS], config, app[LOOKUPS])
     app[LOCKS] = {}
     app[TASKS] = []
     app[STREAMS] = {}
-    app[LOOKUPS] = CallbackLookups(config.resolve_host)
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OFFERS] = _offers_of(config)

@@ -10,7 +10,8 @@ Four kinds of figure, each from where it is true:
   ``GET /v1/cluster`` answers;
 - counters the projection parts keep (records folded, dead-lettered, webhooks
   delivered/failed, slow SSE clients dropped, records not folded yet per
-  topic): ``ProjectionCollector`` reads them at scrape time;
+  topic, callback host lookups skipped for a bound): ``ProjectionCollector``
+  reads them at scrape time;
 - submit -> assigned latency: ``AssignmentObserver`` looks at every job view
   the projection publishes and observes, once per job, the first
   ``JobAssigned`` entry's time minus the job's ``created_ms``.
@@ -161,9 +162,10 @@ class ProjectionCollector:
     ``projection_parts``); an absent part contributes nothing.
     """
 
-    def __init__(self, parts: Iterable[Any], hub: Any = None) -> None:
+    def __init__(self, parts: Iterable[Any], hub: Any = None, lookups: Any = None) -> None:
         self._parts = list(parts)
         self._hub = hub
+        self._lookups = lookups  # the API's submit-time CallbackLookups, if any
 
     def collect(self) -> Iterable[Any]:
         out = []
@@ -200,6 +202,19 @@ class ProjectionCollector:
                 hooks.add_metric(["delivered"], part.delivered)
                 hooks.add_metric(["failed"], part.failed)
                 out.append(hooks)
+        skipped = CounterMetricFamily(
+            "framespool_callback_lookups_skipped",
+            "Callback host lookups not made for a per-tenant or total bound (submit: the "
+            "check is left to delivery; webhook: the attempt is retried later)",
+            labels=["where"],
+        )
+        sources = [("submit", self._lookups)]
+        sources += [("webhook", getattr(p, "lookups", None)) for p in self._parts]
+        for where, lookups in sources:
+            if lookups is not None:
+                skipped.add_metric([where], lookups.skipped)
+        if skipped.samples:
+            out.append(skipped)
         if self._hub is not None and hasattr(self._hub, "dropped_total"):
             dropped = CounterMetricFamily(
                 "framespool_sse_dropped_clients", "SSE clients dropped for not keeping up"

@@ -200,7 +200,7 @@ class WebhookDispatcher:
         # host names are looked up at most per_tenant_concurrency per tenant in flight,
         # on threads of the dispatcher's own (framespool.callbacks.lookups); counted
         # across runs, since a lookup outlives the attempt that started it
-        self._lookups = CallbackLookups(
+        self.lookups = CallbackLookups(
             config.resolve_host, per_tenant=max(1, config.per_tenant_concurrency)
         )
         self._rescan = True
@@ -218,7 +218,7 @@ class WebhookDispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        resolver = TenantResolver(self._lookups, self._config.dns_timeout_s)
+        resolver = TenantResolver(self.lookups, self._config.dns_timeout_s)
         connector = aiohttp.TCPConnector(
             resolver=PolicyResolver(self._config.policy, resolver),
             limit=self._config.concurrency,

@@ -9,6 +9,7 @@ import re
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
+from framespool.callbacks.lookups import CallbackLookups
 from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
@@ -95,9 +96,12 @@ def test_projection_counters_from_the_background_parts():
     consumer.counters.dead_lettered = 2
     consumer.behind = {"job-events": 7, "progress": 0}
     dispatcher.delivered, dispatcher.failed = 5, 1
+    dispatcher.lookups.skipped = 4
+    submit_lookups = CallbackLookups()
+    submit_lookups.skipped = 9
     hub.dropped_total = 3
     registry = CollectorRegistry()
-    registry.register(ProjectionCollector([consumer, dispatcher], hub))
+    registry.register(ProjectionCollector([consumer, dispatcher], hub, submit_lookups))
     text = generate_latest(registry).decode()
     assert sample(text, "framespool_projection_dead_lettered_total") == 2
     assert sample(text, "framespool_webhook_deliveries_total", outcome="delivered") == 5
@@ -105,6 +109,8 @@ def test_projection_counters_from_the_background_parts():
     assert sample(text, "framespool_sse_dropped_clients_total") == 3
     assert sample(text, "framespool_projection_behind_records", topic="job-events") == 7
     assert sample(text, "framespool_projection_behind_records", topic="progress") == 0
+    assert sample(text, "framespool_callback_lookups_skipped_total", where="submit") == 9
+    assert sample(text, "framespool_callback_lookups_skipped_total", where="webhook") == 4
 
 
 def test_publish_tap_never_breaks_publishing_and_is_removed():

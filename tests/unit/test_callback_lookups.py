@@ -10,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import generate_latest
 
 from framespool.callbacks.lookups import LOOKUP_THREADS, CallbackLookups
 from framespool.log.memory import MemoryProducer
-from framespool.producers.api import LOOKUPS, ApiConfig, make_app
+from framespool.producers.api import LOOKUPS, METRICS, ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections.store import InMemoryViewStore
 
@@ -88,6 +89,11 @@ def test_a_tenant_whose_dns_hangs_does_not_starve_another_tenants_check(dns):
             # its lookups still hang, past the requests: they still count
             assert lookups.in_flight == lookups.per_tenant
             assert lookups.skipped == 3 * LOOKUP_THREADS - lookups.per_tenant
+            scraped = generate_latest(client.server.app[METRICS].registry).decode()
+            assert (
+                f'framespool_callback_lookups_skipped_total{{where="submit"}} {lookups.skipped}.0'
+                in scraped
+            )
             # another tenant's names are still looked up, and refused when private
             r = await submit(client, ACME, "inside.acme.test")
             err = (await r.json())["error"]
