@@ -85,9 +85,9 @@ class BuiltinRunner:
         return self._task is not None and not self._task.done()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._noop(), name=f"builtin-{self.profile.name}")
+        self._task = asyncio.create_task(self._run(), name=f"builtin-{self.profile.name}")
 
-    async def _noop(self) -> Outcome:
+    async def _run(self) -> Outcome:
         await asyncio.sleep(0)  # like a process, it works after start() returns
         for step in range(1, self._steps + 1):
             if self._step_s:

@@ -120,8 +120,7 @@ class ApiConfig:
     # ``offer_stale_s`` (this API's clock) is unknown and refuses nothing.
     offers: Callable[[], Mapping[str, Any]] | None = None
     offer_stale_s: float = 15.0
-    # callback host names at submit: looked up on threads of their own, bounded
-    # per tenant (framespool.callbacks.lookups)
+    # callback host names at submit, bounded per tenant (framespool.callbacks.lookups);
     # None: getaddrinfo on the lookups' own threads; tests give a fake
     resolve_host: Callable[[str], Awaitable[list[str]]] | None = None
     resolve_timeout_s: float = 2.0
@@ -159,10 +158,8 @@ LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
 OPENAPI = web.AppKey("openapi", dict)
 ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", list)  # [RateLimiter]
-STREAMS = web.AppKey("open_streams", dict)
-LOOKUPS = web.AppKey(
-    "callback_lookups", CallbackLookups
-)  # ("key"|"tenant", name) -> open SSE streams
+STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
+LOOKUPS = web.AppKey("callback_lookups", CallbackLookups)  # submit-time callback host lookups
 
 
 def error_body(

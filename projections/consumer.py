@@ -27,10 +27,10 @@ the one store call in progress. The store must then be safe to share
 Steps 4 and 6 run on the loop (the producer's futures, the hub's queues).
 
 The polls run on threads of their own too, one per topic, never on the
-event loop's default executor: the API process also resolves tenants'
-callback hosts there (``getaddrinfo``), and a tenant whose DNS answers
-slowly could otherwise occupy every thread of it and stop the fold, and so
-every tenant's status and progress, for as long as its lookups hang.
+event loop's default executor: whatever else in the API process blocks a
+thread of that executor (work a tenant's input can make hang, as a DNS
+lookup of its callback host did before ``framespool.callbacks.lookups``)
+must not stop the fold, and so every tenant's status and progress.
 
 A crash between 4 and 5 re-sends a dead letter (at-least-once, like every
 topic); a crash before 5 re-folds the records, which the store makes a no-op.
