@@ -19,11 +19,11 @@ clock and is deterministic, so truncate-and-replay rebuilds the same views.
    run means RUNNING. Progress and job events come from two topics, read by
    two consumers, each at its own pace, so progress of run ``n`` can be read
    before ``JobAssigned`` of run ``n``: the view holds the newest such report
-   (one, with the time of the job's first: ``held_progress``) and applies it right
+   (one, ``held_progress``, with the time of the job's first, ``held_since_ms``) and applies it right
    after that ``JobAssigned``, drops it when an even newer run is assigned or
    the job ends. Held progress is not shown (the run is not assigned yet in
    the view) and one report per job at most is held, so a report for a run
-   that never comes costs one tuple.
+   that never comes costs one event.
 4. **Terminal jobs** (COMPLETED, FAILED, CANCELLED, REJECTED) never change state
    again; later events are recorded as ignored.
 5. **Timeline.** Every applied or recorded event appends a ``TimelineEntry``
@@ -149,10 +149,10 @@ class JobView:
     seq: int = 0
     timeline: tuple[TimelineEntry, ...] = ()
     seen: tuple[str, ...] = ()
-    # the newest RunProgress of a run newer than ``run`` (theory of operation 3):
-    # (event_id, ts_ms, run, node_id, progress, step, total_steps, message,
-    # first_ts_ms), or () when none is held
-    held_progress: tuple = ()
+    # the newest RunProgress of a run newer than ``run``, and the time of the
+    # job's first report held (theory of operation 3)
+    held_progress: RunProgress | None = None
+    held_since_ms: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -256,8 +256,8 @@ def apply(view: JobView | None, event: Any) -> JobView | None:
         return _record_ignored(view, event, stale)
     new_view, summary = _HANDLERS[name](view, event)
     new_view = _finish(new_view, event, summary)
-    if new_view.held_progress:
-        new_view = _release_held(new_view)
+    if new_view.held_progress is not None:
+        new_view = _release_held(new_view, new_view.held_progress)
     return new_view
 
 
@@ -292,52 +292,27 @@ def _older_progress(view: JobView, event: RunProgress) -> bool:
 def _hold_progress(view: JobView, event: RunProgress) -> JobView:
     """Keep ``event`` (of a run newer than the view's) unless a newer report is held."""
     held = view.held_progress
-    first_ts = event.ts_ms
-    if held:
-        first_ts = min(first_ts, held[8])  # the job's first report, whichever run
-        if (held[2], held[5], held[4]) > (event.run, event.step, event.progress):
-            kept = held[:8] + (first_ts,)
-            return replace(view, held_progress=kept, seen=_remember(view, event.event_id))
-    kept = (
-        event.event_id,
-        event.ts_ms,
-        event.run,
-        event.node_id,
-        event.progress,
-        event.step,
-        event.total_steps,
-        event.message,
-        first_ts,
-    )
-    return replace(view, held_progress=kept, seen=_remember(view, event.event_id))
+    seen = _remember(view, event.event_id)
+    if held is None:
+        return replace(view, held_progress=event, held_since_ms=event.ts_ms, seen=seen)
+    newest = max(event, held, key=lambda p: (p.run, p.step, p.progress))  # a tie: the later
+    since = min(event.ts_ms, view.held_since_ms)
+    return replace(view, held_progress=newest, held_since_ms=since, seen=seen)
 
 
-def _release_held(view: JobView) -> JobView:
+def _release_held(view: JobView, held: RunProgress) -> JobView:
     """After a job event: apply held progress of the run now assigned, drop it if
     the job ended or moved past its run, keep it while its run is still ahead."""
-    held = view.held_progress
-    run = held[2]
-    if run > view.run and not view.terminal:
+    if held.run > view.run and not view.terminal:
         return view
-    view = replace(view, held_progress=())
+    since = view.held_since_ms
+    view = replace(view, held_progress=None, held_since_ms=0)
     if view.terminal:
         return view
-    if run != view.run or view.state != ASSIGNED:  # a newer run was assigned: it did run
-        return replace(view, started_ms=view.started_ms or held[8])
-    event_id, ts_ms, _, node_id, progress, step, total_steps, message, first_ts = held
-    event = RunProgress(
-        event_id=event_id,
-        ts_ms=ts_ms,
-        job_id=view.job_id,
-        run=run,
-        node_id=node_id,
-        progress=progress,
-        step=step,
-        total_steps=total_steps,
-        message=message,
-    )
-    started = replace(view, started_ms=view.started_ms or first_ts)
-    return _finish(_progress(started, event), event, _progress_summary(event))
+    started = replace(view, started_ms=view.started_ms or since)
+    if held.run != view.run or view.state != ASSIGNED:  # a newer run was assigned: it did run
+        return started
+    return _finish(_progress(started, held), held, _progress_summary(held))
 
 
 def _remember(view: JobView, event_id: str) -> tuple[str, ...]:

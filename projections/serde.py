@@ -7,11 +7,12 @@ view read back from the store folds on exactly like the one that was written.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from framespool.projections.cluster import Breaker, CellView
 from framespool.projections.jobs import JobView, TimelineEntry
-from framespool.schemas.events import GpuStatus, NodeStatus, QueueDepth, Shape
+from framespool.schemas.events import GpuStatus, NodeStatus, QueueDepth, RunProgress, Shape
 
 
 def view_to_dict(v: JobView) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def view_to_dict(v: JobView) -> dict[str, Any]:
     doc["nodes"] = list(v.nodes)
     doc["timeline"] = [[e.seq, e.event_id, e.ts_ms, e.type, e.state, e.summary] for e in v.timeline]
     doc["seen"] = list(v.seen)
-    doc["held_progress"] = list(v.held_progress)
+    doc["held_progress"] = asdict(v.held_progress) if v.held_progress is not None else None
     return doc
 
 
@@ -34,7 +35,8 @@ def view_from_dict(doc: dict[str, Any]) -> JobView:
     fields["nodes"] = tuple(doc.get("nodes", ()))
     fields["timeline"] = tuple(TimelineEntry(*row) for row in doc.get("timeline", ()))
     fields["seen"] = tuple(doc.get("seen", ()))
-    fields["held_progress"] = tuple(doc.get("held_progress", ()))
+    held = doc.get("held_progress")
+    fields["held_progress"] = RunProgress(**held) if held else None
     return JobView(**fields)
 
 

@@ -138,7 +138,7 @@ def test_progress_read_before_its_assignment_is_held_then_shown_when_the_run_is_
     assert (running.progress, running.step, running.total_steps) == (0.5, 2, 4)
     assert running.started_ms == 50  # the first report's time, not the held one's
     assert [t.type for t in running.timeline[-2:]] == ["JobAssigned", "RunProgress"]
-    assert running.held_progress == ()
+    assert running.held_progress is None
     # an older report read after the newer one does not replace it
     again = apply(apply(held, _early(1, 0, 0.1, ts=70)), events[3])
     assert again.progress == 0.5
@@ -150,13 +150,13 @@ def test_held_progress_of_a_run_that_never_comes_is_dropped():
     ahead = apply(queued, _early(2, 1, 0.5))
     assigned = apply(ahead, events[3])  # run 1: the held report is for run 2, still ahead
     assert assigned.state == ASSIGNED and assigned.progress == 0.0
-    assert assigned.held_progress and assigned.held_progress[2] == 2
+    assert assigned.held_progress is not None and assigned.held_progress.run == 2
     done = apply(assigned, events[-1])  # the job ends: nothing is held any more
-    assert done.state == COMPLETED and done.held_progress == ()
+    assert done.state == COMPLETED and done.held_progress is None
     # a newer run assigned drops a report of an older one
-    assert fold([*events[:3], _early(1, 1, 0.5)], None).held_progress
+    assert fold([*events[:3], _early(1, 1, 0.5)], None).held_progress is not None
     stale = jobs.apply(apply(queued, _early(1, 1, 0.5)), replace(events[3], run=2, event_id="a2"))
-    assert stale.run == 2 and stale.state == ASSIGNED and stale.held_progress == ()
+    assert stale.run == 2 and stale.state == ASSIGNED and stale.held_progress is None
     assert stale.started_ms == 1  # run 1 reported progress: the job did start then
 
 
@@ -164,7 +164,7 @@ def test_progress_after_the_job_ended_is_not_held():
     events = lifecycle("j1")
     done = fold(events)
     later = apply(done, _early(done.run + 1, 1, 0.5))
-    assert later.held_progress == () and later.state == COMPLETED
+    assert later.held_progress is None and later.state == COMPLETED
 
 
 def test_progress_never_moves_backwards_within_a_run():
@@ -493,4 +493,4 @@ def test_progress_read_ahead_of_its_assignment_ends_as_in_log_order(data):
         want = {k: v for k, v in public_job(view).items() if k not in _ORDER_DEPENDENT}
         got = {k: v for k, v in public_job(folded[job]).items() if k not in _ORDER_DEPENDENT}
         assert got == want
-        assert folded[job].held_progress == ()
+        assert folded[job].held_progress is None
