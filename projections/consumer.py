@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from framespool.log import Consumer, LogConsumer, Record, Role, Sender
 from framespool.projections import cluster as cluster_fold
@@ -98,6 +99,14 @@ class Step:
             or self.batch.offsets
             or self.dead_letters
         )
+
+
+class Stall(NamedTuple):
+    """A partition behind the log: the offset it is stuck at, since when, whether logged."""
+
+    folded: int
+    since: float
+    warned: bool
 
 
 @dataclass
@@ -146,11 +155,10 @@ class ProjectionConsumer:
         self._lock = asyncio.Lock()  # one fold-and-commit at a time across topics
         self._fence = EpochFence()
         # lag watch (theory of operation): the next offset folded and committed per
-        # (topic, partition), records behind per topic, and per stalled partition
-        # (the folded offset it is stuck at, since when, whether it was logged)
+        # (topic, partition), records behind per topic, the partitions behind
         self.folded: dict[tuple[str, int], int] = {}
         self.behind: dict[str, int] = {}
-        self._stalls: dict[tuple[str, int], tuple[int, float, bool]] = {}
+        self._stalls: dict[tuple[str, int], Stall] = {}
         # the polls' own threads (theory of operation): one per topic
         self._pollers = ThreadPoolExecutor(
             max_workers=len(self.topics), thread_name_prefix="projection-poll"
@@ -283,21 +291,21 @@ class ProjectionConsumer:
             folded = self.folded.get(tp, 0)
             if high is None or high <= folded:
                 stall = self._stalls.pop(tp, None)
-                if stall is not None and stall[2]:
+                if stall is not None and stall.warned:
                     log.info("projection caught up on %s[%d] at offset %d", topic, p, folded)
                 continue
             behind += high - folded
             stall = self._stalls.get(tp)
-            if stall is None or stall[0] != folded:
-                self._stalls[tp] = (folded, now, False)
-            elif not stall[2] and now - stall[1] >= STALL_WARN_S:
-                self._stalls[tp] = (folded, stall[1], True)
+            if stall is None or stall.folded != folded:
+                self._stalls[tp] = Stall(folded, now, False)
+            elif not stall.warned and now - stall.since >= STALL_WARN_S:
+                self._stalls[tp] = stall._replace(warned=True)
                 log.warning(
                     "projection has folded nothing of %s[%d] for %.1f s: folded to offset %d, "
                     "the log has records to %d (fold or commit stuck, or the store failing)",
                     topic,
                     p,
-                    now - stall[1],
+                    now - stall.since,
                     folded,
                     high,
                 )
