@@ -90,9 +90,13 @@ class CallbackLookups:
         self._max_hosts = max_hosts
         self._clock = clock
         self._cache: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
-        self._in_flight: dict[str, int] = {}
-        self.in_flight = 0
+        self._in_flight: dict[str, int] = {}  # tenant -> its lookups in flight (none: absent)
         self.skipped = 0  # submissions whose check was left to delivery (tests, metrics)
+
+    @property
+    def in_flight(self) -> int:
+        """Lookups in flight, all tenants (at most ``in_flight_max`` entries to add)."""
+        return sum(self._in_flight.values())
 
     async def _on_own_thread(self, host: str) -> list[str]:
         if self._pool is None:
@@ -116,7 +120,6 @@ class CallbackLookups:
             self.skipped += 1
             return None
         self._in_flight[tenant] = self._in_flight.get(tenant, 0) + 1
-        self.in_flight += 1
         lookup = asyncio.ensure_future(self._resolve(host))
         lookup.add_done_callback(functools.partial(self._ended, tenant, key))
         try:
@@ -131,7 +134,6 @@ class CallbackLookups:
             self._cache.move_to_end(key)
             while len(self._cache) > self._max_hosts:
                 self._cache.popitem(last=False)
-        self.in_flight -= 1
         left = self._in_flight[tenant] - 1
         if left:
             self._in_flight[tenant] = left
