@@ -23,7 +23,7 @@ from framespool.schemas.events import StartRun
 MIN_HANG_TIMEOUT_S = 2.0
 
 
-def make_runner(
+def command_runner(
     profile: ModelProfile,
     out: Path,
     workdir: Path,
@@ -32,10 +32,12 @@ def make_runner(
     on_progress: Callable[[Progress], None] | None = None,
     on_checkpoint: Callable[[Checkpoint], None] | None = None,
     **process: Any,
-) -> Runner | BuiltinRunner:
-    """A builtin profile runs in-process; any other is its command, spawned directly."""
+) -> Runner:
+    """A command profile's runner: its argv filled from ``values``, spawned
+    directly. Builtins are made by :func:`runner_for` alone, which hands them
+    the job's params."""
     if profile.builtin:
-        return BuiltinRunner(profile, on_progress=on_progress)
+        raise ValueError(f"profile {profile.name!r} is builtin {profile.builtin!r}: use runner_for")
     return Runner(
         profile,
         profile.argv(out=str(out), **values),
@@ -76,27 +78,25 @@ def runner_for(
     spec, n = cmd.spec, str(cmd.run)
     gpus = ",".join(str(g) for g in cmd.gpus)
     rank, world = str(member.rank), str(member.world_size)
-    process = {}
-    if not profile.builtin:
-        process = dict(
-            env={
-                "CUDA_VISIBLE_DEVICES": gpus,
-                "FRAMESPOOL_JOB_ID": spec.job_id,
-                "FRAMESPOOL_RUN": n,
-                "FRAMESPOOL_RANK": rank,
-                "FRAMESPOOL_WORLD_SIZE": world,
-                "FRAMESPOOL_PEERS": ",".join(member.peers) or host_of(cmd),
-                "FRAMESPOOL_MASTER": member.master or host_of(cmd),
-                "HOME": str(workdir),
-                "TMPDIR": str(workdir / "tmp"),
-            },
-            hang_timeout_s=max(profile.hang_timeout_s / time_scale, MIN_HANG_TIMEOUT_S),
-            # start-up runs in real time whatever the scale: not divided
-            startup_timeout_s=profile.startup_timeout_s or profile.hang_timeout_s,
-            identity=identity,
-            output_required=member.speaks_for_job,
-        )
-    return make_runner(
+    process = dict(
+        env={
+            "CUDA_VISIBLE_DEVICES": gpus,
+            "FRAMESPOOL_JOB_ID": spec.job_id,
+            "FRAMESPOOL_RUN": n,
+            "FRAMESPOOL_RANK": rank,
+            "FRAMESPOOL_WORLD_SIZE": world,
+            "FRAMESPOOL_PEERS": ",".join(member.peers) or host_of(cmd),
+            "FRAMESPOOL_MASTER": member.master or host_of(cmd),
+            "HOME": str(workdir),
+            "TMPDIR": str(workdir / "tmp"),
+        },
+        hang_timeout_s=max(profile.hang_timeout_s / time_scale, MIN_HANG_TIMEOUT_S),
+        # start-up runs in real time whatever the scale: not divided
+        startup_timeout_s=profile.startup_timeout_s or profile.hang_timeout_s,
+        identity=identity,
+        output_required=member.speaks_for_job,
+    )
+    return command_runner(
         profile,
         workdir / "output" / profile.output_name,
         workdir,

@@ -292,8 +292,12 @@ def test_a_prompt_that_looks_like_an_option_is_only_a_prompt(tmp_path, prompt):
 
 
 def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
-    from framespool.agents.launch import make_runner
+    from types import SimpleNamespace
+
+    from framespool.agents.gang import membership
+    from framespool.agents.launch import runner_for
     from framespool.agents.profiles import noop_profile
+    from tests.unit.test_agent_execution import start_run
 
     async def no_processes(*a, **kw):
         raise AssertionError(f"spawned {a}")
@@ -304,7 +308,17 @@ def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
     out = tmp_path / "output" / "output.bin"
 
     async def main():
-        r = make_runner(noop_profile(), out, tmp_path, {"prompt": "-x"}, on_progress=seen.append)
+        host = SimpleNamespace(node_id="n0", incarnation=1)
+        cmd = start_run(host, "j", model="noop")  # type: ignore[arg-type]
+        r = runner_for(
+            noop_profile(),
+            cmd,
+            tmp_path,
+            membership(cmd, "n0"),
+            resume_from=None,
+            time_scale=1.0,
+            on_progress=seen.append,
+        )
         await r.start()
         return r, await r.wait()
 
@@ -474,3 +488,28 @@ def test_a_time_scale_shortens_the_hang_timeout_but_not_the_start_up(tmp_path):
     own = dataclasses.replace(profile, startup_timeout_s=600.0)
     r = runner_for(own, cmd, tmp_path, membership(cmd, "n0"), resume_from=None, time_scale=10.0)
     assert isinstance(r, Runner) and r.startup_timeout_s == 600.0
+
+
+def test_a_builtin_gets_its_jobs_params_and_the_time_scale_and_is_never_a_command(tmp_path):
+    """One place makes builtins (``runner_for``), with the job's params: a
+    ``hold`` of 120 job seconds at scale 60 is 120 steps of 1/60 s."""
+    from types import SimpleNamespace
+
+    from framespool.agents.builtin import BuiltinRunner
+    from framespool.agents.gang import membership
+    from framespool.agents.launch import command_runner, runner_for
+    from framespool.agents.profiles import load_profiles
+    from tests.unit.test_agent_execution import start_run
+
+    hold = load_profiles()["hold"]
+    cmd = start_run(
+        SimpleNamespace(node_id="n0", incarnation=1),
+        "j",
+        model="hold",
+        params={"duration_s": "120"},
+    )  # type: ignore[arg-type]
+    r = runner_for(hold, cmd, tmp_path, membership(cmd, "n0"), resume_from=None, time_scale=60.0)
+    assert isinstance(r, BuiltinRunner)
+    assert (r._steps, round(r._step_s, 6)) == (120, round(1 / 60, 6))
+    with pytest.raises(ValueError, match="builtin 'hold': use runner_for"):
+        command_runner(hold, tmp_path / "out", tmp_path, {})
