@@ -90,6 +90,7 @@ async def run_api(args: argparse.Namespace) -> None:
 
     from framespool.log import LogProducer
     from framespool.producers.api import ApiConfig, make_app
+    from framespool.producers.edge import serve
     from framespool.projections.service import ProjectionService
     from framespool.projections.webhooks import TargetPolicy
 
@@ -113,12 +114,10 @@ async def run_api(args: argparse.Namespace) -> None:
             webhook_secrets=webhooks.secrets,
             limits=api_limits(args.default_model or None),
             operator_key=secrets.get("operator_key") or "",
+            max_connections_per_peer=args.max_connections_per_peer,
         )
     )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
+    runner, _site = await serve(app, args.host, args.port)
     runners = [runner]
     if args.metrics_port:  # /metrics without a key, on an address only the operator reaches
         from framespool.producers.api import metrics_app
@@ -280,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also serve /metrics without a key on 127.0.0.1:PORT (0 = off; the API's "
         "own /metrics needs the operator key)",
     )
+    api.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=256,
+        help="open connections one client address may hold; past it a connection is "
+        "answered 429 and closed (0 = no cap: behind a proxy every client shares its address)",
+    )
     agent = sub.add_parser("agent")
     agent.add_argument("--node", help="this process's one node")
     agent.add_argument(
@@ -310,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--stack-dir", required=True)
         p.add_argument("--bootstrap", required=True)
     args = parser.parse_args(argv)
+    if args.service == "api" and args.max_connections_per_peer < 0:
+        parser.error("--max-connections-per-peer must be 0 (no cap) or more")
     setup_logging(process=args.service)
     runner = run_api if args.service == "api" else run_agent
     asyncio.run(runner(args))

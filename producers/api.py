@@ -134,6 +134,14 @@ class ApiConfig:
     sse_retry_after_s: int = 5
     # requests without a valid key, per client address (key guessing, floods)
     unauthenticated_rate_limit: RateLimit = RateLimit(rate_per_s=5.0, burst=50)
+    # slow and greedy clients (framespool.producers.edge, theory of operation): a
+    # connection without a complete request head this long after it opened or
+    # after its last response is closed; a submit's body arrives within
+    # body_timeout_s or is answered 408; one remote address holds at most
+    # max_connections_per_peer connections (0: no cap, behind a proxy)
+    idle_timeout_s: float = 30.0
+    body_timeout_s: float = 30.0
+    max_connections_per_peer: int = 256
 
 
 class ApiError(Exception):
@@ -392,7 +400,16 @@ async def submit_job(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > config.max_body_bytes:
         raise ApiError(413, "body_too_large", f"the body exceeds {config.max_body_bytes} bytes")
     try:
-        body = json.loads(await request.read())
+        async with asyncio.timeout(config.body_timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise ApiError(
+            408,
+            "body_timeout",
+            f"the body did not arrive within {config.body_timeout_s:g} s (body_timeout_s)",
+        ) from None
+    try:
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
     except RecursionError:

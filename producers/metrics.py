@@ -87,6 +87,11 @@ class Metrics:
             ["tenant"],
             registry=self.registry,
         )
+        self.connections_refused = Counter(
+            "framespool_api_connections_refused_total",
+            "Connections answered 429 and closed: their address held max_connections_per_peer",
+            registry=self.registry,
+        )
         self.submit_to_assigned = Histogram(
             "framespool_job_submit_to_assigned_seconds",
             "Time from a job's submission to its first assignment (queue wait), by tier",

@@ -1,0 +1,167 @@
+"""The API's sockets against slow and greedy clients (``framespool.producers.edge``):
+one client must not hold the descriptors or handlers every other tenant needs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import aiohttp
+
+from framespool.log.memory import MemoryProducer
+from framespool.producers.api import ApiConfig, make_app
+from framespool.producers.auth import ApiKeys, record_for
+from framespool.producers.edge import serve
+from framespool.projections.hub import Hub
+from framespool.projections.store import InMemoryViewStore
+
+KEY = "acme-key.secret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def config(**edge) -> ApiConfig:
+    return ApiConfig(
+        auth=ApiKeys([record_for(KEY, "acme", "alice")]),
+        store=InMemoryViewStore(),
+        producer=MemoryProducer(),
+        hub=Hub(),
+        dashboard_dir=None,
+        sse_keepalive_s=0.2,
+        **edge,
+    )
+
+
+async def started(cfg: ApiConfig):
+    runner, site = await serve(make_app(cfg), "127.0.0.1", 0)
+    return runner, site, site.port
+
+
+async def connect(port: int, source: str = "127.0.0.1"):
+    """A raw connection from ``source`` (any 127/8 address is this host's loopback)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=sock)
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    """What the server sent before closing; raises TimeoutError if it stays open."""
+    return await asyncio.wait_for(reader.read(), seconds)
+
+
+def test_silent_and_half_sent_connections_are_closed_but_a_long_stream_is_not():
+    async def main():
+        runner, _site, port = await started(config(idle_timeout_s=0.5))
+        try:
+            _r1, w1 = await connect(port)  # connects, sends nothing
+            r1 = _r1
+            r2, w2 = await connect(port)  # a request head, never finished
+            w2.write(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bea")
+            await w2.drain()
+            async with aiohttp.ClientSession(headers=AUTH) as http:
+                sub = await http.post(
+                    f"http://127.0.0.1:{port}/v1/jobs", json={"prompt": "a fox", "model": "demo"}
+                )
+                assert sub.status == 202, await sub.text()
+                job = (await sub.json())["job_id"]
+                # a stream open 4x the idle timeout is a request in progress, not idle
+                async with http.get(f"http://127.0.0.1:{port}/v1/jobs/{job}/events") as stream:
+                    assert stream.status == 200
+                    seen = b""
+                    loop = asyncio.get_running_loop()
+                    until = loop.time() + 2.0
+                    while loop.time() < until:
+                        seen += await asyncio.wait_for(stream.content.readany(), 1.0)
+                    assert seen.count(b":") >= 5, seen  # keep-alive comments kept coming
+            # both idle connections were closed meanwhile (by 0.5 s; 3 s of slack)
+            assert await closed_within(r1, 3.0) == b""
+            assert await closed_within(r2, 3.0) == b""
+            for w in (w1, w2):
+                w.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_one_address_past_its_connection_cap_is_refused_and_others_are_served():
+    cap = 8
+
+    async def main():
+        runner, site, port = await started(config(max_connections_per_peer=cap))
+        try:
+            held = [await connect(port, "127.0.0.2") for _ in range(cap)]
+            extra = [await connect(port, "127.0.0.2") for _ in range(20)]
+            for reader, _w in extra:
+                answer = await closed_within(reader, 3.0)
+                head, _, body = answer.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 429"), answer
+                err = json.loads(body)["error"]
+                assert err["code"] == "too_many_connections"
+                assert f"{cap} open connections" in err["message"]
+                assert "max_connections_per_peer" in err["message"]
+            assert site.gate.refused == 20 and site.gate.open == {"127.0.0.2": cap}
+            # another address is served as if nothing happened
+            async with aiohttp.ClientSession(headers=AUTH) as http:
+                for _ in range(cap + 2):
+                    async with http.get(f"http://127.0.0.1:{port}/v1/jobs") as r:
+                        assert r.status == 200
+            # the cap counts open connections: one closed frees a place
+            _r, w = held.pop()
+            w.close()
+            await w.wait_closed()
+            for _ in range(100):
+                if site.gate.open.get("127.0.0.2") == cap - 1:
+                    break
+                await asyncio.sleep(0.02)
+            reader, writer = await connect(port, "127.0.0.2")
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert (await closed_within(reader, 3.0)).startswith(b"HTTP/1.1 200")
+            metrics = await _metrics(runner)
+            assert "framespool_api_connections_refused_total 20.0" in metrics
+            for _r, w in held + extra:
+                w.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+async def _metrics(runner) -> str:
+    from prometheus_client import generate_latest
+
+    from framespool.producers.api import METRICS
+
+    return generate_latest(runner.app[METRICS].registry).decode()
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408():
+    async def main():
+        runner, _site, port = await started(config(body_timeout_s=0.5))
+        try:
+            reader, writer = await connect(port)
+            writer.write(
+                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n"
+                + f"Authorization: Bearer {KEY}\r\n".encode()
+                + b"Content-Type: application/json\r\nContent-Length: 200\r\n\r\n"
+                + b'{"prompt": "a f'
+            )
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            assert head.startswith(b"HTTP/1.1 408"), head
+            length = int(
+                next(
+                    line.split(b":")[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+            )
+            err = json.loads(await reader.readexactly(length))["error"]
+            assert err["code"] == "body_timeout" and "body_timeout_s" in err["message"]
+            writer.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
