@@ -330,14 +330,19 @@ def _check_queue_cap(config: ApiConfig, tenant: str) -> None:
 def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: JobSpec) -> None:
     """Refuse now a job whose predicted wait in the best cell that can run it
     exceeds its tier's limit, which the cells publish with their offers
-    (``framespool.processors.core.offers``: the arithmetic admission routes by).
-    Stale or missing offers are unknown: nothing is refused on them. Cost per
-    submit: O(C * (T + G + s)) for C cells' offers of T tiers and G node groups,
-    s shapes; no store read (the offers are the projection's, in memory)."""
+    (``framespool.processors.core.offers``: the arithmetic admission routes by),
+    at the tenant's own place in the fair order: behind what it already has
+    waiting (its waiting jobs in the read model, each counted at this job's
+    GPU-seconds), not behind another tenant's whole backlog (``offers``, item
+    6). Stale or missing offers are unknown: nothing is refused on them. Cost
+    per submit: O(C * (T + G + s)) for C cells' offers of T tiers and G node
+    groups, s shapes, and one count read (in memory); the offers are the
+    projection's, in memory."""
     if not offers:
         return
     live = live_offers(offers, sorted(offers), int(config.clock() * 1000), config.offer_stale_s)
-    refusal = wait_refusal(live, spec)
+    waiting = config.store.queued_count(spec.tenant) if live else 0
+    refusal = wait_refusal(live, spec, None, waiting * spec.gpus * spec.estimate_s)
     if refusal is None:
         return
     retry = str(refusal.retry_after_s)

@@ -143,6 +143,11 @@ class TierBacklog:
     tier: str
     queued_gpu_s: float = 0.0
     max_wait_s: float = 0.0  # the tier's predicted-wait limit here (0 = none)
+    # this tier's own backlog as the fair order serves it, by the progress of a
+    # flow starting at the tier's least virtual time (``offers.FAIR_STEPS_GPU_S``),
+    # then the whole own backlog; () when none is queued, the tier has no limit,
+    # or from an older cell
+    fair_gpu_s: tuple[float, ...] = ()
 
 
 # --------------------------------------------------------------------------

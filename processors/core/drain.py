@@ -9,12 +9,27 @@ healthy GPUs (so admission can tell whether a gang of ``gpus`` at
 healthy GPUs of the type) and the largest job they could ever host; the cell's
 capacity, free GPUs and the GPU-seconds its running work still needs; and per
 tier the GPU-seconds queued in that tier and every more important one (lower
-rank), with the tier's ``max_predicted_wait_s``. That is what
+rank), with the tier's ``max_predicted_wait_s``, and how the fair order
+serves the tier's own backlog (``fair_gpu_s``: below). That is what
 ``WaitEstimates.predicted_wait_s`` divides by the capacity, so admission predicts
 a job's wait in each cell by the same arithmetic, and the edge refuses a job
 past its tier's limit by it (``framespool.processors.core.offers``). The shell
 sends the offer to every commands partition, where admission folds it, and to
 job-events, where the API's cluster projection keeps each cell's latest.
+
+A tier's queued total is the wait of a job behind all of it, but fair share
+serves a tenant with little queued before a tenant with much (``fairshare``):
+one tenant's flood would make every tenant of the tier look refused. So each
+``TierBacklog`` also carries ``fair_gpu_s``: for each step ``d`` of
+``FAIR_STEPS_GPU_S``, the GPU-seconds of the tier's backlog its organisations
+get while the fair order brings virtual time from the tier's least settled
+virtual time (where a returning organisation starts, at best) to that plus
+``d`` (``LevelIndex.served``), then the tier's whole own backlog. The edge reads
+off it the work ahead of a tenant that has ``d`` GPU-seconds queued
+(``offers.fair_ahead_gpu_s``), and only the edge does, for a tier with a
+predicted-wait limit: a tier without one gets it empty. Cost: O(n log n) per
+limited tier with n organisations backlogged in it, once per offer (every
+``status_interval_s``), never per job; nothing without a limit (the default).
 
 **Drain** (``CellConfig.drain_grace_s`` > 0; off by default: a lone cell has
 nowhere to send its jobs). A queued job that none of its shapes can run on
@@ -58,13 +73,32 @@ from typing import TYPE_CHECKING
 from framespool.schemas import events as ev
 from framespool.schemas.states import GpuState, JobState, NodeState
 
+from .fairshare import Flow, LevelIndex
 from .jobs import MAX_GPUS_PER_JOB
 from .model import Job
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
 
+# GPU-seconds per unit of weight at which an offer samples how the fair order
+# serves a tier's backlog (``TierBacklog.fair_gpu_s``; theory of operation)
+FAIR_STEPS_GPU_S = (0.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0)
 DRAIN_CHECK_FRACTION = 8  # drain checks per grace (at most one per second of cell time)
+
+
+def fair_served(tier: Flow | None) -> tuple[float, ...]:
+    """``TierBacklog.fair_gpu_s`` of one tier's flow (theory of operation);
+    () when nothing is queued in it. O(n log n) for n backlogged organisations."""
+    if tier is None or tier.backlog <= 0 or not tier.active:
+        return ()
+    start = min(org.settled_vt() for org in tier.active.values())
+    index = LevelIndex(tier)
+    served = [
+        round(min(max(index.served(start + step), 0.0), tier.backlog), 3)
+        for step in FAIR_STEPS_GPU_S
+    ]
+    return (*served, round(tier.backlog, 3))
+
 
 Groups = tuple[tuple[str, int, int], ...]  # (gpu type, healthy GPUs per node, UP nodes)
 
@@ -187,6 +221,7 @@ class Drain:
                     tier=tier.name,
                     queued_gpu_s=round(ahead, 3),
                     max_wait_s=tier.max_predicted_wait_s,
+                    fair_gpu_s=fair_served(flow) if tier.max_predicted_wait_s > 0 else (),
                 )
             )
         running = self.running_left_gpu_s()

@@ -44,6 +44,24 @@ through the functions here:
 5. ``wait_refusal``: the best host's wait exceeds the limit that cell publishes
    for the job's tier (0 = no limit). Unknown is never refused: a missing or
    stale offer lets the job through, and the cell queues it.
+6. **The tenant's own place** (``own_queued_gpu_s``, the edge's refusal only;
+   routing keeps the tier's whole backlog). Fair share serves a tenant with
+   little queued before one with much, so the tier's queued total would make
+   one tenant's flood refuse every tenant of the tier. With the GPU-seconds
+   the submitting tenant already has waiting, ``q``, the work ahead in a
+   tier is ``fair_ahead_gpu_s``: the more important tiers' backlog, plus what
+   the fair order serves of this tier's (``TierBacklog.fair_gpu_s``, read at
+   ``q`` per unit of weight, linearly between the offer's steps, the whole
+   backlog past the last), plus ``q`` itself; never more than the tier-level
+   figure, which is the wait behind everything queued. Approximations, all
+   on the side of a longer wait but the first: the tenant is taken to start
+   at the tier's least settled virtual time (a tenant with much recent usage
+   starts later in the cell, so its wait is under-told), with weight 1; ``q``
+   counts all its waiting jobs, in every cell and tier (the API's read model
+   knows no more), and its own jobs are also among the served. So a tenant
+   with nothing waiting is told the wait of the work above its tier and the
+   running work, however deep another tenant's queue; the flooding tenant is
+   told the whole backlog, as before.
 
 Cost model: ``live_offers`` is O(C) for C cells; ``best_host`` and
 ``wait_refusal`` are O(C * (T + G + s)) for T tiers, G node groups and s shapes
@@ -58,7 +76,7 @@ from typing import NamedTuple
 
 from framespool.schemas import events as ev
 
-from .drain import Groups, job_fits
+from .drain import FAIR_STEPS_GPU_S, Groups, job_fits
 from .estimates import point_wait_s
 
 PREDICTED_WAIT = "predicted_wait"
@@ -87,18 +105,45 @@ def hosts(offer: ev.CellOffer, spec: ev.JobSpec) -> bool:
     return offer.capacity_gpus > 0 and job_fits(offer_groups(offer), spec, every_shape=True)
 
 
+def fair_ahead_gpu_s(backlog: ev.TierBacklog, own_queued_gpu_s: float) -> float:
+    """The work ahead of a job of a tenant with ``own_queued_gpu_s`` waiting, in
+    ``backlog``'s tier (item 6 of the theory of operation); the tier-level
+    ``queued_gpu_s`` when the offer carries no ``fair_gpu_s``. O(steps)."""
+    fair = backlog.fair_gpu_s
+    if len(fair) != len(FAIR_STEPS_GPU_S) + 1:
+        return backlog.queued_gpu_s  # nothing queued in the tier, or an older cell
+    own = max(0.0, own_queued_gpu_s)
+    above = backlog.queued_gpu_s - fair[-1]
+    served = fair[-1]
+    for i in range(1, len(FAIR_STEPS_GPU_S)):
+        if own <= FAIR_STEPS_GPU_S[i]:
+            lo, hi = FAIR_STEPS_GPU_S[i - 1], FAIR_STEPS_GPU_S[i]
+            served = fair[i - 1] + (fair[i] - fair[i - 1]) * (own - lo) / (hi - lo)
+            break
+    return min(backlog.queued_gpu_s, above + served + own)
+
+
 def predicted_wait_s(
-    offer: ev.CellOffer, spec: ev.JobSpec, routed_gpu_s: float = 0.0, routed_gpus: int = 0
+    offer: ev.CellOffer,
+    spec: ev.JobSpec,
+    routed_gpu_s: float = 0.0,
+    routed_gpus: int = 0,
+    own_queued_gpu_s: float | None = None,
 ) -> float:
     """The wait ``offer``'s cell predicts for ``spec``, after the work routed
     there since the offer (``WaitEstimates.predicted_wait_s``'s arithmetic,
-    ``point_wait_s``; -1 when the cell has no capacity)."""
+    ``point_wait_s``; -1 when the cell has no capacity). ``own_queued_gpu_s``:
+    the submitting tenant's work waiting, for its own place in the fair order
+    (item 6); None: behind the tier's whole backlog (routing)."""
     if offer.capacity_gpus <= 0:
         return -1.0
     ahead = routed_gpu_s
     for tier in offer.tiers:
         if tier.tier == spec.tier:
-            ahead += tier.queued_gpu_s
+            if own_queued_gpu_s is None:
+                ahead += tier.queued_gpu_s
+            else:
+                ahead += fair_ahead_gpu_s(tier, own_queued_gpu_s)
             break
     if spec.gpu_type:
         free = sum(t.free_gpus for t in offer.gpu_types if t.gpu_type == spec.gpu_type)
@@ -127,16 +172,18 @@ def best_host(
     live: Mapping[str, ev.CellOffer],
     spec: ev.JobSpec,
     routed: Mapping[str, tuple[float, int]] | None = None,
+    own_queued_gpu_s: float | None = None,
 ) -> Host | None:
     """The live offer that hosts ``spec`` with the lowest predicted wait (ties:
     ``live``'s order); ``routed``: cell -> (GPU-seconds, GPUs) sent there since
-    its offer. None: no live offer hosts it (unknown)."""
+    its offer; ``own_queued_gpu_s``: as for ``predicted_wait_s``. None: no live
+    offer hosts it (unknown)."""
     best: Host | None = None
     for cell, offer in live.items():
         if not hosts(offer, spec):
             continue
         cost, gpus = routed.get(cell, (0.0, 0)) if routed else (0.0, 0)
-        wait = predicted_wait_s(offer, spec, cost, gpus)
+        wait = predicted_wait_s(offer, spec, cost, gpus, own_queued_gpu_s)
         if best is None or wait < best.wait_s:
             best = Host(cell, wait)
     return best
@@ -168,12 +215,14 @@ def wait_refusal(
     live: Mapping[str, ev.CellOffer],
     spec: ev.JobSpec,
     routed: Mapping[str, tuple[float, int]] | None = None,
+    own_queued_gpu_s: float | None = None,
 ) -> WaitRefusal | None:
     """Why ``spec`` is refused for its predicted wait, or None (item 5 of the
-    theory of operation: within the limit, no limit, or unknown)."""
+    theory of operation: within the limit, no limit, or unknown); with
+    ``own_queued_gpu_s``, by the tenant's own place in the fair order (item 6)."""
     if not any(tier_limit_s(offer, spec.tier) > 0 for offer in live.values()):
         return None  # no limit anywhere (the default): no wait to compute
-    best = best_host(live, spec, routed)
+    best = best_host(live, spec, routed, own_queued_gpu_s)
     if best is None:
         return None
     limit = tier_limit_s(live[best.cell], spec.tier)

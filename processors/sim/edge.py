@@ -13,7 +13,10 @@ submit plays the edge with the same function, on what the API would see:
    changes nothing, so the run's decisions are the same as without the edge);
 2. plus the work let through since that offer, as admission counts the work
    it routed (``routed``), so a burst between two offers is not all let in;
-3. a refused job ends ``REJECTED`` with reason ``predicted_wait`` and the
+3. at the tenant's own place in the fair order, as the API counts it: its
+   jobs waiting in the cell, each at this job's GPU-seconds
+   (``offers``, theory of operation 6);
+4. a refused job ends ``REJECTED`` with reason ``predicted_wait`` and the
    API's message; it never reaches the cell.
 
 Cost model: nothing when no tier has a limit; otherwise an offer, O(N * G)
@@ -50,7 +53,8 @@ class SubmitEdge:
             self.routed = (0.0, 0)
         offer = self.offer
         live = live_offers({offer.cell: offer}, (offer.cell,), now_ms, self.every_ms / 1000)
-        refused = wait_refusal(live, spec, {offer.cell: self.routed})
+        waiting = cell.tenant_waiting(spec.tenant) * spec.gpus * spec.estimate_s
+        refused = wait_refusal(live, spec, {offer.cell: self.routed}, waiting)
         if refused is not None:
             self.refused += 1
             return refused

@@ -62,11 +62,11 @@ def offer(
     )
 
 
-def make_config(offers, **kw) -> ApiConfig:
+def make_config(offers, store=None, **kw) -> ApiConfig:
     keys = ApiKeys([record_for(ALICE, "acme", "alice")], {"acme": TenantPolicy(("free", "paid"))})
     return ApiConfig(
         auth=keys,
-        store=InMemoryViewStore(),
+        store=store if store is not None else InMemoryViewStore(),
         producer=MemoryProducer(),
         clock=lambda: NOW_S,
         offers=(lambda: offers) if offers is not None else None,
@@ -186,3 +186,42 @@ def test_openapi_lists_the_429_and_its_code():
     refused = doc["paths"]["/v1/jobs"]["post"]["responses"]["429"]
     assert "predicted_wait" in refused["description"] and "Retry-After" in refused["headers"]
     assert "predicted_wait" in openapi.ERROR_CODES
+
+
+def flooded_offer() -> ev.CellOffer:
+    """The node busy for 300 s more, and 40 jobs of 8 GPU-hours queued in the free
+    tier by one tenant whose virtual time is the tier's least, so the fair order
+    serves them from the start (``TierBacklog.fair_gpu_s``)."""
+    from framespool.processors.core.drain import FAIR_STEPS_GPU_S
+
+    flood = 40 * 8 * 3600.0
+    base = offer(limit_s=1200, running_gpu_s=8 * 300.0)
+    fair = (*(min(d, flood) for d in FAIR_STEPS_GPU_S), flood)
+    free = ev.TierBacklog(tier="free", queued_gpu_s=flood, max_wait_s=1200, fair_gpu_s=fair)
+    return replace(base, tiers=(*base.tiers[:2], free))
+
+
+class Waiting(InMemoryViewStore):
+    """A read model in which the tenant already has ``n`` jobs waiting."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def queued_count(self, tenant: str) -> int:
+        return self.n
+
+
+def test_another_tenants_flood_does_not_refuse_a_tenant_that_would_start_ahead_of_it():
+    """By fair share a tenant with nothing waiting starts before the flood, so
+    its wait is the running work's (300 s, under the 1,200 s limit): 202. The
+    same tenant with 40 jobs of its own waiting is behind them and the flood:
+    429, the wait named. (A cell before ``fair_gpu_s`` refuses both: the
+    tier's whole backlog, test_core_knobs_admission.)"""
+    body = BODY  # an 8-GPU free-tier job of the default estimate
+    status, _, reply = asyncio.run(submit(make_config({"cell-0": flooded_offer()}), body))
+    assert status == 202, reply
+    config = make_config({"cell-0": flooded_offer()}, store=Waiting(40))
+    status, _, reply = asyncio.run(submit(config, body))
+    assert status == 429 and reply["error"]["code"] == "predicted_wait", reply
+    assert config.producer.on(COMMANDS.name) == []

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig, AdmissionState, rendezvous
 from framespool.processors.core.offers import live_offers, wait_refusal
@@ -92,6 +95,68 @@ def test_the_cell_queues_a_job_past_its_limit_it_no_longer_rejects_after_the_202
     out = h.submit("late", gpus=8, tier="free", estimate_s=60)
     assert of(out, ev.JobQueued) and not of(out, ev.JobRejected)
     assert "late" in h.cell.jobs
+
+
+def flooded_cell() -> Harness:
+    """One 8-GPU node running a 10-minute paid job, and 40 free-tier 8-GPU jobs
+    of an hour queued by one tenant (flood): the free tier's backlog alone is
+    40 hours of the cell."""
+    h = Harness(nodes=1, config=with_tier_limit("free", 1200))
+    h.submit("running", tenant="calm", gpus=8, tier="paid", estimate_s=600)
+    h.start_all()
+    for i in range(40):
+        h.submit(f"flood-{i}", tenant="flood", gpus=8, tier="free", estimate_s=3600)
+    h.tick(10)
+    return h
+
+
+def own_place(h: Harness, tenant: str, own_queued_gpu_s: float | None, estimate_s=3600.0):
+    offer = ev.CellOffer(event_id="o", ts_ms=h.now_ms, **h.cell.offer_fields())
+    live = live_offers({offer.cell: offer}, [offer.cell], h.now_ms, 15.0)
+    spec = ev.JobSpec(
+        job_id="next", tenant=tenant, tier="free", gpus=8, gpus_per_node=8, estimate_s=estimate_s
+    )
+    return wait_refusal(live, spec, None, own_queued_gpu_s)
+
+
+def test_one_tenants_flood_does_not_get_the_other_tenants_of_its_tier_refused():
+    """A tenant with nothing waiting starts ahead of the flood (fair share), so
+    the edge tells it the running work's wait (~10 min, under the 20 min limit),
+    not the flood's 40 hours; the flooding tenant, 40 jobs of 8 GPUs for an
+    hour waiting, is refused by its own place. Control: by the tier's whole
+    backlog (no own place: the routing figure) the newcomer would be refused."""
+    h = flooded_cell()
+    flood_waiting = h.cell.tenant_waiting("flood") * 8 * 3600
+    assert h.cell.tenant_waiting("flood") == 40 and h.cell.tenant_waiting("newcomer") == 0
+    assert own_place(h, "newcomer", 0.0) is None
+    refused = own_place(h, "flood", flood_waiting)
+    assert refused is not None and refused.wait_s > 39 * 3600, refused
+    control = own_place(h, "newcomer", None)
+    assert control is not None and control.wait_s > 39 * 3600
+    # a tenant with a few jobs of its own waiting is told those, not the flood's
+    few = own_place(h, "modest", 1 * 8 * 60.0, estimate_s=60.0)
+    assert few is None
+
+
+def test_the_offer_samples_the_fair_order_of_each_tiers_backlog():
+    """``fair_gpu_s``: what the fair order serves of the tier's backlog by each
+    step of a newcomer's progress, then the whole backlog; empty for a tier
+    with nothing queued. One flood of 40 x 8 GPU-hours: a newcomer with d
+    GPU-seconds served sees d of the flood served beside it (equal weights)."""
+    from framespool.processors.core.drain import FAIR_STEPS_GPU_S
+
+    h = flooded_cell()
+    tiers = {t.tier: t for t in h.cell.offer_fields()["tiers"]}
+    free = tiers["free"]
+    assert tiers["paid"].fair_gpu_s == () and tiers["interactive"].fair_gpu_s == ()
+    assert len(free.fair_gpu_s) == len(FAIR_STEPS_GPU_S) + 1
+    assert free.fair_gpu_s[-1] == 40 * 8 * 3600
+    # the flood's virtual time is the tier's least: its backlog is served from 0
+    assert list(free.fair_gpu_s[:-1]) == [min(d, 40 * 8 * 3600) for d in FAIR_STEPS_GPU_S]
+    # only the edge reads it, for a tier with a limit: none, nothing computed
+    h.cell.config = with_tier_limit("free", 0)
+    (unlimited,) = [t for t in h.cell.offer_fields()["tiers"] if t.tier == "free"]
+    assert unlimited.queued_gpu_s == free.queued_gpu_s and unlimited.fair_gpu_s == ()
 
 
 def routed_cell(limit_s: float) -> str:
@@ -207,3 +272,51 @@ def test_victims_already_taken_this_minute_count_against_a_multi_victim_preempti
     for _ in range(4):
         seen += asked(h.tick(15))  # the two leave the window 60 s after they were taken
     assert seen == [f"b{i}" for i in range(8)]
+
+
+# -- the edge's own place: properties over random tiers -----------------------------
+
+_orgs = st.lists(
+    st.tuples(
+        st.sampled_from([0.5, 1.0, 2.0]),  # weight
+        st.floats(0, 50_000),  # settled usage
+        st.floats(0, 20_000),  # running (charged, not settled)
+        st.lists(st.floats(1, 30_000), min_size=1, max_size=4),  # queued jobs' GPU-seconds
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_orgs, st.floats(0, 100_000), st.lists(st.floats(0, 200_000), min_size=2, max_size=6))
+def test_the_edges_own_place_is_never_past_the_tier_and_grows_with_what_the_tenant_waits_on(
+    orgs, above, owns
+):
+    """For any tier of backlogged organisations (weights, usage, running work,
+    queues) and work queued in more important tiers: a tenant's work ahead is
+    at least the more important tiers', at most the tier-level figure (the wait
+    behind everything queued), never falls as its own waiting work grows, and
+    is the tier-level figure once its own work passes the offer's last step."""
+    from framespool.processors.core.drain import FAIR_STEPS_GPU_S, fair_served
+    from framespool.processors.core.fairshare import FairTree
+    from framespool.processors.core.offers import fair_ahead_gpu_s
+
+    tree = FairTree()
+    for i, (weight, settled, running, jobs) in enumerate(orgs):
+        leaf = tree.leaf(("free", f"org{i}", "u"), (1.0, weight, 1.0))
+        tree.charge_start(leaf, settled + running)
+        tree.charge_end(leaf, settled + running, settled)
+        tree.charge_start(leaf, running)
+        for j, cost in enumerate(jobs):
+            tree.push(leaf, f"j{i}-{j}", cost)
+    flow = tree.root.children["free"]
+    fair = fair_served(flow)
+    backlog = ev.TierBacklog(
+        tier="free", queued_gpu_s=round(above + flow.backlog, 3), fair_gpu_s=fair
+    )
+    assert list(fair[:-1]) == sorted(fair[:-1]) and fair[-1] == round(flow.backlog, 3)
+    ahead = [fair_ahead_gpu_s(backlog, own) for own in sorted(owns)]
+    assert all(above - 0.01 <= a <= backlog.queued_gpu_s for a in ahead), ahead
+    assert all(b >= a - 1e-6 for a, b in zip(ahead, ahead[1:])), ahead
+    assert fair_ahead_gpu_s(backlog, FAIR_STEPS_GPU_S[-1] + 1) == backlog.queued_gpu_s

@@ -38,7 +38,8 @@ PUBLISHED: dict[int, str] = {
     5950304651811157114: "CancelJob",
     3992447068728216982: "CellStatus",
     13222358012203505010: "CellOffer",
-    8531952309526037772: "CellOffer",
+    8531952309526037772: "CellOffer",  # v2, before TierBacklog.fair_gpu_s
+    3777272075834501056: "CellOffer",
     4347331174392688626: "JobRerouted",  # v1, before resume_from
     2743375956041810172: "JobRerouted",
     16670860553661131631: "CheckpointRun",
