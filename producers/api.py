@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import hmac
 import ipaddress
@@ -64,6 +63,7 @@ from framespool.processors.core.offers import PREDICTED_WAIT, live_offers, wait_
 from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
+from framespool.producers.cluster_reads import ClusterReads
 from framespool.producers.metrics import (
     AssignmentObserver,
     Metrics,
@@ -168,6 +168,8 @@ OPENAPI = web.AppKey("openapi", dict)
 ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", list)  # [RateLimiter]
 STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
 LOOKUPS = web.AppKey("callback_lookups", CallbackLookups)  # submit-time callback host lookups
+CLUSTER_VIEW = web.AppKey("cluster_view", Callable[[], cluster_view.ClusterView])
+CLUSTER_READS = web.AppKey("cluster_reads", ClusterReads)  # rendered /v1/cluster documents
 
 
 def error_body(
@@ -353,6 +355,15 @@ def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: Jo
         "tier",
         headers={"Retry-After": retry},
     )
+
+
+def _cluster_of(config: ApiConfig) -> Callable[[], cluster_view.ClusterView]:
+    """Where the cluster view is read: the projection consumer that runs with
+    the app (in memory, replaced by each commit), else the store."""
+    for part in projection_parts(config.background):
+        if hasattr(part, "cluster"):
+            return lambda part=part: part.cluster
+    return config.store.load_cluster
 
 
 def _offers_of(config: ApiConfig) -> Callable[[], Mapping[str, Any]]:
@@ -738,25 +749,27 @@ async def rotate_webhook_secret(request: web.Request) -> web.Response:
 
 
 async def get_cluster(request: web.Request) -> web.Response:
-    """GPU map, totals and queue depths per cell."""
+    """GPU map, totals and queue depths per cell, the caller's own jobs named.
+
+    Cost: O(1) for a repeat while the cluster view is unchanged; otherwise
+    O(GPUs on the map) and a store read per job not seen before
+    (``framespool.producers.cluster_reads``)."""
     config = request.app[CONFIG]
     principal = _principal(request)
-    view = config.store.load_cluster()
+    view = request.app[CLUSTER_VIEW]()
 
-    @functools.cache  # a gang's job sits on many GPUs: one store read per job
-    def owns_job(job_id: str) -> bool:
+    def tenant_of(job_id: str) -> str | None:
         job = config.store.get(job_id)
-        return job is not None and job.tenant == principal.tenant
+        return None if job is None else job.tenant
 
-    return web.json_response(
-        cluster_view.to_dict(
-            view,
-            int(config.clock() * 1000),
-            detail=request.query.get("detail") != "0",
-            tenant=principal.tenant,
-            owns_job=owns_job,
-        )
+    body = request.app[CLUSTER_READS].body(
+        view,
+        int(config.clock() * 1000),
+        principal.tenant,
+        request.query.get("detail") != "0",
+        tenant_of,
     )
+    return web.Response(body=body, content_type="application/json")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -834,6 +847,8 @@ def make_app(config: ApiConfig) -> web.Application:
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OFFERS] = _offers_of(config)
+    app[CLUSTER_VIEW] = _cluster_of(config)
+    app[CLUSTER_READS] = ClusterReads()
     app[OPENAPI] = openapi_doc.build(config.limits, max_body_bytes=config.max_body_bytes)
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/jobs", submit_job)
