@@ -749,7 +749,8 @@ async def rotate_webhook_secret(request: web.Request) -> web.Response:
 
 
 async def get_cluster(request: web.Request) -> web.Response:
-    """GPU map, totals and queue depths per cell, the caller's own jobs named.
+    """GPU map, totals and queue depths per cell, the caller's own jobs named;
+    304 when ``If-None-Match`` holds the document's ``ETag``.
 
     Cost: O(1) for a repeat while the cluster view is unchanged; otherwise
     O(GPUs on the map) and a store read per job not seen before
@@ -762,14 +763,17 @@ async def get_cluster(request: web.Request) -> web.Response:
         job = config.store.get(job_id)
         return None if job is None else job.tenant
 
-    body = request.app[CLUSTER_READS].body(
+    body, etag = request.app[CLUSTER_READS].body(
         view,
         int(config.clock() * 1000),
         principal.tenant,
         request.query.get("detail") != "0",
         tenant_of,
     )
-    return web.Response(body=body, content_type="application/json")
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if etag in request.headers.get("If-None-Match", ""):
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, content_type="application/json", headers=headers)
 
 
 async def healthz(request: web.Request) -> web.Response:

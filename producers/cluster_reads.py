@@ -22,6 +22,11 @@ progress streams. Three things make it cheap:
    which breakers are active now) is kept until the cells or breakers of the
    view change (a new generation: every cell status, a few a second at fleet
    scale); a repeat within a generation is a dict read.
+4. **Unchanged documents are not sent again.** Each body has an entity tag (a
+   digest of its bytes, made once per render); a poll that sends it back in
+   ``If-None-Match`` gets 304 and no body, so a dashboard polling the map of
+   a quiet fleet (``Cache-Control: no-cache``: browsers revalidate) moves a
+   few hundred bytes, not the whole map.
 
 Cost: per request O(1) for a repeat within a generation; otherwise O(GPUs on
 the map) dict work and one JSON encoding, plus a store read per job not seen
@@ -31,6 +36,7 @@ dropped) and one tenant per job on the map.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable
@@ -48,7 +54,7 @@ class ClusterReads:
         self.max_bodies = max_bodies
         self._cells: object = None  # the generation: the view's cells and breakers dicts
         self._breakers: object = None
-        self._bodies: OrderedDict[tuple, bytes] = OrderedDict()
+        self._bodies: OrderedDict[tuple, tuple[bytes, str]] = OrderedDict()
         self._tenant_of: dict[str, str] = {}
         self.rendered = 0  # documents built (not served from the generation's cache)
 
@@ -59,9 +65,9 @@ class ClusterReads:
         tenant: str,
         detail: bool,
         lookup: Callable[[str], str | None],
-    ) -> bytes:
-        """The JSON document for ``tenant``; ``lookup(job_id)`` is a job's tenant
-        from the store (None: unknown)."""
+    ) -> tuple[bytes, str]:
+        """The JSON document for ``tenant`` and its entity tag; ``lookup(job_id)``
+        is a job's tenant from the store (None: unknown)."""
         if view.cells is not self._cells or view.breakers is not self._breakers:
             self._cells, self._breakers = view.cells, view.breakers
             self._bodies.clear()
@@ -84,11 +90,12 @@ class ClusterReads:
 
         doc = cluster_view.to_dict(view, now_ms, detail=detail, tenant=tenant, owns_job=owns_job)
         body = json.dumps(doc).encode()
+        rendered = (body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"')
         self.rendered += 1
-        self._bodies[key] = body
+        self._bodies[key] = rendered
         if len(self._bodies) > self.max_bodies:
             self._bodies.popitem(last=False)
-        return body
+        return rendered
 
     def _prune(self, view: ClusterView) -> None:
         """Forget the owners of jobs no longer on the map once they outnumber

@@ -715,8 +715,20 @@ def paths() -> dict[str, Any]:
                     }
                 ],
                 "description": "Totals (GPUs by state, queue depth by tier) cover everyone; "
-                "the per-tenant queue rows and the job ids on GPUs are the caller's own only.",
-                "responses": _responses({200: _ok("The cluster view", "Cluster")}, 401, 429),
+                "the per-tenant queue rows and the job ids on GPUs are the caller's own only. "
+                "Send the ETag back in If-None-Match: 304 while the document is unchanged.",
+                "responses": _responses(
+                    {
+                        200: _ok(
+                            "The cluster view",
+                            "Cluster",
+                            headers={"ETag": {"schema": {"type": "string"}}},
+                        )
+                    },
+                    401,
+                    429,
+                )
+                | {"304": {"description": "Unchanged since the ETag sent in If-None-Match"}},
             },
         },
         "/v1/webhook-secret": {

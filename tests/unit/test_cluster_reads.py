@@ -68,7 +68,7 @@ def test_each_tenant_sees_its_own_jobs_and_whose_a_job_is_is_read_once():
         return owner.get(job_id)
 
     for tenant in ("t0", "t1", "t7"):
-        doc = json.loads(reads.body(view, 2000, tenant, True, lookup))
+        doc = json.loads(reads.body(view, 2000, tenant, True, lookup)[0])
         assert jobs_named(doc) == {j for j, t in owner.items() if t == tenant}
         assert set(doc["queues"]["by_tenant"]) <= {tenant}
     # 60 jobs of 8 GPUs each: one store read per job, not per GPU, not per tenant
@@ -88,7 +88,7 @@ def test_a_repeat_is_served_from_the_generation_and_a_change_renders_anew():
     cells = dict(view.cells)
     cells["cell-0"] = replace(cells["cell-0"], nodes=cells["cell-0"].nodes[:1], ts_ms=3000)
     changed = replace(view, cells=cells)
-    doc = json.loads(reads.body(changed, 3000, "t3", True, owner.get))
+    doc = json.loads(reads.body(changed, 3000, "t3", True, owner.get)[0])
     assert reads.rendered == 2
     assert len(doc["cells"][0]["nodes"]) == 1
 
@@ -98,8 +98,8 @@ def test_a_breaker_that_expires_is_shown_inactive_without_a_new_event():
     breaker = Breaker("v1", "node", "c0-n0", until_ms=5000, reason="failures", ts_ms=1000)
     view = replace(view, breakers={"v1|node|c0-n0": breaker})
     reads = ClusterReads()
-    before = json.loads(reads.body(view, 4000, "t0", False, owner.get))
-    after = json.loads(reads.body(view, 6000, "t0", False, owner.get))
+    before = json.loads(reads.body(view, 4000, "t0", False, owner.get)[0])
+    after = json.loads(reads.body(view, 6000, "t0", False, owner.get)[0])
     assert [b["active"] for b in before["breakers"]] == [True]
     assert [b["active"] for b in after["breakers"]] == [False]
 
@@ -157,3 +157,43 @@ def test_the_api_serves_the_cluster_from_memory_reading_each_jobs_owner_once():
     assert jobs_named(docs[0]) == {j for j, t in owner.items() if t == "t0"}
     assert jobs_named(docs[1]) == {j for j, t in owner.items() if t == "t1"}
     assert store.gets <= len(owner) + 4  # the keys' own reads aside: once per job
+
+
+def test_a_poll_that_sends_the_etag_back_gets_304_until_the_map_changes():
+    view, owner = fleet()
+    store = InMemoryViewStore()
+    batch = Batch()
+    for job, tenant in owner.items():
+        batch.views[job] = submitted_view(ev.JobSpec(job_id=job, tenant=tenant), 1000)
+    store.commit(batch)
+    projection = Projection(view)
+    config = ApiConfig(
+        auth=ApiKeys([record_for("t0-key.s", "t0", "u")]),
+        store=store,
+        producer=MemoryProducer(),
+        dashboard_dir=None,
+        background=(projection.run,),
+    )
+    auth = {"Authorization": "Bearer t0-key.s"}
+
+    async def main() -> None:
+        async with TestClient(TestServer(make_app(config))) as client:
+            first = await client.get("/v1/cluster", headers=auth)
+            etag = first.headers["ETag"]
+            assert first.status == 200 and first.headers["Cache-Control"] == "no-cache"
+            again = await client.get("/v1/cluster", headers={**auth, "If-None-Match": etag})
+            assert again.status == 304 and await again.read() == b""
+            # other tenants' documents and the no-detail one have tags of their own
+            brief = await client.get(
+                "/v1/cluster?detail=0", headers={**auth, "If-None-Match": etag}
+            )
+            assert brief.status == 200
+            # a cell's new status: the old tag no longer matches
+            cells = dict(view.cells)
+            cells["cell-0"] = replace(cells["cell-0"], nodes=cells["cell-0"].nodes[:1], ts_ms=3000)
+            projection.cluster = replace(view, cells=cells)
+            changed = await client.get("/v1/cluster", headers={**auth, "If-None-Match": etag})
+            assert changed.status == 200 and changed.headers["ETag"] != etag
+            assert len((await changed.json())["cells"][0]["nodes"]) == 1
+
+    asyncio.run(main())
