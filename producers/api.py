@@ -59,7 +59,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from framespool.callbacks.lookups import CallbackLookups
 from framespool.callbacks.targets import TargetPolicy, check_address
 from framespool.log import Sender
-from framespool.processors.core.offers import PREDICTED_WAIT, live_offers, wait_refusal
+from framespool.processors.core.offers import PREDICTED_WAIT, Own, live_offers, wait_refusal
 from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
@@ -334,17 +334,23 @@ def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: Jo
     exceeds its tier's limit, which the cells publish with their offers
     (``framespool.processors.core.offers``: the arithmetic admission routes by),
     at the tenant's own place in the fair order: behind what it already has
-    waiting (its waiting jobs in the read model, each counted at this job's
-    GPU-seconds), not behind another tenant's whole backlog (``offers``, item
-    6). Stale or missing offers are unknown: nothing is refused on them. Cost
-    per submit: O(C * (T + G + s)) for C cells' offers of T tiers and G node
-    groups, s shapes, and one count read (in memory); the offers are the
+    waiting and running (its jobs in the read model, each counted at this
+    job's GPU-seconds), not behind another tenant's whole backlog (``offers``,
+    item 6). Stale or missing offers are unknown: nothing is refused on them.
+    Cost per submit: O(C * (T + G + s)) for C cells' offers of T tiers and G
+    node groups, s shapes, and two count reads (in memory); the offers are the
     projection's, in memory."""
     if not offers:
         return
     live = live_offers(offers, sorted(offers), int(config.clock() * 1000), config.offer_stale_s)
-    waiting = config.store.queued_count(spec.tenant) if live else 0
-    refusal = wait_refusal(live, spec, None, waiting * spec.gpus * spec.estimate_s)
+    own = None
+    if live:
+        job_gpu_s = spec.gpus * spec.estimate_s
+        own = Own(
+            config.store.queued_count(spec.tenant) * job_gpu_s,
+            config.store.running_count(spec.tenant) * job_gpu_s,
+        )
+    refusal = wait_refusal(live, spec, None, own)
     if refusal is None:
         return
     retry = str(refusal.retry_after_s)

@@ -73,6 +73,10 @@ class SerializedStore:
         with self._lock:
             return self.inner.queued_count(tenant)
 
+    def running_count(self, tenant: str) -> int:
+        with self._lock:
+            return self.inner.running_count(tenant)
+
     def close(self) -> None:
         with self._lock:
             self.inner.close()

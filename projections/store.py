@@ -74,7 +74,7 @@ from typing import Protocol
 from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.projections.cluster import Breaker, CellView, ClusterView
-from framespool.projections.jobs import QUEUED, SUBMITTED, JobView
+from framespool.projections.jobs import ASSIGNED, QUEUED, RUNNING, SUBMITTED, JobView
 from framespool.projections.serde import (
     breaker_from_dict,
     breaker_to_dict,
@@ -87,6 +87,7 @@ from framespool.projections.serde import (
 _MAX_MS = 10**13 - 1
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 QUEUED_STATES = (SUBMITTED, QUEUED)  # what the submit-time queue cap counts
+HOLDING_STATES = (ASSIGNED, RUNNING)  # jobs holding GPUs (the edge's own place)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class ViewStore(Protocol):
     def put_delivery(self, delivery: Delivery) -> None: ...
     def pending_deliveries(self) -> list[Delivery]: ...
     def queued_count(self, tenant: str) -> int: ...
+    def running_count(self, tenant: str) -> int: ...
     def close(self) -> None: ...
 
 
@@ -268,6 +270,9 @@ class RocksViewStore:
     def queued_count(self, tenant: str) -> int:
         # max(0, ..): views stored before the counts existed are not in them
         return max(0, sum(self._count(tenant, st) for st in QUEUED_STATES))
+
+    def running_count(self, tenant: str) -> int:
+        return max(0, sum(self._count(tenant, st) for st in HOLDING_STATES))
 
     def view_count(self, tenant: str) -> int:
         n = self._totals.get(tenant)
@@ -574,6 +579,9 @@ class InMemoryViewStore:
 
     def queued_count(self, tenant: str) -> int:
         return sum(self._counts.get((tenant, st), 0) for st in QUEUED_STATES)
+
+    def running_count(self, tenant: str) -> int:
+        return sum(self._counts.get((tenant, st), 0) for st in HOLDING_STATES)
 
     def view_count(self, tenant: str) -> int:
         return sum(n for (t, _), n in self._counts.items() if t == tenant)

@@ -256,11 +256,12 @@ class Cell(
             user = self.user_use[key] = TenantUse()
         return org, user
 
-    def tenant_waiting(self, tenant: str) -> int:
-        """Jobs ``tenant`` has queued in this cell, every tier (the simulator's
-        edge counts them as the API does its read model's). O(1); changes nothing."""
+    def tenant_jobs(self, tenant: str) -> tuple[int, int]:
+        """Jobs ``tenant`` has queued and running in this cell, every tier (the
+        simulator's edge counts them as the API does its read model's). O(1);
+        changes nothing."""
         org = self.org_use.get(tenant)
-        return org.queued if org is not None else 0
+        return (org.queued, org.running) if org is not None else (0, 0)
 
     def push_limit(self, run: Run) -> None:
         heapq.heappush(self.limits, (run.limit_ms, run.job_id, run.run))

@@ -44,24 +44,28 @@ through the functions here:
 5. ``wait_refusal``: the best host's wait exceeds the limit that cell publishes
    for the job's tier (0 = no limit). Unknown is never refused: a missing or
    stale offer lets the job through, and the cell queues it.
-6. **The tenant's own place** (``own_queued_gpu_s``, the edge's refusal only;
-   routing keeps the tier's whole backlog). Fair share serves a tenant with
-   little queued before one with much, so the tier's queued total would make
-   one tenant's flood refuse every tenant of the tier. With the GPU-seconds
-   the submitting tenant already has waiting, ``q``, the work ahead in a
+6. **The tenant's own place** (``Own``, the edge's refusal only; routing keeps
+   the tier's whole backlog). Fair share serves a tenant with little queued
+   before one with much, so the tier's queued total would make one tenant's
+   flood refuse every tenant of the tier. With the GPU-seconds the submitting
+   tenant already has waiting, ``q``, and running, ``r``, the work ahead in a
    tier is ``fair_ahead_gpu_s``: the more important tiers' backlog, plus what
-   the fair order serves of this tier's (``TierBacklog.fair_gpu_s``, read at
-   ``q`` per unit of weight, linearly between the offer's steps, the whole
-   backlog past the last), plus ``q`` itself; never more than the tier-level
-   figure, which is the wait behind everything queued. Approximations, all
-   on the side of a longer wait but the first: the tenant is taken to start
-   at the tier's least settled virtual time (a tenant with much recent usage
-   starts later in the cell, so its wait is under-told), with weight 1; ``q``
-   counts all its waiting jobs, in every cell and tier (the API's read model
-   knows no more), and its own jobs are also among the served. So a tenant
-   with nothing waiting is told the wait of the work above its tier and the
-   running work, however deep another tenant's queue; the flooding tenant is
-   told the whole backlog, as before.
+   the fair order serves of this tier's while the tenant's virtual time goes
+   ``r + q`` past the tier's least (``TierBacklog.fair_gpu_s`` read there,
+   linearly between the offer's steps, the whole backlog past the last), plus
+   ``q`` itself; never more than the tier-level figure, which is the wait
+   behind everything queued. ``r`` is there because a run is charged its
+   estimate when it starts (``fairshare``): a tenant's virtual time leads the
+   least settled one by at least what it has running, so a tenant holding
+   much of the cell is told a wait behind the others it is ahead of. What is
+   approximate: the tenant's settled usage beyond that (a tenant that used
+   much and holds nothing now starts later than told: its wait is
+   under-told), weight 1, ``q`` and ``r`` as counts of its jobs (in every cell
+   and tier, all the API's read model knows) at this job's GPU-seconds, and
+   its own waiting jobs also among the served (told longer). So a tenant with
+   nothing waiting or running is told the wait of the work above its tier and
+   the running work, however deep another tenant's queue; the flooding tenant
+   is told the whole backlog, as before.
 
 Cost model: ``live_offers`` is O(C) for C cells; ``best_host`` and
 ``wait_refusal`` are O(C * (T + G + s)) for T tiers, G node groups and s shapes
@@ -105,22 +109,30 @@ def hosts(offer: ev.CellOffer, spec: ev.JobSpec) -> bool:
     return offer.capacity_gpus > 0 and job_fits(offer_groups(offer), spec, every_shape=True)
 
 
-def fair_ahead_gpu_s(backlog: ev.TierBacklog, own_queued_gpu_s: float) -> float:
-    """The work ahead of a job of a tenant with ``own_queued_gpu_s`` waiting, in
-    ``backlog``'s tier (item 6 of the theory of operation); the tier-level
-    ``queued_gpu_s`` when the offer carries no ``fair_gpu_s``. O(steps)."""
+class Own(NamedTuple):
+    """What the submitting tenant already has, in GPU-seconds (item 6)."""
+
+    waiting_gpu_s: float = 0.0
+    running_gpu_s: float = 0.0
+
+
+def fair_ahead_gpu_s(backlog: ev.TierBacklog, own: Own) -> float:
+    """The work ahead of a job of a tenant that has ``own``, in ``backlog``'s
+    tier (item 6 of the theory of operation); the tier-level ``queued_gpu_s``
+    when the offer carries no ``fair_gpu_s``. O(steps)."""
     fair = backlog.fair_gpu_s
     if len(fair) != len(FAIR_STEPS_GPU_S) + 1:
         return backlog.queued_gpu_s  # nothing queued in the tier, or an older cell
-    own = max(0.0, own_queued_gpu_s)
+    waiting = max(0.0, own.waiting_gpu_s)
+    lead = waiting + max(0.0, own.running_gpu_s)
     above = backlog.queued_gpu_s - fair[-1]
     served = fair[-1]
     for i in range(1, len(FAIR_STEPS_GPU_S)):
-        if own <= FAIR_STEPS_GPU_S[i]:
+        if lead <= FAIR_STEPS_GPU_S[i]:
             lo, hi = FAIR_STEPS_GPU_S[i - 1], FAIR_STEPS_GPU_S[i]
-            served = fair[i - 1] + (fair[i] - fair[i - 1]) * (own - lo) / (hi - lo)
+            served = fair[i - 1] + (fair[i] - fair[i - 1]) * (lead - lo) / (hi - lo)
             break
-    return min(backlog.queued_gpu_s, above + served + own)
+    return min(backlog.queued_gpu_s, above + served + waiting)
 
 
 def predicted_wait_s(
@@ -128,22 +140,22 @@ def predicted_wait_s(
     spec: ev.JobSpec,
     routed_gpu_s: float = 0.0,
     routed_gpus: int = 0,
-    own_queued_gpu_s: float | None = None,
+    own: Own | None = None,
 ) -> float:
     """The wait ``offer``'s cell predicts for ``spec``, after the work routed
     there since the offer (``WaitEstimates.predicted_wait_s``'s arithmetic,
-    ``point_wait_s``; -1 when the cell has no capacity). ``own_queued_gpu_s``:
-    the submitting tenant's work waiting, for its own place in the fair order
-    (item 6); None: behind the tier's whole backlog (routing)."""
+    ``point_wait_s``; -1 when the cell has no capacity). ``own``: what the
+    submitting tenant has waiting and running, for its own place in the fair
+    order (item 6); None: behind the tier's whole backlog (routing)."""
     if offer.capacity_gpus <= 0:
         return -1.0
     ahead = routed_gpu_s
     for tier in offer.tiers:
         if tier.tier == spec.tier:
-            if own_queued_gpu_s is None:
+            if own is None:
                 ahead += tier.queued_gpu_s
             else:
-                ahead += fair_ahead_gpu_s(tier, own_queued_gpu_s)
+                ahead += fair_ahead_gpu_s(tier, own)
             break
     if spec.gpu_type:
         free = sum(t.free_gpus for t in offer.gpu_types if t.gpu_type == spec.gpu_type)
@@ -172,18 +184,18 @@ def best_host(
     live: Mapping[str, ev.CellOffer],
     spec: ev.JobSpec,
     routed: Mapping[str, tuple[float, int]] | None = None,
-    own_queued_gpu_s: float | None = None,
+    own: Own | None = None,
 ) -> Host | None:
     """The live offer that hosts ``spec`` with the lowest predicted wait (ties:
     ``live``'s order); ``routed``: cell -> (GPU-seconds, GPUs) sent there since
-    its offer; ``own_queued_gpu_s``: as for ``predicted_wait_s``. None: no live
-    offer hosts it (unknown)."""
+    its offer; ``own``: as for ``predicted_wait_s``. None: no live offer hosts
+    it (unknown)."""
     best: Host | None = None
     for cell, offer in live.items():
         if not hosts(offer, spec):
             continue
         cost, gpus = routed.get(cell, (0.0, 0)) if routed else (0.0, 0)
-        wait = predicted_wait_s(offer, spec, cost, gpus, own_queued_gpu_s)
+        wait = predicted_wait_s(offer, spec, cost, gpus, own)
         if best is None or wait < best.wait_s:
             best = Host(cell, wait)
     return best
@@ -215,14 +227,14 @@ def wait_refusal(
     live: Mapping[str, ev.CellOffer],
     spec: ev.JobSpec,
     routed: Mapping[str, tuple[float, int]] | None = None,
-    own_queued_gpu_s: float | None = None,
+    own: Own | None = None,
 ) -> WaitRefusal | None:
     """Why ``spec`` is refused for its predicted wait, or None (item 5 of the
     theory of operation: within the limit, no limit, or unknown); with
-    ``own_queued_gpu_s``, by the tenant's own place in the fair order (item 6)."""
+    ``own``, by the tenant's own place in the fair order (item 6)."""
     if not any(tier_limit_s(offer, spec.tier) > 0 for offer in live.values()):
         return None  # no limit anywhere (the default): no wait to compute
-    best = best_host(live, spec, routed, own_queued_gpu_s)
+    best = best_host(live, spec, routed, own)
     if best is None:
         return None
     limit = tier_limit_s(live[best.cell], spec.tier)

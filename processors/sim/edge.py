@@ -14,7 +14,7 @@ submit plays the edge with the same function, on what the API would see:
 2. plus the work let through since that offer, as admission counts the work
    it routed (``routed``), so a burst between two offers is not all let in;
 3. at the tenant's own place in the fair order, as the API counts it: its
-   jobs waiting in the cell, each at this job's GPU-seconds
+   jobs waiting and running in the cell, each at this job's GPU-seconds
    (``offers``, theory of operation 6);
 4. a refused job ends ``REJECTED`` with reason ``predicted_wait`` and the
    API's message; it never reaches the cell.
@@ -27,7 +27,13 @@ for N nodes of G GPUs, per ``interval_s`` of virtual time, and O(T + G + s)
 from __future__ import annotations
 
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.core.offers import PREDICTED_WAIT, WaitRefusal, live_offers, wait_refusal
+from framespool.processors.core.offers import (
+    PREDICTED_WAIT,
+    Own,
+    WaitRefusal,
+    live_offers,
+    wait_refusal,
+)
 from framespool.schemas import events as ev
 
 DEFAULT_INTERVAL_S = CellConfig().status_interval_s
@@ -53,8 +59,10 @@ class SubmitEdge:
             self.routed = (0.0, 0)
         offer = self.offer
         live = live_offers({offer.cell: offer}, (offer.cell,), now_ms, self.every_ms / 1000)
-        waiting = cell.tenant_waiting(spec.tenant) * spec.gpus * spec.estimate_s
-        refused = wait_refusal(live, spec, {offer.cell: self.routed}, waiting)
+        waiting, running = cell.tenant_jobs(spec.tenant)
+        job_gpu_s = spec.gpus * spec.estimate_s
+        own = Own(waiting * job_gpu_s, running * job_gpu_s)
+        refused = wait_refusal(live, spec, {offer.cell: self.routed}, own)
         if refused is not None:
             self.refused += 1
             return refused

@@ -202,14 +202,18 @@ def flooded_offer() -> ev.CellOffer:
 
 
 class Waiting(InMemoryViewStore):
-    """A read model in which the tenant already has ``n`` jobs waiting."""
+    """A read model in which the tenant already has ``n`` jobs waiting and
+    ``running`` holding GPUs."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, running: int = 0) -> None:
         super().__init__()
-        self.n = n
+        self.n, self.running = n, running
 
     def queued_count(self, tenant: str) -> int:
         return self.n
+
+    def running_count(self, tenant: str) -> int:
+        return self.running
 
 
 def test_another_tenants_flood_does_not_refuse_a_tenant_that_would_start_ahead_of_it():
@@ -225,3 +229,8 @@ def test_another_tenants_flood_does_not_refuse_a_tenant_that_would_start_ahead_o
     status, _, reply = asyncio.run(submit(config, body))
     assert status == 429 and reply["error"]["code"] == "predicted_wait", reply
     assert config.producer.on(COMMANDS.name) == []
+    # nothing waiting but 40 jobs running: it leads the flood by those, and is
+    # served after as much of it
+    config = make_config({"cell-0": flooded_offer()}, store=Waiting(0, running=40))
+    status, _, reply = asyncio.run(submit(config, body))
+    assert status == 429 and reply["error"]["code"] == "predicted_wait", reply

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig, AdmissionState, rendezvous
-from framespool.processors.core.offers import live_offers, wait_refusal
+from framespool.processors.core.offers import Own, live_offers, wait_refusal
 from framespool.processors.sim import POLICIES, SimOptions, Simulation, synthetic
 from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
@@ -110,13 +110,13 @@ def flooded_cell() -> Harness:
     return h
 
 
-def own_place(h: Harness, tenant: str, own_queued_gpu_s: float | None, estimate_s=3600.0):
+def own_place(h: Harness, tenant: str, own: Own | None, estimate_s=3600.0):
     offer = ev.CellOffer(event_id="o", ts_ms=h.now_ms, **h.cell.offer_fields())
     live = live_offers({offer.cell: offer}, [offer.cell], h.now_ms, 15.0)
     spec = ev.JobSpec(
         job_id="next", tenant=tenant, tier="free", gpus=8, gpus_per_node=8, estimate_s=estimate_s
     )
-    return wait_refusal(live, spec, None, own_queued_gpu_s)
+    return wait_refusal(live, spec, None, own)
 
 
 def test_one_tenants_flood_does_not_get_the_other_tenants_of_its_tier_refused():
@@ -126,16 +126,28 @@ def test_one_tenants_flood_does_not_get_the_other_tenants_of_its_tier_refused():
     hour waiting, is refused by its own place. Control: by the tier's whole
     backlog (no own place: the routing figure) the newcomer would be refused."""
     h = flooded_cell()
-    flood_waiting = h.cell.tenant_waiting("flood") * 8 * 3600
-    assert h.cell.tenant_waiting("flood") == 40 and h.cell.tenant_waiting("newcomer") == 0
-    assert own_place(h, "newcomer", 0.0) is None
-    refused = own_place(h, "flood", flood_waiting)
+    assert h.cell.tenant_jobs("flood") == (40, 0) and h.cell.tenant_jobs("newcomer") == (0, 0)
+    assert own_place(h, "newcomer", Own()) is None
+    refused = own_place(h, "flood", Own(waiting_gpu_s=40 * 8 * 3600))
     assert refused is not None and refused.wait_s > 39 * 3600, refused
     control = own_place(h, "newcomer", None)
     assert control is not None and control.wait_s > 39 * 3600
     # a tenant with a few jobs of its own waiting is told those, not the flood's
-    few = own_place(h, "modest", 1 * 8 * 60.0, estimate_s=60.0)
+    few = own_place(h, "modest", Own(waiting_gpu_s=1 * 8 * 60.0), estimate_s=60.0)
     assert few is None
+
+
+def test_a_tenant_holding_much_of_the_cell_is_told_the_wait_behind_those_it_leads():
+    """A run is charged its estimate as it starts, so a tenant with much running
+    leads the tier's least virtual time by at least that much: with 3 GPU-hours
+    running and nothing waiting it is served after 3 GPU-hours of the flood
+    (the fair order alternates), so it is told past the 20 min limit, where a
+    tenant holding nothing is not. Control: the running lead left out."""
+    h = flooded_cell()
+    busy = Own(waiting_gpu_s=0.0, running_gpu_s=3 * 3600.0)
+    refused = own_place(h, "busy", busy)
+    assert refused is not None and refused.wait_s > 3 * 3600 / 8, refused
+    assert own_place(h, "busy", busy._replace(running_gpu_s=0.0)) is None
 
 
 def test_the_offer_samples_the_fair_order_of_each_tiers_backlog():
@@ -289,15 +301,21 @@ _orgs = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(_orgs, st.floats(0, 100_000), st.lists(st.floats(0, 200_000), min_size=2, max_size=6))
+@given(
+    _orgs,
+    st.floats(0, 100_000),
+    st.lists(st.floats(0, 200_000), min_size=2, max_size=6),
+    st.floats(0, 100_000),
+)
 def test_the_edges_own_place_is_never_past_the_tier_and_grows_with_what_the_tenant_waits_on(
-    orgs, above, owns
+    orgs, above, owns, running
 ):
     """For any tier of backlogged organisations (weights, usage, running work,
     queues) and work queued in more important tiers: a tenant's work ahead is
     at least the more important tiers', at most the tier-level figure (the wait
-    behind everything queued), never falls as its own waiting work grows, and
-    is the tier-level figure once its own work passes the offer's last step."""
+    behind everything queued), never falls as its own waiting work grows nor
+    with what it has running, and is the tier-level figure once its own work
+    passes the offer's last step."""
     from framespool.processors.core.drain import FAIR_STEPS_GPU_S, fair_served
     from framespool.processors.core.fairshare import FairTree
     from framespool.processors.core.offers import fair_ahead_gpu_s
@@ -316,7 +334,12 @@ def test_the_edges_own_place_is_never_past_the_tier_and_grows_with_what_the_tena
         tier="free", queued_gpu_s=round(above + flow.backlog, 3), fair_gpu_s=fair
     )
     assert list(fair[:-1]) == sorted(fair[:-1]) and fair[-1] == round(flow.backlog, 3)
-    ahead = [fair_ahead_gpu_s(backlog, own) for own in sorted(owns)]
+    ahead = [fair_ahead_gpu_s(backlog, Own(own, running)) for own in sorted(owns)]
     assert all(above - 0.01 <= a <= backlog.queued_gpu_s for a in ahead), ahead
     assert all(b >= a - 1e-6 for a, b in zip(ahead, ahead[1:])), ahead
-    assert fair_ahead_gpu_s(backlog, FAIR_STEPS_GPU_S[-1] + 1) == backlog.queued_gpu_s
+    # what it holds running never makes it look ahead of where it would be without
+    assert all(
+        fair_ahead_gpu_s(backlog, Own(own, running)) >= fair_ahead_gpu_s(backlog, Own(own)) - 1e-6
+        for own in owns
+    )
+    assert fair_ahead_gpu_s(backlog, Own(FAIR_STEPS_GPU_S[-1] + 1)) == backlog.queued_gpu_s

@@ -47,15 +47,17 @@ def job(job_id: str, state: str, at: int, tenant: str = "acme") -> JobView:
     )
 
 
-def test_queued_count_follows_each_views_state(make_store):
+def test_queued_and_running_counts_follow_each_views_state(make_store):
     store = make_store()
     store.commit(Batch(views={"a": job("a", SUBMITTED, 1), "b": job("b", QUEUED, 1)}))
     store.commit(Batch(views={"c": job("c", QUEUED, 1, tenant="other")}))
     assert store.queued_count("acme") == 2 and store.queued_count("other") == 1
     store.commit(Batch(views={"a": job("a", QUEUED, 2)}))  # same bucket: no double count
     assert store.queued_count("acme") == 2
+    assert store.running_count("acme") == 0
     store.commit(Batch(views={"a": job("a", RUNNING, 3), "b": job("b", COMPLETED, 3)}))
     assert store.queued_count("acme") == 0
+    assert store.running_count("acme") == 1 and store.running_count("other") == 0
     assert store.insert_if_absent(job("d", SUBMITTED, 4)) is True
     assert store.insert_if_absent(job("d", SUBMITTED, 4)) is False
     assert store.queued_count("acme") == 1
