@@ -1,5 +1,5 @@
-"""``framespool bench core|pipeline|takeover|fetch``: the core, the pipeline, a cell
-takeover, what idle consumers cost the broker."""
+"""``framespool bench core|pipeline|takeover|fetch|cluster``: the core, the pipeline, a cell
+takeover, what idle consumers cost the broker, what the cluster map costs the API."""
 
 from __future__ import annotations
 
@@ -152,6 +152,22 @@ def register(subparsers: Any) -> None:
     fetch.add_argument("--settle", type=float, default=2.0, help="unmeasured time first")
     fetch.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     fetch.set_defaults(handler=handle_fetch)
+    cluster = targets.add_parser(
+        "cluster",
+        help="what GET /v1/cluster costs the API at fleet scale",
+        description="Fill a read model with --cells x --nodes x --gpus-per-node GPUs, each "
+        "running a job of one of --tenants tenants, serve the API on a loopback port and "
+        "time one tenant's calls: the first, repeats, repeats answered 304 with the ETag, "
+        "and calls after a cell's new status (medians of --calls each).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    cluster.add_argument("--cells", type=int, default=10)
+    cluster.add_argument("--nodes", type=int, default=125, help="nodes per cell")
+    cluster.add_argument("--gpus-per-node", type=int, default=8)
+    cluster.add_argument("--tenants", type=int, default=2000)
+    cluster.add_argument("--calls", type=int, default=20, help="calls of each kind")
+    cluster.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    cluster.set_defaults(handler=handle_cluster)
 
 
 def handle_core(args: argparse.Namespace) -> int:
@@ -371,6 +387,22 @@ def handle_fetch(args: argparse.Namespace) -> int:
             f"  wait {c['wait_ms']:>4} ms, {c['partitions']} partition(s), "
             f"{c['consumers']} consumer(s)  {c['broker_cpu_pct']}"
         )
+    return write_json(args.json, r)
+
+
+def handle_cluster(args: argparse.Namespace) -> int:
+    from framespool.cluster_bench import bench_cluster
+
+    if min(args.cells, args.nodes, args.gpus_per_node, args.tenants, args.calls) < 1:
+        raise CommandError(
+            "--cells, --nodes, --gpus-per-node, --tenants and --calls must each be >= 1"
+        )
+    r = bench_cluster(args.cells, args.nodes, args.gpus_per_node, args.tenants, args.calls)
+    print(f"GET /v1/cluster, {r['gpus']:,} GPUs ({r['bytes']:,} bytes), one tenant")
+    print(f"  first call (owners read)     {r['first_ms']} ms")
+    print(f"  repeat, same generation      {r['repeat_ms']} ms (median of {r['calls']})")
+    print(f"  with its ETag back (304)     {r['not_modified_ms']} ms")
+    print(f"  after a cell's new status    {r['new_generation_ms']} ms")
     return write_json(args.json, r)
 
 

@@ -197,3 +197,14 @@ def test_a_poll_that_sends_the_etag_back_gets_304_until_the_map_changes():
             assert len((await changed.json())["cells"][0]["nodes"]) == 1
 
     asyncio.run(main())
+
+
+def test_bench_cluster_reports_each_kind_of_call(capsys):
+    """``framespool bench cluster`` on a tiny fleet: the API served on a port,
+    one tenant's calls of each kind (the bench asserts 200s and 304s itself)."""
+    from framespool import cli
+
+    assert cli.main(["bench", "cluster", "--cells", "2", "--nodes", "3", "--calls", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "48 GPUs" in out and "(304)" in out and "after a cell's new status" in out
+    assert cli.main(["bench", "cluster", "--calls", "0"]) != 0
