@@ -45,6 +45,7 @@ from framespool.projections import cluster as cluster_view
 from framespool.projections.cluster import ClusterView
 
 MAX_BODIES = 512  # documents kept for one generation of the view
+PRUNE_SLACK = 1024  # owners kept beyond twice the jobs on the map before a prune
 
 
 class ClusterReads:
@@ -56,6 +57,7 @@ class ClusterReads:
         self._breakers: object = None
         self._bodies: OrderedDict[tuple, tuple[bytes, str]] = OrderedDict()
         self._tenant_of: dict[str, str] = {}
+        self._prune_at = PRUNE_SLACK  # owners kept before the next prune
         self.rendered = 0  # documents built (not served from the generation's cache)
 
     def body(
@@ -98,8 +100,11 @@ class ClusterReads:
         return rendered
 
     def _prune(self, view: ClusterView) -> None:
-        """Forget the owners of jobs no longer on the map once they outnumber
-        those on it (amortized O(1) per job seen)."""
+        """Forget the owners of jobs no longer on the map once the owners kept
+        outgrow twice the jobs on it at the last prune (amortized O(1) per job
+        seen; nothing per generation until then)."""
+        if len(self._tenant_of) <= self._prune_at:
+            return
         on_map = {
             g.job_id
             for cell in view.cells.values()
@@ -107,5 +112,5 @@ class ClusterReads:
             for g in node.gpus
             if g.job_id
         }
-        if len(self._tenant_of) > 2 * len(on_map) + 1024:
-            self._tenant_of = {j: t for j, t in self._tenant_of.items() if j in on_map}
+        self._tenant_of = {j: t for j, t in self._tenant_of.items() if j in on_map}
+        self._prune_at = 2 * len(on_map) + PRUNE_SLACK

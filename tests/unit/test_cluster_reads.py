@@ -208,3 +208,31 @@ def test_bench_cluster_reports_each_kind_of_call(capsys):
     out = capsys.readouterr().out
     assert "48 GPUs" in out and "(304)" in out and "after a cell's new status" in out
     assert cli.main(["bench", "cluster", "--calls", "0"]) != 0
+
+
+def test_owners_of_jobs_gone_from_the_map_are_forgotten_once_they_pile_up():
+    """Jobs come and go; the owners kept stay within twice the jobs on the map
+    plus a slack, however many generations pass."""
+    from framespool.producers.cluster_reads import PRUNE_SLACK
+
+    reads = ClusterReads()
+    for generation in range(120):  # 120 x 20 distinct jobs pass through the map
+        view, owner = fleet(cells=1, nodes=20)
+        cells = {
+            name: replace(
+                cell,
+                nodes=tuple(
+                    replace(
+                        node,
+                        gpus=tuple(
+                            replace(g, job_id=f"{g.job_id}-g{generation}") for g in node.gpus
+                        ),
+                    )
+                    for node in cell.nodes
+                ),
+            )
+            for name, cell in view.cells.items()
+        }
+        moved = replace(view, cells=cells)
+        reads.body(moved, 2000, "t0", True, lambda job, o=owner: o.get(job.rsplit("-g", 1)[0]))
+        assert len(reads._tenant_of) <= 2 * PRUNE_SLACK + 2 * 20
