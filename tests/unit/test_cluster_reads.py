@@ -124,21 +124,26 @@ class Projection:
         await asyncio.Event().wait()
 
 
-def test_the_api_serves_the_cluster_from_memory_reading_each_jobs_owner_once():
-    view, owner = fleet()
-    store = CountingStore()
+def api_over(owner: dict[str, str], store, tenants, projection: Projection) -> ApiConfig:
+    """An API whose read model holds every job of ``owner`` and whose cluster
+    view is ``projection``'s; each of ``tenants`` has the key ``<tenant>-key.s``."""
     batch = Batch()
     for job, tenant in owner.items():
         batch.views[job] = submitted_view(ev.JobSpec(job_id=job, tenant=tenant), 1000)
     store.commit(batch)
-    keys = [record_for(f"{t}-key.s", t, "u") for t in ("t0", "t1")]
-    config = ApiConfig(
-        auth=ApiKeys(keys),
+    return ApiConfig(
+        auth=ApiKeys([record_for(f"{t}-key.s", t, "u") for t in tenants]),
         store=store,
         producer=MemoryProducer(),
         dashboard_dir=None,
-        background=(Projection(view).run,),
+        background=(projection.run,),
     )
+
+
+def test_the_api_serves_the_cluster_from_memory_reading_each_jobs_owner_once():
+    view, owner = fleet()
+    store = CountingStore()
+    config = api_over(owner, store, ("t0", "t1"), Projection(view))
 
     async def main() -> list[dict]:
         app = make_app(config)
@@ -161,19 +166,8 @@ def test_the_api_serves_the_cluster_from_memory_reading_each_jobs_owner_once():
 
 def test_a_poll_that_sends_the_etag_back_gets_304_until_the_map_changes():
     view, owner = fleet()
-    store = InMemoryViewStore()
-    batch = Batch()
-    for job, tenant in owner.items():
-        batch.views[job] = submitted_view(ev.JobSpec(job_id=job, tenant=tenant), 1000)
-    store.commit(batch)
     projection = Projection(view)
-    config = ApiConfig(
-        auth=ApiKeys([record_for("t0-key.s", "t0", "u")]),
-        store=store,
-        producer=MemoryProducer(),
-        dashboard_dir=None,
-        background=(projection.run,),
-    )
+    config = api_over(owner, InMemoryViewStore(), ("t0",), projection)
     auth = {"Authorization": "Bearer t0-key.s"}
 
     async def main() -> None:
