@@ -65,6 +65,7 @@ from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
 from framespool.producers.cluster_reads import ClusterReads
 from framespool.producers.metrics import (
+    AdmissionWatch,
     AssignmentObserver,
     Metrics,
     ProjectionCollector,
@@ -170,6 +171,7 @@ STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE
 LOOKUPS = web.AppKey("callback_lookups", CallbackLookups)  # submit-time callback host lookups
 CLUSTER_VIEW = web.AppKey("cluster_view", Callable[[], cluster_view.ClusterView])
 CLUSTER_READS = web.AppKey("cluster_reads", ClusterReads)  # rendered /v1/cluster documents
+ADMISSION_WATCH = web.AppKey("admission_watch", AdmissionWatch)  # accepted, not yet shown back
 
 
 def error_body(
@@ -485,11 +487,14 @@ async def submit_job(request: web.Request) -> web.Response:
             command = SubmitJob(
                 event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key
             )
+            watch = request.app[ADMISSION_WATCH]
+            watch.writing(job_id)
             try:
                 await config.producer.send(
                     config.commands_topic, principal.tenant, codec.encode(command)
                 )
             except Exception as exc:
+                watch.not_written(job_id)
                 metrics.submits.labels(spec.tier, "unavailable").inc()
                 raise ApiError(
                     503,
@@ -815,7 +820,14 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def _background(app: web.Application):
     config = app[CONFIG]
-    tap = PublishTap(config.hub, AssignmentObserver(app[METRICS].submit_to_assigned))
+    assigned = AssignmentObserver(app[METRICS].submit_to_assigned)
+    admitted = app[ADMISSION_WATCH]
+
+    def observe(job_id: str, view: Any) -> None:
+        assigned(job_id, view)
+        admitted(job_id, view)
+
+    tap = PublishTap(config.hub, observe)
     tasks = [
         asyncio.create_task(run(), name=getattr(run, "__qualname__", "background"))
         for run in config.background
@@ -859,6 +871,8 @@ def make_app(config: ApiConfig) -> web.Application:
     app[OFFERS] = _offers_of(config)
     app[CLUSTER_VIEW] = _cluster_of(config)
     app[CLUSTER_READS] = ClusterReads()
+    app[ADMISSION_WATCH] = AdmissionWatch(config.monotonic)
+    app[METRICS].watch_admission(app[ADMISSION_WATCH])
     app[OPENAPI] = openapi_doc.build(config.limits, max_body_bytes=config.max_body_bytes)
     app.cleanup_ctx.append(_background)
     app.router.add_post("/v1/jobs", submit_job)

@@ -92,6 +92,18 @@ class Metrics:
             "Connections answered 429 and closed: their address held max_connections_per_peer",
             registry=self.registry,
         )
+        self.unadmitted = Gauge(
+            "framespool_api_unadmitted_jobs",
+            "Jobs this API accepted whose admission the log has not shown back yet",
+            registry=self.registry,
+        )
+        self.oldest_unadmitted = Gauge(
+            "framespool_api_oldest_unadmitted_seconds",
+            "Age of the oldest job this API accepted whose admission the log has not "
+            "shown back yet (the submit path's health: admission, cells, job-events, "
+            "this API's fold)",
+            registry=self.registry,
+        )
         self.submit_to_assigned = Histogram(
             "framespool_job_submit_to_assigned_seconds",
             "Time from a job's submission to its first assignment (queue wait), by tier",
@@ -99,6 +111,11 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+
+    def watch_admission(self, watch: AdmissionWatch) -> None:
+        """Read the two admission gauges off ``watch`` at each scrape."""
+        self.unadmitted.set_function(lambda: float(len(watch)))
+        self.oldest_unadmitted.set_function(watch.oldest_s)
 
 
 class ViewCollector:
@@ -259,6 +276,50 @@ class AssignmentObserver:
         self._histogram.labels(view.tier or "unknown").observe(
             max(0.0, (first.ts_ms - view.created_ms) / 1000)
         )
+
+
+class AdmissionWatch:
+    """Jobs this API accepted that the log has not shown back yet.
+
+    A job counts from just before its ``SubmitJob`` is written until the
+    projection publishes its view with a first timeline entry (``JobAdmitted``
+    or ``JobRejected``, read from job-events). The oldest one's age
+    (``framespool_api_oldest_unadmitted_seconds``) is the health of the whole
+    submit path: admission, the scheduler topic's cells, job-events and this
+    API's own fold. It grows whichever of them stops, a projection consumer
+    that stops fetching included, which the lag watch cannot see (its
+    watermarks come from its own fetches). Cost: one dict insert per accepted
+    submit, one dict lookup per published view, O(1) per scrape; at most
+    ``max_jobs`` remembered (the oldest forgotten first)."""
+
+    def __init__(self, clock: Callable[[], float], max_jobs: int = OBSERVED_JOBS_MAX) -> None:
+        self._clock = clock
+        self._pending: OrderedDict[str, float] = OrderedDict()
+        self._max = max_jobs
+
+    def writing(self, job_id: str) -> None:
+        """The API is about to write the job's ``SubmitJob``."""
+        if job_id not in self._pending:
+            self._pending[job_id] = self._clock()
+            if len(self._pending) > self._max:
+                self._pending.popitem(last=False)
+
+    def not_written(self, job_id: str) -> None:
+        """Its ``SubmitJob`` could not be written: nothing to wait for."""
+        self._pending.pop(job_id, None)
+
+    def __call__(self, job_id: str, view: Any) -> None:
+        if job_id in self._pending and isinstance(view, JobView) and view.timeline:
+            del self._pending[job_id]
+
+    def oldest_s(self) -> float:
+        """Seconds the oldest job not shown back yet has waited (0: none)."""
+        if not self._pending:
+            return 0.0
+        return max(0.0, self._clock() - next(iter(self._pending.values())))
+
+    def __len__(self) -> int:
+        return len(self._pending)
 
 
 class PublishTap:
