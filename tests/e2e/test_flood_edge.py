@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from framespool.broker import free_port
 from framespool.processors.core import CellConfig
 from framespool.stack import Stack, StackConfig
+from framespool.stack_secrets import SECRETS_FILE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -105,3 +107,24 @@ def test_a_flood_is_refused_by_its_own_wait_and_the_rest_of_its_tier_is_not(stac
     assert [status for status, _ in newcomers] == [202] * NEWCOMERS, newcomers
     # ... and the flood, still deep, is still refused by its own place
     assert flood_again[0] == 429 and flood_again[1]["error"]["code"] == "predicted_wait"
+    # every job the API accepted is shown back admitted from the log: the admission
+    # watch empties (it would grow if any part of the submit path stopped)
+    operator = json.loads((stack.data_dir / SECRETS_FILE).read_text())["operator_key"]
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(
+            urllib.request.Request(
+                f"{url}/metrics", headers={"Authorization": f"Bearer {operator}"}
+            ),
+            timeout=10,
+        ) as r:
+            scraped = r.read().decode()
+        unadmitted = next(
+            float(line.split()[1])
+            for line in scraped.splitlines()
+            if line.startswith("framespool_api_unadmitted_jobs ")
+        )
+        if unadmitted == 0:
+            break
+        assert time.monotonic() < deadline, f"{unadmitted} accepted jobs never shown admitted"
+        time.sleep(1)
