@@ -59,7 +59,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from framespool.callbacks.lookups import CallbackLookups
 from framespool.callbacks.targets import TargetPolicy, check_address
 from framespool.log import Sender
-from framespool.processors.core.offers import PREDICTED_WAIT, Own, live_offers, wait_refusal
+from framespool.processors.core.offers import (
+    PREDICTED_WAIT,
+    Own,
+    limited,
+    live_offers,
+    wait_refusal,
+)
 from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
@@ -339,19 +345,18 @@ def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: Jo
     waiting and running (its jobs in the read model, each counted at this
     job's GPU-seconds), not behind another tenant's whole backlog (``offers``,
     item 6). Stale or missing offers are unknown: nothing is refused on them.
-    Cost per submit: O(C * (T + G + s)) for C cells' offers of T tiers and G
-    node groups, s shapes, and two count reads (in memory); the offers are the
-    projection's, in memory."""
+    Cost per submit: O(C * T) when no tier is limited (the default); else
+    O(C * (T + G + s)) for C cells' offers of T tiers and G node groups, s
+    shapes, and two count reads (in memory); the offers are the projection's,
+    in memory."""
     if not offers:
         return
     live = live_offers(offers, sorted(offers), int(config.clock() * 1000), config.offer_stale_s)
-    own = None
-    if live:
-        job_gpu_s = spec.gpus * spec.estimate_s
-        own = Own(
-            config.store.queued_count(spec.tenant) * job_gpu_s,
-            config.store.running_count(spec.tenant) * job_gpu_s,
-        )
+    if not limited(live, spec.tier):
+        return  # no limit (the default): nothing to count on the submit path
+    own = Own.of_jobs(
+        spec, config.store.queued_count(spec.tenant), config.store.running_count(spec.tenant)
+    )
     refusal = wait_refusal(live, spec, None, own)
     if refusal is None:
         return

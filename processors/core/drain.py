@@ -25,8 +25,8 @@ one tenant's flood would make every tenant of the tier look refused. So each
 get while the fair order brings virtual time from the tier's least settled
 virtual time (where a returning organisation starts, at best) to that plus
 ``d`` (``LevelIndex.served``), then the tier's whole own backlog. The edge reads
-off it the work ahead of a tenant that has ``d`` GPU-seconds queued
-(``offers.fair_ahead_gpu_s``), and only the edge does, for a tier with a
+off it the work ahead of a tenant whose waiting and running work is ``d``
+GPU-seconds (``offers.fair_ahead_gpu_s``), and only the edge does, for a tier with a
 predicted-wait limit: a tier without one gets it empty. Cost: O(n log n) per
 limited tier with n organisations backlogged in it, once per offer (every
 ``status_interval_s``), never per job; nothing without a limit (the default).

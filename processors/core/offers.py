@@ -115,6 +115,13 @@ class Own(NamedTuple):
     waiting_gpu_s: float = 0.0
     running_gpu_s: float = 0.0
 
+    @classmethod
+    def of_jobs(cls, spec: ev.JobSpec, waiting: int, running: int) -> Own:
+        """``waiting`` and ``running`` jobs of the tenant, each counted at
+        ``spec``'s GPU-seconds (what both edges know: counts, not the jobs)."""
+        job_gpu_s = spec.gpus * spec.estimate_s
+        return cls(waiting * job_gpu_s, running * job_gpu_s)
+
 
 def fair_ahead_gpu_s(backlog: ev.TierBacklog, own: Own) -> float:
     """The work ahead of a job of a tenant that has ``own``, in ``backlog``'s
@@ -175,6 +182,12 @@ def tier_limit_s(offer: ev.CellOffer, tier: str) -> float:
     return 0.0
 
 
+def limited(live: Mapping[str, ev.CellOffer], tier: str) -> bool:
+    """Whether any live offer limits ``tier``'s predicted wait (the default: none,
+    and then the edge has nothing to compute or count). O(C * T)."""
+    return any(tier_limit_s(offer, tier) > 0 for offer in live.values())
+
+
 class Host(NamedTuple):
     cell: str
     wait_s: float
@@ -232,7 +245,7 @@ def wait_refusal(
     """Why ``spec`` is refused for its predicted wait, or None (item 5 of the
     theory of operation: within the limit, no limit, or unknown); with
     ``own``, by the tenant's own place in the fair order (item 6)."""
-    if not any(tier_limit_s(offer, spec.tier) > 0 for offer in live.values()):
+    if not limited(live, spec.tier):
         return None  # no limit anywhere (the default): no wait to compute
     best = best_host(live, spec, routed, own)
     if best is None:

@@ -59,9 +59,7 @@ class SubmitEdge:
             self.routed = (0.0, 0)
         offer = self.offer
         live = live_offers({offer.cell: offer}, (offer.cell,), now_ms, self.every_ms / 1000)
-        waiting, running = cell.tenant_jobs(spec.tenant)
-        job_gpu_s = spec.gpus * spec.estimate_s
-        own = Own(waiting * job_gpu_s, running * job_gpu_s)
+        own = Own.of_jobs(spec, *cell.tenant_jobs(spec.tenant))
         refused = wait_refusal(live, spec, {offer.cell: self.routed}, own)
         if refused is not None:
             self.refused += 1
