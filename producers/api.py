@@ -370,24 +370,25 @@ def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: Jo
     )
 
 
+def _projection(config: ApiConfig) -> Any | None:
+    """The projection consumer that runs with the app (it holds the committed
+    cluster view in memory, replaced by each commit), or None."""
+    return next((p for p in projection_parts(config.background) if hasattr(p, "cluster")), None)
+
+
 def _cluster_of(config: ApiConfig) -> Callable[[], cluster_view.ClusterView]:
-    """Where the cluster view is read: the projection consumer that runs with
-    the app (in memory, replaced by each commit), else the store."""
-    for part in projection_parts(config.background):
-        if hasattr(part, "cluster"):
-            return lambda part=part: part.cluster
-    return config.store.load_cluster
+    """Where the cluster view is read: the projection's, else the store."""
+    part = _projection(config)
+    return config.store.load_cluster if part is None else lambda: part.cluster
 
 
 def _offers_of(config: ApiConfig) -> Callable[[], Mapping[str, Any]]:
     """Where the cells' latest offers are read: ``config.offers``, else the
-    cluster view of the projection consumer that runs with the app."""
+    projection's cluster view (offers are not stored: none without one)."""
     if config.offers is not None:
         return config.offers
-    for part in projection_parts(config.background):
-        if hasattr(part, "cluster"):
-            return lambda part=part: part.cluster.offers
-    return dict
+    part = _projection(config)
+    return dict if part is None else lambda: part.cluster.offers
 
 
 def _own_job(request: web.Request, principal: Principal) -> JobView:
