@@ -63,9 +63,11 @@ def refusal(cap: int) -> bytes:
 
 
 class PeerGate:
-    """Open connections per remote address, and the refusals past ``cap``."""
+    """Open connections per remote address, and the refusals past ``cap`` (0: none)."""
 
     def __init__(self, cap: int, on_refuse: Callable[[], None] | None = None) -> None:
+        if cap < 0:
+            raise ValueError(f"max_connections_per_peer={cap} must be 0 (no cap) or more")
         self.cap = cap
         self.open: dict[str, int] = {}
         self.refused = 0
@@ -75,10 +77,38 @@ class PeerGate:
         """Wrap aiohttp's protocol factory (``runner.server``) with this gate."""
         return lambda: _Gated(self, inner)
 
+    def admit(self, address: str) -> bool:
+        """Count one more connection of ``address``, or refuse it (False) past the cap."""
+        held = self.open.get(address, 0)
+        if self.cap and held >= self.cap:
+            self.refused += 1
+            if self._on_refuse is not None:
+                self._on_refuse()
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning(
+                    "connection refused: %s holds %d connections (max_connections_per_peer); "
+                    "%d refused so far",
+                    address,
+                    held,
+                    self.refused,
+                )
+            return False
+        self.open[address] = held + 1
+        return True
+
+    def leave(self, address: str) -> None:
+        """One admitted connection of ``address`` ended."""
+        left = self.open[address] - 1
+        if left:
+            self.open[address] = left
+        else:
+            del self.open[address]
+
 
 class _Gated(asyncio.Protocol):
-    """One connection: counted by its address, refused past the cap, else
-    everything forwarded to the aiohttp protocol made for it."""
+    """One connection: admitted by its address's count, else answered 429 and
+    closed; an admitted one forwards everything to the aiohttp protocol made
+    for it."""
 
     def __init__(self, gate: PeerGate, factory: Callable[[], asyncio.Protocol]) -> None:
         self._gate = gate
@@ -89,36 +119,18 @@ class _Gated(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if peer else ""
-        gate = self._gate
-        held = gate.open.get(address, 0)
-        if gate.cap and held >= gate.cap:
-            gate.refused += 1
-            if gate._on_refuse is not None:
-                gate._on_refuse()
-            if gate.refused == 1 or gate.refused % 1000 == 0:
-                log.warning(
-                    "connection refused: %s holds %d connections (max_connections_per_peer); "
-                    "%d refused so far",
-                    address,
-                    held,
-                    gate.refused,
-                )
+        if not self._gate.admit(address):
             assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(refusal(gate.cap))
+            transport.write(refusal(self._gate.cap))
             transport.close()
             return
-        gate.open[address] = held + 1
         self._peer = address
         self._inner = self._factory()
         self._inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._peer is not None:
-            left = self._gate.open[self._peer] - 1
-            if left:
-                self._gate.open[self._peer] = left
-            else:
-                del self._gate.open[self._peer]
+            self._gate.leave(self._peer)
             self._peer = None
         if self._inner is not None:
             self._inner.connection_lost(exc)

@@ -165,3 +165,14 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408():
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_a_negative_connection_cap_is_refused_naming_the_knob():
+    """A negative cap would refuse every connection: it is a configuration error."""
+    import pytest
+
+    from framespool.producers.edge import PeerGate
+
+    with pytest.raises(ValueError, match="max_connections_per_peer=-1"):
+        PeerGate(-1)
+    assert PeerGate(0).admit("10.0.0.1") and PeerGate(0).cap == 0  # 0: no cap
