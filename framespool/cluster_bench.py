@@ -34,8 +34,9 @@ from framespool.projections.store import Batch, RocksViewStore
 from framespool.schemas import events as ev
 
 
-class _Projection:
-    """Holds the committed cluster view, as ``ProjectionConsumer.cluster`` does."""
+class HeldView:
+    """Stands in for the API's projection consumer: it holds the committed
+    cluster view, as ``ProjectionConsumer.cluster`` does (the bench and tests)."""
 
     def __init__(self, cluster: ClusterView) -> None:
         self.cluster = cluster
@@ -83,7 +84,7 @@ def bench_cluster(cells: int, nodes: int, gpus: int, tenants: int, calls: int) -
 async def _calls(
     store: RocksViewStore, view: ClusterView, tenants: int, calls: int
 ) -> dict[str, Any]:
-    projection = _Projection(view)
+    projection = HeldView(view)
     key = "t1-key.bench"
     config = ApiConfig(
         auth=ApiKeys([record_for(key, "t1", "u")]),

@@ -8,7 +8,7 @@ it. Built naively per request, one call cost ~300 ms of the API's event loop
 at 10 cells x 125 nodes x 8 GPUs (decoding the stored cell documents, then a
 store read per GPU's job to ask whose it is), so one tenant calling it in a
 loop, within its rate limit, would stall every tenant's status, submits and
-progress streams. Three things make it cheap:
+progress streams. Four things make it cheap:
 
 1. **The view comes from memory.** The projection consumer that runs with the
    app keeps the cluster view it committed last (``ProjectionConsumer.cluster``;

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from framespool.cluster_bench import HeldView
 from framespool.log.memory import MemoryProducer
 from framespool.producers.api import CLUSTER_READS, ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
@@ -114,17 +115,7 @@ class CountingStore(InMemoryViewStore):
         return super().get(job_id)
 
 
-class Projection:
-    """What the API reads the cluster from: the consumer's committed view."""
-
-    def __init__(self, cluster: ClusterView) -> None:
-        self.cluster = cluster
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()
-
-
-def api_over(owner: dict[str, str], store, tenants, projection: Projection) -> ApiConfig:
+def api_over(owner: dict[str, str], store, tenants, projection: HeldView) -> ApiConfig:
     """An API whose read model holds every job of ``owner`` and whose cluster
     view is ``projection``'s; each of ``tenants`` has the key ``<tenant>-key.s``."""
     batch = Batch()
@@ -143,7 +134,7 @@ def api_over(owner: dict[str, str], store, tenants, projection: Projection) -> A
 def test_the_api_serves_the_cluster_from_memory_reading_each_jobs_owner_once():
     view, owner = fleet()
     store = CountingStore()
-    config = api_over(owner, store, ("t0", "t1"), Projection(view))
+    config = api_over(owner, store, ("t0", "t1"), HeldView(view))
 
     async def main() -> list[dict]:
         app = make_app(config)
@@ -166,7 +157,7 @@ def test_the_api_serves_the_cluster_from_memory_reading_each_jobs_owner_once():
 
 def test_a_poll_that_sends_the_etag_back_gets_304_until_the_map_changes():
     view, owner = fleet()
-    projection = Projection(view)
+    projection = HeldView(view)
     config = api_over(owner, InMemoryViewStore(), ("t0",), projection)
     auth = {"Authorization": "Bearer t0-key.s"}
 
