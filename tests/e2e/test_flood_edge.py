@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from framespool.broker import free_port
-from framespool.processors.core import CellConfig
 from framespool.stack import Stack, StackConfig
 from framespool.stack_secrets import SECRETS_FILE
+from tests.unit.test_core_knobs_admission import tiers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -34,15 +34,9 @@ JOB = {"prompt": "a fox", "model": "hold", "params": {"duration_s": 60}, "estima
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("flood-edge")
-    tiers = [
-        {
-            **dataclasses.asdict(t),
-            "max_predicted_wait_s": LIMIT_S if t.name == "free" else 0.0,
-        }
-        for t in CellConfig().tiers
-    ]
+    limited = [dataclasses.asdict(t) for t in tiers(LIMIT_S, "free")]
     processors = data_dir / "processors.json"
-    processors.write_text(json.dumps({"scheduler": {"tiers": tiers}}))
+    processors.write_text(json.dumps({"scheduler": {"tiers": limited}}))
     tenants = (("flood", "free"),) + tuple((f"n{i:02d}", "free") for i in range(NEWCOMERS))
     config = StackConfig(
         data_dir=data_dir / "stack",
