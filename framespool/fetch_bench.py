@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from framespool.broker import EmbeddedBroker
+from framespool.broker import embedded
 from framespool.log import LogConsumer
 from framespool.pipeline_bench import process_cpu_s
 from framespool.schemas.topics import Topic
@@ -70,12 +70,13 @@ def bench_fetch(
     consumers: int = 1,
     settle_s: float = 2.0,
     seconds: float = 8.0,
+    broker_kind: str = "kafka",
 ) -> dict[str, Any]:
     """The broker's CPU (% of one core) per (wait, partitions) case, idle first."""
     if any(p < 1 or p > TOPIC.partitions for p in partitions):
         raise ValueError(f"partitions must be 1..{TOPIC.partitions}, got {partitions}")
     cases = []
-    with EmbeddedBroker() as broker:
+    with embedded(broker_kind) as broker:
         broker.create_topics([TOPIC])
         pid = broker.pid
         assert pid is not None

