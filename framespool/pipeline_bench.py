@@ -347,7 +347,7 @@ def bench_pipeline(
     )
     with stack:
         key = stack.tenant_keys[0]["api_key"]
-        watcher = EventWatcher(stack.broker.bootstrap_servers)
+        watcher = EventWatcher(stack.bootstrap_servers)
         watcher.start()
         try:
             # warm-up: the first submissions pay for connection and producer setup
@@ -355,8 +355,8 @@ def bench_pipeline(
             asyncio.run(submit_many(stack.api_url, key, 20, 0, 4, warm))
             wait_for(watcher.completed, warm, 60, watcher.failed)
             pids = {p.name: p.popen.pid for p in stack.processes}
-            if stack.broker is not None and stack.broker.pid is not None:
-                pids["broker"] = stack.broker.pid
+            if stack.broker_pid is not None:
+                pids["broker"] = stack.broker_pid
             pids["bench"] = os.getpid()
             meter = CpuMeter(pids)
             # 4. the idle stack's CPU: mostly the consumers' fetches
@@ -388,7 +388,7 @@ def bench_pipeline(
             wait_for(watcher.completed, lat, 120, watcher.failed)
             cpu_latency = meter.stop()
             # 3. the per-hop split of the latency phase, from the log's timestamps
-            stamps = log_stamps(stack.broker.bootstrap_servers, set(lat_wall))
+            stamps = log_stamps(stack.bootstrap_servers, set(lat_wall))
         finally:
             watcher.stop()
     assigned = [1000 * (watcher.assigned[j] - t) for j, t in lat.items() if j in watcher.assigned]

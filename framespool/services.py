@@ -90,6 +90,7 @@ async def run_api(args: argparse.Namespace) -> None:
 
     from framespool.log import LogProducer
     from framespool.producers.api import ApiConfig, make_app
+    from framespool.producers.diskguard import DiskGuard
     from framespool.producers.edge import serve
     from framespool.projections.service import ProjectionService
     from framespool.projections.webhooks import TargetPolicy
@@ -115,6 +116,7 @@ async def run_api(args: argparse.Namespace) -> None:
             limits=api_limits(args.default_model or None),
             operator_key=secrets.get("operator_key") or "",
             max_connections_per_peer=args.max_connections_per_peer,
+            disk_guard=DiskGuard(stack_dir, min_free_mb=args.min_free_disk_mb),
         )
     )
     runner, _site = await serve(app, args.host, args.port)
@@ -286,6 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         help="open connections one client address may hold; past it a connection is "
         "answered 429 and closed (0 = no cap: behind a proxy every client shares its address)",
     )
+    api.add_argument(
+        "--min-free-disk-mb",
+        type=int,
+        default=100,
+        help="new jobs are refused (503 disk_full, Retry-After) while the stack dir's disk "
+        "has less free (0 = no guard)",
+    )
     agent = sub.add_parser("agent")
     agent.add_argument("--node", help="this process's one node")
     agent.add_argument(
@@ -318,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.service == "api" and args.max_connections_per_peer < 0:
         parser.error("--max-connections-per-peer must be 0 (no cap) or more")
+    if args.service == "api" and args.min_free_disk_mb < 0:
+        parser.error("--min-free-disk-mb must be 0 (no guard) or more")
     setup_logging(process=args.service)
     runner = run_api if args.service == "api" else run_agent
     asyncio.run(runner(args))

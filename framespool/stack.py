@@ -176,6 +176,25 @@ class Stack:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.config.port}"
 
+    @property
+    def bootstrap_servers(self) -> str:
+        """Where the stack's broker listens (once started)."""
+        if self.kafka is not None:
+            return self.kafka.bootstrap_servers
+        if self.broker is not None:
+            return self.broker.bootstrap_servers
+        raise StackError("the stack's broker is not started")
+
+    @property
+    def broker_pid(self) -> int | None:
+        """The broker's process id now (Kafka's changes when the supervisor restarts it)."""
+        if self.broker is not None:
+            return self.broker.pid
+        for process in self.processes:
+            if process.name == "broker":
+                return process.popen.pid
+        return None
+
     # -- start ------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 60.0) -> dict:
         from framespool.log import create_topics

@@ -70,6 +70,7 @@ from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
 from framespool.producers.cluster_reads import ClusterReads
+from framespool.producers.diskguard import DiskGuard
 from framespool.producers.metrics import (
     AdmissionWatch,
     AssignmentObserver,
@@ -149,6 +150,9 @@ class ApiConfig:
     idle_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     max_connections_per_peer: int = 256
+    # new submissions are refused (503 disk_full) while the guarded disk is nearly
+    # full (framespool.producers.diskguard); None: no guard
+    disk_guard: DiskGuard | None = None
 
 
 class ApiError(Exception):
@@ -320,6 +324,14 @@ async def _check_callback_host(
             )
 
 
+def _check_disk(config: ApiConfig) -> None:
+    """503 + Retry-After while the guarded disk is nearly full (nothing is written)."""
+    guard = config.disk_guard
+    why = guard.refusal() if guard is not None else None
+    if guard is not None and why is not None:
+        raise ApiError(503, "disk_full", why, headers={"Retry-After": str(guard.retry_after_s)})
+
+
 def _check_queue_cap(config: ApiConfig, tenant: str) -> None:
     """Refuse a submission over the tenant's queue cap now, with when to retry."""
     cap = config.queue_cap_overrides.get(tenant, config.queue_cap)
@@ -484,6 +496,11 @@ async def submit_job(request: web.Request) -> web.Response:
                     )
                 metrics.submits.labels(spec.tier, "replayed").inc()
                 return _accepted(existing, 200)
+            try:
+                _check_disk(config)
+            except ApiError:
+                metrics.submits.labels(spec.tier, "disk_full").inc()
+                raise
             _check_queue_cap(config, principal.tenant)
             try:
                 _check_predicted_wait(request.app[OFFERS](), config, spec)
@@ -506,6 +523,7 @@ async def submit_job(request: web.Request) -> web.Response:
                     503,
                     "log_unavailable",
                     f"the job could not be recorded ({exc}); retry with the same Idempotency-Key",
+                    headers={"Retry-After": "5"},
                 ) from exc
             view = submitted_view(spec, now_ms)
             if not config.store.insert_if_absent(view):

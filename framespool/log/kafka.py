@@ -294,7 +294,45 @@ def create_topics(
             reason = exc.args[0].str() if isinstance(exc, KafkaException) else repr(exc)
             raise LogError(f"cannot create topic {name!r}: {reason}") from exc
     _check_partition_counts(admin, wanted, timeout)
+    existing = [name for name in wanted if name not in created and configs[name]]
+    if existing:
+        _set_configs(admin, {name: configs[name] for name in existing}, timeout)
     return created
+
+
+def _set_configs(
+    admin: AdminClient, configs: Mapping[str, Mapping[str, str]], timeout: float
+) -> None:
+    """Bring existing topics' configs (retention) to the catalogue's: incremental
+    SETs, so configs the catalogue does not name are left as they are. A broker
+    that cannot alter configs (Tansu) is logged and skipped: its topics keep
+    what they were created with."""
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    resources = [
+        ConfigResource(
+            ResourceType.TOPIC,
+            name,
+            incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                for key, value in entries.items()
+            ],
+        )
+        for name, entries in configs.items()
+    ]
+    try:
+        futures = admin.incremental_alter_configs(resources, request_timeout=timeout)
+        for resource, future in futures.items():
+            exc = future.exception(timeout=timeout)
+            if exc is not None:
+                log.warning("topic %s keeps its configs: %s", resource.name, exc)
+    except (KafkaException, NotImplementedError) as exc:
+        log.warning("topic configs not updated: %s", exc)
 
 
 def _check_partition_counts(admin: AdminClient, wanted: Mapping[str, int], timeout: float) -> None:

@@ -134,3 +134,27 @@ def test_a_stored_port_taken_by_someone_else_is_replaced(tmp_path):
         again.command()
         assert again.port != broker.port
         assert again.controller_port == broker.controller_port
+
+
+def test_existing_topics_take_the_catalogues_retention(kafka_bootstrap):
+    """Disk stays bounded on a deployment created with other settings: create_topics
+    sets the catalogue's configs on topics that already exist."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    from framespool.log import create_topics
+
+    name = f"retained-{uuid.uuid4().hex[:8]}"
+    old = Topic(name, 1, "test", retention_ms=999_000, segment_ms=None)
+    new = Topic(name, 1, "test", retention_ms=86_400_000)
+    assert create_topics(kafka_bootstrap, [old]) == [name]
+    assert create_topics(kafka_bootstrap, [new]) == []
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    deadline = time.monotonic() + 20
+    while True:
+        entries = admin.describe_configs([resource])[resource].result(10)
+        got = (entries["retention.ms"].value, entries["segment.ms"].value)
+        if got == ("86400000", "86400000") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert got == ("86400000", "86400000")
