@@ -88,12 +88,15 @@ class PipelineResult:
 class EventWatcher(threading.Thread):
     """Reads job-events and timestamps JobAssigned/JobCompleted per job."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, broker: str = "kafka") -> None:
         super().__init__(daemon=True)
         from framespool.log import LogConsumer, Role
         from framespool.schemas.topics import JOB_EVENTS
 
-        self.consumer = LogConsumer(bootstrap, role=Role.REQUEST_PATH)
+        # the stack's processes are tuned for their broker by the stack; this reader
+        # in the bench's own process waits as a request-path reader on that broker
+        wait = {"fetch.wait.max.ms": 3} if broker == "tansu" else {}
+        self.consumer = LogConsumer(bootstrap, role=Role.REQUEST_PATH, **wait)
         self.consumer.assign(JOB_EVENTS.name, range(JOB_EVENTS.partitions), 0)
         self.assigned: dict[str, float] = {}
         self.assigned_wall: dict[str, float] = {}  # ms since the epoch, for hop_split
@@ -326,6 +329,7 @@ def bench_pipeline(
     gpus_per_node: int = 8,
     data_dir: Path | None = None,
     nodes_per_agent: int = 1,
+    broker: str = "kafka",
 ) -> PipelineResult:
     workdir = Path(data_dir or tempfile.mkdtemp(prefix="framespool-bench-"))
     config_path = workdir / "bench-config.json"
@@ -343,11 +347,12 @@ def bench_pipeline(
             gpus_per_node=gpus_per_node,
             nodes_per_agent=nodes_per_agent,
             processor_config=config_path,
+            broker=broker,
         )
     )
     with stack:
         key = stack.tenant_keys[0]["api_key"]
-        watcher = EventWatcher(stack.bootstrap_servers)
+        watcher = EventWatcher(stack.bootstrap_servers, broker)
         watcher.start()
         try:
             # warm-up: the first submissions pay for connection and producer setup

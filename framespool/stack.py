@@ -416,8 +416,15 @@ class Stack:
         stack_secrets.write_private(secrets_path, doc)
         self.tenant_keys.extend(shown)
 
+    def process_env(self) -> dict[str, str]:
+        """The environment of every process of the stack."""
+        # the log adapter's fetch waits are tuned per broker (framespool.log.kafka)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", FRAMESPOOL_BROKER=self.config.broker)
+        env.update(self.config.extra_env)
+        return env
+
     def spawn(self, name: str, argv: list[str]) -> Process:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.config.extra_env)
+        env = self.process_env()
         process = Process(name, argv, self.log_dir, env)
         self.processes.append(process)
         return process

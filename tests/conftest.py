@@ -29,6 +29,10 @@ Everything binds 127.0.0.1 on free ports and is stopped at the end.
 from __future__ import annotations
 
 import os
+
+# The log adapter tunes its fetch waits for the broker it talks to, at import.
+if os.environ.get("FRAMESPOOL_TEST_BROKER") == "tansu":
+    os.environ.setdefault("FRAMESPOOL_BROKER", "tansu")
 import uuid
 from collections.abc import Iterator
 from pathlib import Path

@@ -206,8 +206,7 @@ def restart_process(stack: Stack, name: str) -> Process:
     else:
         old.popen.wait(5)
         old.log.close()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **stack.config.extra_env)
-    stack.processes[i] = Process(name, list(old.popen.args), stack.log_dir, env)
+    stack.processes[i] = Process(name, list(old.popen.args), stack.log_dir, stack.process_env())
     return stack.processes[i]
 
 

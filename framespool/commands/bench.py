@@ -111,6 +111,11 @@ def register(subparsers: Any) -> None:
         default=1,
         help="simulated nodes per agent process (1 = a process per node)",
     )
+    pipe.add_argument(
+        "--broker",
+        default="kafka",
+        help="kafka, tansu, or both in one run (kafka,tansu): one stack after the other",
+    )
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.set_defaults(handler=handle_pipeline)
     take = targets.add_parser(
@@ -287,19 +292,32 @@ def handle_pipeline(args: argparse.Namespace) -> int:
     }.items():
         if not 0 < value < math.inf:  # NaN too
             raise CommandError(f"{flag}={value} must be positive")
-    result = bench_pipeline(
-        jobs=args.jobs,
-        rate=args.rate,
-        seconds=args.seconds,
-        concurrency=args.concurrency,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        nodes_per_agent=args.nodes_per_agent,
-    ).as_dict()
+    brokers = [b.strip() for b in str(args.broker).split(",") if b.strip()]
+    if not brokers or any(b not in ("kafka", "tansu") for b in brokers):
+        raise CommandError(f"--broker={args.broker!r}: kafka, tansu or kafka,tansu")
+    results = {}
+    for broker in brokers:
+        result = bench_pipeline(
+            jobs=args.jobs,
+            rate=args.rate,
+            seconds=args.seconds,
+            concurrency=args.concurrency,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            nodes_per_agent=args.nodes_per_agent,
+            broker=broker,
+        ).as_dict()
+        result["broker"] = broker
+        _print_pipeline(result, args.gpus_per_node)
+        results[broker] = result
+    return write_json(args.json, results[brokers[0]] if len(brokers) == 1 else results)
+
+
+def _print_pipeline(result: dict, gpus_per_node: int) -> None:
     lat, done = result["submit_to_assigned_ms"], result["submit_to_completed_ms"]
     print(
-        f"pipeline on the embedded stack, {result['nodes']} nodes x {args.gpus_per_node} GPUs "
-        f"in {result['agent_processes']} agent process(es), noop generator"
+        f"pipeline on the embedded stack ({result['broker']}), {result['nodes']} nodes x "
+        f"{gpus_per_node} GPUs in {result['agent_processes']} agent process(es), noop generator"
     )
     print(
         f"  jobs/s        {result['jobs_per_s']:>8}  ({result['completed']}/{result['jobs']} "
@@ -321,7 +339,6 @@ def handle_pipeline(args: argparse.Namespace) -> int:
     if result.get("cpu_ms_per_job"):
         row = ", ".join(f"{k} {v}" for k, v in result["cpu_ms_per_job"].items())
         print(f"  CPU ms per job, throughput phase: {row}")
-    return write_json(args.json, result)
 
 
 def handle_takeover(args: argparse.Namespace) -> int:

@@ -70,7 +70,11 @@ def input_offset(event_id: str) -> int:
 def test_topics_with_retention_are_created_on_the_broker(kafka_bootstrap):
     name = f"retention-{uuid.uuid4().hex[:8]}"
     topic = Topic(name, 2, "test", retention_ms=3_600_000, retention_bytes=1 << 30)
-    assert topic.configs() == {"retention.ms": "3600000", "retention.bytes": "1073741824"}
+    assert topic.configs() == {
+        "retention.ms": "3600000",
+        "retention.bytes": "1073741824",
+        "segment.ms": "86400000",  # segments roll daily, so retention frees a day at a time
+    }
     assert create_topics(kafka_bootstrap, [topic]) == [name]
     assert create_topics(kafka_bootstrap, [topic]) == []
     with LogProducer(kafka_bootstrap) as producer:
