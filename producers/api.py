@@ -51,13 +51,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from framespool.callbacks.lookups import CallbackLookups
-from framespool.callbacks.targets import TargetPolicy, check_address
+from framespool.callbacks.targets import TargetPolicy, check_address, vet_target
 from framespool.log import Sender
 from framespool.processors.core.offers import (
     PREDICTED_WAIT,
@@ -295,25 +294,27 @@ async def _check_callback_host(
 ) -> None:
     """Refuse a callback whose host name resolves to an address the policy forbids.
 
-    IP literals were checked by the validation. A name that does not resolve
-    now (or is not looked up now: ``framespool.callbacks.lookups``) is
-    accepted: delivery resolves it again and checks every address it
-    connects to (``framespool.callbacks.targets.PolicyResolver``).
+    The validation parsed the URL with the parser delivery uses
+    (``framespool.callbacks.targets.vet_target``) and checked IP literals and
+    loopback names; this looks up the very host name delivery will resolve.
+    A name that does not resolve now (or is not looked up now:
+    ``framespool.callbacks.lookups``) is accepted: delivery resolves it again
+    and checks every address it connects to
+    (``framespool.callbacks.targets.PolicyResolver``).
     """
     if not url:
         return
-    host = (urlsplit(url).hostname or "").rstrip(".")
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-        return
-    except ValueError:
-        pass
     policy = config.url_policy
-    if not host or policy.allow_private or host.lower() in policy.allow_hosts:
+    target = vet_target(url, policy)
+    if isinstance(target, str):  # validate_submit refused it already; never looked up
+        raise ApiError(
+            422, "invalid_field", f"{target}; use a public http(s) endpoint", "callback_url"
+        )
+    if target.ip is not None or policy.allow_private or target.name in policy.allow_hosts:
         return
-    addresses = await lookups.addresses(tenant, host, config.resolve_timeout_s)
+    addresses = await lookups.addresses(tenant, target.host, config.resolve_timeout_s)
     for address in addresses or ():
-        problem = check_address(host, address, policy)
+        problem = check_address(target.host, address, policy)
         if problem:
             raise ApiError(
                 422, "invalid_field", f"{problem}; use a public http(s) endpoint", "callback_url"
