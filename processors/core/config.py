@@ -217,6 +217,16 @@ class CellConfig:
     # decisions never read it. Last, for the reason above: read it with
     # ``getattr(config, "model_load_s", 0.0)`` where an older pickle may reach
     model_load_s: float = 0.0
+    # Stragglers as evidence against a node (processors/core/stragglers.py): a
+    # node is DEGRADED only when runs of ``straggler_tenants`` distinct tenants
+    # straggled on it within ``straggler_window_s`` (one tenant chooses its own
+    # step rates), and goes back UP after ``straggler_probation_s``, doubling
+    # while it keeps being degraded, up to ``straggler_probation_max_s``. Last,
+    # for the pickling reason above: read with ``stragglers.knob``.
+    straggler_tenants: int = 2
+    straggler_window_s: float = 1800.0
+    straggler_probation_s: float = 600.0
+    straggler_probation_max_s: float = 7200.0
 
     def __post_init__(self) -> None:
         self.check()
