@@ -126,6 +126,8 @@ class Cell(
         self.failure_log: dict[tuple[str, str, str], list[tuple[int, str, str]]] = {}
         self.breaker_probes: dict[tuple[str, str, str], RunKey] = {}  # half-open probe runs
         self.breaker_trips: dict[tuple[str, str, str], int] = {}  # consecutive trips (backoff)
+        self.breaker_tripped_by: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self.breaker_no_probe: dict[tuple[str, str, str], dict[str, int]] = {}  # barred probers
         self.model_rates: dict[str, dict[RunKey, float]] = {}
         # (model, tenant) and model -> reference step rate (stragglers.py)
         self.model_median: dict = {}
@@ -226,6 +228,7 @@ class Cell(
             self.now_ms = event.now_ms
         self.expire_nodes()
         self.end_straggler_probations()
+        self.expire_breaker_probes()
         self.expire_runs()
         self.schedule(full=True)
         self.publish_periodic()
