@@ -347,8 +347,9 @@ class NodeHandlers:
                     self.set_node_state(
                         node,
                         NodeState.DOWN,
-                        f"stop of {run.job_id}#{run.run} unconfirmed "
-                        f"for {self.config.stop_lease_s:.0f}s",
+                        # no job id: this reason reaches the other jobs on the node,
+                        # of other tenants (the StopRun event names the run)
+                        f"a run's stop unconfirmed for {self.config.stop_lease_s:.0f}s",
                     )
                 else:
                     self.release_slice(run, node_id)

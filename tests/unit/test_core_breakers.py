@@ -276,8 +276,12 @@ def test_another_tenants_job_completes_within_minutes_whatever_the_attacker_subm
     # worst case: one probe bound, one reopening and one grace before its turn)
     for late_s in (0, 130):
         for attack in ("hang", "fail", "cancel"):
-            took = play_attack(attack_harness(), attack, late_s)
+            h = attack_harness()
+            took = play_attack(h, attack, late_s)
             assert took is not None and took <= 15 * 60, (late_s, attack, took)
+            # every tenant reads breaker reasons on /v1/cluster: no job is named
+            for tripped in of(h.log, ev.BreakerTripped):
+                assert not [j for j in h.admitted if j in tripped.reason], tripped.reason
 
 
 def test_a_probe_that_outlives_its_bound_reopens_the_breaker():
