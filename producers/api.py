@@ -167,6 +167,10 @@ class ApiError(Exception):
 CONFIG = web.AppKey("config", ApiConfig)
 METRICS = web.AppKey("metrics", Metrics)
 LOCKS = web.AppKey("submit_locks", dict)
+# tenant -> its submissions between the queue-cap check and the store insert: the
+# check and the hold happen with no await between them, so concurrent submits
+# cannot all pass one check (check-then-act); per API process
+QUEUE_HOLDS = web.AppKey("queue_holds", dict)
 TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
@@ -321,12 +325,14 @@ async def _check_callback_host(
             )
 
 
-def _check_queue_cap(config: ApiConfig, tenant: str) -> None:
-    """Refuse a submission over the tenant's queue cap now, with when to retry."""
+def _check_queue_cap(config: ApiConfig, tenant: str, in_flight: int = 0) -> None:
+    """Refuse a submission over the tenant's queue cap now, with when to retry.
+    ``in_flight``: the tenant's submissions that passed this check and are being
+    written to the log, not yet in the store (``QUEUE_HOLDS``)."""
     cap = config.queue_cap_overrides.get(tenant, config.queue_cap)
     if cap <= 0:
         return
-    waiting = config.store.queued_count(tenant)
+    waiting = config.store.queued_count(tenant) + in_flight
     if waiting >= cap:
         retry = str(config.queue_cap_retry_after_s)
         raise ApiError(
@@ -485,39 +491,52 @@ async def submit_job(request: web.Request) -> web.Response:
                     )
                 metrics.submits.labels(spec.tier, "replayed").inc()
                 return _accepted(existing, 200)
-            _check_queue_cap(config, principal.tenant)
+            holds: dict[str, int] = request.app[QUEUE_HOLDS]
+            _check_queue_cap(config, principal.tenant, holds.get(principal.tenant, 0))
             try:
                 _check_predicted_wait(request.app[OFFERS](), config, spec)
             except ApiError:
                 metrics.submits.labels(spec.tier, PREDICTED_WAIT).inc()
                 raise
-            command = SubmitJob(
-                event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key
-            )
-            watch = request.app[ADMISSION_WATCH]
-            watch.writing(job_id)
+            holds[principal.tenant] = holds.get(principal.tenant, 0) + 1
             try:
-                await config.producer.send(
-                    config.commands_topic, principal.tenant, codec.encode(command)
-                )
-            except Exception as exc:
-                watch.not_written(job_id)
-                metrics.submits.labels(spec.tier, "unavailable").inc()
-                raise ApiError(
-                    503,
-                    "log_unavailable",
-                    f"the job could not be recorded ({exc}); retry with the same Idempotency-Key",
-                ) from exc
-            view = submitted_view(spec, now_ms)
-            if not config.store.insert_if_absent(view):
-                # the projection stored the job first (it read SubmitJob's outcome
-                # already): answer with what it knows
-                view = config.store.get(job_id) or view
-            metrics.submits.labels(spec.tier, "accepted").inc()
-            return _accepted(view, 202)
+                return await _record_submit(request, config, spec, key, now_ms)
+            finally:
+                left = holds[principal.tenant] - 1
+                if left:
+                    holds[principal.tenant] = left
+                else:
+                    del holds[principal.tenant]
     finally:
         if not lock.locked() and locks.get(job_id) is lock:
             del locks[job_id]
+
+
+async def _record_submit(
+    request: web.Request, config: ApiConfig, spec: JobSpec, key: str | None, now_ms: int
+) -> web.Response:
+    """Write the accepted submission to the log and the store; answer 202."""
+    metrics, job_id = request.app[METRICS], spec.job_id
+    command = SubmitJob(event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key)
+    watch = request.app[ADMISSION_WATCH]
+    watch.writing(job_id)
+    try:
+        await config.producer.send(config.commands_topic, spec.tenant, codec.encode(command))
+    except Exception as exc:
+        watch.not_written(job_id)
+        metrics.submits.labels(spec.tier, "unavailable").inc()
+        raise ApiError(
+            503,
+            "log_unavailable",
+            f"the job could not be recorded ({exc}); retry with the same Idempotency-Key",
+        ) from exc
+    view = submitted_view(spec, now_ms)
+    if not config.store.insert_if_absent(view):
+        # the projection stored the job first (it read SubmitJob's outcome
+        # already): answer with what it knows
+        view = config.store.get(job_id) or view
+    metrics.submits.labels(spec.tier, "accepted").inc()
+    return _accepted(view, 202)
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -871,6 +890,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app[LOOKUPS] = CallbackLookups(config.resolve_host)
     _register_collectors(app[METRICS], config, app[LOOKUPS])
     app[LOCKS] = {}
+    app[QUEUE_HOLDS] = {}
     app[TASKS] = []
     app[STREAMS] = {}
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
