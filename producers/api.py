@@ -87,6 +87,7 @@ from framespool.projections.jobs import COMPLETED, STATES, JobView, spec_fingerp
 from framespool.projections.serde import public_job
 from framespool.projections.sse import parse_last_event_id, stream_job
 from framespool.projections.store import ViewStore
+from framespool.projections.webhook_secrets import RotationTooSoon
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
 from framespool.schemas.topics import COMMANDS
@@ -768,7 +769,12 @@ async def rotate_webhook_secret(request: web.Request) -> web.Response:
     if config.webhook_secrets is None:
         raise ApiError(404, "webhooks_unavailable", "this deployment delivers no webhooks")
     try:
-        secret = config.webhook_secrets.rotate(principal.tenant)
+        # the secrets file is written off the event loop, once a minute per tenant at
+        # most (framespool.projections.webhook_secrets)
+        secret = await config.webhook_secrets.rotate_soon(principal.tenant)
+    except RotationTooSoon as exc:
+        retry = retry_after_header(exc.retry_after_s)
+        raise ApiError(429, "rotation_too_soon", str(exc), headers={"Retry-After": retry}) from None
     except OSError as exc:
         raise ApiError(
             503, "secret_not_stored", f"the new secret could not be stored ({exc}); retry"

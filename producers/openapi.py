@@ -737,7 +737,8 @@ def paths() -> dict[str, Any]:
                 "summary": "A new webhook signing secret for the caller's tenant",
                 "description": "Each tenant has its own secret. The new one is returned once "
                 "and signs every webhook from now on (Framespool-Signature: t=<unix s>,"
-                "v1=<hex HMAC-SHA256(secret, '<t>.<body>')>).",
+                "v1=<hex HMAC-SHA256(secret, '<t>.<body>')>). A tenant may rotate once a "
+                "minute (429 rotation_too_soon with Retry-After otherwise).",
                 "responses": _responses(
                     {
                         200: _ok(
