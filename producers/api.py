@@ -79,6 +79,7 @@ from framespool.producers.metrics import (
     projection_parts,
 )
 from framespool.producers.ratelimit import RateLimit, RateLimiter, retry_after_header
+from framespool.producers.run_times import RunTimes
 from framespool.producers.validation import Limits, ValidationError, validate_submit
 from framespool.projections import cluster as cluster_view
 from framespool.projections import dashboard
@@ -172,6 +173,7 @@ LOCKS = web.AppKey("submit_locks", dict)
 # check and the hold happen with no await between them, so concurrent submits
 # cannot all pass one check (check-then-act); per API process
 QUEUE_HOLDS = web.AppKey("queue_holds", dict)
+RUN_TIMES = web.AppKey("run_times", RunTimes)  # learned from published views (run_times.py)
 TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
@@ -345,13 +347,16 @@ def _check_queue_cap(config: ApiConfig, tenant: str, in_flight: int = 0) -> None
         )
 
 
-def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: JobSpec) -> None:
+def _check_predicted_wait(
+    offers: Mapping[str, Any], config: ApiConfig, spec: JobSpec, run_times: RunTimes
+) -> None:
     """Refuse now a job whose predicted wait in the best cell that can run it
     exceeds its tier's limit, which the cells publish with their offers
     (``framespool.processors.core.offers``: the arithmetic admission routes by),
     at the tenant's own place in the fair order: behind what it already has
     waiting and running (its jobs in the read model, each counted at this
-    job's GPU-seconds), not behind another tenant's whole backlog (``offers``,
+    job's GPU-seconds, its estimate no less than the model's jobs were seen to
+    run: ``run_times``), not behind another tenant's whole backlog (``offers``,
     item 6). Stale or missing offers are unknown: nothing is refused on them.
     Cost per submit: O(C * T) when no tier is limited (the default); else
     O(C * (T + G + s)) for C cells' offers of T tiers and G node groups, s
@@ -363,7 +368,10 @@ def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: Jo
     if not limited(live, spec.tier):
         return  # no limit (the default): nothing to count on the submit path
     own = Own.of_jobs(
-        spec, config.store.queued_count(spec.tenant), config.store.running_count(spec.tenant)
+        spec,
+        config.store.queued_count(spec.tenant),
+        config.store.running_count(spec.tenant),
+        run_times.floor_s(spec.tenant, f"{spec.model}@{spec.model_version}"),
     )
     refusal = wait_refusal(live, spec, None, own)
     if refusal is None:
@@ -495,7 +503,7 @@ async def submit_job(request: web.Request) -> web.Response:
             holds: dict[str, int] = request.app[QUEUE_HOLDS]
             _check_queue_cap(config, principal.tenant, holds.get(principal.tenant, 0))
             try:
-                _check_predicted_wait(request.app[OFFERS](), config, spec)
+                _check_predicted_wait(request.app[OFFERS](), config, spec, request.app[RUN_TIMES])
             except ApiError:
                 metrics.submits.labels(spec.tier, PREDICTED_WAIT).inc()
                 raise
@@ -854,10 +862,12 @@ async def _background(app: web.Application):
     config = app[CONFIG]
     assigned = AssignmentObserver(app[METRICS].submit_to_assigned)
     admitted = app[ADMISSION_WATCH]
+    run_times = app[RUN_TIMES]
 
     def observe(job_id: str, view: Any) -> None:
         assigned(job_id, view)
         admitted(job_id, view)
+        run_times(job_id, view)
 
     tap = PublishTap(config.hub, observe)
     tasks = [
@@ -897,6 +907,7 @@ def make_app(config: ApiConfig) -> web.Application:
     _register_collectors(app[METRICS], config, app[LOOKUPS])
     app[LOCKS] = {}
     app[QUEUE_HOLDS] = {}
+    app[RUN_TIMES] = RunTimes()
     app[TASKS] = []
     app[STREAMS] = {}
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
