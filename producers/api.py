@@ -145,11 +145,15 @@ class ApiConfig:
     # slow and greedy clients (framespool.producers.edge, theory of operation): a
     # connection without a complete request head this long after it opened or
     # after its last response is closed; a submit's body arrives within
-    # body_timeout_s or is answered 408; one remote address holds at most
-    # max_connections_per_peer connections (0: no cap, behind a proxy)
+    # body_timeout_s or is answered 408; one peer (IPv4 address, IPv6 /64) holds at
+    # most max_connections_per_peer connections (0: no cap, behind a proxy), the
+    # process at most max_connections; a client that reads nothing for
+    # write_timeout_s while a response waits for it is disconnected
     idle_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     max_connections_per_peer: int = 256
+    max_connections: int = 8192
+    write_timeout_s: float = 30.0
 
 
 class ApiError(Exception):
@@ -241,7 +245,7 @@ async def _errors_and_metrics(request: web.Request, handler):
 _MAX_UNAUTHENTICATED_SOURCES = 65_536
 
 
-def _source(remote: str | None) -> str:
+def source_of(remote: str | None) -> str:
     """Who pays for a request without a key: its IPv4 address, or its IPv6 /64 (one
     host may hold a whole /64, so a per-address bucket would be no limit)."""
     try:
@@ -265,7 +269,7 @@ def _principal(request: web.Request) -> Principal:
         if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
             # bounded memory; a fresh bucket is full, so starting over only forgives
             holder[0] = RateLimiter(config.unauthenticated_rate_limit)
-        wait_s = holder[0].take(_source(request.remote), config.monotonic())
+        wait_s = holder[0].take(source_of(request.remote), config.monotonic())
         if wait_s > 0:
             retry = retry_after_header(wait_s)
             raise ApiError(
