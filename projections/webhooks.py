@@ -43,7 +43,13 @@ import aiohttp
 from yarl import URL
 
 from framespool.callbacks.lookups import LOOKUP_TENANT, CallbackLookups, TenantResolver
-from framespool.callbacks.targets import PolicyResolver, TargetPolicy, TargetRefused, vet_target
+from framespool.callbacks.targets import (
+    PolicyResolver,
+    TargetPolicy,
+    TargetRefused,
+    parse_target,
+    vet_target,
+)
 from framespool.projections.delivery_lanes import DeliveryLanes
 from framespool.projections.jobs import (
     ASSIGNED,
@@ -122,6 +128,16 @@ def delivery_for(before: JobView | None, after: JobView | None, event: Any) -> D
         seq=after.seq,
         body=json.dumps(body, sort_keys=True, separators=(",", ":")),
     )
+
+
+def log_target(url: str) -> str:
+    """What a log line may say of a callback URL: its origin. A path or query may
+    carry the receiver's token (``/hooks/<token>``, ``?token=``); the job and
+    event ids in the line find the delivery, whose record keeps the URL."""
+    parsed = parse_target(url)
+    if isinstance(parsed, str):
+        return "<unparsable callback URL>"
+    return str(parsed.url.origin())
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
@@ -351,7 +367,7 @@ class WebhookDispatcher:
                     "webhook for job %s event %s to %s failed after %d attempt(s): %s",
                     d.job_id,
                     d.delivery_id,
-                    d.url.split("?", 1)[0],  # a query may carry the receiver's token
+                    log_target(d.url),
                     attempts,
                     problem,
                 )
