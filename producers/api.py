@@ -142,6 +142,9 @@ class ApiConfig:
     sse_retry_after_s: int = 5
     # requests without a valid key, per client address (key guessing, floods)
     unauthenticated_rate_limit: RateLimit = RateLimit(rate_per_s=5.0, burst=50)
+    # routes that take no key (PUBLIC_ROUTES: the OpenAPI document, the dashboard's
+    # assets, health, unknown paths), per client address (IPv4, IPv6 /64)
+    public_rate_limit: RateLimit = RateLimit(rate_per_s=20.0, burst=200)
     # slow and greedy clients (framespool.producers.edge, theory of operation): a
     # connection without a complete request head this long after it opened or
     # after its last response is closed; a submit's body arrives within
@@ -183,6 +186,13 @@ LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
 OPENAPI = web.AppKey("openapi", dict)
 ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", list)  # [RateLimiter]
+PUBLIC_LIMITER = web.AppKey("public_rate_limiter", list)  # [RateLimiter] of PUBLIC_ROUTES
+# routes served without an API key (so no tenant's bucket pays for them); None: a
+# path no route matched. The signed artifact URLs are not here: a valid signature
+# is their key, and a tenant's client may fetch many results at once
+PUBLIC_ROUTES = frozenset(
+    {"/openapi.json", "/healthz", "/", "/dashboard", "/dashboard/", "/dashboard/{name}", None}
+)
 STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
 LOOKUPS = web.AppKey("callback_lookups", CallbackLookups)  # submit-time callback host lookups
 CLUSTER_VIEW = web.AppKey("cluster_view", Callable[[], cluster_view.ClusterView])
@@ -214,6 +224,9 @@ async def _errors_and_metrics(request: web.Request, handler):
     started = time.perf_counter()
     status = 500
     try:
+        resource = request.match_info.route.resource
+        if (resource.canonical if resource else None) in PUBLIC_ROUTES:
+            _take_public(request)
         response = await handler(request)
         status = response.status
         return response
@@ -257,6 +270,25 @@ def source_of(remote: str | None) -> str:
             return str(ip.ipv4_mapped)
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     return str(ip)
+
+
+def _take_public(request: web.Request) -> None:
+    """Charge a request to a route without a key to its address (``public_rate_limit``)."""
+    config = request.app[CONFIG]
+    holder = request.app[PUBLIC_LIMITER]
+    if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
+        holder[0] = RateLimiter(config.public_rate_limit)  # bounded memory, as above
+    wait_s = holder[0].take(source_of(request.remote), config.monotonic())
+    if wait_s > 0:
+        retry = retry_after_header(wait_s)
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"too many requests from this address to routes without a key "
+            f"({config.public_rate_limit.rate_per_s:g}/s, burst "
+            f"{config.public_rate_limit.burst}); retry after {retry} s",
+            headers={"Retry-After": retry},
+        )
 
 
 def _principal(request: web.Request) -> Principal:
@@ -915,6 +947,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app[TASKS] = []
     app[STREAMS] = {}
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
+    app[PUBLIC_LIMITER] = [RateLimiter(config.public_rate_limit)]
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OFFERS] = _offers_of(config)
     app[CLUSTER_VIEW] = _cluster_of(config)
