@@ -154,9 +154,9 @@ class Stragglers:
         if degraded is None:  # a snapshot from before probation: adopt its degraded nodes
             degraded = self.straggler_degraded()
             until = self.now_ms + int(knob(self, "straggler_probation_s", 600.0) * 1000)
-            for node in self.index.nodes.values():
-                if node.state == NodeState.DEGRADED and node.state_reason.startswith("straggler"):
-                    degraded[node.node_id] = (until, 1, self.now_ms)
+            for held in self.index.nodes.values():
+                if held.state == NodeState.DEGRADED and held.state_reason.startswith("straggler"):
+                    degraded[held.node_id] = (until, 1, self.now_ms)
         if not degraded:
             return
         for node_id, (until_ms, in_a_row, last_ms) in list(degraded.items()):
