@@ -18,7 +18,8 @@ Theory of operation
    the agent: it gets no work directory, and its output is kept from memory
    (:meth:`RunFiles.keep_result`).
    Periodic checkpoints are requested every
-   ``checkpoint_interval_s / time_scale`` when the spec asks for them.
+   ``checkpoint_interval_s / time_scale`` (at least ``MIN_CHECKPOINT_WALL_S``)
+   when the spec asks for them.
 4. Progress goes to the progress topic through a per-run throttle; every
    checkpoint the generator reports is staged from its work directory (see
    :mod:`keeping`), uploaded under a run-scoped key (its rank's in a gang)
@@ -71,6 +72,16 @@ from framespool.agents.uploads import UploadRefused
 from framespool.schemas.events import RunProgress, RunReport, StartRun
 
 log = logging.getLogger(__name__)
+
+# wall seconds between periodic checkpoints at the least, whatever the spec says
+# (the API refuses less than Limits.checkpoint_interval_min_s; a job admitted
+# before that check, or a fast time scale, must not make the agent spin)
+MIN_CHECKPOINT_WALL_S = 1.0
+
+
+def checkpoint_period_s(interval_s: float, time_scale: float) -> float:
+    """Wall seconds between the periodic checkpoints of a spec's ``interval_s``."""
+    return max(MIN_CHECKPOINT_WALL_S, interval_s / max(time_scale, 1e-9))
 
 
 class RunHost(Protocol):
@@ -303,7 +314,9 @@ class RunExecution:
                     )
                 if spec.checkpoint_interval_s > 0 and profile.can_checkpoint:
                     periodic = asyncio.create_task(
-                        self._periodic_checkpoints(spec.checkpoint_interval_s / host.time_scale)
+                        self._periodic_checkpoints(
+                            checkpoint_period_s(spec.checkpoint_interval_s, host.time_scale)
+                        )
                     )
             outcome = await self.runner.wait()
             await asyncio.gather(*self._uploads, return_exceptions=True)

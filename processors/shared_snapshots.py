@@ -67,6 +67,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from framespool.private_files import private_dir
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # of head and body; a reader ignores snapshots of another format
@@ -338,8 +340,7 @@ class DirSharedSnapshots(_HeadStore):
     ``.lock`` file and is replaced atomically (``os.replace``), bodies likewise."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(Path(root).resolve())  # cells' states hold jobs' specs
 
     def describe(self) -> str:
         return f"dir:{self.root}"

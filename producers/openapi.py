@@ -170,7 +170,13 @@ def _submit_schema(limits: Limits) -> dict[str, Any]:
             "exclusiveMinimum": 0,
             "maximum": limits.estimate_max_s,
         },
-        "checkpoint_interval_s": {"type": ["number", "null"], "minimum": 0, "maximum": 3600},
+        "checkpoint_interval_s": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "maximum": 3600,
+            "not": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+            "description": "Seconds between checkpoints: 0 (none) or 1 to 3600",
+        },
         "gpu_type": _nullable(name),
         "cpus": {"type": ["number", "null"], "minimum": 0, "maximum": 1024},
         "mem_gb": {"type": ["number", "null"], "minimum": 0, "maximum": 8192},
@@ -737,7 +743,8 @@ def paths() -> dict[str, Any]:
                 "summary": "A new webhook signing secret for the caller's tenant",
                 "description": "Each tenant has its own secret. The new one is returned once "
                 "and signs every webhook from now on (Framespool-Signature: t=<unix s>,"
-                "v1=<hex HMAC-SHA256(secret, '<t>.<body>')>).",
+                "v1=<hex HMAC-SHA256(secret, '<t>.<body>')>). A tenant may rotate once a "
+                "minute (429 rotation_too_soon with Retry-After otherwise).",
                 "responses": _responses(
                     {
                         200: _ok(

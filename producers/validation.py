@@ -55,6 +55,9 @@ class Limits:
     callback_url_max: int = 2048
     shapes_max: int = 8
     estimate_max_s: float = 86400.0
+    # a checkpointing job checkpoints no more often than this (0: never): 1e-9
+    # made its agent checkpoint in a loop
+    checkpoint_interval_min_s: float = 1.0
     models: frozenset[str] | None = None  # None: any well-formed model name
     default_model: str | None = None  # the model of a request that names none
 
@@ -386,4 +389,11 @@ def validate_submit(
         value = _number(body, name, 0.0, hi, lo_open=name == "estimate_s")
         if value is not None:
             spec[name] = value
+    interval = spec.get("checkpoint_interval_s", 0.0)
+    if 0 < interval < limits.checkpoint_interval_min_s:
+        raise ValidationError(
+            "checkpoint_interval_s",
+            f"must be 0 (no checkpoints) or from {limits.checkpoint_interval_min_s:g} to 3600 "
+            f"seconds, got {interval:g}",
+        )
     return spec

@@ -73,6 +73,7 @@ from typing import Protocol
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from framespool.private_files import private_dir
 from framespool.projections.cluster import Breaker, CellView, ClusterView
 from framespool.projections.jobs import ASSIGNED, QUEUED, RUNNING, SUBMITTED, JobView
 from framespool.projections.serde import (
@@ -208,7 +209,10 @@ class RocksViewStore:
     def __init__(
         self, path: str, retention: Retention = Retention(), view_cache: int = VIEW_CACHE
     ) -> None:
+        # views hold prompts and callback URLs (tokens): the owner's alone
+        private_dir(path, existing=False)
         self._db = Rdict(str(path), options=Options(raw_mode=True))
+        private_dir(path)  # and what RocksDB made (or an older version left) in it
         # job id -> its decoded view, as in the database (write-through, LRU)
         self._views: OrderedDict[str, JobView] = OrderedDict()
         self._view_cache = view_cache

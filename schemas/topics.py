@@ -161,6 +161,6 @@ def cell_of_partition(partition: int) -> str:
 def partition_of_cell(cell: str) -> int:
     """Cells are named ``cell-<partition>``; anything else is a caller bug."""
     prefix, _, number = cell.partition("-")
-    if prefix != "cell" or not number.isdigit():
+    if prefix != "cell" or not (number.isascii() and number.isdigit()):
         raise ValueError(f"cell id {cell!r} is not of the form 'cell-<n>'")
     return int(number)

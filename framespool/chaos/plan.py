@@ -593,7 +593,7 @@ AGENT_REPORTS = (
     ev.RunStopped,
     ev.NodeHeartbeat,
 )
-_POSITION = re.compile(r"^(?P<src>[^@]+)@(?P<offset>\d+)/(?P<index>\d+)$")
+_POSITION = re.compile(r"^(?P<src>[^@]+)@(?P<offset>[0-9]+)/(?P<index>[0-9]+)$")
 
 
 def position(event_id: str) -> tuple[str, int, int]:
@@ -719,9 +719,9 @@ def invariants(verdict: Any) -> dict[str, Any]:
 
 def reason_gist(reason: str) -> str:
     """A reason with its ids and numbers blanked, so that alike reasons count together."""
-    gist = re.sub(r"node-\d+", "node-N", reason.splitlines()[0] if reason else "")
+    gist = re.sub(r"node-[0-9]+", "node-N", reason.splitlines()[0] if reason else "")
     gist = re.sub(r"job_[0-9a-f]+", "JOB", gist)
-    return re.sub(r"\d+(\.\d+)?", "N", gist)[:90]
+    return re.sub(r"[0-9]+(\.[0-9]+)?", "N", gist)[:90]
 
 
 def ignored_reports(ordered: Sequence[Any]) -> dict[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,20 @@ def register(subparsers: Any) -> None:
     )
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.set_defaults(handler=handle_pipeline)
+    soak = targets.add_parser(
+        "soak",
+        help="a steady load for minutes: submit->assigned per minute as the log grows",
+        description="Offer the embedded stack (noop generator) a steady rate of jobs for some "
+        "minutes; print each minute's submit->assigned p50/p99/max beside the records the log "
+        "holds, and how many jobs were never assigned.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    soak.add_argument("--rate", type=float, default=60.0, help="offered submissions/s")
+    soak.add_argument("--minutes", type=float, default=8.0)
+    soak.add_argument("--nodes", type=int, default=8)
+    soak.add_argument("--broker", choices=("kafka", "tansu"), default="kafka")
+    soak.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    soak.set_defaults(handler=handle_soak)
     take = targets.add_parser(
         "takeover",
         help="time for a new scheduler instance to take a cell over from its shared snapshot",
@@ -339,6 +354,41 @@ def _print_pipeline(result: dict, gpus_per_node: int) -> None:
     if result.get("cpu_ms_per_job"):
         row = ", ".join(f"{k} {v}" for k, v in result["cpu_ms_per_job"].items())
         print(f"  CPU ms per job, throughput phase: {row}")
+
+
+def handle_soak(args: argparse.Namespace) -> int:
+    from framespool.soak_bench import bench_soak
+
+    for flag, value in {
+        "--rate": args.rate,
+        "--minutes": args.minutes,
+        "--nodes": args.nodes,
+    }.items():
+        if not 0 < value < math.inf:  # NaN too
+            raise CommandError(f"{flag}={value} must be positive")
+    r = bench_soak(
+        rate=args.rate,
+        minutes=args.minutes,
+        nodes=args.nodes,
+        broker=args.broker,
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(
+        f"soak on the embedded stack ({r['broker']}), {r['rate']:g} jobs/s for {r['minutes']} min"
+    )
+    print("  minute  assigned/submitted   p50 ms   p99 ms   max ms   log records")
+    for row in r["per_minute"]:
+        q = row["submit_to_assigned_ms"]
+        print(
+            f"  {row['minute']:>6}  {row['assigned']:>8}/{row['submitted']:<9} "
+            f"{q['p50']:>8} {q['p99']:>8} {q['max']:>8}   {row['log_records']:>11,}"
+        )
+    print(
+        f"  last minute / first: p50 {r['last_over_first_p50']}x, p99 "
+        f"{r['last_over_first_p99']}x (target within 3x); never assigned: {r['unassigned']}; "
+        f"log {r['log_records']:,} records"
+    )
+    return write_json(args.json, r)
 
 
 def handle_takeover(args: argparse.Namespace) -> int:

@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from framespool.stack import Stack, StackConfig, StackError
+    from framespool.stack import Stack, StackConfig
 
     if args.nodes < 1 or args.gpus_per_node < 1 or args.nodes_per_agent < 1:
         raise CommandError("--nodes, --gpus-per-node and --nodes-per-agent must be at least 1")
@@ -122,8 +122,19 @@ def handle(args: argparse.Namespace) -> int:
             "(jobs, keys' jobs, results, audit trails) survives a restart",
             file=sys.stderr,
         )
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    stopping: list[int] = []
+    # SIGTERM stops the stack like Ctrl-C; the caller's handler comes back when this
+    # returns (a process that runs `up` in-process, a test, keeps its own)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    try:
+        return _run(stack, args, stopping)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(stack: Any, args: argparse.Namespace, stopping: list[int]) -> int:
+    from framespool.stack import StackError
+
     try:
         info = stack.start()
     except StackError as exc:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -168,13 +167,6 @@ class Accounting:
         if estimate_every and self.now_ms - self.last_estimate_ms >= estimate_every:
             self.last_estimate_ms = self.now_ms
             self.publish_estimates()
-
-    def refresh_medians(self: Cell) -> None:
-        self.model_median = {
-            model: statistics.median(rates.values())
-            for model, rates in self.model_rates.items()
-            if len(rates) >= 3
-        }
 
     def node_statuses(self: Cell) -> tuple[ev.NodeStatus, ...]:
         """Every node's status. A node whose state, GPU states and owners are as

@@ -252,11 +252,17 @@ def _why_not(cell: Cell, job: Job, node: Node, estimate_s: float, holder: bool) 
     if spec.gpu_type and node.gpu_type != spec.gpu_type:
         return f"GPU type {node.gpu_type}, job needs {spec.gpu_type}"
     model = f"{spec.model}@{spec.model_version}"
-    if (
-        cell.breakers.get((model, "node", node.node_id), 0) > cell.now_ms
-        or cell.breakers.get((model, "gpu_type", node.gpu_type), 0) > cell.now_ms
-    ):
-        return f"breaker open for {model}"
+    if cell.breakers and cell.breaker_bars(job, estimate_s, model, node):
+        if any(
+            cell.breakers.get(k, 0) > cell.now_ms
+            for k in ((model, "node", node.node_id), (model, "gpu_type", node.gpu_type))
+        ):
+            return f"breaker open for {model}"
+        return (
+            f"breaker half-open for {model}: this job may not probe it (estimate over "
+            "breaker_probe_max_s, its tenant tripped it and another tenant goes first, "
+            "or its tenant's probe did not succeed)"
+        )
     return "CPU or memory"
 
 

@@ -4,6 +4,7 @@ and the errors a user can act on when Java or Maven is missing; ``reset``."""
 from __future__ import annotations
 
 import fcntl
+import signal
 
 import pytest
 
@@ -44,10 +45,14 @@ def test_up_without_maven_fails_with_the_hint_before_starting_anything(
 ):
     monkeypatch.setenv("FRAMESPOOL_KAFKA_HOME", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("PATH", "/nonexistent")
+    before = signal.getsignal(signal.SIGTERM)
     status = cli.main(["up", "--data-dir", str(tmp_path / "data"), "--port", "1"])
     err = capsys.readouterr().err
     assert status == 2
     assert "mvn" in err and "--broker tansu" in err, err
+    # the caller's SIGTERM handler is back (a forked worker that inherited up's
+    # handler ignored Pool.terminate and hung the test session at exit)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_the_pinned_version_and_cache_follow_the_pom(monkeypatch, tmp_path):
