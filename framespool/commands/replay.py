@@ -146,8 +146,62 @@ def register(subparsers: Any) -> None:
         help="stop after input OFFSET (inclusive), or before the first Tick past "
         "TIME (epoch ms or ISO-8601, e.g. 2026-05-01T12:00:00Z)",
     )
+    snapshot_arguments(p)
     log_arguments(p)
     p.set_defaults(handler=handle)
+
+
+def snapshot_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the processors' shared snapshots are, for cells whose log head expired."""
+    p.add_argument(
+        "--snapshots",
+        metavar="LOCATION",
+        help="the processors' shared snapshots (a directory or s3://BUCKET/PREFIX; default: "
+        "<data-dir>/processors/shared-snapshots): a cell whose log head expired is replayed "
+        "from its snapshot",
+    )
+    p.add_argument(
+        "--from-snapshot",
+        action="store_true",
+        help="start every cell from its shared snapshot even where the whole log is there "
+        "(faster; proves only what follows it)",
+    )
+
+
+def snapshot_starts(
+    args: argparse.Namespace, log: Any, cells: list[int] | None
+) -> dict[int, tuple[Any, int]]:
+    """The cells to start from a shared snapshot: those whose log head expired (or
+    every cell with ``--from-snapshot``), each with ``(cell state, offset)``."""
+    import pickle
+
+    from framespool.processors.shared_snapshots import SharedStoreError, open_shared_snapshots
+
+    partitions = log.scheduler_partitions()
+    wanted = [
+        p
+        for p, records in partitions.items()
+        if (cells is None or p in cells)
+        and (args.from_snapshot or (records and records[0].offset > 0))
+    ]
+    if not wanted:
+        return {}
+    location = args.snapshots or str(
+        Path(args.data_dir or ".framespool") / "processors" / "shared-snapshots"
+    )
+    if not args.snapshots and not Path(location).is_dir():
+        return {}  # nothing to start from: those cells are reported unprovable
+    store = open_shared_snapshots(location)
+    starts = {}
+    for p in wanted:
+        try:
+            found = store.load(log.topics.SCHEDULER.name, p)
+        except SharedStoreError as exc:
+            raise CommandError(f"--snapshots {location}: {exc}") from None
+        if found is not None:
+            meta, payload = found
+            starts[p] = (pickle.loads(payload), meta.offset)
+    return starts
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -173,6 +227,9 @@ def handle(args: argparse.Namespace) -> int:
     config = cell_config_for(args)
     admission = admission_config_for(args) if cells is None else None
     log = read_log_for(args, cells=cells, commands=cells is None)
-    report = replay(log, config, cells=cells, until=until, admission_config=admission)
+    starts = snapshot_starts(args, log, cells)
+    report = replay(
+        log, config, cells=cells, until=until, admission_config=admission, starts=starts
+    )
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
     return 0 if report.ok else 1
