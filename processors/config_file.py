@@ -95,3 +95,14 @@ def describe(config: object | None) -> str:
     if isinstance(config, CellConfig):
         return f"tiers={[t.name for t in config.tiers]} tenants={[t.name for t in config.tenants]}"
     return repr(config)
+
+
+def recorded_document(doc: Mapping[str, Any]) -> tuple[str, str]:
+    """(JSON text, its SHA-256) of a config document's sections, as a processor
+    records them in the log (``ProcessorConfigured``): keys sorted, so one
+    configuration always gives one text."""
+    import hashlib
+    import json
+
+    text = json.dumps({k: doc[k] for k in sorted(doc)}, sort_keys=True, default=str)
+    return text, hashlib.sha256(text.encode()).hexdigest()

@@ -65,6 +65,7 @@ from framespool.projections.store import Batch, Delivery, ViewStore
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import codec, deadletter
 from framespool.schemas.deadletter import DeadLetterReason
+from framespool.schemas.events import ProcessorConfigured
 from framespool.schemas.fencing import EpochFence
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS
 
@@ -204,6 +205,8 @@ class ProjectionConsumer:
                     if delivery is not None:
                         step.batch.deliveries.append(delivery)
                 self.counters.applied += 1
+            elif isinstance(event, ProcessorConfigured):
+                self.counters.applied += 1  # for the tools (replay, audit), not a view
             elif cluster_fold.is_cluster_event(event):
                 new = cluster_fold.apply(step.cluster, event)
                 for cell in cluster_fold.changed_cells(step.cluster, new):

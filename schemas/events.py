@@ -351,6 +351,21 @@ class CellOffer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessorConfigured:
+    """The configuration a processor instance folds with (``document``: the JSON of
+    its config file's sections, keys sorted; ``sha256`` of that text), written to
+    job-events keyed by ``processor`` when it starts, so that replay and audit
+    never have to guess it."""
+
+    event_id: str
+    ts_ms: int
+    processor: str
+    instance: str
+    document: str
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobRerouted:
     """A cell gave up a queued job it cannot run; admission routes it again."""
 
@@ -565,6 +580,7 @@ EVENT_TYPES = (
     CellStatus,
     CellOffer,
     JobRerouted,
+    ProcessorConfigured,
     StartRun,
     StopRun,
     CheckpointRun,

@@ -34,8 +34,8 @@ def handle(args: argparse.Namespace) -> int:
     from framespool.commands.replay import snapshot_starts
     from framespool.processors.tools.audit import audit
 
-    config = cell_config_for(args)
     log = read_log_for(args)
+    config = cell_config_for(args, log)
     report = audit(log, args.job_id, config, starts=snapshot_starts(args, log, None))
     if not report.timeline and report.spec is None:
         raise CommandError(

@@ -78,28 +78,74 @@ def config_path_for(args: argparse.Namespace) -> Path | None:
     return path if path.is_file() else None
 
 
-def cell_config_for(args: argparse.Namespace) -> Any:
-    from framespool.processors.config_file import ConfigError, load_cell_config
+def recorded_config(log: Any, processor: str) -> dict | None:
+    """The config document ``processor`` last recorded in the log
+    (``ProcessorConfigured`` on job-events), or None. When the log holds several
+    different ones, says on stderr that decisions folded under an earlier one may
+    differ from the re-fold."""
+    import sys
+
+    from framespool.schemas import codec
+    from framespool.schemas.events import ProcessorConfigured
+
+    found = []
+    for record in log.job_events:
+        if record.key != processor.encode():
+            continue
+        try:
+            event = codec.decode(record.value)
+        except codec.DecodeError:
+            continue
+        if isinstance(event, ProcessorConfigured) and event.processor == processor:
+            found.append(event)
+    if not found:
+        return None
+    latest = found[-1]
+    if len({e.sha256 for e in found}) > 1:
+        print(
+            f"note: the {processor} ran with {len({e.sha256 for e in found})} configurations "
+            f"in this log; using the latest (sha256 {latest.sha256[:12]}, recorded by "
+            f"{latest.instance}): inputs folded under an earlier one may diverge",
+            file=sys.stderr,
+        )
+    return json.loads(latest.document)
+
+
+def cell_config_for(args: argparse.Namespace, log: Any = None) -> Any:
+    """``--config``; else the scheduler's configuration recorded in ``log``; else the
+    file ``framespool up`` wrote in the data dir; else the defaults."""
+    from framespool.processors.config_file import ConfigError, cell_config, load_cell_config
     from framespool.processors.core import CellConfig
 
-    path = config_path_for(args)
-    if path is None:
-        return CellConfig()
+    recorded = (
+        recorded_config(log, "scheduler") if log is not None and args.config is None else None
+    )
     try:
-        return load_cell_config(path)
+        if recorded is not None:
+            return cell_config(recorded)
+        path = config_path_for(args)
+        return CellConfig() if path is None else load_cell_config(path)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
 
-def admission_config_for(args: argparse.Namespace) -> Any:
-    from framespool.processors.config_file import ConfigError, load_admission_config
+def admission_config_for(args: argparse.Namespace, log: Any = None) -> Any:
+    """As :func:`cell_config_for`, for admission."""
+    from framespool.processors.config_file import (
+        ConfigError,
+        admission_config,
+        load_admission_config,
+    )
     from framespool.processors.core.admission import AdmissionConfig
 
-    path = config_path_for(args)
-    if path is None:
-        return AdmissionConfig()
+    recorded = (
+        recorded_config(log, "admission") if log is not None and args.config is None else None
+    )
     try:
-        return load_admission_config(path)
+        if recorded is not None:
+            return admission_config(recorded)
+        path = config_path_for(args)
+        return AdmissionConfig() if path is None else load_admission_config(path)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
@@ -224,9 +270,9 @@ def handle(args: argparse.Namespace) -> int:
         until = parse_until(args.until) if args.until else None
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    config = cell_config_for(args)
-    admission = admission_config_for(args) if cells is None else None
     log = read_log_for(args, cells=cells, commands=cells is None)
+    config = cell_config_for(args, log)
+    admission = admission_config_for(args, log) if cells is None else None
     starts = snapshot_starts(args, log, cells)
     report = replay(
         log, config, cells=cells, until=until, admission_config=admission, starts=starts

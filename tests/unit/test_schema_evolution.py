@@ -33,6 +33,7 @@ HISTORY_FILES = sorted(HISTORY_DIR.glob("*.avsc"))
 
 # Every writer fingerprint that may be in a log somewhere -> its event type.
 PUBLISHED: dict[int, str] = {
+    8475562237568431756: "ProcessorConfigured",
     15470063863479061884: "BeginRun",
     1449332226969916357: "BreakerTripped",
     5950304651811157114: "CancelJob",
