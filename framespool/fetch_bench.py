@@ -2,7 +2,8 @@
 
 Tansu holds every Fetch for its full ``fetch.wait.max.ms`` and answers only
 then (docs/broker-notes.md, "Fetch wait"), so an idle consumer costs the broker
-a Fetch per wait for as long as it reads. For each (fetch wait, partitions)
+a Fetch per wait for as long as it reads; Kafka (the default, ``--broker``)
+parks it, so there a wait of 500 ms costs about two requests a second. For each (fetch wait, partitions)
 case this starts ``consumers`` :class:`~framespool.log.LogConsumer` readers
 (request-path role: they never rest) of empty partitions, each polled in its
 own thread, lets them settle, and reports the broker's CPU over ``seconds``

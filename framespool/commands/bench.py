@@ -170,6 +170,7 @@ def register(subparsers: Any) -> None:
     fetch.add_argument("--consumers", type=int, default=1, help="readers per case")
     fetch.add_argument("--seconds", type=float, default=8.0, help="measured time per case")
     fetch.add_argument("--settle", type=float, default=2.0, help="unmeasured time first")
+    fetch.add_argument("--broker", choices=("kafka", "tansu"), default="kafka")
     fetch.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     fetch.set_defaults(handler=handle_fetch)
     cluster = targets.add_parser(
@@ -446,8 +447,8 @@ def handle_fetch(args: argparse.Namespace) -> int:
         raise CommandError(f"--partitions={args.partitions!r}: each 1..{TOPIC.partitions}")
     if args.consumers < 1 or args.seconds <= 0 or args.settle < 0:
         raise CommandError("--consumers must be >= 1, --seconds > 0 and --settle >= 0")
-    r = bench_fetch(waits, parts, args.consumers, args.settle, args.seconds)
-    print(f"broker CPU, % of one core, over {r['seconds']:g} s per case")
+    r = bench_fetch(waits, parts, args.consumers, args.settle, args.seconds, args.broker)
+    print(f"{args.broker} broker CPU, % of one core, over {r['seconds']:g} s per case")
     print(f"  no consumer                         {r['broker_idle_cpu_pct']}")
     for c in r["cases"]:
         print(
