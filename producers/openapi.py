@@ -30,6 +30,7 @@ ERROR_CODES = (
     "malformed_json",
     "body_too_large",
     "tier_not_allowed",
+    "model_not_allowed",
     "job_not_found",
     "job_terminal",
     "idempotency_key_reused",
@@ -438,6 +439,48 @@ def schemas(limits: Limits) -> dict[str, dict[str, Any]]:
             },
         },
         **_cluster_schemas(),
+        "Models": _models_schema(),
+    }
+
+
+def _models_schema() -> dict[str, Any]:
+    s, i = {"type": "string"}, {"type": "integer"}
+    model = {
+        "type": "object",
+        "required": ["name", "default", "gpus", "estimate_s", "output", "checkpoints"],
+        "properties": {
+            "name": s,
+            "default": {"type": "boolean", "description": "the model of a job that names none"},
+            "description": _nullable(s),
+            "gpus": {
+                "type": "object",
+                "description": "GPUs a job of this model may ask for, and what it gets if it "
+                "asks for none",
+                "properties": {"min": i, "max": i, "default": i},
+            },
+            "estimate_s": {
+                "type": "number",
+                "description": "run-time estimate of a job that gives none",
+            },
+            "output": {
+                "type": "object",
+                "properties": {"name": _nullable(s), "content_type": _nullable(s)},
+            },
+            "checkpoints": {
+                "type": "boolean",
+                "description": "whether its runs checkpoint (and so can be preempted and resume)",
+            },
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["models", "default_model", "tiers", "default_tier"],
+        "properties": {
+            "models": {"type": "array", "items": model},
+            "default_model": _nullable(s),
+            "tiers": {"type": "array", "items": s, "description": "the caller's tenant's tiers"},
+            "default_tier": s,
+        },
     }
 
 
@@ -735,6 +778,16 @@ def paths() -> dict[str, Any]:
                     429,
                 )
                 | {"304": {"description": "Unchanged since the ETag sent in If-None-Match"}},
+            },
+        },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "summary": "The models the caller's tenant may submit, with their defaults",
+                "description": "Each model the deployment serves (its [[profiles]]) and the "
+                "tenant may run: its GPU limits and default, its run-time estimate, what it "
+                "produces, whether it checkpoints; the default model and the tenant's tiers.",
+                "responses": _responses({200: _ok("The models", "Models")}, 401, 429),
             },
         },
         "/v1/webhook-secret": {

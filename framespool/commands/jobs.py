@@ -22,7 +22,9 @@ NAMES = ("submit", "status", "watch", "cancel", "jobs", "result")
 def connection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="API base URL (default: from stack.json)")
     parser.add_argument("--api-key", help="API key (default: from stack.json)")
-    parser.add_argument("--tenant", help="which tenant of stack.json to act as")
+    parser.add_argument(
+        "--tenant", help="which tenant of stack.json to act as (TENANT or TENANT/USER)"
+    )
     parser.add_argument("--data-dir", default=".framespool", type=Path)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -30,9 +32,17 @@ def connection(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("submit", help="submit a generation job")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--model", default="demo")
+    p.add_argument("--model", help="default: the deployment's default model (GET /v1/models)")
     p.add_argument("--tier")
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=int, help="default: the model's")
+    p.add_argument("--estimate-s", type=float, help="run-time estimate (default: the model's)")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a generator parameter besides duration, fps, resolution and seed (repeat)",
+    )
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--duration-s", type=float, default=2.0, help="video length")
     p.add_argument("--fps", type=int, default=8)
@@ -74,7 +84,12 @@ def client_for(args: argparse.Namespace):
             ) from None
         tenants = info["tenants"]
         if args.tenant:
-            tenants = [t for t in tenants if t["name"] == args.tenant]
+            name, _, user = args.tenant.partition("/")
+            tenants = [
+                t
+                for t in tenants
+                if t["name"] == name and (not user or t.get("user", "dev") == user)
+            ]
             if not tenants:
                 raise CommandError(f"tenant {args.tenant!r} is not in {path}")
         url = url or info["api_url"]
@@ -101,19 +116,26 @@ def show(args: argparse.Namespace, data: Any, line: str) -> int:
 
 def submit(args: argparse.Namespace) -> int:
     client = client_for(args)
+    params: dict[str, Any] = {
+        "duration_s": args.duration_s,
+        "fps": args.fps,
+        "resolution": args.resolution,
+        "seed": args.seed,
+    }
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CommandError(f"--param {item!r}: write KEY=VALUE")
+        params[key] = value
     body: dict[str, Any] = {
         "prompt": args.prompt,
-        "model": args.model,
-        "gpus": args.gpus,
-        "params": {
-            "duration_s": args.duration_s,
-            "fps": args.fps,
-            "resolution": args.resolution,
-            "seed": args.seed,
-        },
+        "params": params,
         "preemptible": args.preemptible,
     }
     for field, value in (
+        ("model", args.model),
+        ("gpus", args.gpus),
+        ("estimate_s", args.estimate_s),
         ("tier", args.tier),
         ("gpus_per_node", args.gpus_per_node),
         ("callback_url", args.callback_url),
