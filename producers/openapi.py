@@ -19,6 +19,7 @@ from typing import Any
 from framespool.producers import patterns
 from framespool.producers.validation import FIELDS, Limits
 from framespool.projections.jobs import STATES
+from framespool.schemas.waits import WaitCode
 
 ERROR_CODES = (
     "unauthenticated",
@@ -230,6 +231,11 @@ def _job_schema(with_timeline: bool) -> dict[str, Any]:
         "wait_p50_s": _nullable(n),
         "wait_p90_s": _nullable(n),
         "position": _nullable(i),
+        "reason_code": {
+            "type": ["string", "null"],
+            "description": "while it waits, why, as a code (reason has the words): "
+            + ", ".join(WaitCode),
+        },
         "artifact_uri": _nullable(s),
         "created_ms": i,
         "updated_ms": i,
@@ -363,6 +369,21 @@ def schemas(limits: Limits) -> dict[str, dict[str, Any]]:
                 "type": s,
                 "state": s,
                 "summary": s,
+                "status": {
+                    "type": "object",
+                    "description": "in an event stream: where the job stands as the event "
+                    "is sent (its state; while it waits, why, its position and its band)",
+                    "properties": {
+                        "state": s,
+                        "phase": {"type": ["string", "null"]},
+                        "reason": {"type": ["string", "null"]},
+                        "reason_code": {"type": ["string", "null"]},
+                        "position": {"type": ["integer", "null"]},
+                        "wait_p50_s": {"type": ["number", "null"]},
+                        "wait_p90_s": {"type": ["number", "null"]},
+                        "progress": {"type": "number"},
+                    },
+                },
             },
         },
         "Job": _job_schema(True),

@@ -148,13 +148,25 @@ def submit(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     job = call(args, client_for(args).status, args.job_id)
-    line = (
-        f"{job['job_id']}  {job['state']}  run {job.get('run', 0)}  "
-        f"progress {100 * (job.get('progress') or 0):.0f}%  {job.get('reason') or ''}"
-    )
-    if job.get("wait_p50_s") is not None and job.get("wait_p90_s") is not None:
-        line += f"  wait P50 ~{job['wait_p50_s']:.0f}s, P90 ~{job['wait_p90_s']:.0f}s"
-    return show(args, job, line)
+    return show(args, job, status_line(job))
+
+
+def status_line(job: dict[str, Any]) -> str:
+    """One line: state and run, and while the job waits why (code and words), its
+    position in its cell's order and its P50/P90 wait; else its progress."""
+    line = f"{job['job_id']}  {job['state']}"
+    if job.get("phase"):
+        line += f" ({job['phase']})"
+    if job["state"] in ("SUBMITTED", "QUEUED"):
+        if job.get("position"):
+            line += f"  position {job['position']}"
+        if job.get("wait_p50_s") is not None and job.get("wait_p90_s") is not None:
+            line += f"  wait P50 ~{job['wait_p50_s']:.0f}s, P90 ~{job['wait_p90_s']:.0f}s"
+        if job.get("reason_code"):
+            line += f"  [{job['reason_code']}]"
+        return line + (f"  {job['reason']}" if job.get("reason") else "")
+    line += f"  run {job.get('run', 0)}  progress {100 * (job.get('progress') or 0):.0f}%"
+    return line + (f"  {job['reason']}" if job.get("reason") else "")
 
 
 def watch(args: argparse.Namespace) -> int:
