@@ -118,6 +118,13 @@ class JobHandlers:
                     f"exists in {self.cell_id}; ask for fewer GPUs per node"
                 )
         tenant = self.config.tenant(spec.tenant)
+        smallest = min([s.gpus for s in spec.shapes] + [spec.gpus])
+        for name, limit in (("max_gpus", tenant.max_gpus), ("user_max_gpus", tenant.user_max_gpus)):
+            if limit and smallest > limit:  # it could never start: say so now
+                return "over_quota", (
+                    f"the job needs {smallest} GPUs at once; {name} of tenant {spec.tenant} is "
+                    f"{limit}: ask for at most {limit}"
+                )
         org, _ = self.use_of(Job(spec, spec.tier, self.now_ms))
         if tenant.max_queued and org.queued >= tenant.max_queued:
             return "queue_cap", (

@@ -162,3 +162,10 @@ def test_reasons_do_not_change_decisions():
         return [(o.job_id, o.ts_ms) for o in h.log if isinstance(o, ev.JobAssigned)]
 
     assert run(True) == run(False)
+
+
+def test_a_job_larger_than_its_quota_is_rejected_naming_the_quota_not_held_forever():
+    h = Harness(nodes=2, config=cfg(tenants=(TenantConfig("capped", max_gpus=8),)))
+    out = h.submit("huge", tenant="capped", gpus=16, per_node=8)
+    (rejected,) = [o for o in out if isinstance(o, ev.JobRejected)]
+    assert rejected.reason == "over_quota" and "max_gpus of tenant capped is 8" in rejected.detail
