@@ -208,9 +208,14 @@ def record_issued(path: Path | str, shown: list[dict[str, str]], replaced: bool 
         issued = [
             i
             for i in issued
-            if ((i["name"], i["user"]) not in new if "user" in i else i["name"] not in tenants)
+            if ((_name(i), i["user"]) not in new if "user" in i else _name(i) not in tenants)
         ]
     write_private(path, {"tenants": issued + list(shown)})
+
+
+def _name(issued: Mapping[str, Any]) -> str:
+    """An issued key's tenant (the Compose init once wrote it as ``tenant``)."""
+    return issued.get("name") or issued.get("tenant", "")
 
 
 def set_webhook_secret(path: Path | str, tenant: str, secret: str) -> None:

@@ -49,6 +49,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--resolution", default="160x90")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preemptible", action="store_true")
+    p.add_argument(
+        "--checkpoint-interval-s",
+        type=float,
+        help="checkpoint this often (a preemptible job must, to be preempted and resume)",
+    )
     p.add_argument("--callback-url")
     p.add_argument("--idempotency-key")
     connection(p)
@@ -136,6 +141,7 @@ def submit(args: argparse.Namespace) -> int:
         ("model", args.model),
         ("gpus", args.gpus),
         ("estimate_s", args.estimate_s),
+        ("checkpoint_interval_s", args.checkpoint_interval_s),
         ("tier", args.tier),
         ("gpus_per_node", args.gpus_per_node),
         ("callback_url", args.callback_url),
