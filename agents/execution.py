@@ -222,7 +222,11 @@ class RunExecution:
             )
 
     async def _take_checkpoint(self) -> None:
+        """Ask for a checkpoint; the run shows CHECKPOINTING until it is written (or
+        the request gives up), whether the scheduler asked (preemption, a move) or
+        the run's own interval did."""
         assert self.runner is not None and self.profile is not None and self.profile.checkpoint
+        self._phase("CHECKPOINTING", "writing a checkpoint")
         try:
             await asyncio.wait_for(
                 self.runner.request_checkpoint(), self.profile.checkpoint.timeout_s
@@ -234,6 +238,29 @@ class RunExecution:
                 self.host.node_id,
                 e or "timed out",
             )
+        finally:
+            self._phase("", "checkpoint written")
+
+    def _phase(self, phase: str, message: str) -> None:
+        """A progress report of the run's last progress in ``phase`` (not throttled:
+        the state it shows changes)."""
+        if self.host.closing or self.runner is None:
+            return
+        last = self.runner.last
+        self.host.publish_progress(
+            reports.progress(
+                event_id=uuid.uuid4().hex,
+                node_id=self.host.node_id,
+                job_id=self.job_id,
+                run=self.run,
+                ts_ms=now_ms(),
+                progress=last.progress,
+                step=last.step,
+                total_steps=last.total_steps,
+                message=message,
+                phase=phase,
+            )
+        )
 
     async def _periodic_checkpoints(self, interval_s: float) -> None:
         while self.runner is not None and self.runner.running:

@@ -10,7 +10,8 @@ Start order (each step waits until the previous one is ready):
 2. the admission processor, ``schedulers`` scheduler instances sharing the
    cells' partitions through their consumer group, and the clock;
 3. the API with its projections;
-4. the agents, with simulated GPUs running the demo generator; node ``i``
+4. the agents, with simulated GPUs running the demo generator and the
+   deployment file's ``[[profiles]]``; node ``i``
    belongs to cell ``cell-<i mod cells>``. With ``nodes_per_agent`` 1 each node
    has its own process ``agent-node-<i>``; with k > 1, ceil(nodes / k)
    processes ``agent-<j>`` host k consecutive nodes each;
@@ -24,6 +25,16 @@ serving meanwhile (a dead scheduler's cells move to the surviving instance).
 
 Stop order is the reverse, SIGTERM first and SIGKILL after a grace period.
 Every process logs to ``<data-dir>/logs/<name>.log``.
+
+Configuration. ``processor_config`` (``framespool up --config FILE``) is the
+deployment file: ``[admission]``, ``[scheduler]``, ``[[tenants]]``, ``[api]``
+and ``[[profiles]]`` (``framespool.processors.config_file``). Before anything
+starts it is checked whole (an error names the file, the key and what was
+expected), completed with this stack's cells and, without ``[[tenants]]``, the
+default tenants (``DEFAULT_TENANTS``: between them every tier), and written to
+``<data-dir>/processors-config.json``, which every process is started with
+(each reads its own sections). ``{config_dir}`` in a profile's command is the
+directory of the operator's file, so a generator script can sit beside it.
 
 Durability (docs/design.md#running-it). On Kafka nothing is wiped at start:
 the log, the processors' snapshots and committed offsets, the read models, the
@@ -56,9 +67,22 @@ from typing import IO
 from framespool import stack_secrets
 from framespool.broker import BROKER_KINDS, KafkaBroker, TansuBroker
 from framespool.broker.kafka import wait_ready
+from framespool.processors.config_file import TenantEntry, UserEntry
 from framespool.schemas.states import NodeState
 
-DEFAULT_TENANTS = (("acme", "enterprise"), ("studio", "paid"), ("hobby", "free"))
+# Between them every tier, so a newcomer can watch preemption (acme's interactive
+# jobs take GPUs from studio's preemptible batch jobs) and a quota hold a job
+# (hobby's); acme has two users, each with a key, so fair share reaches users.
+DEFAULT_TENANTS = (
+    TenantEntry(
+        "acme",
+        tiers=("interactive", "enterprise", "free"),
+        default_tier="enterprise",
+        users=(UserEntry("alice"), UserEntry("bob")),
+    ),
+    TenantEntry("studio", tiers=("paid", "batch", "free"), default_tier="paid"),
+    TenantEntry("hobby", tiers=("free",), max_gpus=16),
+)
 RESTART_BACKOFF_S = (0.5, 10.0)  # first delay, cap; doubled after each quick death
 STABLE_AFTER_S = 30.0  # a process up this long has its backoff reset
 # With several cells, a queued job no UP node of its cell can run for this long
@@ -75,6 +99,7 @@ STATE_ENTRIES = (
     "stack.json",
     "processors-config.json",
     stack_secrets.SECRETS_FILE,
+    stack_secrets.SECRETS_FILE + ".lock",
     stack_secrets.KEYS_FILE,
 )
 # State derived from the log: stale once the log is gone (a Tansu stack's restart).
@@ -96,9 +121,10 @@ class StackConfig:
     # more hosts nodes together (agent-<k>), each with its own incarnation and fencing
     nodes_per_agent: int = 1
     time_scale: float = 1.0
-    tenants: tuple[tuple[str, str], ...] = DEFAULT_TENANTS
+    # the tenants when the deployment file has no [[tenants]]: entries or (name, tier)
+    tenants: tuple[TenantEntry | tuple[str, str], ...] = DEFAULT_TENANTS
     allow_private_webhooks: bool = False
-    processor_config: Path | None = None  # [admission]/[scheduler] JSON or TOML
+    processor_config: Path | None = None  # the deployment file (JSON or TOML)
     extra_env: dict[str, str] = field(default_factory=dict)
     broker: str = "kafka"  # or "tansu": in memory, nothing survives a restart
     fresh: bool = False  # wipe the data dir's state first (starting over is explicit)
@@ -200,6 +226,7 @@ class Stack:
         from framespool.log import create_topics
 
         self.check_config()
+        deployment = self.deployment()  # the operator's file, checked before anything starts
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)  # prompts, keys and artifacts live here
         self.lock()
@@ -211,11 +238,11 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         bootstrap = self.start_broker(ready_timeout_s)
         create_topics(bootstrap)
-        self.write_secrets()
+        self.write_secrets(deployment)
         common = ["--bootstrap", bootstrap]
         processors = [sys.executable, "-m", "framespool.processors"]
         state = self.data_dir / "processors"
-        common_cfg = ["--config", str(self.write_processor_config())]
+        common_cfg = ["--config", str(self.write_processor_config(deployment))]
         # snapshot at most once a second: state is pickled whole, and the commit
         # protocol re-folds (without re-sending) what a crash loses; the shared
         # directory is where any scheduler instance takes a cell over from
@@ -248,6 +275,7 @@ class Stack:
             str(self.data_dir),
             "--port",
             str(self.config.port),
+            *common_cfg,
         ]
         if self.config.allow_private_webhooks:
             api.append("--allow-private-webhooks")
@@ -260,7 +288,7 @@ class Stack:
             cell = self.cell_ids[i % len(self.cell_ids)]
             cells[cell].append(node)
             hosted.append((node, cell, f"rail-{len(cells[cell]) // self.config.nodes_per_rail}"))
-        agent = services + ["agent", *common, "--stack-dir", str(self.data_dir)]
+        agent = services + ["agent", *common, "--stack-dir", str(self.data_dir), *common_cfg]
         agent += ["--gpus", str(self.config.gpus_per_node), "--simulated"]
         agent += ["--time-scale", str(self.config.time_scale), "--api-url", self.api_url]
         per = max(1, self.config.nodes_per_agent)
@@ -325,23 +353,57 @@ class Stack:
         if self.config.schedulers < 1:
             raise StackError(f"schedulers={self.config.schedulers}: at least one is needed")
 
-    def write_processor_config(self) -> Path:
-        """The processors' config: the user's ``processor_config`` (if any) with
-        admission routing over this stack's cells unless the file names them."""
-        from framespool.processors.config_file import read_config_file
+    def deployment(self) -> dict:
+        """The deployment document every process is started with (module docstring):
+        the operator's file completed with this stack's cells, drain grace and
+        default tenants, checked whole; ``StackError`` names the file and the key."""
+        from framespool.configfile import ConfigError
+        from framespool.processors.config_file import (
+            admission_config,
+            cell_config,
+            read_config_file,
+        )
+        from framespool.producers.settings import api_settings
+        from framespool.services import api_limits
 
         self.check_cells()
-        doc = read_config_file(self.config.processor_config) if self.config.processor_config else {}
-        doc.setdefault("admission", {}).setdefault("cells", self.cell_ids)
-        if self.config.cells > 1:  # a cell that cannot run a queued job sends it on
-            doc.setdefault("scheduler", {}).setdefault("drain_grace_s", DRAIN_GRACE_S)
+        source = self.config.processor_config
+        try:
+            doc = read_config_file(source) if source else {}
+            doc = dict(doc)
+            doc["admission"] = dict(doc.get("admission", {}))
+            doc["admission"].setdefault("cells", self.cell_ids)
+            if self.config.cells > 1:  # a cell that cannot run a queued job sends it on
+                doc["scheduler"] = dict(doc.get("scheduler", {}))
+                doc["scheduler"].setdefault("drain_grace_s", DRAIN_GRACE_S)
+            if "tenants" not in doc:
+                doc["tenants"] = [tenant_table(t) for t in self.config.tenants]
+            if source and doc.get("profiles"):
+                doc["profiles"] = with_config_dir(doc["profiles"], Path(source).resolve().parent)
+            checked = read_config_file_like(doc, source)
+            cell_config(checked)
+            admission_config(checked)
+            settings = api_settings(checked)
+            api_limits(profiles_in(checked), settings.default_model)
+        except ConfigError as exc:
+            raise StackError(str(exc.in_file(source))) from None
+        return doc
+
+    def write_processor_config(self, deployment: dict | None = None) -> Path:
+        """``<data-dir>/processors-config.json``: the deployment document (``deployment``)
+        every process is started with."""
+        doc = self.deployment() if deployment is None else deployment
         path = self.data_dir / "processors-config.json"
         path.write_text(json.dumps(doc, indent=2))
         return path
 
     def write_info(self) -> None:
-        """``stack.json`` with the current pid of every process (rewritten on restart)."""
+        """``stack.json`` with the current pid of every process (rewritten on restart)
+        and every key issued so far (``framespool tenants`` may have added some)."""
         self.info["pids"] = {p.name: p.popen.pid for p in self.processes}
+        issued = stack_secrets.read_issued(self.data_dir / stack_secrets.KEYS_FILE)
+        if issued:
+            self.info["tenants"] = issued
         path = self.data_dir / "stack.json"
         stack_secrets.write_private(path, self.info)  # it holds every tenant's key
 
@@ -401,20 +463,32 @@ class Stack:
         log.info("Kafka broker on %s ready in %.1f s", bootstrap, time.monotonic() - started)
         return bootstrap
 
-    def write_secrets(self) -> None:
+    def write_secrets(self, deployment: dict | None = None) -> None:
         """The server's secrets file (0600), from the one builder the Compose init
         uses too, kept across restarts: keys, webhook secrets (with their
-        rotations), the URL-signing and operator keys stay valid. The keys issued
-        to the tenants are kept in ``KEYS_FILE`` (0600) and shown in ``stack.json``."""
+        rotations), the URL-signing and operator keys stay valid. A restart brings
+        it up to the deployment's tenants (``stack_secrets.reconcile``: a new tenant
+        or user gets a key, a listed tenant its tiers and limits; nothing is taken
+        away). The keys issued to the tenants are kept in ``KEYS_FILE`` (0600) and
+        shown in ``stack.json``."""
+        from framespool.processors.config_file import tenant_entries
+
+        tenants = (
+            tenant_entries(deployment) if deployment is not None else tuple(self.config.tenants)
+        )
         secrets_path = self.data_dir / stack_secrets.SECRETS_FILE
         keys_path = self.data_dir / stack_secrets.KEYS_FILE
         if secrets_path.is_file():
-            self.tenant_keys.extend(stack_secrets.read_issued(keys_path))
-            return
-        doc, shown = stack_secrets.build(self.config.tenants)
-        stack_secrets.write_private(keys_path, {"tenants": shown})
-        stack_secrets.write_private(secrets_path, doc)
-        self.tenant_keys.extend(shown)
+            shown = stack_secrets.update(
+                secrets_path, lambda doc: stack_secrets.reconcile(doc, tenants)
+            )
+            if shown:
+                stack_secrets.record_issued(keys_path, shown)
+        else:
+            doc, shown = stack_secrets.build(tenants)
+            stack_secrets.write_private(keys_path, {"tenants": shown})
+            stack_secrets.write_private(secrets_path, doc)
+        self.tenant_keys.extend(stack_secrets.read_issued(keys_path))
 
     def process_env(self) -> dict[str, str]:
         """The environment of every process of the stack."""
@@ -534,6 +608,38 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def tenant_table(tenant: TenantEntry | tuple[str, str]) -> dict:
+    """A tenant as its ``[[tenants]]`` table (what the deployment document holds)."""
+    from dataclasses import asdict
+
+    table = asdict(stack_secrets.entry_of(tenant))
+    return {k: v for k, v in table.items() if v is not None}
+
+
+def with_config_dir(profiles: list, directory: Path) -> list:
+    """Profile tables with ``{config_dir}`` in their command lines made ``directory``
+    (the operator's file's), so a generator may sit beside the file."""
+    from framespool.agents.profiles import expand_config_dir
+
+    return expand_config_dir(profiles, directory)
+
+
+def read_config_file_like(doc: dict, source: Path | None):
+    """``doc`` as a checked document that names ``source`` in its errors."""
+    from framespool.configfile import Document
+
+    checked = Document(doc)
+    checked.source = str(source) if source else None
+    return checked
+
+
+def profiles_in(doc: dict) -> dict:
+    """The model profiles ``doc`` declares, with the built-ins (errors name its source)."""
+    from framespool.agents.profiles import load_profiles, profile_list
+
+    return load_profiles() | profile_list(doc.get("profiles", []), doc)
 
 
 def remove(path: Path) -> None:

@@ -48,7 +48,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,13 @@ from framespool.producers.metrics import (
 )
 from framespool.producers.ratelimit import RateLimit, RateLimiter, retry_after_header
 from framespool.producers.run_times import RunTimes
-from framespool.producers.validation import Limits, ValidationError, validate_submit
+from framespool.producers.settings import ApiSettings
+from framespool.producers.validation import (
+    Limits,
+    ModelDefaults,
+    ValidationError,
+    validate_submit,
+)
 from framespool.projections import cluster as cluster_view
 from framespool.projections import dashboard
 from framespool.projections.hub import Hub
@@ -94,6 +100,7 @@ from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
 from framespool.schemas.topics import COMMANDS
 
+DEFAULT_ESTIMATE_S = next(f.default for f in fields(JobSpec) if f.name == "estimate_s")
 _CURSOR = re.compile(patterns.CURSOR)  # fullmatch: "$" would accept a trailing newline
 _IDEMPOTENCY_KEY = re.compile(patterns.IDEMPOTENCY_KEY)
 
@@ -120,6 +127,9 @@ class ApiConfig:
     # max_queued, when configured, is the deterministic backstop behind it.
     queue_cap: int = 10_000
     queue_cap_overrides: dict[str, int] = field(default_factory=dict)
+    # the deployment's [api] section: per-tier (and per-tenant) rates and queue caps;
+    # None: ``rate_limit`` and ``queue_cap`` for every tenant
+    settings: ApiSettings | None = None
     queue_cap_retry_after_s: int = 30
     monotonic: Callable[[], float] = time.monotonic  # the rate limiter's clock
     # The cells' latest offers (cell -> offer, as the cluster projection folds them
@@ -320,10 +330,10 @@ def _principal(request: web.Request) -> Principal:
             "unauthenticated",
             "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
         )
-    wait_s = request.app[LIMITER].take(principal.tenant, config.monotonic())
+    limit = _rate_limit_of(config, principal)
+    wait_s = request.app[LIMITER].take(principal.tenant, config.monotonic(), limit)
     if wait_s > 0:
         request.app[METRICS].rate_limited.labels(principal.tenant).inc()
-        limit = request.app[LIMITER].limit_for(principal.tenant)
         retry = retry_after_header(wait_s)
         raise ApiError(
             429,
@@ -376,11 +386,32 @@ def _check_disk(config: ApiConfig) -> None:
         raise ApiError(503, "disk_full", why, headers={"Retry-After": str(guard.retry_after_s)})
 
 
+def _rate_limit_of(config: ApiConfig, principal: Principal) -> RateLimit:
+    """The caller's tenant's request rate: an override, else its own or its
+    default tier's by the deployment's settings (``producers.settings``)."""
+    override = config.rate_limit_overrides.get(principal.tenant)
+    if override is not None:
+        return override
+    if config.settings is not None:
+        return config.settings.rate_limit_of(principal.policy)
+    return config.rate_limit
+
+
+def _queue_cap_of(config: ApiConfig, tenant: str) -> int:
+    """Jobs ``tenant`` may have waiting, by the same precedence as its rate."""
+    override = config.queue_cap_overrides.get(tenant)
+    if override is not None:
+        return override
+    if config.settings is not None:
+        return config.settings.queue_cap_of(config.auth.policy(tenant))
+    return config.queue_cap
+
+
 def _check_queue_cap(config: ApiConfig, tenant: str, in_flight: int = 0) -> None:
     """Refuse a submission over the tenant's queue cap now, with when to retry.
     ``in_flight``: the tenant's submissions that passed this check and are being
     written to the log, not yet in the store (``QUEUE_HOLDS``)."""
-    cap = config.queue_cap_overrides.get(tenant, config.queue_cap)
+    cap = _queue_cap_of(config, tenant)
     if cap <= 0:
         return
     waiting = config.store.queued_count(tenant) + in_flight
@@ -881,6 +912,46 @@ async def get_cluster(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
+async def list_models(request: web.Request) -> web.Response:
+    """The models the caller's tenant may submit, each with its GPU limits and
+    defaults, the deployment's default model and the tenant's tiers."""
+    limits = request.app[CONFIG].limits
+    policy = _principal(request).policy
+    served = limits.models if limits.models is not None else frozenset(limits.model_defaults)
+    names = sorted(m for m in served if not policy.models or m in policy.models)
+    models = []
+    for name in names:
+        info = limits.model_defaults.get(name, ModelDefaults())
+        high = min(limits.gpus_max, info.max_gpus or limits.gpus_max)
+        models.append(
+            {
+                "name": name,
+                "default": name == limits.default_model,
+                "description": info.description or None,
+                "gpus": {
+                    "min": min(info.min_gpus, high),
+                    "max": high,
+                    "default": min(max(info.default_gpus, info.min_gpus), high),
+                },
+                "estimate_s": info.estimate_s or DEFAULT_ESTIMATE_S,
+                "output": {
+                    "name": info.output_name or None,
+                    "content_type": info.content_type or None,
+                },
+                "checkpoints": info.checkpoints,
+            }
+        )
+    default = limits.default_model if limits.default_model in names else None
+    return web.json_response(
+        {
+            "models": models,
+            "default_model": default,
+            "tiers": list(policy.tiers),
+            "default_tier": policy.tier,
+        }
+    )
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Liveness of the API and its background tasks."""
     tasks = request.app[TASKS]
@@ -982,6 +1053,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app.router.add_get("/v1/jobs/{job_id}/result", job_result)
     app.router.add_get("/v1/artifacts/{key:.+}", get_artifact)
     app.router.add_get("/v1/cluster", get_cluster)
+    app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/webhook-secret", rotate_webhook_secret)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -75,7 +75,14 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.private_files import private_dir
 from framespool.projections.cluster import Breaker, CellView, ClusterView
-from framespool.projections.jobs import ASSIGNED, QUEUED, RUNNING, SUBMITTED, JobView
+from framespool.projections.jobs import (
+    ASSIGNED,
+    CHECKPOINTING,
+    QUEUED,
+    RUNNING,
+    SUBMITTED,
+    JobView,
+)
 from framespool.projections.serde import (
     breaker_from_dict,
     breaker_to_dict,
@@ -88,7 +95,7 @@ from framespool.projections.serde import (
 _MAX_MS = 10**13 - 1
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 QUEUED_STATES = (SUBMITTED, QUEUED)  # what the submit-time queue cap counts
-HOLDING_STATES = (ASSIGNED, RUNNING)  # jobs holding GPUs (the edge's own place)
+HOLDING_STATES = (ASSIGNED, RUNNING, CHECKPOINTING)  # jobs holding GPUs (the edge's own place)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,14 @@ class WebhookSecrets:
     def secret_for(self, tenant: str) -> bytes | None:
         return self._secrets.get(tenant)
 
+    def add_missing(self, secrets_by_tenant: Mapping[str, str]) -> None:
+        """Adopt the secrets of tenants this table does not know yet (added to the
+        secrets file while the API runs). A known tenant's secret changes only by
+        ``rotate``: a file read before a rotation was written must not undo it."""
+        for tenant, secret in secrets_by_tenant.items():
+            if secret and tenant not in self._secrets:
+                self._secrets[tenant] = secret.encode()
+
     def rotate(self, tenant: str) -> str:
         """A new secret for ``tenant``, stored before it is returned (to be shown once).
         Blocking, unlimited: for tools and tests; the API uses ``rotate_soon``."""

@@ -54,6 +54,7 @@ from framespool.projections.delivery_lanes import DeliveryLanes
 from framespool.projections.jobs import (
     ASSIGNED,
     CANCELLED,
+    CHECKPOINTING,
     COMPLETED,
     FAILED,
     QUEUED,
@@ -104,6 +105,8 @@ def delivery_for(before: JobView | None, after: JobView | None, event: Any) -> D
         return None
     if before is not None and before.state == after.state:
         return None
+    if before is not None and {before.state, after.state} <= {RUNNING, CHECKPOINTING}:
+        return None  # back from writing a checkpoint: still the run it was
     body = {
         "type": "job.state_changed",
         "event_id": event.event_id,

@@ -205,6 +205,7 @@ class JobQueued:
     reason: str = ""
     wait_p50_s: float = -1.0  # calibrated wait quantiles (s); -1 = unknown
     wait_p90_s: float = -1.0
+    reason_code: str = ""  # why it waits (framespool.schemas.waits.WaitCode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,6 +286,7 @@ class JobWaitEstimated:
     reason: str = ""
     wait_p50_s: float = -1.0  # calibrated wait quantiles (s); -1 = unknown
     wait_p90_s: float = -1.0
+    reason_code: str = ""  # why it waits (framespool.schemas.waits.WaitCode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -480,6 +482,7 @@ class RunProgress:
     step: int = 0
     total_steps: int = 0
     message: str = ""
+    phase: str = ""  # CHECKPOINTING while a checkpoint is being written; "" otherwise
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,8 @@ The handlers live in mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases),
 ``gangs`` (a multi-node run's start barrier, per-member liveness and per-rank
 checkpoints), ``scheduling`` (fair order, placement, reservation, backfill,
-preemption), ``estimates`` (the wait a queued job is told), ``breakers``
+preemption), ``estimates`` (the wait a queued job is told), ``waiting`` (why
+it waits and its position, in words and as a code), ``breakers``
 (failure containment), ``stragglers`` (slow runs as evidence against nodes)
 and ``accounting`` (costs, bounded state, the periodic
 read-model output).
@@ -62,6 +63,7 @@ from .reservation import Reservations
 from .scheduling import Scheduling
 from .stragglers import Stragglers
 from .waitbands import WaitBands
+from .waiting import Waiting
 
 
 class TenantUse:
@@ -86,6 +88,7 @@ class Cell(
     Breakers,
     Stragglers,
     Accounting,
+    Waiting,
 ):
     def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
         self.config = config or CellConfig()

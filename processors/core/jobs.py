@@ -47,7 +47,6 @@ class JobHandlers:
         self.jobs[spec.job_id] = job
         self.shift_depth(job.tier, job.tenant, jobs=1)
         self.enqueue(job, requeued=False)
-        position = self.leaf_of(job).queued
         # The JobQueued goes out first but is told its wait after the admission's
         # pass: a job that started in it waited 0; one the pass passed over
         # waits, whatever the free GPUs look like (a reservation, a guarantee or
@@ -57,18 +56,28 @@ class JobHandlers:
         fits = self.fits_free_now(job)
         if fits:
             self.schedule(full=False)
+        position, code, why = 0, "", ""
         if job.state is JobState.QUEUED:
             terms = self.wait_terms()
+            leaf = self.leaf_of(job)
+            served: list[float] = []
             ahead = self.predicted_wait_s(
-                job, self.leaf_of(job).backlog, passed_over=True, terms=terms
+                job, leaf.backlog, passed_over=True, terms=terms, ahead_out=served
             )
             # held while it fit: most such jobs start at the next full pass
             # (waitbands.py, 7.), so they learn their own bands
             self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead, held=fits)
             depth = self.wait_depth(ahead, job.shape[0], terms)
             p50, p90 = self.wait_bands.band(spec.tier, ahead, depth, held=fits)
+            # it is its flow's last: what else the flow holds is ahead of it
+            others = served[0] - leaf.backlog if served else 0.0
+            position = self.position_of(leaf.queued - 1, others, self.mean_queued_cost())
+            types = self.free_by_type() if spec.gpu_type else None
+            code, why = self.wait_reason(job, position, types)
+            job.wait_code = code
         else:
             ahead = p50 = p90 = 0.0
+            why = "started in its admission's pass"
         job.wait_estimate_s = ahead
         self.emit_held(
             place,
@@ -80,7 +89,8 @@ class JobHandlers:
             wait_p50_s=round(p50, 3),
             wait_p90_s=round(p90, 3),
             position=position,
-            reason="admitted: fair-share queue",
+            reason=why,
+            reason_code=code,
         )
 
     def admission_problem(self: Cell, spec: ev.JobSpec) -> tuple[str, str] | None:
@@ -108,6 +118,13 @@ class JobHandlers:
                     f"exists in {self.cell_id}; ask for fewer GPUs per node"
                 )
         tenant = self.config.tenant(spec.tenant)
+        smallest = min([s.gpus for s in spec.shapes] + [spec.gpus])
+        for name, limit in (("max_gpus", tenant.max_gpus), ("user_max_gpus", tenant.user_max_gpus)):
+            if limit and smallest > limit:  # it could never start: say so now
+                return "over_quota", (
+                    f"the job needs {smallest} GPUs at once; {name} of tenant {spec.tenant} is "
+                    f"{limit}: ask for at most {limit}"
+                )
         org, _ = self.use_of(Job(spec, spec.tier, self.now_ms))
         if tenant.max_queued and org.queued >= tenant.max_queued:
             return "queue_cap", (
