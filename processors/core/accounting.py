@@ -108,6 +108,8 @@ class Accounting:
         for run in self.runs.values():
             if not hasattr(run, "gang"):  # pickled before gangs were tracked per member
                 run.gang = None
+            if not hasattr(run, "saved_ms"):  # pickled before saves were kept per run
+                run.saved_ms = run.started_ms
         if any(entries and isinstance(entries[0], int) for entries in self.failure_log.values()):
             self.failure_log.clear()
 

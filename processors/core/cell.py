@@ -17,7 +17,7 @@ The handlers live in mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases),
 ``gangs`` (a multi-node run's start barrier, per-member liveness and per-rank
 checkpoints), ``scheduling`` (fair order, placement, reservation, backfill,
-preemption), ``estimates`` (the wait a queued job is told), ``breakers``
+preemption), ``rescue`` (a promised start: wait, checkpoint or evict), ``estimates`` (the wait a queued job is told), ``breakers``
 (failure containment) and ``accounting`` (costs, bounded state, the periodic
 read-model output).
 
@@ -57,6 +57,7 @@ from .jobs import JobHandlers
 from .model import HealthSeen, Job, Node, Run, RunKey
 from .nodes import NodeHandlers
 from .placement import NodeIndex
+from .rescue import Rescue
 from .reservation import Reservations
 from .scheduling import Scheduling
 from .waitbands import WaitBands
@@ -79,6 +80,7 @@ class Cell(
     GangHandlers,
     Scheduling,
     Reservations,
+    Rescue,
     Drain,
     WaitEstimates,
     Breakers,

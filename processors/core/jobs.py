@@ -217,7 +217,7 @@ class JobHandlers:
         from now, so its static end moves with its start and its release slices
         are filed again (``refile_release``), and it is no longer awaited."""
         run.phase = RunPhase.RUNNING
-        run.started_ms = self.now_ms
+        run.started_ms = run.saved_ms = self.now_ms
         self.refile_release(run)
         self.assigned_unstarted.pop(run.key, None)
 
@@ -228,13 +228,15 @@ class JobHandlers:
         job = self.jobs[run.job_id]
         if run.gang is not None and event.step >= 0:  # one rank's; see gangs.py
             run.last_report_ms = self.now_ms
-            if self.rank_checkpointed(run, job, event) and run.phase == RunPhase.EXITING:
-                self.finish_exit(run)
+            if self.rank_checkpointed(run, job, event):
+                run.saved_ms = self.now_ms  # every rank has this step
+                if run.phase == RunPhase.EXITING:
+                    self.finish_exit(run)
             return
         if event.progress >= job.checkpoint_progress:  # a re-delivered older one never wins
             job.checkpoint = event.checkpoint_uri
             job.checkpoint_progress = event.progress
-        run.last_report_ms = self.now_ms
+        run.last_report_ms = run.saved_ms = self.now_ms
         if run.phase == RunPhase.EXITING:
             self.finish_exit(run)
 

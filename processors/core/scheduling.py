@@ -187,6 +187,12 @@ class PassMemo:
 class Scheduling:
     # -- the pass -------------------------------------------------------------
     def schedule(self: Cell, full: bool) -> None:
+        try:
+            self._schedule(full)
+        finally:
+            self.flush_evictions()  # after the walk: its queues stay as it read them
+
+    def _schedule(self: Cell, full: bool) -> None:
         if not self.queued_count:
             return
         if full:

@@ -1127,8 +1127,8 @@ def test_the_warm_window_ends_where_the_scan_stopped() -> None:
 def test_config_memos_answer_as_computed_and_an_older_pickle_loads() -> None:
     # ``may_preempt`` answers as the expression it memoises, for configured and
     # default tenants; a config pickled before the memo field existed (its
-    # state short of the memo and of ``model_load_s``, the fields after it)
-    # loads equal in every field it has and works.
+    # state short of the memo and of ``model_load_s`` and ``evict_max_lost_s``,
+    # the fields after it) loads equal in every field it has and works.
     from framespool.processors.core.config import TierConfig
 
     tiers = (
@@ -1150,11 +1150,11 @@ def test_config_memos_answer_as_computed_and_an_older_pickle_loads() -> None:
     for memos in (1, 2):  # pickled before ``_any_caps``, before ``_may_preempt`` too
         for cfg in (config, capped):
             old = CellConfig.__new__(CellConfig)
-            old.__setstate__(cfg.__getstate__()[: -1 - memos])
+            old.__setstate__(cfg.__getstate__()[: -2 - memos])
             assert all(
                 getattr(old, f.name) == getattr(cfg, f.name)
                 for f in fields(CellConfig)
-                if f.compare and f.name != "model_load_s"
+                if f.compare and f.name not in ("model_load_s", "evict_max_lost_s")
             )
             assert old.any_caps() == cfg.any_caps()
             assert [old.may_preempt(t, n) for t, n in cases] == [

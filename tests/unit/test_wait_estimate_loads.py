@@ -256,7 +256,8 @@ def test_the_depth_prior_inverts_the_loaded_point():
 def test_an_older_config_pickle_loads_without_the_knob_and_counts_no_load():
     config = replace(BASE, model_load_s=LOAD_S)
     old = CellConfig.__new__(CellConfig)
-    old.__setstate__(config.__getstate__()[:-1])  # pickled before the knob
+    # pickled before the knob (and ``evict_max_lost_s``, the field after it)
+    old.__setstate__(config.__getstate__()[:-2])
     assert getattr(old, "model_load_s", 0.0) == 0.0
     h = cold_cell()
     h.cell.config = old
