@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from framespool.schemas import events as ev
 from framespool.schemas.states import GpuSlot, GpuState, NodeState, RunPhase
 
-from .fairshare import Flow, LevelIndex
+from .fairshare import Flow, LevelIndex, leaf_jobs
 from .model import Job, Run
 from .waitbands import WaitBands
 
@@ -110,6 +110,9 @@ class Accounting:
                 run.gang = None
             if not hasattr(run, "saved_ms"):  # pickled before saves were kept per run
                 run.saved_ms = run.started_ms
+        for leaf in self.leaves.values():
+            if not hasattr(leaf, "keys"):  # pickled before leaves were served by size
+                leaf.keys, leaf.ordered = None, []
         if any(entries and isinstance(entries[0], int) for entries in self.failure_log.values()):
             self.failure_log.clear()
 
@@ -282,7 +285,7 @@ class Accounting:
         terms = self.wait_terms()  # nothing below changes them
         for leaf in self.active_leaves():
             ahead = 0.0
-            for job_id in itertools.chain(leaf.requeued, leaf.queue):  # a publish changes no queue
+            for job_id in leaf_jobs(leaf):  # a publish changes no queue
                 if budget <= 0:
                     return
                 job = self.jobs[job_id]
@@ -293,9 +296,9 @@ class Accounting:
                     job.wait_estimate_s = wait
                     budget -= 1
                     bands = self.wait_bands
-                    bands.refreshed(job_id, job.tier, self.now_ms, wait)
+                    bands.refreshed(job_id, self.band_key(job), self.now_ms, wait)
                     p50, p90 = bands.band(
-                        job.tier, wait, self.wait_depth(wait, job.shape[0], terms), refresh=True
+                        self.band_key(job), wait, self.wait_depth(wait, job.shape[0], terms), refresh=True
                     )
                     self.emit(
                         ev.JobWaitEstimated,

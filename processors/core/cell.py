@@ -234,6 +234,9 @@ class Cell(
             node.last_seen_ms = first_ms
         for job in self.jobs.values():
             job.queued_ms = first_ms
+        for leaf in self.leaves.values():
+            if leaf.keys is not None:  # keyed by the admission times just moved
+                self.order_leaf(leaf)
         for run in self.runs.values():
             span = run.limit_ms - run.assigned_ms
             run.assigned_ms = run.started_ms = run.last_report_ms = first_ms

@@ -11,13 +11,15 @@ Every run that ends other than by completion or cancellation carries a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from bisect import bisect_right
+from typing import TYPE_CHECKING, Any, cast
 
 from framespool.schemas import events as ev
 from framespool.schemas.causes import NODE_LOST, RETRY_CLASS, RunCause, of_failure_class
 from framespool.schemas.states import JobState, RunPhase
 
 from . import lifecycle as lc
+from .fairshare import Flow
 from .model import Job, Run
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +49,7 @@ class JobHandlers:
         self.jobs[spec.job_id] = job
         self.shift_depth(job.tier, job.tenant, jobs=1)
         self.enqueue(job, requeued=False)
-        position = self.leaf_of(job).queued
+        position = self.own_place(job)[0]
         # The JobQueued goes out first but is told its wait after the admission's
         # pass: a job that started in it waited 0; one the pass passed over
         # waits, whatever the free GPUs look like (a reservation, a guarantee or
@@ -60,13 +62,14 @@ class JobHandlers:
         if job.state is JobState.QUEUED:
             terms = self.wait_terms()
             ahead = self.predicted_wait_s(
-                job, self.leaf_of(job).backlog, passed_over=True, terms=terms
+                job, self.own_place(job)[1], passed_over=True, terms=terms
             )
             # held while it fit: most such jobs start at the next full pass
             # (waitbands.py, 7.), so they learn their own bands
-            self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead, held=fits)
+            key = self.band_key(job)  # its tier and shape class
+            self.wait_bands.admitted(spec.job_id, key, self.now_ms, ahead, held=fits)
             depth = self.wait_depth(ahead, job.shape[0], terms)
-            p50, p90 = self.wait_bands.band(spec.tier, ahead, depth, held=fits)
+            p50, p90 = self.wait_bands.band(key, ahead, depth, held=fits)
         else:
             ahead = p50 = p90 = 0.0
         job.wait_estimate_s = ahead
@@ -366,11 +369,78 @@ class JobHandlers:
             self.clear_reservation()
         self.claims.pop(job.job_id, None)
 
+    def size_key(self: Cell, job: Job) -> float | None:
+        """Where a job stands in its own flow's queue when flows serve by size
+        (``CellConfig.size_order_gpu_s_per_s`` r > 0): its admission time plus
+        its cost over r, in seconds, so a lighter job goes before a heavier one
+        admitted up to (their cost difference) / r earlier: a job of cost C is
+        passed over only by jobs admitted less than C / r after it (the
+        bound). Static, so the flow keeps its jobs sorted once. Only within
+        one user's own queue: fair share between flows is untouched. None:
+        arrival order."""
+        rate = getattr(self.config, "size_order_gpu_s_per_s", 0.0)
+        if rate <= 0:
+            return None
+        return job.queued_ms / 1000 + job.cost / rate
+
+    def order_leaf(self: Cell, leaf: Flow) -> None:
+        """Key every job of ``leaf``'s queue by ``size_key`` now (or serve it
+        in arrival order when the knob is 0): jobs queued before the leaf was
+        served by size (a snapshot from before keys, a changed knob) must not
+        wait behind every later keyed job. O(q log q), once per such leaf."""
+        if getattr(self.config, "size_order_gpu_s_per_s", 0.0) <= 0:
+            self.fair.order_by(leaf, None)
+            return
+        jobs = self.jobs
+        self.fair.order_by(leaf, {j: cast(float, self.size_key(jobs[j])) for j in leaf.queue})
+
+    def own_place(self: Cell, job: Job) -> tuple[int, float]:
+        """``job``'s place in its own flow's order (``leaf_jobs``), 1 at the
+        head, and the GPU-seconds queued there up to and including it.
+        Counted from whichever end of the order is nearer (the leaf's count
+        and backlog less the jobs behind it), O(min(ahead, behind)) after a
+        bisection: a job just admitted has few behind it unless it is lighter
+        than most of its flow's queue, where counting from the head cost
+        O(queue) per admission in a flooded flow."""
+        leaf = self.leaf_of(job)
+        job_id = job.job_id
+        keys = leaf.keys
+        jobs = self.jobs
+        behind: list[str] = []
+        if job_id in leaf.requeued:
+            behind.extend(leaf.queue)
+            for other in reversed(leaf.requeued):
+                if other == job_id:
+                    break
+                behind.append(other)
+        elif keys is not None and job_id in keys:
+            ordered = leaf.ordered
+            at = bisect_right(ordered, (keys[job_id], job_id))
+            if at <= len(ordered) // 2:
+                ahead = [e[1] for e in ordered[:at]]
+                ahead.extend(leaf.requeued)
+                return len(ahead), sum(jobs[j].cost for j in ahead)
+            behind.extend(e[1] for e in ordered[at:])
+            if len(keys) < len(leaf.queue):  # queued before keys: after the keyed ones
+                behind.extend(j for j in leaf.queue if j not in keys)
+        else:  # arrival order (or queued before keys, behind every keyed job)
+            for other in reversed(leaf.queue):
+                if other == job_id:
+                    break
+                behind.append(other)
+        return leaf.queued - len(behind), leaf.backlog - sum(jobs[j].cost for j in behind)
+
     def enqueue(self: Cell, job: Job, requeued: bool) -> None:
         bounds = self.queue_bounds()  # before the job joins: a rebuild must not count it
         classes = self.__dict__.get("_queue_classes")  # kept once a walk first asks
         job.state = JobState.QUEUED
-        self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
+        leaf = self.leaf_of(job)
+        size = self.size_key(job)
+        if (size is None) != (leaf.keys is None) or (
+            leaf.keys is not None and len(leaf.keys) < len(leaf.queue)
+        ):
+            self.order_leaf(leaf)  # queued under the other mode: one order for all
+        self.fair.push(leaf, job.job_id, job.cost, requeued=requeued, key=size)
         key = self.bound_key(job)
         self.note_queued(job, 1, key)
         bounds.add(*key)

@@ -25,7 +25,9 @@ from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
 
 LOAD_S = 20.0
-BASE = CellConfig(status_interval_s=0, estimate_interval_s=0)
+# arrival order within a user's queue: the flood's regime below queues a small
+# job behind a deep one of its own user, which size order would put first
+BASE = CellConfig(status_interval_s=0, estimate_interval_s=0, size_order_gpu_s_per_s=0)
 
 
 def queued(out: list) -> ev.JobQueued:
@@ -256,8 +258,8 @@ def test_the_depth_prior_inverts_the_loaded_point():
 def test_an_older_config_pickle_loads_without_the_knob_and_counts_no_load():
     config = replace(BASE, model_load_s=LOAD_S)
     old = CellConfig.__new__(CellConfig)
-    # pickled before the knob (and ``evict_max_lost_s``, the field after it)
-    old.__setstate__(config.__getstate__()[:-2])
+    # pickled before the knob (and the two fields after it)
+    old.__setstate__(config.__getstate__()[:-3])
     assert getattr(old, "model_load_s", 0.0) == 0.0
     h = cold_cell()
     h.cell.config = old
