@@ -298,7 +298,10 @@ class Accounting:
                     bands = self.wait_bands
                     bands.refreshed(job_id, self.band_key(job), self.now_ms, wait)
                     p50, p90 = bands.band(
-                        self.band_key(job), wait, self.wait_depth(wait, job.shape[0], terms), refresh=True
+                        self.band_key(job),
+                        wait,
+                        self.wait_depth(wait, job.shape[0], terms),
+                        refresh=True,
                     )
                     self.emit(
                         ev.JobWaitEstimated,
