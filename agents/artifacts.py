@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
+from framespool.private_files import private_dir
+
 CHUNK = 1 << 20
 MULTIPART_THRESHOLD = 8 * 1024 * 1024
 SHA256_METADATA = "sha256"  # S3 user metadata key holding the whole-object digest
@@ -153,8 +155,9 @@ class LocalDirStore:
         secret: bytes | str = b"",
         clock: Any = time.time,
     ) -> None:
-        self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        # tenants' outputs and checkpoints: the owner's alone (the 0700 root keeps
+        # what is made below it unreachable; no walk of a large tree at start)
+        self.root = private_dir(Path(root).resolve(), existing=False)
         self.url_base = url_base.rstrip("/")
         self._secret = secret.encode() if isinstance(secret, str) else secret
         if not self._secret:

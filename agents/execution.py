@@ -18,7 +18,8 @@ Theory of operation
    the agent: it gets no work directory, and its output is kept from memory
    (:meth:`RunFiles.keep_result`).
    Periodic checkpoints are requested every
-   ``checkpoint_interval_s / time_scale`` when the spec asks for them.
+   ``checkpoint_interval_s / time_scale`` (at least ``MIN_CHECKPOINT_WALL_S``)
+   when the spec asks for them.
 4. Progress goes to the progress topic through a per-run throttle; every
    checkpoint the generator reports is staged from its work directory (see
    :mod:`keeping`), uploaded under a run-scoped key (its rank's in a gang)
@@ -71,6 +72,16 @@ from framespool.agents.uploads import UploadRefused
 from framespool.schemas.events import RunProgress, RunReport, StartRun
 
 log = logging.getLogger(__name__)
+
+# wall seconds between periodic checkpoints at the least, whatever the spec says
+# (the API refuses less than Limits.checkpoint_interval_min_s; a job admitted
+# before that check, or a fast time scale, must not make the agent spin)
+MIN_CHECKPOINT_WALL_S = 1.0
+
+
+def checkpoint_period_s(interval_s: float, time_scale: float) -> float:
+    """Wall seconds between the periodic checkpoints of a spec's ``interval_s``."""
+    return max(MIN_CHECKPOINT_WALL_S, interval_s / max(time_scale, 1e-9))
 
 
 class RunHost(Protocol):
@@ -211,7 +222,11 @@ class RunExecution:
             )
 
     async def _take_checkpoint(self) -> None:
+        """Ask for a checkpoint; the run shows CHECKPOINTING until it is written (or
+        the request gives up), whether the scheduler asked (preemption, a move) or
+        the run's own interval did."""
         assert self.runner is not None and self.profile is not None and self.profile.checkpoint
+        self._phase("CHECKPOINTING", "writing a checkpoint")
         try:
             await asyncio.wait_for(
                 self.runner.request_checkpoint(), self.profile.checkpoint.timeout_s
@@ -223,6 +238,29 @@ class RunExecution:
                 self.host.node_id,
                 e or "timed out",
             )
+        finally:
+            self._phase("", "checkpoint written")
+
+    def _phase(self, phase: str, message: str) -> None:
+        """A progress report of the run's last progress in ``phase`` (not throttled:
+        the state it shows changes)."""
+        if self.host.closing or self.runner is None:
+            return
+        last = self.runner.last
+        self.host.publish_progress(
+            reports.progress(
+                event_id=uuid.uuid4().hex,
+                node_id=self.host.node_id,
+                job_id=self.job_id,
+                run=self.run,
+                ts_ms=now_ms(),
+                progress=last.progress,
+                step=last.step,
+                total_steps=last.total_steps,
+                message=message,
+                phase=phase,
+            )
+        )
 
     async def _periodic_checkpoints(self, interval_s: float) -> None:
         while self.runner is not None and self.runner.running:
@@ -303,7 +341,9 @@ class RunExecution:
                     )
                 if spec.checkpoint_interval_s > 0 and profile.can_checkpoint:
                     periodic = asyncio.create_task(
-                        self._periodic_checkpoints(spec.checkpoint_interval_s / host.time_scale)
+                        self._periodic_checkpoints(
+                            checkpoint_period_s(spec.checkpoint_interval_s, host.time_scale)
+                        )
                     )
             outcome = await self.runner.wait()
             await asyncio.gather(*self._uploads, return_exceptions=True)

@@ -157,7 +157,7 @@ def children(pid: int) -> list[int]:
     """Direct children of ``pid``, from ``/proc``."""
     out = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and _ppid(int(entry)) == pid:
+        if entry.isascii() and entry.isdigit() and _ppid(int(entry)) == pid:
             out.append(int(entry))
     return sorted(out)
 

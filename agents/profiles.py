@@ -37,11 +37,12 @@ import re
 import signal
 import string
 import sys
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from framespool.configfile import ConfigError, read_document
 
 PLACEHOLDERS = frozenset(
     {
@@ -123,6 +124,16 @@ class ModelProfile:
     max_checkpoint_bytes: int = 16 * GIB
     max_checkpoints: int = 1000  # uploads per run; later checkpoints are dropped
     result_rank: int = 0  # in a multi-node gang, whose output is the job's result
+    # What a tenant may ask of this model and what it gets when it asks nothing
+    # (the API applies them at submit; ``GET /v1/models`` lists them): GPUs per
+    # job from ``min_gpus`` to ``max_gpus`` (0: the deployment's own limit),
+    # ``default_gpus`` when the request names none, and ``estimate_s`` as the
+    # run-time estimate of a job that gives none (0: the API's default).
+    description: str = ""
+    min_gpus: int = 1
+    max_gpus: int = 0
+    default_gpus: int = 1
+    estimate_s: float = 0.0
 
     @property
     def can_checkpoint(self) -> bool:
@@ -151,6 +162,19 @@ class ModelProfile:
             name = str(d["name"])
         except KeyError as e:
             raise ProfileError(f"profile is missing required field {e.args[0]!r}") from None
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ProfileError(
+                f"profile {name!r}: unknown field(s) {unknown}; a profile has: "
+                + ", ".join(sorted(cls.__dataclass_fields__))
+            )
+        for key in ("command", "resume_args", "inherit_env"):
+            value = d.get(key, ())
+            if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+                raise ProfileError(
+                    f"profile {name!r}: {key} must be a list of strings (one per argument), "
+                    f"got {value!r}"
+                )
         builtin = str(d.get("builtin", ""))
         if builtin and builtin not in BUILTINS:
             raise ProfileError(
@@ -194,6 +218,13 @@ class ModelProfile:
         result_rank = int(d.get("result_rank", 0))
         if result_rank < 0:
             raise ProfileError(f"profile {name!r}: result_rank must be >= 0, got {result_rank}")
+        gpus = _gpu_limits(name, d)
+        estimate_s = float(d.get("estimate_s", 0.0))
+        if not 0 <= estimate_s < float("inf"):
+            raise ProfileError(
+                f"profile {name!r}: estimate_s must be a run time in seconds (0: the API's "
+                f"default), got {estimate_s}"
+            )
         return cls(
             name=name,
             command=command,
@@ -209,8 +240,29 @@ class ModelProfile:
             inherit_env=tuple(str(n) for n in d.get("inherit_env", ())),
             builtin=builtin,
             result_rank=result_rank,
+            description=str(d.get("description", "")),
+            estimate_s=estimate_s,
+            **gpus,
             **limits,
         )
+
+
+def _gpu_limits(name: str, d: Mapping[str, Any]) -> dict[str, int]:
+    """``min_gpus``, ``max_gpus`` and ``default_gpus`` of a profile table, checked:
+    whole numbers, ``1 <= min <= default <= max`` (``max_gpus`` 0: no limit of its own)."""
+    out = {}
+    for key, default in (("min_gpus", 1), ("max_gpus", 0), ("default_gpus", 1)):
+        value = d.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ProfileError(f"profile {name!r}: {key} must be a whole number, got {value!r}")
+        out[key] = value
+    low, high, default = out["min_gpus"], out["max_gpus"], out["default_gpus"]
+    if low < 1 or default < low or (high and not low <= default <= high):
+        raise ProfileError(
+            f"profile {name!r}: GPU limits must satisfy 1 <= min_gpus <= default_gpus <= "
+            f"max_gpus (max_gpus 0 = no limit), got min {low}, default {default}, max {high}"
+        )
+    return out
 
 
 def _check_template(name: str, part: str) -> None:
@@ -342,18 +394,86 @@ def hold_profile() -> ModelProfile:
 
 
 def load_profiles(source: Any = None) -> dict[str, ModelProfile]:
-    """Profiles by model name: the built-in ``demo`` and ``noop`` plus any from
-    ``source`` (a path to .json/.toml holding ``{"profiles": [...]}`` or a list
-    of dicts)."""
+    """Profiles by model name: the built-in ``demo``, ``noop`` and ``hold`` plus any
+    from ``source``: a list of dicts, or a path to a .json/.toml file whose
+    ``profiles`` list (``[[profiles]]`` tables in TOML) holds them. Other sections
+    of the file are other processes' (it may be the whole deployment file that
+    ``framespool up --config`` takes) and are left alone. A profile of a file
+    that is wrong raises :class:`~framespool.configfile.ConfigError` naming the
+    file, the key (``profiles[1]``) and what was expected."""
     profiles = {"demo": demo_profile(), "noop": noop_profile(), "hold": hold_profile()}
     if source is None:
         return profiles
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        text = path.read_text()
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        source = data.get("profiles", data) if isinstance(data, dict) else data
+        return profiles | profile_tables(Path(source))
     for item in source:
         profile = item if isinstance(item, ModelProfile) else ModelProfile.from_dict(item)
         profiles[profile.name] = profile
     return profiles
+
+
+def profile_tables(path: Path) -> dict[str, ModelProfile]:
+    """The ``profiles`` of the file at ``path``, checked (``load_profiles``);
+    ``{config_dir}`` in a command line is the file's directory."""
+    if path.suffix != ".toml" and path.is_file() and path.read_text().lstrip().startswith("["):
+        doc: Any = {"profiles": json.loads(path.read_text())}  # a bare JSON list of profiles
+    else:
+        doc = read_document(path)
+    tables = expand_config_dir(doc.get("profiles", []), path.resolve().parent)
+    return profile_list(tables, path)
+
+
+def expand_config_dir(tables: Any, directory: Path) -> Any:
+    """``tables`` with ``{config_dir}`` in each command line and resume argument
+    replaced by ``directory`` (the deployment file's): a generator shipped beside
+    the file is found wherever the file is. Anything not a list of tables is
+    returned as it is, for ``profile_list`` to refuse."""
+    if not isinstance(tables, list):
+        return tables
+    literal = str(directory).replace("{", "{{").replace("}", "}}")
+    out = []
+    for table in tables:
+        if isinstance(table, Mapping):
+            table = dict(table)
+            for key in ("command", "resume_args"):
+                if isinstance(table.get(key), list):
+                    table[key] = [
+                        p.replace("{config_dir}", literal) if isinstance(p, str) else p
+                        for p in table[key]
+                    ]
+        out.append(table)
+    return out
+
+
+def profile_list(tables: Any, source: Any = None) -> dict[str, ModelProfile]:
+    """Profiles by name from a list of tables; errors name ``source`` (a path, or
+    a document that remembers its file) and the key (``profiles[1]``)."""
+    path = source if isinstance(source, (str, Path)) or source is None else None
+    if path is None:
+        path = getattr(source, "source", None)
+    if not isinstance(tables, list):
+        raise ConfigError(
+            f"expected a list of profile tables ([[profiles]] in TOML), got {tables!r}",
+            key="profiles",
+            file=path,
+        )
+    found: dict[str, ModelProfile] = {}
+    for i, table in enumerate(tables):
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                f"expected a table with name and command, got {table!r}",
+                key=f"profiles[{i}]",
+                file=path,
+            )
+        try:
+            profile = ModelProfile.from_dict(table)
+        except (ProfileError, TypeError, ValueError) as exc:
+            raise ConfigError(str(exc), key=f"profiles[{i}]", file=path) from None
+        if profile.name in found:
+            raise ConfigError(
+                f"a second profile named {profile.name!r}; give each model one profile",
+                key=f"profiles[{i}].name",
+                file=path,
+            )
+        found[profile.name] = profile
+    return found

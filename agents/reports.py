@@ -95,6 +95,7 @@ def progress(
     step: int,
     total_steps: int,
     message: str = "",
+    phase: str = "",
 ) -> RunProgress:
     return RunProgress(
         event_id=event_id,
@@ -106,6 +107,7 @@ def progress(
         step=step,
         total_steps=total_steps,
         message=message,
+        phase=phase,
     )
 
 

@@ -95,7 +95,7 @@ def generator_identity(
 
 def _lookup(user: str | int) -> tuple[int, int, str] | None:
     try:
-        if isinstance(user, int) or str(user).isdigit():
+        if isinstance(user, int) or (str(user).isascii() and str(user).isdigit()):
             uid = int(user)
             try:
                 entry = pwd.getpwuid(uid)

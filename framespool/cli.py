@@ -16,7 +16,18 @@ from collections.abc import Sequence
 
 from framespool.commands import CommandError
 
-COMMANDS = ("up", "jobs", "simulate", "bench", "replay", "audit", "verify", "chaos")
+COMMANDS = (
+    "up",
+    "reset",
+    "tenants",
+    "jobs",
+    "simulate",
+    "bench",
+    "replay",
+    "audit",
+    "verify",
+    "chaos",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,8 @@
 
 Tansu holds every Fetch for its full ``fetch.wait.max.ms`` and answers only
 then (docs/broker-notes.md, "Fetch wait"), so an idle consumer costs the broker
-a Fetch per wait for as long as it reads. For each (fetch wait, partitions)
+a Fetch per wait for as long as it reads; Kafka (the default, ``--broker``)
+parks it, so there a wait of 500 ms costs about two requests a second. For each (fetch wait, partitions)
 case this starts ``consumers`` :class:`~framespool.log.LogConsumer` readers
 (request-path role: they never rest) of empty partitions, each polled in its
 own thread, lets them settle, and reports the broker's CPU over ``seconds``
@@ -17,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from framespool.broker import EmbeddedBroker
+from framespool.broker import embedded
 from framespool.log import LogConsumer
 from framespool.pipeline_bench import process_cpu_s
 from framespool.schemas.topics import Topic
@@ -70,12 +71,13 @@ def bench_fetch(
     consumers: int = 1,
     settle_s: float = 2.0,
     seconds: float = 8.0,
+    broker_kind: str = "kafka",
 ) -> dict[str, Any]:
     """The broker's CPU (% of one core) per (wait, partitions) case, idle first."""
     if any(p < 1 or p > TOPIC.partitions for p in partitions):
         raise ValueError(f"partitions must be 1..{TOPIC.partitions}, got {partitions}")
     cases = []
-    with EmbeddedBroker() as broker:
+    with embedded(broker_kind) as broker:
         broker.create_topics([TOPIC])
         pid = broker.pid
         assert pid is not None

@@ -88,12 +88,15 @@ class PipelineResult:
 class EventWatcher(threading.Thread):
     """Reads job-events and timestamps JobAssigned/JobCompleted per job."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, broker: str = "kafka") -> None:
         super().__init__(daemon=True)
         from framespool.log import LogConsumer, Role
         from framespool.schemas.topics import JOB_EVENTS
 
-        self.consumer = LogConsumer(bootstrap, role=Role.REQUEST_PATH)
+        # the stack's processes are tuned for their broker by the stack; this reader
+        # in the bench's own process waits as a request-path reader on that broker
+        wait = {"fetch.wait.max.ms": 3} if broker == "tansu" else {}
+        self.consumer = LogConsumer(bootstrap, role=Role.REQUEST_PATH, **wait)
         self.consumer.assign(JOB_EVENTS.name, range(JOB_EVENTS.partitions), 0)
         self.assigned: dict[str, float] = {}
         self.assigned_wall: dict[str, float] = {}  # ms since the epoch, for hop_split
@@ -326,6 +329,7 @@ def bench_pipeline(
     gpus_per_node: int = 8,
     data_dir: Path | None = None,
     nodes_per_agent: int = 1,
+    broker: str = "kafka",
 ) -> PipelineResult:
     workdir = Path(data_dir or tempfile.mkdtemp(prefix="framespool-bench-"))
     config_path = workdir / "bench-config.json"
@@ -343,11 +347,12 @@ def bench_pipeline(
             gpus_per_node=gpus_per_node,
             nodes_per_agent=nodes_per_agent,
             processor_config=config_path,
+            broker=broker,
         )
     )
     with stack:
         key = stack.tenant_keys[0]["api_key"]
-        watcher = EventWatcher(stack.broker.bootstrap_servers)
+        watcher = EventWatcher(stack.bootstrap_servers, broker)
         watcher.start()
         try:
             # warm-up: the first submissions pay for connection and producer setup
@@ -355,8 +360,8 @@ def bench_pipeline(
             asyncio.run(submit_many(stack.api_url, key, 20, 0, 4, warm))
             wait_for(watcher.completed, warm, 60, watcher.failed)
             pids = {p.name: p.popen.pid for p in stack.processes}
-            if stack.broker is not None and stack.broker.pid is not None:
-                pids["broker"] = stack.broker.pid
+            if stack.broker_pid is not None:
+                pids["broker"] = stack.broker_pid
             pids["bench"] = os.getpid()
             meter = CpuMeter(pids)
             # 4. the idle stack's CPU: mostly the consumers' fetches
@@ -388,7 +393,7 @@ def bench_pipeline(
             wait_for(watcher.completed, lat, 120, watcher.failed)
             cpu_latency = meter.stop()
             # 3. the per-hop split of the latency phase, from the log's timestamps
-            stamps = log_stamps(stack.broker.bootstrap_servers, set(lat_wall))
+            stamps = log_stamps(stack.bootstrap_servers, set(lat_wall))
         finally:
             watcher.stop()
     assigned = [1000 * (watcher.assigned[j] - t) for j, t in lat.items() if j in watcher.assigned]

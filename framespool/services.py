@@ -1,13 +1,18 @@
 """Composition roots of the API and agent processes: wire adapters, run.
 
-    python -m framespool.services api --stack-dir DIR --port P --bootstrap B
+    python -m framespool.services api --stack-dir DIR --port P --bootstrap B [--config FILE]
     python -m framespool.services agent --stack-dir DIR --node n0 --cell cell-0 --bootstrap B
     python -m framespool.services agent --stack-dir DIR --simulated \
-        --nodes n0@cell-0/rail-0,n1@cell-1/rail-0 --bootstrap B
+        --nodes n0@cell-0/rail-0,n1@cell-1/rail-0 --bootstrap B [--config FILE]
 
 Both read the shared settings (tenant keys and webhook secrets, the URL
 signing key, the artifact store) from ``<stack-dir>/stack-secrets.json``, which
-``framespool up`` and the Compose init write with ``framespool.stack_secrets``.
+``framespool up``, the Compose init and ``framespool tenants`` write with
+``framespool.stack_secrets``; the API reads it again whenever it changes, so a
+tenant added or a key rotated counts without a restart. ``--config`` is the
+deployment file (``framespool up --config``): both take its ``[[profiles]]``
+(the models the agents run and the API accepts), the API its ``[api]``
+section (default model, per-tier rate limits and queue caps).
 """
 
 from __future__ import annotations
@@ -60,14 +65,97 @@ def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
     return LocalDirStore(stack_dir / "artifacts", url_base=api_url, secret=url_key)
 
 
-def api_limits(default_model: str | None = "demo") -> Any:
-    """Request limits that accept exactly the models the agents have profiles for (the
-    agents load the same ``load_profiles()``), and ``default_model`` when it is one of them."""
-    from framespool.agents.profiles import load_profiles
-    from framespool.producers.validation import Limits
+def deployment(path: str | Path | None) -> Mapping[str, Any]:
+    """The deployment file a process was given with ``--config`` (each process
+    reads its own sections of it), or an empty one."""
+    from framespool.configfile import read_document
 
-    models = frozenset(load_profiles())
-    return Limits(models=models, default_model=default_model if default_model in models else None)
+    return read_document(path) if path else {}
+
+
+def profiles_of(path: str | Path | None) -> dict[str, Any]:
+    """The model profiles of the deployment file at ``path`` and the built-ins: the
+    agents run exactly these and the API accepts exactly their names."""
+    from framespool.agents.profiles import load_profiles
+
+    return load_profiles(path) if path else load_profiles()
+
+
+def api_limits(
+    profiles: Mapping[str, Any] | None = None, default_model: str | None = "demo"
+) -> Any:
+    """Request limits that accept exactly the models the agents have profiles for,
+    with each model's GPU limits and defaults, and ``default_model`` for a job that
+    names none ("" or None: every job names its model). A default model without a
+    profile is the operator's mistake: refused (``ConfigError``), never ignored."""
+    from framespool.configfile import ConfigError
+    from framespool.producers.validation import Limits, ModelDefaults
+
+    if profiles is None:
+        profiles = profiles_of(None)
+    if default_model and default_model not in profiles:
+        raise ConfigError(
+            f"{default_model!r} names no model profile; expected one of "
+            f"{', '.join(sorted(profiles))} (or \"\" to make every job name its model)",
+            key="api.default_model",
+        )
+    defaults = {
+        name: ModelDefaults(
+            min_gpus=p.min_gpus,
+            max_gpus=p.max_gpus,
+            default_gpus=p.default_gpus,
+            estimate_s=p.estimate_s,
+            description=p.description,
+            output_name=p.output_name,
+            content_type=p.content_type,
+            checkpoints=p.can_checkpoint,
+        )
+        for name, p in profiles.items()
+    }
+    return Limits(
+        models=frozenset(profiles), default_model=default_model or None, model_defaults=defaults
+    )
+
+
+def watch_secrets(stack_dir: Path, config: Any, webhooks: Any, interval_s: float = 1.0) -> Any:
+    """A background run of the API: reload the key table (and new tenants' webhook
+    secrets) whenever the secrets file changes (``framespool tenants``, a
+    restarted ``up``), so adding a tenant or rotating a key needs no restart.
+    The file is read off the event loop; a file that does not load is logged
+    (naming the file and the key) and the keys loaded before stay in force."""
+    from framespool.configfile import ConfigError
+    from framespool.stack_secrets import SECRETS_FILE
+
+    path = Path(stack_dir) / SECRETS_FILE
+    logger = logging.getLogger("framespool.api")
+
+    def stamp() -> tuple[int, int, int] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    async def watch_secrets() -> None:
+        seen = stamp()
+        while True:
+            await asyncio.sleep(interval_s)
+            now = stamp()
+            if now == seen or now is None:
+                continue
+            seen = now
+            try:
+                keys = await asyncio.to_thread(lambda: api_keys(stack_secrets(stack_dir)))
+            except (ConfigError, OSError, ValueError) as exc:
+                logger.error("secrets file not reloaded; the keys loaded before stay: %s", exc)
+                continue
+            config.auth = keys
+            webhooks.secrets.add_missing(
+                {name: p.webhook_secret for name, p in keys.tenants.items()}
+            )
+            logger.info("secrets file reloaded", extra={"tenants": len(keys.tenants)})
+
+    return watch_secrets
 
 
 def webhook_config(stack_dir: Path, secrets: Mapping[str, Any], keys: Any, policy: Any) -> Any:
@@ -90,33 +178,41 @@ async def run_api(args: argparse.Namespace) -> None:
 
     from framespool.log import LogProducer
     from framespool.producers.api import ApiConfig, make_app
+    from framespool.producers.diskguard import DiskGuard
     from framespool.producers.edge import serve
+    from framespool.producers.settings import api_settings
     from framespool.projections.service import ProjectionService
     from framespool.projections.webhooks import TargetPolicy
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
+    doc = deployment(args.config)
+    settings = api_settings(doc)
+    default_model = settings.default_model if args.default_model is None else args.default_model
+    limits = api_limits(profiles_of(args.config), default_model)
     api_url = f"http://127.0.0.1:{args.port}"
     producer = LogProducer(args.bootstrap)
     keys = api_keys(secrets)
     policy = TargetPolicy(allow_private=args.allow_private_webhooks)
     webhooks = webhook_config(stack_dir, secrets, keys, policy)
     service = ProjectionService.open(stack_dir / "api", args.bootstrap, producer, webhooks=webhooks)
-    app = make_app(
-        ApiConfig(
-            auth=keys,
-            store=service.store,
-            hub=service.hub,
-            producer=producer,
-            artifacts=artifact_store(stack_dir, secrets, api_url),
-            url_policy=policy,
-            background=service.background,
-            webhook_secrets=webhooks.secrets,
-            limits=api_limits(args.default_model or None),
-            operator_key=secrets.get("operator_key") or "",
-            max_connections_per_peer=args.max_connections_per_peer,
-        )
+    config = ApiConfig(
+        auth=keys,
+        store=service.store,
+        hub=service.hub,
+        producer=producer,
+        artifacts=artifact_store(stack_dir, secrets, api_url),
+        url_policy=policy,
+        background=service.background,
+        webhook_secrets=webhooks.secrets,
+        limits=limits,
+        settings=settings,
+        operator_key=secrets.get("operator_key") or "",
+        max_connections_per_peer=args.max_connections_per_peer,
+        disk_guard=DiskGuard(stack_dir, min_free_mb=args.min_free_disk_mb),
     )
+    config.background = (*config.background, watch_secrets(stack_dir, config, webhooks))
+    app = make_app(config)
     runner, _site = await serve(app, args.host, args.port)
     runners = [runner]
     if args.metrics_port:  # /metrics without a key, on an address only the operator reaches
@@ -166,12 +262,11 @@ async def run_agent(args: argparse.Namespace) -> None:
     from framespool.agents.agent import NodeAgent
     from framespool.agents.gpus import SimulatedProbe, detect_probe
     from framespool.agents.host import AgentHost
-    from framespool.agents.profiles import load_profiles
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
     store = artifact_store(stack_dir, secrets, args.api_url)
-    profiles = load_profiles()
+    profiles = profiles_of(args.config)
     agents = []
     for node, cell, rail in node_specs(args):
         probe = (
@@ -269,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     api.add_argument("--allow-private-webhooks", action="store_true")
     api.add_argument(
         "--default-model",
-        default="demo",
-        help="the model of a job that names none ('' = the model is required)",
+        default=None,
+        help="the model of a job that names none ('' = the model is required; default: "
+        "the deployment file's api.default_model, else demo)",
     )
     api.add_argument(
         "--metrics-port",
@@ -285,6 +381,13 @@ def main(argv: list[str] | None = None) -> int:
         default=256,
         help="open connections one client address may hold; past it a connection is "
         "answered 429 and closed (0 = no cap: behind a proxy every client shares its address)",
+    )
+    api.add_argument(
+        "--min-free-disk-mb",
+        type=int,
+        default=100,
+        help="new jobs are refused (503 disk_full, Retry-After) while the stack dir's disk "
+        "has less free (0 = no guard)",
     )
     agent = sub.add_parser("agent")
     agent.add_argument("--node", help="this process's one node")
@@ -315,12 +418,25 @@ def main(argv: list[str] | None = None) -> int:
     for p in (api, agent):
         p.add_argument("--stack-dir", required=True)
         p.add_argument("--bootstrap", required=True)
+        p.add_argument(
+            "--config",
+            default=None,
+            help="the deployment file (JSON or TOML): [[profiles]] for both, [api] for the API",
+        )
     args = parser.parse_args(argv)
     if args.service == "api" and args.max_connections_per_peer < 0:
         parser.error("--max-connections-per-peer must be 0 (no cap) or more")
+    if args.service == "api" and args.min_free_disk_mb < 0:
+        parser.error("--min-free-disk-mb must be 0 (no guard) or more")
     setup_logging(process=args.service)
     runner = run_api if args.service == "api" else run_agent
-    asyncio.run(runner(args))
+    from framespool.configfile import ConfigError
+
+    try:
+        asyncio.run(runner(args))
+    except ConfigError as exc:  # the operator's file: say what to fix, no traceback
+        print(f"{args.service}: {exc.in_file(args.config)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -192,9 +192,9 @@ def bench_takeover(
         raise ValueError(f"need records ({records}) > suffix ({suffix}) + nodes ({nodes}) >= 2")
     broker = None
     if bootstrap is None:
-        from framespool.broker import EmbeddedBroker
+        from framespool.broker import embedded
 
-        broker = EmbeddedBroker().start()
+        broker = embedded().start()
         bootstrap = broker.bootstrap_servers
     workdir = Path(tempfile.mkdtemp(prefix="framespool-takeover-"))
     try:

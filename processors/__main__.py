@@ -159,6 +159,38 @@ def build_runner(args: argparse.Namespace, topics: Topics) -> ProcessorRunner:
     )
 
 
+def record_config(args: argparse.Namespace, topics: Topics) -> None:
+    """Write the configuration this instance folds with to job-events
+    (``ProcessorConfigured``, keyed by its role), so that replay and audit read it
+    from the log instead of guessing. A failure is logged, not fatal: the fold
+    does not depend on it."""
+    import time
+
+    from framespool.processors.config_file import recorded_document
+    from framespool.schemas import codec
+    from framespool.schemas.events import ProcessorConfigured
+
+    doc = read_config_file(args.config) if args.config else {}
+    text, digest = recorded_document(doc)
+    instance = args.instance or f"{socket.gethostname()}-{os.getpid()}"
+    now_ms = int(time.time() * 1000)
+    event = ProcessorConfigured(
+        event_id=f"{instance}/configured@{now_ms}",
+        ts_ms=now_ms,
+        processor=args.role,
+        instance=instance,
+        document=text,
+        sha256=digest,
+    )
+    try:
+        with LogProducer(args.bootstrap) as producer:
+            producer.produce(topics.JOB_EVENTS.name, args.role, codec.encode(event))
+            producer.flush(10.0)
+        log.info("%s config recorded (sha256 %s)", args.role, digest[:12])
+    except (LogError, OSError) as exc:
+        log.warning("%s config not recorded in the log: %s", args.role, exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_level, role=args.role, instance=args.instance or "default")
@@ -189,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("bad configuration: %s", exc)
         print(f"processors {args.role}: bad configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    record_config(args, topics)
     if args.metrics_port:
         from framespool.processors.metrics import RunnerCollector, serve
 

@@ -30,11 +30,14 @@ exactly one wins; the other re-reads and re-decides.
    writer's epoch (else :class:`StaleEpoch`: the writer is a zombie and must drop
    the partition) and the new position ``(epoch, offset)`` is greater than the
    head's (else nothing changes: an older snapshot never replaces a newer one).
-   The previous body is deleted after the head moved (a reader that raced with it
-   re-reads the head).
+   The body before the previous one is deleted after the head moved (a reader
+   that raced with it re-reads the head).
 
 The body is written before the head, so a head never names a missing body; a
-crash between the two leaves an orphan body, ignored (and replaced) later.
+crash between the two leaves an orphan body, ignored (and replaced) later. The
+head also names the **previous** snapshot, whose body is kept until the next
+publish: a newest body whose SHA-256 differs from the head's (a torn or
+corrupted write) is skipped for it (``load``).
 Readers never list: the head is the single source of truth, and it only moves
 forward in ``(epoch, offset)`` and in ``owner.epoch``. Without conditional writes
 (old MinIO) the same layout still works for readers that list the bodies and
@@ -55,6 +58,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -62,6 +66,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from framespool.private_files import private_dir
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1  # of head and body; a reader ignores snapshots of another format
 
@@ -197,20 +205,32 @@ class _HeadStore:
         return Owner(int(found.get("epoch", 0)), str(found.get("instance", "")))
 
     def load(self, namespace: str, partition: int) -> tuple[SnapshotMeta, bytes] | None:
-        for _ in range(3):  # the body may be replaced between reading the head and it
-            head = self._read_head(self._head_key(namespace, partition))
-            snap = (head or {}).get("snapshot")
-            if not snap or snap.get("format") != FORMAT:
+        """The head's snapshot, or its previous one when the newest body is damaged
+        (its SHA-256 differs from the head's: a torn or corrupted write); None when
+        neither is usable (the caller rebuilds from its local snapshot or the log)."""
+        for _ in range(3):  # the bodies may be replaced between reading the head and them
+            head = self._read_head(self._head_key(namespace, partition)) or {}
+            candidates = [c for c in (head.get("snapshot"), head.get("previous")) if c]
+            missing = False
+            for snap in candidates:
+                if snap.get("format") != FORMAT:
+                    continue
+                meta = SnapshotMeta(**{k: snap[k] for k in SnapshotMeta.__slots__})
+                data = self._get_body(snap["key"])
+                if data is None:
+                    missing = True
+                    continue
+                if hashlib.sha256(data).hexdigest() != meta.sha256:
+                    log.warning(
+                        "snapshot %s of %s is damaged (SHA-256 differs from its head's); "
+                        "trying the one before it",
+                        snap["key"],
+                        self.describe(),
+                    )
+                    continue
+                return meta, data
+            if not missing:
                 return None
-            meta = SnapshotMeta(**{k: snap[k] for k in SnapshotMeta.__slots__})
-            data = self._get_body(snap["key"])
-            if data is None:
-                continue
-            if hashlib.sha256(data).hexdigest() != meta.sha256:
-                raise SharedStoreError(
-                    f"snapshot {snap['key']} of {self.describe()}: SHA-256 differs from its head's"
-                )
-            return meta, data
         return None
 
     def publish(self, meta: SnapshotMeta, payload: bytes) -> bool:
@@ -257,8 +277,14 @@ class _HeadStore:
             assert head is not None  # check() proved an owner exists
             head = dict(head)
             old = head.get("snapshot")
+            older = head.get("previous")
             head["snapshot"] = {**asdict(meta), "key": body_key}
-            replaced[:] = [old["key"]] if old and old.get("key") != body_key else []
+            # the one before stays, in case the newest body turns out damaged
+            if old and old.get("key") != body_key:
+                head["previous"] = old
+                replaced[:] = [older["key"]] if older and older.get("key") != body_key else []
+            else:
+                replaced[:] = []
             return head, True
 
         written = self._update_head(head_key, change)
@@ -314,8 +340,7 @@ class DirSharedSnapshots(_HeadStore):
     ``.lock`` file and is replaced atomically (``os.replace``), bodies likewise."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(Path(root).resolve())  # cells' states hold jobs' specs
 
     def describe(self) -> str:
         return f"dir:{self.root}"

@@ -80,6 +80,7 @@ from typing import Any, Protocol
 from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.log import Record
+from framespool.private_files import private_dir
 from framespool.processors.routing import Outgoing
 from framespool.processors.shared_snapshots import (
     SharedSnapshots,
@@ -102,9 +103,10 @@ class SnapshotStore:
 
     def __init__(self, path: str | Path, namespace: str) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path, existing=False)  # a cell's state holds its jobs' specs
         self.namespace = namespace
         self._db = Rdict(str(self.path), options=Options(raw_mode=True))
+        private_dir(self.path)
         self._closed = False
 
     def _keys(self, partition: int) -> tuple[bytes, bytes]:

@@ -48,16 +48,15 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from framespool.callbacks.lookups import CallbackLookups
-from framespool.callbacks.targets import TargetPolicy, check_address
+from framespool.callbacks.targets import TargetPolicy, check_address, vet_target
 from framespool.log import Sender
 from framespool.processors.core.offers import (
     PREDICTED_WAIT,
@@ -70,6 +69,7 @@ from framespool.producers import openapi as openapi_doc
 from framespool.producers import patterns
 from framespool.producers.auth import ApiKeys, Principal, token_from_headers
 from framespool.producers.cluster_reads import ClusterReads
+from framespool.producers.diskguard import DiskGuard
 from framespool.producers.metrics import (
     AdmissionWatch,
     AssignmentObserver,
@@ -80,7 +80,14 @@ from framespool.producers.metrics import (
     projection_parts,
 )
 from framespool.producers.ratelimit import RateLimit, RateLimiter, retry_after_header
-from framespool.producers.validation import Limits, ValidationError, validate_submit
+from framespool.producers.run_times import RunTimes
+from framespool.producers.settings import ApiSettings
+from framespool.producers.validation import (
+    Limits,
+    ModelDefaults,
+    ValidationError,
+    validate_submit,
+)
 from framespool.projections import cluster as cluster_view
 from framespool.projections import dashboard
 from framespool.projections.hub import Hub
@@ -88,10 +95,12 @@ from framespool.projections.jobs import COMPLETED, STATES, JobView, spec_fingerp
 from framespool.projections.serde import public_job
 from framespool.projections.sse import parse_last_event_id, stream_job
 from framespool.projections.store import ViewStore
+from framespool.projections.webhook_secrets import RotationTooSoon
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
 from framespool.schemas.topics import COMMANDS
 
+DEFAULT_ESTIMATE_S = next(f.default for f in fields(JobSpec) if f.name == "estimate_s")
 _CURSOR = re.compile(patterns.CURSOR)  # fullmatch: "$" would accept a trailing newline
 _IDEMPOTENCY_KEY = re.compile(patterns.IDEMPOTENCY_KEY)
 
@@ -118,6 +127,9 @@ class ApiConfig:
     # max_queued, when configured, is the deterministic backstop behind it.
     queue_cap: int = 10_000
     queue_cap_overrides: dict[str, int] = field(default_factory=dict)
+    # the deployment's [api] section: per-tier (and per-tenant) rates and queue caps;
+    # None: ``rate_limit`` and ``queue_cap`` for every tenant
+    settings: ApiSettings | None = None
     queue_cap_retry_after_s: int = 30
     monotonic: Callable[[], float] = time.monotonic  # the rate limiter's clock
     # The cells' latest offers (cell -> offer, as the cluster projection folds them
@@ -141,14 +153,24 @@ class ApiConfig:
     sse_retry_after_s: int = 5
     # requests without a valid key, per client address (key guessing, floods)
     unauthenticated_rate_limit: RateLimit = RateLimit(rate_per_s=5.0, burst=50)
+    # routes that take no key (PUBLIC_ROUTES: the OpenAPI document, the dashboard's
+    # assets, health, unknown paths), per client address (IPv4, IPv6 /64)
+    public_rate_limit: RateLimit = RateLimit(rate_per_s=20.0, burst=200)
     # slow and greedy clients (framespool.producers.edge, theory of operation): a
     # connection without a complete request head this long after it opened or
     # after its last response is closed; a submit's body arrives within
-    # body_timeout_s or is answered 408; one remote address holds at most
-    # max_connections_per_peer connections (0: no cap, behind a proxy)
+    # body_timeout_s or is answered 408; one peer (IPv4 address, IPv6 /64) holds at
+    # most max_connections_per_peer connections (0: no cap, behind a proxy), the
+    # process at most max_connections; a client that reads nothing for
+    # write_timeout_s while a response waits for it is disconnected
     idle_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     max_connections_per_peer: int = 256
+    max_connections: int = 8192
+    write_timeout_s: float = 30.0
+    # new submissions are refused (503 disk_full) while the guarded disk is nearly
+    # full (framespool.producers.diskguard); None: no guard
+    disk_guard: DiskGuard | None = None
 
 
 class ApiError(Exception):
@@ -168,11 +190,23 @@ class ApiError(Exception):
 CONFIG = web.AppKey("config", ApiConfig)
 METRICS = web.AppKey("metrics", Metrics)
 LOCKS = web.AppKey("submit_locks", dict)
+# tenant -> its submissions between the queue-cap check and the store insert: the
+# check and the hold happen with no await between them, so concurrent submits
+# cannot all pass one check (check-then-act); per API process
+QUEUE_HOLDS = web.AppKey("queue_holds", dict)
+RUN_TIMES = web.AppKey("run_times", RunTimes)  # learned from published views (run_times.py)
 TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
 OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
 OPENAPI = web.AppKey("openapi", dict)
 ANON_LIMITER = web.AppKey("unauthenticated_rate_limiter", list)  # [RateLimiter]
+PUBLIC_LIMITER = web.AppKey("public_rate_limiter", list)  # [RateLimiter] of PUBLIC_ROUTES
+# routes served without an API key (so no tenant's bucket pays for them); None: a
+# path no route matched. The signed artifact URLs are not here: a valid signature
+# is their key, and a tenant's client may fetch many results at once
+PUBLIC_ROUTES = frozenset(
+    {"/openapi.json", "/healthz", "/", "/dashboard", "/dashboard/", "/dashboard/{name}", None}
+)
 STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE streams
 LOOKUPS = web.AppKey("callback_lookups", CallbackLookups)  # submit-time callback host lookups
 CLUSTER_VIEW = web.AppKey("cluster_view", Callable[[], cluster_view.ClusterView])
@@ -204,6 +238,9 @@ async def _errors_and_metrics(request: web.Request, handler):
     started = time.perf_counter()
     status = 500
     try:
+        resource = request.match_info.route.resource
+        if (resource.canonical if resource else None) in PUBLIC_ROUTES:
+            _take_public(request)
         response = await handler(request)
         status = response.status
         return response
@@ -235,7 +272,7 @@ async def _errors_and_metrics(request: web.Request, handler):
 _MAX_UNAUTHENTICATED_SOURCES = 65_536
 
 
-def _source(remote: str | None) -> str:
+def source_of(remote: str | None) -> str:
     """Who pays for a request without a key: its IPv4 address, or its IPv6 /64 (one
     host may hold a whole /64, so a per-address bucket would be no limit)."""
     try:
@@ -249,6 +286,25 @@ def _source(remote: str | None) -> str:
     return str(ip)
 
 
+def _take_public(request: web.Request) -> None:
+    """Charge a request to a route without a key to its address (``public_rate_limit``)."""
+    config = request.app[CONFIG]
+    holder = request.app[PUBLIC_LIMITER]
+    if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
+        holder[0] = RateLimiter(config.public_rate_limit)  # bounded memory, as above
+    wait_s = holder[0].take(source_of(request.remote), config.monotonic())
+    if wait_s > 0:
+        retry = retry_after_header(wait_s)
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"too many requests from this address to routes without a key "
+            f"({config.public_rate_limit.rate_per_s:g}/s, burst "
+            f"{config.public_rate_limit.burst}); retry after {retry} s",
+            headers={"Retry-After": retry},
+        )
+
+
 def _principal(request: web.Request) -> Principal:
     """The authenticated caller, after taking a token from its tenant's rate-limit bucket."""
     config = request.app[CONFIG]
@@ -259,7 +315,7 @@ def _principal(request: web.Request) -> Principal:
         if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
             # bounded memory; a fresh bucket is full, so starting over only forgives
             holder[0] = RateLimiter(config.unauthenticated_rate_limit)
-        wait_s = holder[0].take(_source(request.remote), config.monotonic())
+        wait_s = holder[0].take(source_of(request.remote), config.monotonic())
         if wait_s > 0:
             retry = retry_after_header(wait_s)
             raise ApiError(
@@ -274,10 +330,10 @@ def _principal(request: web.Request) -> Principal:
             "unauthenticated",
             "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
         )
-    wait_s = request.app[LIMITER].take(principal.tenant, config.monotonic())
+    limit = _rate_limit_of(config, principal)
+    wait_s = request.app[LIMITER].take(principal.tenant, config.monotonic(), limit)
     if wait_s > 0:
         request.app[METRICS].rate_limited.labels(principal.tenant).inc()
-        limit = request.app[LIMITER].limit_for(principal.tenant)
         retry = retry_after_header(wait_s)
         raise ApiError(
             429,
@@ -295,37 +351,70 @@ async def _check_callback_host(
 ) -> None:
     """Refuse a callback whose host name resolves to an address the policy forbids.
 
-    IP literals were checked by the validation. A name that does not resolve
-    now (or is not looked up now: ``framespool.callbacks.lookups``) is
-    accepted: delivery resolves it again and checks every address it
-    connects to (``framespool.callbacks.targets.PolicyResolver``).
+    The validation parsed the URL with the parser delivery uses
+    (``framespool.callbacks.targets.vet_target``) and checked IP literals and
+    loopback names; this looks up the very host name delivery will resolve.
+    A name that does not resolve now (or is not looked up now:
+    ``framespool.callbacks.lookups``) is accepted: delivery resolves it again
+    and checks every address it connects to
+    (``framespool.callbacks.targets.PolicyResolver``).
     """
     if not url:
         return
-    host = (urlsplit(url).hostname or "").rstrip(".")
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-        return
-    except ValueError:
-        pass
     policy = config.url_policy
-    if not host or policy.allow_private or host.lower() in policy.allow_hosts:
+    target = vet_target(url, policy)
+    if isinstance(target, str):  # validate_submit refused it already; never looked up
+        raise ApiError(
+            422, "invalid_field", f"{target}; use a public http(s) endpoint", "callback_url"
+        )
+    if target.ip is not None or policy.allow_private or target.name in policy.allow_hosts:
         return
-    addresses = await lookups.addresses(tenant, host, config.resolve_timeout_s)
+    addresses = await lookups.addresses(tenant, target.host, config.resolve_timeout_s)
     for address in addresses or ():
-        problem = check_address(host, address, policy)
+        problem = check_address(target.host, address, policy)
         if problem:
             raise ApiError(
                 422, "invalid_field", f"{problem}; use a public http(s) endpoint", "callback_url"
             )
 
 
-def _check_queue_cap(config: ApiConfig, tenant: str) -> None:
-    """Refuse a submission over the tenant's queue cap now, with when to retry."""
-    cap = config.queue_cap_overrides.get(tenant, config.queue_cap)
+def _check_disk(config: ApiConfig) -> None:
+    """503 + Retry-After while the guarded disk is nearly full (nothing is written)."""
+    guard = config.disk_guard
+    why = guard.refusal() if guard is not None else None
+    if guard is not None and why is not None:
+        raise ApiError(503, "disk_full", why, headers={"Retry-After": str(guard.retry_after_s)})
+
+
+def _rate_limit_of(config: ApiConfig, principal: Principal) -> RateLimit:
+    """The caller's tenant's request rate: an override, else its own or its
+    default tier's by the deployment's settings (``producers.settings``)."""
+    override = config.rate_limit_overrides.get(principal.tenant)
+    if override is not None:
+        return override
+    if config.settings is not None:
+        return config.settings.rate_limit_of(principal.policy)
+    return config.rate_limit
+
+
+def _queue_cap_of(config: ApiConfig, tenant: str) -> int:
+    """Jobs ``tenant`` may have waiting, by the same precedence as its rate."""
+    override = config.queue_cap_overrides.get(tenant)
+    if override is not None:
+        return override
+    if config.settings is not None:
+        return config.settings.queue_cap_of(config.auth.policy(tenant))
+    return config.queue_cap
+
+
+def _check_queue_cap(config: ApiConfig, tenant: str, in_flight: int = 0) -> None:
+    """Refuse a submission over the tenant's queue cap now, with when to retry.
+    ``in_flight``: the tenant's submissions that passed this check and are being
+    written to the log, not yet in the store (``QUEUE_HOLDS``)."""
+    cap = _queue_cap_of(config, tenant)
     if cap <= 0:
         return
-    waiting = config.store.queued_count(tenant)
+    waiting = config.store.queued_count(tenant) + in_flight
     if waiting >= cap:
         retry = str(config.queue_cap_retry_after_s)
         raise ApiError(
@@ -337,13 +426,16 @@ def _check_queue_cap(config: ApiConfig, tenant: str) -> None:
         )
 
 
-def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: JobSpec) -> None:
+def _check_predicted_wait(
+    offers: Mapping[str, Any], config: ApiConfig, spec: JobSpec, run_times: RunTimes
+) -> None:
     """Refuse now a job whose predicted wait in the best cell that can run it
     exceeds its tier's limit, which the cells publish with their offers
     (``framespool.processors.core.offers``: the arithmetic admission routes by),
     at the tenant's own place in the fair order: behind what it already has
     waiting and running (its jobs in the read model, each counted at this
-    job's GPU-seconds), not behind another tenant's whole backlog (``offers``,
+    job's GPU-seconds, its estimate no less than the model's jobs were seen to
+    run: ``run_times``), not behind another tenant's whole backlog (``offers``,
     item 6). Stale or missing offers are unknown: nothing is refused on them.
     Cost per submit: O(C * T) when no tier is limited (the default); else
     O(C * (T + G + s)) for C cells' offers of T tiers and G node groups, s
@@ -355,7 +447,10 @@ def _check_predicted_wait(offers: Mapping[str, Any], config: ApiConfig, spec: Jo
     if not limited(live, spec.tier):
         return  # no limit (the default): nothing to count on the submit path
     own = Own.of_jobs(
-        spec, config.store.queued_count(spec.tenant), config.store.running_count(spec.tenant)
+        spec,
+        config.store.queued_count(spec.tenant),
+        config.store.running_count(spec.tenant),
+        run_times.floor_s(spec.tenant, f"{spec.model}@{spec.model_version}"),
     )
     refusal = wait_refusal(live, spec, None, own)
     if refusal is None:
@@ -484,39 +579,58 @@ async def submit_job(request: web.Request) -> web.Response:
                     )
                 metrics.submits.labels(spec.tier, "replayed").inc()
                 return _accepted(existing, 200)
-            _check_queue_cap(config, principal.tenant)
             try:
-                _check_predicted_wait(request.app[OFFERS](), config, spec)
+                _check_disk(config)
+            except ApiError:
+                metrics.submits.labels(spec.tier, "disk_full").inc()
+                raise
+            holds: dict[str, int] = request.app[QUEUE_HOLDS]
+            _check_queue_cap(config, principal.tenant, holds.get(principal.tenant, 0))
+            try:
+                _check_predicted_wait(request.app[OFFERS](), config, spec, request.app[RUN_TIMES])
             except ApiError:
                 metrics.submits.labels(spec.tier, PREDICTED_WAIT).inc()
                 raise
-            command = SubmitJob(
-                event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key
-            )
-            watch = request.app[ADMISSION_WATCH]
-            watch.writing(job_id)
+            holds[principal.tenant] = holds.get(principal.tenant, 0) + 1
             try:
-                await config.producer.send(
-                    config.commands_topic, principal.tenant, codec.encode(command)
-                )
-            except Exception as exc:
-                watch.not_written(job_id)
-                metrics.submits.labels(spec.tier, "unavailable").inc()
-                raise ApiError(
-                    503,
-                    "log_unavailable",
-                    f"the job could not be recorded ({exc}); retry with the same Idempotency-Key",
-                ) from exc
-            view = submitted_view(spec, now_ms)
-            if not config.store.insert_if_absent(view):
-                # the projection stored the job first (it read SubmitJob's outcome
-                # already): answer with what it knows
-                view = config.store.get(job_id) or view
-            metrics.submits.labels(spec.tier, "accepted").inc()
-            return _accepted(view, 202)
+                return await _record_submit(request, config, spec, key, now_ms)
+            finally:
+                left = holds[principal.tenant] - 1
+                if left:
+                    holds[principal.tenant] = left
+                else:
+                    del holds[principal.tenant]
     finally:
         if not lock.locked() and locks.get(job_id) is lock:
             del locks[job_id]
+
+
+async def _record_submit(
+    request: web.Request, config: ApiConfig, spec: JobSpec, key: str | None, now_ms: int
+) -> web.Response:
+    """Write the accepted submission to the log and the store; answer 202."""
+    metrics, job_id = request.app[METRICS], spec.job_id
+    command = SubmitJob(event_id=f"{job_id}/submit", ts_ms=now_ms, spec=spec, idempotency_key=key)
+    watch = request.app[ADMISSION_WATCH]
+    watch.writing(job_id)
+    try:
+        await config.producer.send(config.commands_topic, spec.tenant, codec.encode(command))
+    except Exception as exc:
+        watch.not_written(job_id)
+        metrics.submits.labels(spec.tier, "unavailable").inc()
+        raise ApiError(
+            503,
+            "log_unavailable",
+            f"the job could not be recorded ({exc}); retry with the same Idempotency-Key",
+            headers={"Retry-After": "5"},
+        ) from exc
+    view = submitted_view(spec, now_ms)
+    if not config.store.insert_if_absent(view):
+        # the projection stored the job first (it read SubmitJob's outcome
+        # already): answer with what it knows
+        view = config.store.get(job_id) or view
+    metrics.submits.labels(spec.tier, "accepted").inc()
+    return _accepted(view, 202)
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -748,7 +862,12 @@ async def rotate_webhook_secret(request: web.Request) -> web.Response:
     if config.webhook_secrets is None:
         raise ApiError(404, "webhooks_unavailable", "this deployment delivers no webhooks")
     try:
-        secret = config.webhook_secrets.rotate(principal.tenant)
+        # the secrets file is written off the event loop, once a minute per tenant at
+        # most (framespool.projections.webhook_secrets)
+        secret = await config.webhook_secrets.rotate_soon(principal.tenant)
+    except RotationTooSoon as exc:
+        retry = retry_after_header(exc.retry_after_s)
+        raise ApiError(429, "rotation_too_soon", str(exc), headers={"Retry-After": retry}) from None
     except OSError as exc:
         raise ApiError(
             503, "secret_not_stored", f"the new secret could not be stored ({exc}); retry"
@@ -793,6 +912,46 @@ async def get_cluster(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
+async def list_models(request: web.Request) -> web.Response:
+    """The models the caller's tenant may submit, each with its GPU limits and
+    defaults, the deployment's default model and the tenant's tiers."""
+    limits = request.app[CONFIG].limits
+    policy = _principal(request).policy
+    served = limits.models if limits.models is not None else frozenset(limits.model_defaults)
+    names = sorted(m for m in served if not policy.models or m in policy.models)
+    models = []
+    for name in names:
+        info = limits.model_defaults.get(name, ModelDefaults())
+        high = min(limits.gpus_max, info.max_gpus or limits.gpus_max)
+        models.append(
+            {
+                "name": name,
+                "default": name == limits.default_model,
+                "description": info.description or None,
+                "gpus": {
+                    "min": min(info.min_gpus, high),
+                    "max": high,
+                    "default": min(max(info.default_gpus, info.min_gpus), high),
+                },
+                "estimate_s": info.estimate_s or DEFAULT_ESTIMATE_S,
+                "output": {
+                    "name": info.output_name or None,
+                    "content_type": info.content_type or None,
+                },
+                "checkpoints": info.checkpoints,
+            }
+        )
+    default = limits.default_model if limits.default_model in names else None
+    return web.json_response(
+        {
+            "models": models,
+            "default_model": default,
+            "tiers": list(policy.tiers),
+            "default_tier": policy.tier,
+        }
+    )
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Liveness of the API and its background tasks."""
     tasks = request.app[TASKS]
@@ -828,10 +987,12 @@ async def _background(app: web.Application):
     config = app[CONFIG]
     assigned = AssignmentObserver(app[METRICS].submit_to_assigned)
     admitted = app[ADMISSION_WATCH]
+    run_times = app[RUN_TIMES]
 
     def observe(job_id: str, view: Any) -> None:
         assigned(job_id, view)
         admitted(job_id, view)
+        run_times(job_id, view)
 
     tap = PublishTap(config.hub, observe)
     tasks = [
@@ -870,9 +1031,12 @@ def make_app(config: ApiConfig) -> web.Application:
     app[LOOKUPS] = CallbackLookups(config.resolve_host)
     _register_collectors(app[METRICS], config, app[LOOKUPS])
     app[LOCKS] = {}
+    app[QUEUE_HOLDS] = {}
+    app[RUN_TIMES] = RunTimes()
     app[TASKS] = []
     app[STREAMS] = {}
     app[ANON_LIMITER] = [RateLimiter(config.unauthenticated_rate_limit)]
+    app[PUBLIC_LIMITER] = [RateLimiter(config.public_rate_limit)]
     app[LIMITER] = RateLimiter(config.rate_limit, config.rate_limit_overrides)
     app[OFFERS] = _offers_of(config)
     app[CLUSTER_VIEW] = _cluster_of(config)
@@ -889,6 +1053,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app.router.add_get("/v1/jobs/{job_id}/result", job_result)
     app.router.add_get("/v1/artifacts/{key:.+}", get_artifact)
     app.router.add_get("/v1/cluster", get_cluster)
+    app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/webhook-secret", rotate_webhook_secret)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)

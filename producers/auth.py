@@ -9,7 +9,8 @@ at load and then forgotten.
 Config (a dict, or a path to JSON)::
 
     {"tenants": {"acme": {"tiers": ["enterprise", "free"], "default_tier": "enterprise",
-                          "webhook_secret": "..."}},
+                          "webhook_secret": "...", "models": ["demo"],
+                          "rate_per_s": 50, "burst": 200, "queue_cap": 1000}},
      "keys": [{"id": "k1", "tenant": "acme", "user": "alice", "salt": "<hex>", "sha256": "<hex>"},
               {"key": "dev-key-for-bob", "tenant": "acme", "user": "bob"}]}
 """
@@ -32,9 +33,17 @@ _DUMMY_SALT = b"\x00" * 16
 
 @dataclass(frozen=True)
 class TenantPolicy:
+    """What a tenant may do at the API: its tiers, the models it may run (empty:
+    every model served), and its own API limits where they differ from its
+    default tier's (``producers.settings``; None: the tier's)."""
+
     tiers: tuple[str, ...] = DEFAULT_TIERS
     default_tier: str = ""
     webhook_secret: str = ""
+    models: tuple[str, ...] = ()
+    rate_per_s: float | None = None
+    burst: int | None = None
+    queue_cap: int | None = None
 
     @property
     def tier(self) -> str:
@@ -137,7 +146,12 @@ class ApiKeys:
                     file=file,
                 )
             secret = optional(t, "webhook_secret", str, "", where=where, file=file)
-            tenants[name] = TenantPolicy(tiers, default, secret)
+            models = optional(t, "models", (list, tuple), (), where=where, file=file)
+            limits = {
+                knob: optional(t, knob, kind, None, where=where, file=file)
+                for knob, kind in (("rate_per_s", float), ("burst", int), ("queue_cap", int))
+            }
+            tenants[name] = TenantPolicy(tiers, default, secret, tuple(models), **limits)
         records = []
         keys = optional(config, "keys", (list, tuple), (), where=key, file=file)
         for i, k in enumerate(keys):

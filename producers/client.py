@@ -122,6 +122,10 @@ class Client:
     def result(self, job_id: str) -> dict:
         return self._json("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/result")
 
+    def models(self) -> dict:
+        """GET /v1/models: what this tenant may submit, with each model's defaults."""
+        return self._json("GET", "/v1/models")
+
     def cluster(self, detail: bool = True) -> dict:
         return self._json("GET", "/v1/cluster" + ("" if detail else "?detail=0"))
 

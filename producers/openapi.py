@@ -19,6 +19,7 @@ from typing import Any
 from framespool.producers import patterns
 from framespool.producers.validation import FIELDS, Limits
 from framespool.projections.jobs import STATES
+from framespool.schemas.waits import WaitCode
 
 ERROR_CODES = (
     "unauthenticated",
@@ -30,6 +31,7 @@ ERROR_CODES = (
     "malformed_json",
     "body_too_large",
     "tier_not_allowed",
+    "model_not_allowed",
     "job_not_found",
     "job_terminal",
     "idempotency_key_reused",
@@ -170,7 +172,13 @@ def _submit_schema(limits: Limits) -> dict[str, Any]:
             "exclusiveMinimum": 0,
             "maximum": limits.estimate_max_s,
         },
-        "checkpoint_interval_s": {"type": ["number", "null"], "minimum": 0, "maximum": 3600},
+        "checkpoint_interval_s": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "maximum": 3600,
+            "not": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+            "description": "Seconds between checkpoints: 0 (none) or 1 to 3600",
+        },
         "gpu_type": _nullable(name),
         "cpus": {"type": ["number", "null"], "minimum": 0, "maximum": 1024},
         "mem_gb": {"type": ["number", "null"], "minimum": 0, "maximum": 8192},
@@ -223,6 +231,11 @@ def _job_schema(with_timeline: bool) -> dict[str, Any]:
         "wait_p50_s": _nullable(n),
         "wait_p90_s": _nullable(n),
         "position": _nullable(i),
+        "reason_code": {
+            "type": ["string", "null"],
+            "description": "while it waits, why, as a code (reason has the words): "
+            + ", ".join(WaitCode),
+        },
         "artifact_uri": _nullable(s),
         "created_ms": i,
         "updated_ms": i,
@@ -356,6 +369,21 @@ def schemas(limits: Limits) -> dict[str, dict[str, Any]]:
                 "type": s,
                 "state": s,
                 "summary": s,
+                "status": {
+                    "type": "object",
+                    "description": "in an event stream: where the job stands as the event "
+                    "is sent (its state; while it waits, why, its position and its band)",
+                    "properties": {
+                        "state": s,
+                        "phase": {"type": ["string", "null"]},
+                        "reason": {"type": ["string", "null"]},
+                        "reason_code": {"type": ["string", "null"]},
+                        "position": {"type": ["integer", "null"]},
+                        "wait_p50_s": {"type": ["number", "null"]},
+                        "wait_p90_s": {"type": ["number", "null"]},
+                        "progress": {"type": "number"},
+                    },
+                },
             },
         },
         "Job": _job_schema(True),
@@ -432,6 +460,48 @@ def schemas(limits: Limits) -> dict[str, dict[str, Any]]:
             },
         },
         **_cluster_schemas(),
+        "Models": _models_schema(),
+    }
+
+
+def _models_schema() -> dict[str, Any]:
+    s, i = {"type": "string"}, {"type": "integer"}
+    model = {
+        "type": "object",
+        "required": ["name", "default", "gpus", "estimate_s", "output", "checkpoints"],
+        "properties": {
+            "name": s,
+            "default": {"type": "boolean", "description": "the model of a job that names none"},
+            "description": _nullable(s),
+            "gpus": {
+                "type": "object",
+                "description": "GPUs a job of this model may ask for, and what it gets if it "
+                "asks for none",
+                "properties": {"min": i, "max": i, "default": i},
+            },
+            "estimate_s": {
+                "type": "number",
+                "description": "run-time estimate of a job that gives none",
+            },
+            "output": {
+                "type": "object",
+                "properties": {"name": _nullable(s), "content_type": _nullable(s)},
+            },
+            "checkpoints": {
+                "type": "boolean",
+                "description": "whether its runs checkpoint (and so can be preempted and resume)",
+            },
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["models", "default_model", "tiers", "default_tier"],
+        "properties": {
+            "models": {"type": "array", "items": model},
+            "default_model": _nullable(s),
+            "tiers": {"type": "array", "items": s, "description": "the caller's tenant's tiers"},
+            "default_tier": s,
+        },
     }
 
 
@@ -731,13 +801,24 @@ def paths() -> dict[str, Any]:
                 | {"304": {"description": "Unchanged since the ETag sent in If-None-Match"}},
             },
         },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "summary": "The models the caller's tenant may submit, with their defaults",
+                "description": "Each model the deployment serves (its [[profiles]]) and the "
+                "tenant may run: its GPU limits and default, its run-time estimate, what it "
+                "produces, whether it checkpoints; the default model and the tenant's tiers.",
+                "responses": _responses({200: _ok("The models", "Models")}, 401, 429),
+            },
+        },
         "/v1/webhook-secret": {
             "post": {
                 "operationId": "rotateWebhookSecret",
                 "summary": "A new webhook signing secret for the caller's tenant",
                 "description": "Each tenant has its own secret. The new one is returned once "
                 "and signs every webhook from now on (Framespool-Signature: t=<unix s>,"
-                "v1=<hex HMAC-SHA256(secret, '<t>.<body>')>).",
+                "v1=<hex HMAC-SHA256(secret, '<t>.<body>')>). A tenant may rotate once a "
+                "minute (429 rotation_too_soon with Retry-After otherwise).",
                 "responses": _responses(
                     {
                         200: _ok(

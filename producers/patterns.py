@@ -9,10 +9,10 @@ from __future__ import annotations
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # model, model version, GPU type
 PARAM_KEY = r"[a-z][a-z0-9_]{0,63}"
-RESOLUTION = r"(\d{1,5})x(\d{1,5})"  # WIDTHxHEIGHT
-CURSOR = r"\d{13}/[A-Za-z0-9._:-]{1,128}"
+RESOLUTION = r"([0-9]{1,5})x([0-9]{1,5})"  # WIDTHxHEIGHT
+CURSOR = r"[0-9]{13}/[A-Za-z0-9._:-]{1,128}"
 IDEMPOTENCY_KEY = r"[\x21-\x7e]{1,255}"
-DIGITS = r"\d+"
+DIGITS = r"[0-9]+"
 
 # What users commonly send instead of WIDTHxHEIGHT, and what each means (16:9).
 RESOLUTION_PRESETS = {

@@ -66,9 +66,12 @@ class RateLimiter:
     def limit_for(self, tenant: str) -> RateLimit:
         return self.overrides.get(tenant, self.limit)
 
-    def take(self, tenant: str, now: float) -> float:
-        """0.0 if the request may proceed (a token was taken), else seconds to wait."""
-        limit = self.limit_for(tenant)
+    def take(self, tenant: str, now: float, limit: RateLimit | None = None) -> float:
+        """0.0 if the request may proceed (a token was taken), else seconds to wait.
+        ``limit``: the tenant's limit when the caller knows it (its tier's), else
+        ``limit_for(tenant)``."""
+        if limit is None or tenant in self.overrides:
+            limit = self.limit_for(tenant)
         if not limit.enabled:
             return 0.0
         bucket = self._buckets.get(tenant)

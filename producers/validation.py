@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from framespool.callbacks.targets import TargetPolicy, check_target
@@ -41,6 +42,24 @@ class ValidationError(Exception):
 
 
 @dataclass(frozen=True)
+class ModelDefaults:
+    """What one model accepts, fills in and produces (from its profile, ``agents.profiles``):
+    GPUs per job from ``min_gpus`` to ``max_gpus`` (0: only the deployment's
+    ``Limits.gpus_max``), ``default_gpus`` when a request names none, and
+    ``estimate_s`` as the run-time estimate of a job that gives none (0: JobSpec's)."""
+
+    min_gpus: int = 1
+    max_gpus: int = 0
+    default_gpus: int = 1
+    estimate_s: float = 0.0
+    # what GET /v1/models tells about it besides
+    description: str = ""
+    output_name: str = ""
+    content_type: str = ""
+    checkpoints: bool = False
+
+
+@dataclass(frozen=True)
 class Limits:
     prompt_max_chars: int = 4000
     params_max_bytes: int = 4096
@@ -55,8 +74,13 @@ class Limits:
     callback_url_max: int = 2048
     shapes_max: int = 8
     estimate_max_s: float = 86400.0
+    # a checkpointing job checkpoints no more often than this (0: never): 1e-9
+    # made its agent checkpoint in a loop
+    checkpoint_interval_min_s: float = 1.0
     models: frozenset[str] | None = None  # None: any well-formed model name
     default_model: str | None = None  # the model of a request that names none
+    # per model: its GPU limits and defaults (absent: 1 GPU, up to gpus_max)
+    model_defaults: Mapping[str, ModelDefaults] = field(default_factory=dict, hash=False)
 
 
 FIELDS = (
@@ -126,14 +150,20 @@ def _name(body: dict, name: str, default: str | None, what: str) -> str | None:
     return value
 
 
-def _gang(body: dict, prefix: str, limits: Limits) -> tuple[int, int]:
+def _gang(
+    body: dict, prefix: str, limits: Limits, model: ModelDefaults = ModelDefaults()
+) -> tuple[int, int]:
+    high = min(limits.gpus_max, model.max_gpus or limits.gpus_max)
+    low = min(model.min_gpus, high)
     gpus = _int(
         body,
         "gpus",
-        1,
-        1,
-        limits.gpus_max,
-        f"ask for at most {limits.gpus_max} GPUs or split the work",
+        min(max(model.default_gpus, low), high),
+        low,
+        high,
+        f"this model runs on {low} to {high} GPUs (GET /v1/models)"
+        if (low, high) != (1, limits.gpus_max)
+        else f"ask for at most {limits.gpus_max} GPUs or split the work",
         f"{prefix}gpus",
     )
     per_node = _int(
@@ -255,7 +285,7 @@ def _unencodable(body: dict) -> tuple[str, str] | None:
     return None
 
 
-def _shapes(value: Any, limits: Limits) -> tuple[Shape, ...]:
+def _shapes(value: Any, limits: Limits, model: ModelDefaults) -> tuple[Shape, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > limits.shapes_max:
@@ -271,7 +301,7 @@ def _shapes(value: Any, limits: Limits) -> tuple[Shape, ...]:
             raise ValidationError(
                 f"shapes[{i}]", "must be an object with gpus, gpus_per_node and estimate_s only"
             )
-        gpus, per_node = _gang(shape, prefix, limits)
+        gpus, per_node = _gang(shape, prefix, limits, model)
         estimate = _number(
             shape,
             "estimate_s",
@@ -347,7 +377,16 @@ def validate_submit(
         raise ValidationError(
             "model", f"{model!r} is not served here; available: {', '.join(sorted(limits.models))}"
         )
-    gpus, per_node = _gang(body, "", limits)
+    if policy.models and model not in policy.models:
+        raise ValidationError(
+            "model",
+            f"{model!r} is not one of your tenant's models ({', '.join(policy.models)}); "
+            "GET /v1/models lists what you may submit",
+            403,
+            "model_not_allowed",
+        )
+    defaults = limits.model_defaults.get(model, ModelDefaults())
+    gpus, per_node = _gang(body, "", limits, defaults)
     tier = body.get("tier", policy.tier)
     if not isinstance(tier, str) or tier not in policy.tiers:
         raise ValidationError(
@@ -369,8 +408,10 @@ def validate_submit(
         "preemptible": preemptible,
         "params": _params(body.get("params"), limits),
         "callback_url": _callback(body.get("callback_url"), limits, url_policy),
-        "shapes": _shapes(body.get("shapes"), limits),
+        "shapes": _shapes(body.get("shapes"), limits, defaults),
     }
+    if defaults.estimate_s > 0:
+        spec["estimate_s"] = defaults.estimate_s  # a model's typical run; the body's wins
     version = _name(body, "model_version", None, "model version")
     if version is not None:
         spec["model_version"] = version
@@ -386,4 +427,11 @@ def validate_submit(
         value = _number(body, name, 0.0, hi, lo_open=name == "estimate_s")
         if value is not None:
             spec[name] = value
+    interval = spec.get("checkpoint_interval_s", 0.0)
+    if 0 < interval < limits.checkpoint_interval_min_s:
+        raise ValidationError(
+            "checkpoint_interval_s",
+            f"must be 0 (no checkpoints) or from {limits.checkpoint_interval_min_s:g} to 3600 "
+            f"seconds, got {interval:g}",
+        )
     return spec

@@ -29,10 +29,14 @@ Who sees what: ``to_dict(view, tenant=..., owns_job=...)`` is a tenant's view. I
 keeps every total (GPUs per bucket, queue depth per tier) but shows only the
 caller's row of the per-tenant queues, and a busy GPU's job id and run only
 when the caller owns that job; other tenants' names and job ids never appear.
+Breaker reasons name no job (the scheduler's since issue #33); a reason from an
+older log that names a probe run (``probe run <job>#<run>``) or an API job id
+(``job_<hex>``) is shown to a tenant with another tenant's job left out.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,6 +54,17 @@ from framespool.schemas.states import GpuSlot, NodeState
 CLUSTER_EVENT_TYPES = frozenset({"CellStatus", "NodeStateChanged", "BreakerTripped", "CellOffer"})
 GPU_BUCKETS = (GpuSlot.BUSY, GpuSlot.FREE, GpuSlot.DEGRADED, GpuSlot.DOWN)
 _NODE_OUT = frozenset({NodeState.DEGRADED, NodeState.DRAINING})  # up, but takes no new work
+# job ids in reasons from logs older than issue #33: "probe run <job>#<run>", "job_<hex>"
+_PROBE_RUN = re.compile(r"(probe run) (\S+?)#([0-9]+)")
+_API_JOB_ID = re.compile(r"\bjob_[0-9a-f]{6,}(?:#[0-9]+)?\b")
+
+
+def public_reason(reason: str, visible: Callable[[str], bool]) -> str:
+    """``reason`` without the ids of jobs the reader may not see (``visible``)."""
+    reason = _PROBE_RUN.sub(lambda m: m.group(0) if visible(m.group(2)) else m.group(1), reason)
+    return _API_JOB_ID.sub(
+        lambda m: m.group(0) if visible(m.group(0).split("#", 1)[0]) else "another job", reason
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +260,7 @@ def to_dict(
             "scope": b.scope,
             "key": b.key,
             "until_ms": b.until_ms,
-            "reason": b.reason,
+            "reason": b.reason if tenant is None else public_reason(b.reason, visible),
             "active": now_ms is None or b.until_ms > now_ms,
         }
         for _, b in sorted(view.breakers.items())

@@ -32,7 +32,13 @@ clock and is deterministic, so truncate-and-replay rebuilds the same views.
    seq, so the bounded timeline keeps the lifecycle and the latest progress.
 
 PREEMPTED and REQUEUED are shown as state QUEUED with ``phase`` naming them and
-``reason`` saying why; the view's ``state`` is what a user acts on. A job a cell
+``reason`` saying why; the view's ``state`` is what a user acts on. While a job
+waits, ``reason`` and ``reason_code`` are the cell's latest why (its
+``JobQueued``/``JobWaitEstimated``: ``framespool.schemas.waits``) and
+``position`` its place in the cell's order; a refresh without a band (the
+reason alone, or a reservation's) keeps the band told before. A run whose
+agent reports it is writing a checkpoint (``RunProgress.phase``) is
+CHECKPOINTING until its next progress. A job a cell
 gave up (``JobRerouted``: it could not run it) is SUBMITTED again, phase
 REROUTED, with the reason, until admission's next ``JobAdmitted`` names its new
 cell, which numbers its runs on from the last one and resumes its checkpoint.
@@ -66,9 +72,20 @@ from framespool.schemas.states import JobState
 
 SUBMITTED = "SUBMITTED"  # the view's own state: accepted by the API, not yet queued by a cell
 QUEUED, ASSIGNED, RUNNING = JobState.QUEUED, JobState.ASSIGNED, JobState.RUNNING
+CHECKPOINTING = JobState.CHECKPOINTING
 COMPLETED, FAILED, CANCELLED = JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED
 REJECTED = JobState.REJECTED
-STATES = (SUBMITTED, QUEUED, ASSIGNED, RUNNING, COMPLETED, FAILED, CANCELLED, REJECTED)
+STATES = (
+    SUBMITTED,
+    QUEUED,
+    ASSIGNED,
+    RUNNING,
+    CHECKPOINTING,
+    COMPLETED,
+    FAILED,
+    CANCELLED,
+    REJECTED,
+)
 TERMINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, REJECTED})
 ACTIVE_STATES = frozenset(STATES) - TERMINAL_STATES
 
@@ -82,9 +99,9 @@ TRANSITIONS: dict[str, tuple[frozenset[str], str | None]] = {
     "JobQueued": (frozenset({SUBMITTED, QUEUED}), QUEUED),
     "JobWaitEstimated": (frozenset({SUBMITTED, QUEUED}), None),
     "JobAssigned": (frozenset({SUBMITTED, QUEUED}), ASSIGNED),
-    "RunProgress": (frozenset({ASSIGNED, RUNNING}), RUNNING),
-    "JobPreempted": (frozenset({ASSIGNED, RUNNING}), QUEUED),
-    "JobRequeued": (frozenset({ASSIGNED, RUNNING, QUEUED}), QUEUED),
+    "RunProgress": (frozenset({ASSIGNED, RUNNING, CHECKPOINTING}), RUNNING),
+    "JobPreempted": (frozenset({ASSIGNED, RUNNING, CHECKPOINTING}), QUEUED),
+    "JobRequeued": (frozenset({ASSIGNED, RUNNING, CHECKPOINTING, QUEUED}), QUEUED),
     "JobCancelled": (ACTIVE_STATES, CANCELLED),
     "JobCompleted": (ACTIVE_STATES, COMPLETED),
     "JobFailed": (ACTIVE_STATES, FAILED),
@@ -139,6 +156,7 @@ class JobView:
     wait_p90_s: float = -1.0
     position: int = 0
     reason: str = ""
+    reason_code: str = ""  # why it waits, while it does (framespool.schemas.waits)
     artifact_uri: str = ""
     created_ms: int = 0
     updated_ms: int = 0
@@ -286,7 +304,10 @@ def _stale_run(view: JobView, event: Any) -> str:
 
 
 def _older_progress(view: JobView, event: RunProgress) -> bool:
-    return view.state == RUNNING and (event.step, event.progress) < (view.step, view.progress)
+    return view.state in (RUNNING, CHECKPOINTING) and (event.step, event.progress) < (
+        view.step,
+        view.progress,
+    )
 
 
 def _hold_progress(view: JobView, event: RunProgress) -> JobView:
@@ -338,7 +359,7 @@ def _finish(view: JobView, event: Any, summary: str, *, coalesce: bool = True) -
         and name in COALESCED_TYPES
         and timeline
         and timeline[-1].type == name
-        and timeline[-1].state == view.state
+        and _same_phase(timeline[-1].state, view.state)
     ):
         timeline = timeline[:-1]
     timeline = (timeline + (entry,))[-TIMELINE_MAX:]
@@ -349,6 +370,13 @@ def _finish(view: JobView, event: Any, summary: str, *, coalesce: bool = True) -
         seen=_remember(view, event.event_id),
         updated_ms=max(view.updated_ms, event.ts_ms),
     )
+
+
+def _same_phase(a: str, b: str) -> bool:
+    """Whether two timeline entries of one type replace each other: the same state,
+    or a run's progress while running and checkpointing (a checkpoint every few
+    seconds would push the lifecycle out of the bounded timeline)."""
+    return a == b or {a, b} <= {RUNNING, CHECKPOINTING}
 
 
 def _spec_fields(spec: JobSpec) -> dict[str, Any]:
@@ -395,20 +423,25 @@ def _queued(v: JobView, e: JobQueued):
         wait_p90_s=e.wait_p90_s,
         position=e.position,
         reason=e.reason or v.reason,
+        reason_code=e.reason_code,
     )
-    return v, f"queued{_wait_text(e.position, e.wait_estimate_s, e.wait_p50_s, e.wait_p90_s)}"
+    text = _wait_text(e.position, e.wait_estimate_s, e.wait_p50_s, e.wait_p90_s)
+    return v, f"queued{text}" + (f": {e.reason}" if e.reason_code else "")
 
 
 def _wait(v: JobView, e: JobWaitEstimated):
+    banded = e.wait_p50_s >= 0 and e.wait_p90_s >= 0  # else the band told before stands
     v = replace(
         v,
         wait_estimate_s=e.wait_estimate_s,
-        wait_p50_s=e.wait_p50_s,
-        wait_p90_s=e.wait_p90_s,
-        position=e.position,
+        wait_p50_s=e.wait_p50_s if banded else v.wait_p50_s,
+        wait_p90_s=e.wait_p90_s if banded else v.wait_p90_s,
+        position=e.position or v.position,
+        reason=e.reason if e.reason_code else v.reason,
+        reason_code=e.reason_code or v.reason_code,
     )
-    text = _wait_text(e.position, e.wait_estimate_s, e.wait_p50_s, e.wait_p90_s)
-    return v, f"wait estimate{text}"
+    text = _wait_text(v.position, e.wait_estimate_s, v.wait_p50_s, v.wait_p90_s)
+    return v, f"wait estimate{text}" + (f": {e.reason}" if e.reason_code else "")
 
 
 def _assigned(v: JobView, e: JobAssigned):
@@ -421,6 +454,7 @@ def _assigned(v: JobView, e: JobAssigned):
         nodes=nodes,
         assigned_gpus=e.gpus,
         reason=e.reason,
+        reason_code="",
         position=0,
         wait_estimate_s=-1.0,
         wait_p50_s=-1.0,
@@ -436,7 +470,7 @@ def _assigned(v: JobView, e: JobAssigned):
 def _progress(v: JobView, e: RunProgress) -> JobView:
     return replace(
         v,
-        state=RUNNING,
+        state=CHECKPOINTING if e.phase == CHECKPOINTING else RUNNING,
         progress=min(1.0, max(0.0, e.progress)),
         step=e.step,
         total_steps=e.total_steps,
@@ -447,7 +481,8 @@ def _progress(v: JobView, e: RunProgress) -> JobView:
 
 def _progress_summary(e: RunProgress) -> str:
     steps = f" (step {e.step}/{e.total_steps})" if e.total_steps else ""
-    return f"run {e.run} {min(1.0, max(0.0, e.progress)):.0%}{steps}" + (
+    verb = " checkpointing at" if e.phase == CHECKPOINTING else ""
+    return f"run {e.run}{verb} {min(1.0, max(0.0, e.progress)):.0%}{steps}" + (
         f": {e.message}" if e.message else ""
     )
 
@@ -487,13 +522,13 @@ def _about_others(text: str, v: JobView, by_job_id: str = "") -> str:
 def _preempted(v: JobView, e: JobPreempted):
     by = " by another job" if e.by_job_id else ""
     why = _about_others(e.reason, v, e.by_job_id)
-    v = replace(v, state=QUEUED, phase="PREEMPTED", reason=f"preempted{by}: {why}")
+    v = replace(v, state=QUEUED, phase="PREEMPTED", reason=f"preempted{by}: {why}", reason_code="")
     return v, f"run {e.run} preempted{by}: {why}"
 
 
 def _requeued(v: JobView, e: JobRequeued):
     why = _about_others(e.reason, v)
-    v = replace(v, state=QUEUED, phase="REQUEUED", reason=f"requeued: {why}")
+    v = replace(v, state=QUEUED, phase="REQUEUED", reason=f"requeued: {why}", reason_code="")
     ckpt = f" from {e.resume_from}" if e.resume_from else ""
     return v, f"run {e.run} requeued{ckpt}: {why} ({e.retries_left} retries left)"
 
@@ -504,6 +539,7 @@ def _rerouted(v: JobView, e: JobRerouted):
         state=SUBMITTED,
         phase="REROUTED",
         reason=f"rerouted from {e.from_cell}: {e.reason}",
+        reason_code="",
         position=0,
         wait_estimate_s=-1.0,
         wait_p50_s=-1.0,
@@ -519,6 +555,7 @@ def _terminal(state: str, summary: Callable[[Any], str], reason: Callable[[Any],
             state=state,
             phase="",
             reason=reason(e),
+            reason_code="",
             finished_ms=e.ts_ms,
             artifact_uri=getattr(e, "artifact_uri", "") or v.artifact_uri,
             progress=1.0 if state == COMPLETED else v.progress,

@@ -86,6 +86,7 @@ def public_job(v: JobView, *, timeline: bool = True) -> dict[str, Any]:
         "wait_p50_s": v.wait_p50_s if v.wait_p50_s >= 0 else None,
         "wait_p90_s": v.wait_p90_s if v.wait_p90_s >= 0 else None,
         "position": v.position or None,
+        "reason_code": v.reason_code or None,
         "artifact_uri": v.artifact_uri or None,
         "created_ms": v.created_ms,
         "updated_ms": v.updated_ms,
@@ -96,6 +97,21 @@ def public_job(v: JobView, *, timeline: bool = True) -> dict[str, Any]:
     if timeline:
         doc["timeline"] = [entry_to_dict(v.job_id, e) for e in v.timeline]
     return doc
+
+
+def job_status(v: JobView) -> dict[str, Any]:
+    """Where the job stands now, for each event of its stream: its state, and while
+    it waits why (words and code), its position and its wait band."""
+    return {
+        "state": v.state,
+        "phase": v.phase or None,
+        "reason": v.reason or None,
+        "reason_code": v.reason_code or None,
+        "position": v.position or None,
+        "wait_p50_s": v.wait_p50_s if v.wait_p50_s >= 0 else None,
+        "wait_p90_s": v.wait_p90_s if v.wait_p90_s >= 0 else None,
+        "progress": v.progress,
+    }
 
 
 def cell_to_dict(c: CellView) -> dict[str, Any]:

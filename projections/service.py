@@ -50,7 +50,7 @@ class ProjectionService:
         the store every part shares is serialized (``SerializedStore``)."""
         if store is None:
             path = Path(data_dir) / PROJECTION_STORE
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             store = RocksViewStore(str(path))
         if not isinstance(store, SerializedStore):
             store = SerializedStore(store)

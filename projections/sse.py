@@ -10,7 +10,11 @@ after ``n`` that the bounded timeline still holds. ``stream_job``:
    between is missed (a view seen twice sends nothing new: seq filters it);
 2. sends the backlog (entries with seq > last id) from the stored view;
 3. then, for every view the hub delivers, sends its entries newer than the
-   last one sent; a comment line every ``keepalive_s`` keeps proxies open;
+   last one sent; a comment line every ``keepalive_s`` keeps proxies open.
+   Each event carries the job's status as of that view (``serde.job_status``:
+   its state and, while it waits, why in words and as a code, its position
+   and its P50/P90), so a client needs no second request to know where the
+   job stands;
 4. ends after the job's terminal entry, or when the hub drops the client
    for being slow (it reconnects and resumes from its Last-Event-ID).
 """
@@ -23,7 +27,7 @@ from typing import Any
 
 from framespool.projections.hub import Hub, SlowSubscriber
 from framespool.projections.jobs import TERMINAL_STATES, JobView, entries_after
-from framespool.projections.serde import entry_to_dict
+from framespool.projections.serde import entry_to_dict, job_status
 
 RETRY_MS = 3000
 
@@ -66,10 +70,10 @@ async def stream_job(
         if view is None:
             return sent
         while True:
+            status = job_status(view)  # where the job stands now, on each event
             for entry in entries_after(view, sent):
-                await write(
-                    format_event(entry_to_dict(job_id, entry), event=entry.type, id=entry.seq)
-                )
+                data = entry_to_dict(job_id, entry) | {"status": status}
+                await write(format_event(data, event=entry.type, id=entry.seq))
                 sent = entry.seq
             if _done(view, sent):
                 await write(format_event({"job_id": job_id, "state": view.state}, event="end"))

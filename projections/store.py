@@ -73,8 +73,16 @@ from typing import Protocol
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from framespool.private_files import private_dir
 from framespool.projections.cluster import Breaker, CellView, ClusterView
-from framespool.projections.jobs import ASSIGNED, QUEUED, RUNNING, SUBMITTED, JobView
+from framespool.projections.jobs import (
+    ASSIGNED,
+    CHECKPOINTING,
+    QUEUED,
+    RUNNING,
+    SUBMITTED,
+    JobView,
+)
 from framespool.projections.serde import (
     breaker_from_dict,
     breaker_to_dict,
@@ -87,7 +95,7 @@ from framespool.projections.serde import (
 _MAX_MS = 10**13 - 1
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 QUEUED_STATES = (SUBMITTED, QUEUED)  # what the submit-time queue cap counts
-HOLDING_STATES = (ASSIGNED, RUNNING)  # jobs holding GPUs (the edge's own place)
+HOLDING_STATES = (ASSIGNED, RUNNING, CHECKPOINTING)  # jobs holding GPUs (the edge's own place)
 
 
 @dataclass(frozen=True)
@@ -208,7 +216,10 @@ class RocksViewStore:
     def __init__(
         self, path: str, retention: Retention = Retention(), view_cache: int = VIEW_CACHE
     ) -> None:
+        # views hold prompts and callback URLs (tokens): the owner's alone
+        private_dir(path, existing=False)
         self._db = Rdict(str(path), options=Options(raw_mode=True))
+        private_dir(path)  # and what RocksDB made (or an older version left) in it
         # job id -> its decoded view, as in the database (write-through, LRU)
         self._views: OrderedDict[str, JobView] = OrderedDict()
         self._view_cache = view_cache

@@ -15,7 +15,10 @@ Theory of operation
    ``max_attempts``; other 4xx, refused targets and notifications older than
    ``max_age_s`` (a full replay re-creates the outbox) fail at once.
 3. Targets: the policy is ``framespool.callbacks.targets`` (shared with request
-   validation). Each attempt re-checks the URL, and the HTTP session resolves
+   validation). Each attempt re-parses and re-checks the URL with the parser
+   aiohttp uses and posts to that parsed URL (``vet_target``: an IP literal,
+   which aiohttp connects to without resolving, is the address checked), and
+   the HTTP session resolves
    hosts through its ``PolicyResolver``, which checks the very addresses it
    connects to. Host names are looked up on the dispatcher's own threads, at
    most ``per_tenant_concurrency`` of one tenant in flight
@@ -37,13 +40,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from framespool.callbacks.lookups import LOOKUP_TENANT, CallbackLookups, TenantResolver
-from framespool.callbacks.targets import PolicyResolver, TargetPolicy, TargetRefused, check_target
+from framespool.callbacks.targets import (
+    PolicyResolver,
+    TargetPolicy,
+    TargetRefused,
+    parse_target,
+    vet_target,
+)
 from framespool.projections.delivery_lanes import DeliveryLanes
 from framespool.projections.jobs import (
     ASSIGNED,
     CANCELLED,
+    CHECKPOINTING,
     COMPLETED,
     FAILED,
     QUEUED,
@@ -94,6 +105,8 @@ def delivery_for(before: JobView | None, after: JobView | None, event: Any) -> D
         return None
     if before is not None and before.state == after.state:
         return None
+    if before is not None and {before.state, after.state} <= {RUNNING, CHECKPOINTING}:
+        return None  # back from writing a checkpoint: still the run it was
     body = {
         "type": "job.state_changed",
         "event_id": event.event_id,
@@ -118,6 +131,16 @@ def delivery_for(before: JobView | None, after: JobView | None, event: Any) -> D
         seq=after.seq,
         body=json.dumps(body, sort_keys=True, separators=(",", ":")),
     )
+
+
+def log_target(url: str) -> str:
+    """What a log line may say of a callback URL: its origin. A path or query may
+    carry the receiver's token (``/hooks/<token>``, ``?token=``); the job and
+    event ids in the line find the delivery, whose record keeps the URL."""
+    parsed = parse_target(url)
+    if isinstance(parsed, str):
+        return "<unparsable callback URL>"
+    return str(parsed.url.origin())
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
@@ -274,7 +297,8 @@ class WebhookDispatcher:
             return current
         now = self._clock()
         body = current.body.encode()
-        problem = check_target(current.url, self._config.policy)
+        target = vet_target(current.url, self._config.policy)
+        problem = target if isinstance(target, str) else ""
         status: int | None = None
         secret = self._config.secret_for(current.tenant)
         if not problem and now * 1000 - current.created_ms > self._config.max_age_s * 1000:
@@ -284,7 +308,7 @@ class WebhookDispatcher:
                 f"tenant {current.tenant!r} has no webhook secret; "
                 "create one with POST /v1/webhook-secret"
             )
-        if not problem:
+        if not problem and not isinstance(target, str):
             headers = {
                 "Content-Type": "application/json",
                 "Framespool-Event-Id": current.delivery_id,
@@ -294,7 +318,8 @@ class WebhookDispatcher:
             LOOKUP_TENANT.set(current.tenant)  # this task's lookups count against it
             try:
                 async with asyncio.timeout(self._config.timeout_s):
-                    status = await self._post(session, current.url, body, headers)
+                    # the parsed URL itself: aiohttp connects to the host just checked
+                    status = await self._post(session, target.url, body, headers)
                 problem = "" if 200 <= status < 300 else f"receiver answered HTTP {status}"
             except TargetRefused as exc:
                 problem = str(exc)
@@ -304,7 +329,7 @@ class WebhookDispatcher:
         return self._record(current, now, status, problem)
 
     async def _post(
-        self, session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+        self, session: aiohttp.ClientSession, url: URL, body: bytes, headers: dict[str, str]
     ) -> int:
         """POST and return the status; at most ``max_response_bytes`` of the reply are read
         (enough to reuse the connection for a short reply); a longer one closes it."""
@@ -345,7 +370,7 @@ class WebhookDispatcher:
                     "webhook for job %s event %s to %s failed after %d attempt(s): %s",
                     d.job_id,
                     d.delivery_id,
-                    d.url.split("?", 1)[0],  # a query may carry the receiver's token
+                    log_target(d.url),
                     attempts,
                     problem,
                 )

@@ -205,6 +205,7 @@ class JobQueued:
     reason: str = ""
     wait_p50_s: float = -1.0  # calibrated wait quantiles (s); -1 = unknown
     wait_p90_s: float = -1.0
+    reason_code: str = ""  # why it waits (framespool.schemas.waits.WaitCode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,6 +286,7 @@ class JobWaitEstimated:
     reason: str = ""
     wait_p50_s: float = -1.0  # calibrated wait quantiles (s); -1 = unknown
     wait_p90_s: float = -1.0
+    reason_code: str = ""  # why it waits (framespool.schemas.waits.WaitCode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -348,6 +350,21 @@ class CellOffer:
     running_gpu_s: float = 0.0
     gpu_types: tuple[GpuOffer, ...] = ()
     tiers: tuple[TierBacklog, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessorConfigured:
+    """The configuration a processor instance folds with (``document``: the JSON of
+    its config file's sections, keys sorted; ``sha256`` of that text), written to
+    job-events keyed by ``processor`` when it starts, so that replay and audit
+    never have to guess it."""
+
+    event_id: str
+    ts_ms: int
+    processor: str
+    instance: str
+    document: str
+    sha256: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -465,6 +482,7 @@ class RunProgress:
     step: int = 0
     total_steps: int = 0
     message: str = ""
+    phase: str = ""  # CHECKPOINTING while a checkpoint is being written; "" otherwise
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -565,6 +583,7 @@ EVENT_TYPES = (
     CellStatus,
     CellOffer,
     JobRerouted,
+    ProcessorConfigured,
     StartRun,
     StopRun,
     CheckpointRun,

@@ -3,9 +3,13 @@
 Broker (``kafka_bootstrap``, one per session), first that applies:
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` if set (an external Kafka);
-2. a testcontainers Kafka (KRaft) when a Docker engine answers, unless
+2. ``FRAMESPOOL_TEST_BROKER=tansu``: the in-memory Tansu broker
+   (``framespool.broker.TansuBroker``), the old embedded default, for comparison;
+3. a testcontainers Kafka (KRaft) when a Docker engine answers, unless
    ``FRAMESPOOL_TEST_BROKER=embedded``;
-3. the embedded Tansu broker (``framespool.broker.EmbeddedBroker``).
+4. the same Apache Kafka as ``framespool up`` (``framespool.broker.KafkaBroker``,
+   KRaft, jars from Maven Central at the pinned version), its log in the
+   session's temporary directory.
 
 The catalogue's topics are created on it once. The log is shared by every test
 in the session and cannot be truncated, so tests isolate themselves by topic:
@@ -25,13 +29,17 @@ Everything binds 127.0.0.1 on free ports and is stopped at the end.
 from __future__ import annotations
 
 import os
+
+# The log adapter tunes its fetch waits for the broker it talks to, at import.
+if os.environ.get("FRAMESPOOL_TEST_BROKER") == "tansu":
+    os.environ.setdefault("FRAMESPOOL_BROKER", "tansu")
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from framespool.broker import EmbeddedBroker, free_port
+from framespool.broker import KafkaBroker, TansuBroker, free_port
 from framespool.log import create_topics
 from framespool.schemas.topics import TopicSet
 
@@ -54,7 +62,12 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if external:
         create_topics(external)
         yield external
-    elif choice != "embedded" and _docker_answers():
+    elif choice == "tansu":
+        log_path = tmp_path_factory.mktemp("broker") / "tansu.log"
+        with TansuBroker(log_path=log_path) as tansu:
+            tansu.create_topics()
+            yield tansu.bootstrap_servers
+    elif choice not in ("embedded", "kafka") and _docker_answers():
         try:
             from testcontainers.community.kafka import KafkaContainer
         except ImportError:  # testcontainers < 4.15
@@ -68,8 +81,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         finally:
             container.stop()
     else:
-        log_path = tmp_path_factory.mktemp("broker") / "tansu.log"
-        with EmbeddedBroker(log_path=log_path) as broker:
+        with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
             broker.create_topics()
             yield broker.bootstrap_servers
 

@@ -78,6 +78,7 @@ class ChaosConfig:
     settle_s: float = 30.0
     stall_s: float = 180.0  # no job ended this long (all submitted): give up
     timing: chaos.Timing = field(default_factory=chaos.Timing)
+    broker: str = "kafka"  # "tansu": in memory, so no kill_broker faults
     say: Callable[[str], None] = lambda line: None
 
 
@@ -157,6 +158,7 @@ def chaos_stack(
     cells: int = 1,
     schedulers: int = 1,
     shared_snapshots: bool = False,
+    broker: str = "kafka",
 ) -> Stack:
     """An embedded stack configured as the drill runs it: no admission rate limit, the
     timing's leases (and, with several cells, its drain grace), simulated GPUs whose
@@ -188,6 +190,8 @@ def chaos_stack(
             time_scale=time_scale,
             processor_config=config_path,
             extra_env=env,
+            broker=broker,
+            fresh=True,  # a drill reads its log from offset 0: its own log only
         )
     )
 
@@ -202,8 +206,7 @@ def restart_process(stack: Stack, name: str) -> Process:
     else:
         old.popen.wait(5)
         old.log.close()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **stack.config.extra_env)
-    stack.processes[i] = Process(name, list(old.popen.args), stack.log_dir, env)
+    stack.processes[i] = Process(name, list(old.popen.args), stack.log_dir, stack.process_env())
     return stack.processes[i]
 
 
@@ -333,6 +336,7 @@ class ChaosRun:
             c.timing,
             c.cells,
             c.schedulers,
+            durable_broker=c.broker == "kafka",
         )
         self.actions = chaos.actions_of(self.faults, c.timing)
         self.timeout_s = c.timeout_s or max(300.0, 3 * self.span_s + 120)
@@ -370,6 +374,7 @@ class ChaosRun:
             c.cells,
             c.schedulers,
             c.shared_snapshots,
+            broker=c.broker,
         )
         started = time.monotonic()
         c.say(
@@ -380,7 +385,7 @@ class ChaosRun:
         with self.stack:
             from framespool.log import LogProducer
 
-            bootstrap = self.stack.broker.bootstrap_servers
+            bootstrap = self.stack.bootstrap_servers
             self.watcher = Watcher(bootstrap, cells=c.cells)
             self.watcher.start()
             self.producer = LogProducer(bootstrap)
@@ -543,6 +548,14 @@ class ChaosRun:
                 cell = a.target
                 nodes = self._cell_nodes(cell)
                 detail = self._empty_cell(a, cell, nodes)
+            elif a.kind == chaos.KILL_BROKER and a.op == "crash":
+                _, p = self._process("broker")
+                os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait(5)
+                detail = f"broker (pid {p.popen.pid}) killed"
+            elif a.kind == chaos.KILL_BROKER:
+                self._restart("broker")
+                detail = "broker restarted on the same log"
             elif a.op == "crash" and node:
                 self.held.add(node)
                 _, p = self._process(agent)

@@ -26,7 +26,11 @@ Everything random is drawn up front from the seed, as data:
    the runs it lost) must be rerouted to the other cells (``JobRerouted``) and
    complete there. No other node fault of that cell overlaps it; no scheduler
    fault is under way when it starts, and the drill aims one that starts
-   during it at an instance that does not own that cell.
+   during it at an instance that does not own that cell. On a durable broker,
+   ``kill_broker`` SIGKILLs the broker itself and restarts it on the same log
+   after a second or three (every client must ride it out: nothing
+   acknowledged may be lost); it never overlaps a scheduler fault or an
+   emptied cell, so each fault's consequence stays its own.
 
 The driver (:class:`framespool.chaos.drill.ChaosRun`, the imperative shell) starts a
 :class:`~framespool.stack.Stack`,
@@ -77,6 +81,7 @@ WEDGE_GENERATOR = "wedge_generator"  # SIGSTOP one running generator once (a one
 CRASH_GENERATOR = "crash_generator"  # a job whose generator crashes every time (params)
 HANG_GENERATOR = "hang_generator"  # a job whose generator hangs every time (params)
 EMPTY_CELL = "empty_cell"  # SIGKILL every agent of one cell past the drain grace, restart
+KILL_BROKER = "kill_broker"  # SIGKILL the (durable) broker, restart it on the same log
 
 NODE_FAULTS = (KILL_AGENT, PAUSE_AGENT, ECC_GPU, DOWN_AGENT)
 PROCESS_FAULTS = (KILL_AGENT, PAUSE_AGENT, DOWN_AGENT)  # may move to a busier node of the cell
@@ -234,11 +239,16 @@ class Action:
         return (self.at_s, self.fault_id, self.step)
 
 
-def fault_counts(jobs: int, schedulers: int = 1, cells: int = 1) -> dict[str, int]:
+def fault_counts(
+    jobs: int, schedulers: int = 1, cells: int = 1, durable_broker: bool = False
+) -> dict[str, int]:
     """How many faults of each kind a run of ``jobs`` gets (pausing the only
     scheduler instance would show no takeover: that kind needs two; emptying
-    the only cell would leave its jobs nowhere to go: that kind needs two cells)."""
+    the only cell would leave its jobs nowhere to go: that kind needs two cells;
+    killing a broker that keeps its log in memory would lose it: that kind
+    needs a durable one)."""
     return {
+        KILL_BROKER: max(1, jobs // 300) if durable_broker else 0,
         EMPTY_CELL: 1 if cells > 1 else 0,
         DOWN_AGENT: max(1, jobs // 250),
         PAUSE_SCHEDULER: max(1, jobs // 250) if schedulers > 1 else 0,
@@ -286,6 +296,7 @@ def build_schedule(
     timing: Timing = Timing(),
     cells: int = 1,
     schedulers: int = 1,
+    durable_broker: bool = False,
 ) -> tuple[Fault, ...]:
     """The faults of a run, by start time; a function of its arguments only.
     Scheduler faults hit one instance at a time: ``scheduler-0`` when it is the
@@ -300,7 +311,7 @@ def build_schedule(
     rng.shuffle(node_ids)
     start, end = 2.0, max(4.0, window_s)
     faults: list[Fault] = []
-    counts = fault_counts(jobs, schedulers, cells)
+    counts = fault_counts(jobs, schedulers, cells, durable_broker)
     node_kinds = [k for k in NODE_FAULTS for _ in range(counts[k])]
     rng.shuffle(node_kinds)
     times = sorted(rng.uniform(start, end) for _ in node_kinds)
@@ -389,11 +400,45 @@ def build_schedule(
                 faults.append(Fault(0, kind, at, count=rng.randint(10, 30)))
             else:
                 faults.append(Fault(0, kind, at))
+    faults += broker_faults(seed, counts[KILL_BROKER], start, end, faults, timing)
     faults.sort(key=lambda f: (f.at_s, f.kind))
     return tuple(
         Fault(i + 1, f.kind, f.at_s, f.target, f.gpu, f.duration_s, f.count)
         for i, f in enumerate(faults)
     )
+
+
+def broker_faults(
+    seed: int,
+    count: int,
+    start: float,
+    end: float,
+    planned: Sequence[Fault],
+    timing: Timing,
+) -> list[Fault]:
+    """``count`` broker kills, drawn from their own stream of the seed (the other
+    faults of a seed stay as they were), each moved past any scheduler fault or
+    emptied cell it would overlap (with the rebalance that follows it)."""
+    rng = random.Random(f"broker-faults/{seed}")
+    busy = [
+        (f.at_s, f.at_s + f.duration_s + timing.session_timeout_s + timing.rebalance_s + 2.0)
+        for f in planned
+        if f.kind in SCHEDULER_FAULTS or f.kind == EMPTY_CELL
+    ]
+    out: list[Fault] = []
+    for _ in range(count):
+        at = rng.uniform(start, end)
+        duration = rng.uniform(1.0, 3.0)
+        # the broker's own restart (a few seconds) and the clients' reconnection
+        length = duration + timing.session_timeout_s + timing.rebalance_s
+        while True:
+            overlap = [e for s, e in busy if s < at + length and at < e]
+            if not overlap:
+                break
+            at = max(overlap) + 0.5
+        busy.append((at, at + length))
+        out.append(Fault(0, KILL_BROKER, round(at, 3), "broker", duration_s=round(duration, 3)))
+    return out
 
 
 def actions_of(faults: Iterable[Fault], timing: Timing = Timing()) -> list[Action]:
@@ -434,7 +479,7 @@ def actions_of(faults: Iterable[Fault], timing: Timing = Timing()) -> list[Actio
                 a(f.duration_s, "resume", False),
                 a(f.duration_s + timing.heal_s, "heal_check"),
             ]
-        elif f.kind == EMPTY_CELL:
+        elif f.kind in (EMPTY_CELL, KILL_BROKER):
             out += [a(0, "crash", False), a(f.duration_s, "restart")]
         elif f.kind == DUPLICATE_REPORTS:
             out.append(a(0, "duplicate"))
@@ -548,7 +593,7 @@ AGENT_REPORTS = (
     ev.RunStopped,
     ev.NodeHeartbeat,
 )
-_POSITION = re.compile(r"^(?P<src>[^@]+)@(?P<offset>\d+)/(?P<index>\d+)$")
+_POSITION = re.compile(r"^(?P<src>[^@]+)@(?P<offset>[0-9]+)/(?P<index>[0-9]+)$")
 
 
 def position(event_id: str) -> tuple[str, int, int]:
@@ -674,9 +719,9 @@ def invariants(verdict: Any) -> dict[str, Any]:
 
 def reason_gist(reason: str) -> str:
     """A reason with its ids and numbers blanked, so that alike reasons count together."""
-    gist = re.sub(r"node-\d+", "node-N", reason.splitlines()[0] if reason else "")
+    gist = re.sub(r"node-[0-9]+", "node-N", reason.splitlines()[0] if reason else "")
     gist = re.sub(r"job_[0-9a-f]+", "JOB", gist)
-    return re.sub(r"\d+(\.\d+)?", "N", gist)[:90]
+    return re.sub(r"[0-9]+(\.[0-9]+)?", "N", gist)[:90]
 
 
 def ignored_reports(ordered: Sequence[Any]) -> dict[str, int]:

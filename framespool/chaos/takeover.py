@@ -55,8 +55,8 @@ from framespool.chaos.plan import DOWN_AGENT, SCHEDULER_FAULTS
 from framespool.schemas import events as ev
 from framespool.schemas.states import NodeState
 
-_MSG = re.compile(r"^(?P<op>assigned|revoked) \S+ partitions \[(?P<parts>[\d, ]*)\]$")
-_CELL = re.compile(r"^cell-(?P<p>\d+)$")
+_MSG = re.compile(r"^(?P<op>assigned|revoked) \S+ partitions \[(?P<parts>[0-9, ]*)\]$")
+_CELL = re.compile(r"^cell-(?P<p>[0-9]+)$")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,12 @@ import json
 from typing import Any
 
 from framespool.commands import CommandError
-from framespool.commands.replay import cell_config_for, log_arguments, read_log_for
+from framespool.commands.replay import (
+    cell_config_for,
+    log_arguments,
+    read_log_for,
+    snapshot_arguments,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -20,15 +25,18 @@ def register(subparsers: Any) -> None:
         "core and say what holds it back and what would unblock it.",
     )
     p.add_argument("job_id", metavar="JOB")
+    snapshot_arguments(p)
     log_arguments(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from framespool.commands.replay import snapshot_starts
     from framespool.processors.tools.audit import audit
 
-    config = cell_config_for(args)
-    report = audit(read_log_for(args), args.job_id, config)
+    log = read_log_for(args)
+    config = cell_config_for(args, log)
+    report = audit(log, args.job_id, config, starts=snapshot_starts(args, log, None))
     if not report.timeline and report.spec is None:
         raise CommandError(
             f"job {args.job_id!r} does not appear in the log; check the id "

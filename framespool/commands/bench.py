@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,27 @@ def register(subparsers: Any) -> None:
         default=1,
         help="simulated nodes per agent process (1 = a process per node)",
     )
+    pipe.add_argument(
+        "--broker",
+        default="kafka",
+        help="kafka, tansu, or both in one run (kafka,tansu): one stack after the other",
+    )
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.set_defaults(handler=handle_pipeline)
+    soak = targets.add_parser(
+        "soak",
+        help="a steady load for minutes: submit->assigned per minute as the log grows",
+        description="Offer the embedded stack (noop generator) a steady rate of jobs for some "
+        "minutes; print each minute's submit->assigned p50/p99/max beside the records the log "
+        "holds, and how many jobs were never assigned.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    soak.add_argument("--rate", type=float, default=60.0, help="offered submissions/s")
+    soak.add_argument("--minutes", type=float, default=8.0)
+    soak.add_argument("--nodes", type=int, default=8)
+    soak.add_argument("--broker", choices=("kafka", "tansu"), default="kafka")
+    soak.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    soak.set_defaults(handler=handle_soak)
     take = targets.add_parser(
         "takeover",
         help="time for a new scheduler instance to take a cell over from its shared snapshot",
@@ -150,6 +170,7 @@ def register(subparsers: Any) -> None:
     fetch.add_argument("--consumers", type=int, default=1, help="readers per case")
     fetch.add_argument("--seconds", type=float, default=8.0, help="measured time per case")
     fetch.add_argument("--settle", type=float, default=2.0, help="unmeasured time first")
+    fetch.add_argument("--broker", choices=("kafka", "tansu"), default="kafka")
     fetch.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     fetch.set_defaults(handler=handle_fetch)
     cluster = targets.add_parser(
@@ -287,19 +308,32 @@ def handle_pipeline(args: argparse.Namespace) -> int:
     }.items():
         if not 0 < value < math.inf:  # NaN too
             raise CommandError(f"{flag}={value} must be positive")
-    result = bench_pipeline(
-        jobs=args.jobs,
-        rate=args.rate,
-        seconds=args.seconds,
-        concurrency=args.concurrency,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        nodes_per_agent=args.nodes_per_agent,
-    ).as_dict()
+    brokers = [b.strip() for b in str(args.broker).split(",") if b.strip()]
+    if not brokers or any(b not in ("kafka", "tansu") for b in brokers):
+        raise CommandError(f"--broker={args.broker!r}: kafka, tansu or kafka,tansu")
+    results = {}
+    for broker in brokers:
+        result = bench_pipeline(
+            jobs=args.jobs,
+            rate=args.rate,
+            seconds=args.seconds,
+            concurrency=args.concurrency,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            nodes_per_agent=args.nodes_per_agent,
+            broker=broker,
+        ).as_dict()
+        result["broker"] = broker
+        _print_pipeline(result, args.gpus_per_node)
+        results[broker] = result
+    return write_json(args.json, results[brokers[0]] if len(brokers) == 1 else results)
+
+
+def _print_pipeline(result: dict, gpus_per_node: int) -> None:
     lat, done = result["submit_to_assigned_ms"], result["submit_to_completed_ms"]
     print(
-        f"pipeline on the embedded stack, {result['nodes']} nodes x {args.gpus_per_node} GPUs "
-        f"in {result['agent_processes']} agent process(es), noop generator"
+        f"pipeline on the embedded stack ({result['broker']}), {result['nodes']} nodes x "
+        f"{gpus_per_node} GPUs in {result['agent_processes']} agent process(es), noop generator"
     )
     print(
         f"  jobs/s        {result['jobs_per_s']:>8}  ({result['completed']}/{result['jobs']} "
@@ -321,7 +355,41 @@ def handle_pipeline(args: argparse.Namespace) -> int:
     if result.get("cpu_ms_per_job"):
         row = ", ".join(f"{k} {v}" for k, v in result["cpu_ms_per_job"].items())
         print(f"  CPU ms per job, throughput phase: {row}")
-    return write_json(args.json, result)
+
+
+def handle_soak(args: argparse.Namespace) -> int:
+    from framespool.soak_bench import bench_soak
+
+    for flag, value in {
+        "--rate": args.rate,
+        "--minutes": args.minutes,
+        "--nodes": args.nodes,
+    }.items():
+        if not 0 < value < math.inf:  # NaN too
+            raise CommandError(f"{flag}={value} must be positive")
+    r = bench_soak(
+        rate=args.rate,
+        minutes=args.minutes,
+        nodes=args.nodes,
+        broker=args.broker,
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(
+        f"soak on the embedded stack ({r['broker']}), {r['rate']:g} jobs/s for {r['minutes']} min"
+    )
+    print("  minute  assigned/submitted   p50 ms   p99 ms   max ms   log records")
+    for row in r["per_minute"]:
+        q = row["submit_to_assigned_ms"]
+        print(
+            f"  {row['minute']:>6}  {row['assigned']:>8}/{row['submitted']:<9} "
+            f"{q['p50']:>8} {q['p99']:>8} {q['max']:>8}   {row['log_records']:>11,}"
+        )
+    print(
+        f"  last minute / first: p50 {r['last_over_first_p50']}x, p99 "
+        f"{r['last_over_first_p99']}x (target within 3x); never assigned: {r['unassigned']}; "
+        f"log {r['log_records']:,} records"
+    )
+    return write_json(args.json, r)
 
 
 def handle_takeover(args: argparse.Namespace) -> int:
@@ -379,8 +447,8 @@ def handle_fetch(args: argparse.Namespace) -> int:
         raise CommandError(f"--partitions={args.partitions!r}: each 1..{TOPIC.partitions}")
     if args.consumers < 1 or args.seconds <= 0 or args.settle < 0:
         raise CommandError("--consumers must be >= 1, --seconds > 0 and --settle >= 0")
-    r = bench_fetch(waits, parts, args.consumers, args.settle, args.seconds)
-    print(f"broker CPU, % of one core, over {r['seconds']:g} s per case")
+    r = bench_fetch(waits, parts, args.consumers, args.settle, args.seconds, args.broker)
+    print(f"{args.broker} broker CPU, % of one core, over {r['seconds']:g} s per case")
     print(f"  no consumer                         {r['broker_idle_cpu_pct']}")
     for c in r["cases"]:
         print(

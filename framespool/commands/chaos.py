@@ -47,6 +47,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--timeout", type=float, help="seconds (default: from the plan's length)")
     p.add_argument("--data-dir", type=Path, help="stack data and logs (default: a new temp dir)")
+    p.add_argument(
+        "--broker",
+        choices=("kafka", "tansu"),
+        default="kafka",
+        help="kafka: durable, and the broker itself is among the faults (SIGKILL, restart); "
+        "tansu: in memory, no broker faults",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(handler=handle)
@@ -90,6 +97,7 @@ def handle(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         data_dir=args.data_dir,
         timeout_s=args.timeout,
+        broker=args.broker,
         say=say,
     )
     try:

@@ -22,7 +22,9 @@ NAMES = ("submit", "status", "watch", "cancel", "jobs", "result")
 def connection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="API base URL (default: from stack.json)")
     parser.add_argument("--api-key", help="API key (default: from stack.json)")
-    parser.add_argument("--tenant", help="which tenant of stack.json to act as")
+    parser.add_argument(
+        "--tenant", help="which tenant of stack.json to act as (TENANT or TENANT/USER)"
+    )
     parser.add_argument("--data-dir", default=".framespool", type=Path)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -30,15 +32,28 @@ def connection(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("submit", help="submit a generation job")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--model", default="demo")
+    p.add_argument("--model", help="default: the deployment's default model (GET /v1/models)")
     p.add_argument("--tier")
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=int, help="default: the model's")
+    p.add_argument("--estimate-s", type=float, help="run-time estimate (default: the model's)")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a generator parameter besides duration, fps, resolution and seed (repeat)",
+    )
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--duration-s", type=float, default=2.0, help="video length")
     p.add_argument("--fps", type=int, default=8)
     p.add_argument("--resolution", default="160x90")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preemptible", action="store_true")
+    p.add_argument(
+        "--checkpoint-interval-s",
+        type=float,
+        help="checkpoint this often (a preemptible job must, to be preempted and resume)",
+    )
     p.add_argument("--callback-url")
     p.add_argument("--idempotency-key")
     connection(p)
@@ -74,7 +89,12 @@ def client_for(args: argparse.Namespace):
             ) from None
         tenants = info["tenants"]
         if args.tenant:
-            tenants = [t for t in tenants if t["name"] == args.tenant]
+            name, _, user = args.tenant.partition("/")
+            tenants = [
+                t
+                for t in tenants
+                if t["name"] == name and (not user or t.get("user", "dev") == user)
+            ]
             if not tenants:
                 raise CommandError(f"tenant {args.tenant!r} is not in {path}")
         url = url or info["api_url"]
@@ -101,19 +121,27 @@ def show(args: argparse.Namespace, data: Any, line: str) -> int:
 
 def submit(args: argparse.Namespace) -> int:
     client = client_for(args)
+    params: dict[str, Any] = {
+        "duration_s": args.duration_s,
+        "fps": args.fps,
+        "resolution": args.resolution,
+        "seed": args.seed,
+    }
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CommandError(f"--param {item!r}: write KEY=VALUE")
+        params[key] = value
     body: dict[str, Any] = {
         "prompt": args.prompt,
-        "model": args.model,
-        "gpus": args.gpus,
-        "params": {
-            "duration_s": args.duration_s,
-            "fps": args.fps,
-            "resolution": args.resolution,
-            "seed": args.seed,
-        },
+        "params": params,
         "preemptible": args.preemptible,
     }
     for field, value in (
+        ("model", args.model),
+        ("gpus", args.gpus),
+        ("estimate_s", args.estimate_s),
+        ("checkpoint_interval_s", args.checkpoint_interval_s),
         ("tier", args.tier),
         ("gpus_per_node", args.gpus_per_node),
         ("callback_url", args.callback_url),
@@ -126,13 +154,25 @@ def submit(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     job = call(args, client_for(args).status, args.job_id)
-    line = (
-        f"{job['job_id']}  {job['state']}  run {job.get('run', 0)}  "
-        f"progress {100 * (job.get('progress') or 0):.0f}%  {job.get('reason') or ''}"
-    )
-    if job.get("wait_p50_s") is not None and job.get("wait_p90_s") is not None:
-        line += f"  wait P50 ~{job['wait_p50_s']:.0f}s, P90 ~{job['wait_p90_s']:.0f}s"
-    return show(args, job, line)
+    return show(args, job, status_line(job))
+
+
+def status_line(job: dict[str, Any]) -> str:
+    """One line: state and run, and while the job waits why (code and words), its
+    position in its cell's order and its P50/P90 wait; else its progress."""
+    line = f"{job['job_id']}  {job['state']}"
+    if job.get("phase"):
+        line += f" ({job['phase']})"
+    if job["state"] in ("SUBMITTED", "QUEUED"):
+        if job.get("position"):
+            line += f"  position {job['position']}"
+        if job.get("wait_p50_s") is not None and job.get("wait_p90_s") is not None:
+            line += f"  wait P50 ~{job['wait_p50_s']:.0f}s, P90 ~{job['wait_p90_s']:.0f}s"
+        if job.get("reason_code"):
+            line += f"  [{job['reason_code']}]"
+        return line + (f"  {job['reason']}" if job.get("reason") else "")
+    line += f"  run {job.get('run', 0)}  progress {100 * (job.get('progress') or 0):.0f}%"
+    return line + (f"  {job['reason']}" if job.get("reason") else "")
 
 
 def watch(args: argparse.Namespace) -> int:

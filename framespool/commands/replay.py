@@ -78,28 +78,74 @@ def config_path_for(args: argparse.Namespace) -> Path | None:
     return path if path.is_file() else None
 
 
-def cell_config_for(args: argparse.Namespace) -> Any:
-    from framespool.processors.config_file import ConfigError, load_cell_config
+def recorded_config(log: Any, processor: str) -> dict | None:
+    """The config document ``processor`` last recorded in the log
+    (``ProcessorConfigured`` on job-events), or None. When the log holds several
+    different ones, says on stderr that decisions folded under an earlier one may
+    differ from the re-fold."""
+    import sys
+
+    from framespool.schemas import codec
+    from framespool.schemas.events import ProcessorConfigured
+
+    found = []
+    for record in log.job_events:
+        if record.key != processor.encode():
+            continue
+        try:
+            event = codec.decode(record.value)
+        except codec.DecodeError:
+            continue
+        if isinstance(event, ProcessorConfigured) and event.processor == processor:
+            found.append(event)
+    if not found:
+        return None
+    latest = found[-1]
+    if len({e.sha256 for e in found}) > 1:
+        print(
+            f"note: the {processor} ran with {len({e.sha256 for e in found})} configurations "
+            f"in this log; using the latest (sha256 {latest.sha256[:12]}, recorded by "
+            f"{latest.instance}): inputs folded under an earlier one may diverge",
+            file=sys.stderr,
+        )
+    return json.loads(latest.document)
+
+
+def cell_config_for(args: argparse.Namespace, log: Any = None) -> Any:
+    """``--config``; else the scheduler's configuration recorded in ``log``; else the
+    file ``framespool up`` wrote in the data dir; else the defaults."""
+    from framespool.processors.config_file import ConfigError, cell_config, load_cell_config
     from framespool.processors.core import CellConfig
 
-    path = config_path_for(args)
-    if path is None:
-        return CellConfig()
+    recorded = (
+        recorded_config(log, "scheduler") if log is not None and args.config is None else None
+    )
     try:
-        return load_cell_config(path)
+        if recorded is not None:
+            return cell_config(recorded)
+        path = config_path_for(args)
+        return CellConfig() if path is None else load_cell_config(path)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
 
-def admission_config_for(args: argparse.Namespace) -> Any:
-    from framespool.processors.config_file import ConfigError, load_admission_config
+def admission_config_for(args: argparse.Namespace, log: Any = None) -> Any:
+    """As :func:`cell_config_for`, for admission."""
+    from framespool.processors.config_file import (
+        ConfigError,
+        admission_config,
+        load_admission_config,
+    )
     from framespool.processors.core.admission import AdmissionConfig
 
-    path = config_path_for(args)
-    if path is None:
-        return AdmissionConfig()
+    recorded = (
+        recorded_config(log, "admission") if log is not None and args.config is None else None
+    )
     try:
-        return load_admission_config(path)
+        if recorded is not None:
+            return admission_config(recorded)
+        path = config_path_for(args)
+        return AdmissionConfig() if path is None else load_admission_config(path)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
@@ -146,8 +192,62 @@ def register(subparsers: Any) -> None:
         help="stop after input OFFSET (inclusive), or before the first Tick past "
         "TIME (epoch ms or ISO-8601, e.g. 2026-05-01T12:00:00Z)",
     )
+    snapshot_arguments(p)
     log_arguments(p)
     p.set_defaults(handler=handle)
+
+
+def snapshot_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the processors' shared snapshots are, for cells whose log head expired."""
+    p.add_argument(
+        "--snapshots",
+        metavar="LOCATION",
+        help="the processors' shared snapshots (a directory or s3://BUCKET/PREFIX; default: "
+        "<data-dir>/processors/shared-snapshots): a cell whose log head expired is replayed "
+        "from its snapshot",
+    )
+    p.add_argument(
+        "--from-snapshot",
+        action="store_true",
+        help="start every cell from its shared snapshot even where the whole log is there "
+        "(faster; proves only what follows it)",
+    )
+
+
+def snapshot_starts(
+    args: argparse.Namespace, log: Any, cells: list[int] | None
+) -> dict[int, tuple[Any, int]]:
+    """The cells to start from a shared snapshot: those whose log head expired (or
+    every cell with ``--from-snapshot``), each with ``(cell state, offset)``."""
+    import pickle
+
+    from framespool.processors.shared_snapshots import SharedStoreError, open_shared_snapshots
+
+    partitions = log.scheduler_partitions()
+    wanted = [
+        p
+        for p, records in partitions.items()
+        if (cells is None or p in cells)
+        and (args.from_snapshot or (records and records[0].offset > 0))
+    ]
+    if not wanted:
+        return {}
+    location = args.snapshots or str(
+        Path(args.data_dir or ".framespool") / "processors" / "shared-snapshots"
+    )
+    if not args.snapshots and not Path(location).is_dir():
+        return {}  # nothing to start from: those cells are reported unprovable
+    store = open_shared_snapshots(location)
+    starts = {}
+    for p in wanted:
+        try:
+            found = store.load(log.topics.SCHEDULER.name, p)
+        except SharedStoreError as exc:
+            raise CommandError(f"--snapshots {location}: {exc}") from None
+        if found is not None:
+            meta, payload = found
+            starts[p] = (pickle.loads(payload), meta.offset)
+    return starts
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -170,9 +270,12 @@ def handle(args: argparse.Namespace) -> int:
         until = parse_until(args.until) if args.until else None
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    config = cell_config_for(args)
-    admission = admission_config_for(args) if cells is None else None
     log = read_log_for(args, cells=cells, commands=cells is None)
-    report = replay(log, config, cells=cells, until=until, admission_config=admission)
+    config = cell_config_for(args, log)
+    admission = admission_config_for(args, log) if cells is None else None
+    starts = snapshot_starts(args, log, cells)
+    report = replay(
+        log, config, cells=cells, until=until, admission_config=admission, starts=starts
+    )
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
     return 0 if report.ok else 1

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from framespool.processors.tools.verify import verify
 
-    config = cell_config_for(args)
-    report = verify(read_log_for(args), config)
+    log = read_log_for(args)
+    report = verify(log, cell_config_for(args, log))
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
     return 0 if report.ok else 1

@@ -5,7 +5,9 @@ Theory of operation
 This module moves bytes; it knows nothing about events (``framespool.schemas.codec`` turns
 events into bytes and back). It implements ``framespool.log.port`` (the in-memory
 fake is ``framespool.log.memory``) and handles the broker's quirks in one place
-(``docs/broker-notes.md#tansu-what-is-broken``; the embedded broker is Tansu):
+(``docs/broker-notes.md#tansu-what-is-broken``: most of them are Tansu's, kept
+because ``framespool up --broker tansu`` still runs on it; each says whether
+Apache Kafka, the default, needs it):
 
 1. Topics are created explicitly with the catalogue's partition counts. Tansu
    cannot add partitions later and auto-creates unknown topics with 4, so the
@@ -22,18 +24,21 @@ fake is ``framespool.log.memory``) and handles the broker's quirks in one place
    high watermark carried by Fetch responses.
 4. Consumer groups use the classic protocol with short session timeouts: the
    broker holds a join for half the session timeout.
-5. Tansu answers a Fetch only when ``fetch.wait.max.ms`` has passed, even if
-   records arrived meanwhile (Kafka answers at once), so the fetch wait is the
-   latency a record pays per hop (U[0, wait], up to twice the wait when the
-   Fetch in flight already carries records), and each idle consumer costs the
-   broker one Fetch per wait. It is therefore set per consumer :class:`Role`
-   (``docs/broker-notes.md#fetch-wait``): ``REQUEST_PATH`` consumers
-   (admission, scheduler) wait ``FETCH_WAIT_MS_REQUEST_PATH``, ``FLEET`` ones
-   (the agents' assignments readers, one per node or agent process)
-   ``FETCH_WAIT_MS_FLEET``, ``BACKGROUND`` ones (projections, webhooks, tools)
-   ``FETCH_WAIT_MS_BACKGROUND``. Producers likewise linger
-   ``LINGER_MS_REQUEST_PATH``, ``LINGER_MS_FLEET`` or ``LINGER_MS_BACKGROUND``.
-6. An idle consumer would cost the broker those Fetches forever, so a
+5. Apache Kafka (the default broker) parks a waiting Fetch and answers it as soon
+   as a record arrives, so ``fetch.wait.max.ms`` only paces an idle consumer:
+   every :class:`Role` waits 500 ms. Tansu (``FRAMESPOOL_BROKER=tansu``) answers
+   a Fetch only when the wait has passed, even if records arrived meanwhile, so
+   there the wait is the latency a record pays per hop (U[0, wait], up to
+   twice the wait when the Fetch in flight already carries records), and each
+   idle consumer costs the broker one Fetch per wait. On Tansu it is therefore
+   set per role (``docs/broker-notes.md#fetch-wait``): ``REQUEST_PATH``
+   consumers (admission, scheduler) wait ``FETCH_WAIT_MS_REQUEST_PATH``,
+   ``FLEET`` ones (the agents' assignments readers, one per node or agent
+   process) ``FETCH_WAIT_MS_FLEET``, ``BACKGROUND`` ones (projections,
+   webhooks, tools) ``FETCH_WAIT_MS_BACKGROUND``. Producers linger
+   ``LINGER_MS_REQUEST_PATH``, ``LINGER_MS_FLEET`` or ``LINGER_MS_BACKGROUND``
+   on either broker, and never wait for Nagle's algorithm.
+6. On Tansu only, an idle consumer would cost the broker those Fetches forever, so a
    ``FLEET`` or ``BACKGROUND`` consumer of manually assigned partitions that
    has received nothing for ``IDLE_AFTER_S`` rests: it lets go of its
    partitions (no Fetch at all), keeping their positions, for
@@ -42,8 +47,9 @@ fake is ``framespool.log.memory``) and handles the broker's quirks in one place
    first record after a rest so waits up to one back-off more. Not
    librdkafka's pause/resume: a resumed partition delivered its first record
    only after 0.4-0.7 s (measured on Tansu), an explicit assignment within a
-   millisecond. ``REQUEST_PATH`` consumers and group members never rest.
-7. Tansu can make a consumer skip records: with several producers writing one
+   millisecond. ``REQUEST_PATH`` consumers and group members never rest, and
+   on Kafka nothing rests (the back-offs default to 0).
+7. (Tansu only; harmless on Kafka, where it never fires.) Tansu can make a consumer skip records: with several producers writing one
    partition, a Fetch at offset N sometimes returns the batch that follows
    N's (whose records are written), and librdkafka, for which a gap is
    legal (compaction, transaction markers), reads on after it. Verified
@@ -135,25 +141,31 @@ def _env_ms(name: str, default: int) -> int:
     return value
 
 
-# Tansu holds every Fetch for the full wait: it reads the partitions, sleeps out
-# the wait, and only if the first read was empty reads them again. A record
-# arriving during an empty Fetch so waits U[0, wait] for its end, one arriving
-# during a Fetch that already carries records up to twice the wait; and an
-# idle consumer sends up to 1000/wait Fetches a second. submit -> assigned
-# crosses three request-path consumers (admission, a scheduler, the client's
-# reader of job-events), so the request path waits 3 ms: against 5 ms, p50
-# 1.8 vs 2.4-2.7 ms per bare hop, and submit -> assigned p50 about 1.9 ms
-# lower (median of alternated pairs; the shared machine's noise is larger),
-# for about 7 points more of idle broker CPU (% of one core;
-# the admission and scheduler readers each send ~330 instead of 200 Fetches a
-# second). Below 3 ms the broker's idle CPU nearly doubles. Fleet readers (one
-# per node or agent process) keep 10 ms and background readers 20 ms: neither
-# is on the way to JobAssigned (docs/broker-notes.md#fetch-wait). (Apache
-# Kafka answers a Fetch as soon as a record arrives: there every role may
-# wait 500 ms.)
-FETCH_WAIT_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_FETCH_WAIT_REQUEST_PATH_MS", 3)
-FETCH_WAIT_MS_FLEET = _env_ms("FRAMESPOOL_FETCH_WAIT_FLEET_MS", 10)
-FETCH_WAIT_MS_BACKGROUND = _env_ms("FRAMESPOOL_FETCH_WAIT_BACKGROUND_MS", 20)
+# Which broker the clients are tuned for (``FRAMESPOOL_BROKER``: ``kafka``, the
+# default, or ``tansu``; the stack sets it for its processes, the test session for
+# itself). The fetch wait and the idle rest exist for Tansu's Fetch, which is held
+# for the whole wait; Kafka parks a waiting Fetch and answers it when data arrives.
+BROKER = os.environ.get("FRAMESPOOL_BROKER", "kafka").strip().lower() or "kafka"
+if BROKER not in ("kafka", "tansu"):
+    raise ValueError(f"FRAMESPOOL_BROKER={BROKER!r}: expected 'kafka' or 'tansu'")
+ON_TANSU = BROKER == "tansu"
+
+# Fetch waits (theory of operation, 5; docs/broker-notes.md#fetch-wait).
+# On Kafka a Fetch returns as soon as a record arrives (fetch.min.bytes 1), so the
+# wait only bounds how often an idle consumer asks again: 500 ms for every role,
+# two idle Fetches a second per consumer, and no latency added per hop.
+# On Tansu every Fetch is held for the full wait: a record arriving during an
+# empty Fetch waits U[0, wait] for its end, one arriving during a Fetch that
+# already carries records up to twice the wait, and an idle consumer sends up to
+# 1000/wait Fetches a second. submit -> assigned crosses three request-path
+# consumers (admission, a scheduler, the client's reader of job-events), so there
+# the request path waits 3 ms (against 5 ms: p50 1.8 vs 2.4-2.7 ms per bare hop,
+# for about 7 points more of idle broker CPU); below 3 ms the broker's idle CPU
+# nearly doubles. Fleet readers keep 10 ms and background readers 20 ms.
+_FETCH_DEFAULTS = (3, 10, 20) if ON_TANSU else (500, 500, 500)
+FETCH_WAIT_MS_REQUEST_PATH = _env_ms("FRAMESPOOL_FETCH_WAIT_REQUEST_PATH_MS", _FETCH_DEFAULTS[0])
+FETCH_WAIT_MS_FLEET = _env_ms("FRAMESPOOL_FETCH_WAIT_FLEET_MS", _FETCH_DEFAULTS[1])
+FETCH_WAIT_MS_BACKGROUND = _env_ms("FRAMESPOOL_FETCH_WAIT_BACKGROUND_MS", _FETCH_DEFAULTS[2])
 FETCH_WAIT_MS_BY_ROLE = {
     Role.REQUEST_PATH: FETCH_WAIT_MS_REQUEST_PATH,
     Role.FLEET: FETCH_WAIT_MS_FLEET,
@@ -183,18 +195,23 @@ LINGER_MS_BY_ROLE = {
     Role.FLEET: LINGER_MS_FLEET,  # a node's reports answer its instructions
     Role.BACKGROUND: LINGER_MS_BACKGROUND,
 }
-# Idle back-off (theory of operation, 6): after IDLE_AFTER_S without a record a
-# FLEET or BACKGROUND consumer lets go of its partitions for its back-off, then looks for
-# IDLE_LOOK_FETCHES fetch waits. Idle, an agent host then sends about 3 Fetches
-# per 130 ms instead of 13; a record after a rest waits up to 100 ms more (an
-# idle node's next StartRun; submit -> assigned crosses no resting consumer).
+# Idle back-off (theory of operation, 6), on Tansu only: after IDLE_AFTER_S
+# without a record a FLEET or BACKGROUND consumer lets go of its partitions for
+# its back-off, then looks for IDLE_LOOK_FETCHES fetch waits. Idle, an agent host
+# then sends about 3 Fetches per 130 ms instead of 13; a record after a rest
+# waits up to 100 ms more. On Kafka an idle consumer's parked Fetch costs the
+# broker nothing, so nothing rests (a back-off of 0).
 IDLE_AFTER_S = 1.0
 IDLE_LOOK_FETCHES = 3
+_REST_MS = 100 if ON_TANSU else 0
 IDLE_BACKOFF_MS_BY_ROLE = {
     Role.REQUEST_PATH: 0,  # never rests
-    Role.FLEET: _env_ms("FRAMESPOOL_IDLE_BACKOFF_FLEET_MS", 100),
-    Role.BACKGROUND: _env_ms("FRAMESPOOL_IDLE_BACKOFF_BACKGROUND_MS", 100),
+    Role.FLEET: _env_ms("FRAMESPOOL_IDLE_BACKOFF_FLEET_MS", _REST_MS),
+    Role.BACKGROUND: _env_ms("FRAMESPOOL_IDLE_BACKOFF_BACKGROUND_MS", _REST_MS),
 }
+# Small requests on loopback must not wait for Nagle's algorithm (librdkafka leaves
+# it on by default; the broker turns it off on its side).
+SOCKET_SETTINGS: dict[str, object] = {"socket.nagle.disable": True}
 
 # How often a LogConsumer seeks back to an offset it expected and was skipped
 # (theory of operation, 7) before it takes the gap for a real one.
@@ -294,7 +311,45 @@ def create_topics(
             reason = exc.args[0].str() if isinstance(exc, KafkaException) else repr(exc)
             raise LogError(f"cannot create topic {name!r}: {reason}") from exc
     _check_partition_counts(admin, wanted, timeout)
+    existing = [name for name in wanted if name not in created and configs[name]]
+    if existing:
+        _set_configs(admin, {name: configs[name] for name in existing}, timeout)
     return created
+
+
+def _set_configs(
+    admin: AdminClient, configs: Mapping[str, Mapping[str, str]], timeout: float
+) -> None:
+    """Bring existing topics' configs (retention) to the catalogue's: incremental
+    SETs, so configs the catalogue does not name are left as they are. A broker
+    that cannot alter configs (Tansu) is logged and skipped: its topics keep
+    what they were created with."""
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    resources = [
+        ConfigResource(
+            ResourceType.TOPIC,
+            name,
+            incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                for key, value in entries.items()
+            ],
+        )
+        for name, entries in configs.items()
+    ]
+    try:
+        futures = admin.incremental_alter_configs(resources, request_timeout=timeout)
+        for resource, future in futures.items():
+            exc = future.exception(timeout=timeout)
+            if exc is not None:
+                log.warning("topic %s keeps its configs: %s", resource.name, exc)
+    except (KafkaException, NotImplementedError) as exc:
+        log.warning("topic configs not updated: %s", exc)
 
 
 def _check_partition_counts(admin: AdminClient, wanted: Mapping[str, int], timeout: float) -> None:
@@ -367,6 +422,7 @@ class LogProducer:
             # An unknown topic fails after this long rather than after delivery.timeout.ms.
             "topic.metadata.propagation.max.ms": 10_000,
             "error_cb": self._on_error,
+            **SOCKET_SETTINGS,
         }
         settings.update(conf)
         self._stats = _stats(settings)
@@ -662,10 +718,12 @@ class LogConsumer:
             "auto.offset.reset": "earliest",
             "session.timeout.ms": session_timeout_ms,
             "heartbeat.interval.ms": heartbeat_interval_ms,
-            # Tansu holds every Fetch for the full wait even when records arrive,
-            # so this is the added latency per hop (librdkafka default 500 ms).
+            # On Tansu every Fetch is held for the full wait even when records
+            # arrive, so this is the added latency per hop; on Kafka only an idle
+            # consumer's pace (theory of operation, 5).
             "fetch.wait.max.ms": FETCH_WAIT_MS_BY_ROLE[role],
             "error_cb": self._on_error,
+            **SOCKET_SETTINGS,
         }
         settings.update(conf)
         self._stats = _stats(settings)

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from framespool.schemas.states import GpuSlot, GpuState, NodeState, RunPhase
 from .fairshare import Flow, LevelIndex, leaf_jobs
 from .model import Job, Run
 from .waitbands import WaitBands
+from .waiting import HOLDING
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
@@ -174,13 +174,6 @@ class Accounting:
             self.last_estimate_ms = self.now_ms
             self.publish_estimates()
 
-    def refresh_medians(self: Cell) -> None:
-        self.model_median = {
-            model: statistics.median(rates.values())
-            for model, rates in self.model_rates.items()
-            if len(rates) >= 3
-        }
-
     def node_statuses(self: Cell) -> tuple[ev.NodeStatus, ...]:
         """Every node's status. A node whose state, GPU states and owners are as
         at the last status reuses that (immutable) status: O(GPUs) of tuple
@@ -247,7 +240,10 @@ class Accounting:
 
     def publish_estimates(self: Cell) -> None:
         """Refresh wait estimates of the jobs nearest the front of each flow,
-        publishing only those that moved by more than 20% (and 5 s).
+        publishing only those that moved by more than 20% (and 5 s), each with
+        its position and why it waits (``waiting.py``); and the reason alone
+        (no band) of a job that became held by something other than the order
+        and its GPUs, or stopped being (``HOLDING``).
 
         Cost per publish: O(Q * depth * log siblings) for the Q queued jobs
         whose point it recomputes (``LevelIndex``, built once per parent in
@@ -283,17 +279,29 @@ class Accounting:
             self.running_cold = sum(kept.values()) / running if running > 0 else -1.0
         self.wait_bands.sample_held(self.now_ms, held)
         terms = self.wait_terms()  # nothing below changes them
+        mean_cost = self.mean_queued_cost()
+        types: dict[str, int] | None = None  # free GPUs per type, read once if a job asks
         for leaf in self.active_leaves():
             ahead = 0.0
-            for job_id in leaf_jobs(leaf):  # a publish changes no queue
+            # a publish changes no queue
+            for i, job_id in enumerate(leaf_jobs(leaf)):
                 if budget <= 0:
                     return
                 job = self.jobs[job_id]
                 ahead += job.cost
-                wait = self.predicted_wait_s(job, ahead, levels=levels, terms=terms)
+                served: list[float] = []
+                wait = self.predicted_wait_s(
+                    job, ahead, levels=levels, terms=terms, ahead_out=served
+                )
+                position = self.position_of(i, served[0] - ahead if served else 0.0, mean_cost)
+                if job.spec.gpu_type and types is None:
+                    types = dict(self.free_by_type())
+                code, why = self.wait_reason(job, position, types)
                 old = job.wait_estimate_s
+                told = getattr(job, "wait_code", "")
                 if abs(wait - old) > max(5.0, 0.2 * abs(old)):
                     job.wait_estimate_s = wait
+                    job.wait_code = code
                     budget -= 1
                     bands = self.wait_bands
                     bands.refreshed(job_id, self.band_key(job), self.now_ms, wait)
@@ -309,8 +317,22 @@ class Accounting:
                         wait_estimate_s=round(wait, 3),
                         wait_p50_s=round(p50, 3),
                         wait_p90_s=round(p90, 3),
-                        position=0,
-                        reason=job.reason or "fair-share queue",
+                        position=position,
+                        reason=why,
+                        reason_code=code,
+                    )
+                elif code != told and (code in HOLDING or told in HOLDING):
+                    # held, or no longer held, while the point stayed: the reason
+                    # alone, with no new band (bands learn from point refreshes)
+                    job.wait_code = code
+                    budget -= 1
+                    self.emit(
+                        ev.JobWaitEstimated,
+                        job_id=job_id,
+                        wait_estimate_s=round(old, 3),
+                        position=position,
+                        reason=why,
+                        reason_code=code,
                     )
 
     def active_leaves(self: Cell) -> list[Flow]:

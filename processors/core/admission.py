@@ -50,6 +50,21 @@ For a ``SubmitJob``, in this order:
       can run now.
    d. No offer at all yet (start-up, a stack whose cells do not publish):
       rendezvous of (cell, job id) over the candidates, as before offers.
+   e. Quotas across cells (before a-d): a tenant with a quota or a cap
+      (``AdmissionConfig.quota_tenants``, or every tenant with
+      ``quota_default``) goes to its quota home, the rendezvous of (cell,
+      tenant) over all the cells, whatever the waits, as long as the home can
+      run the job's GPU type and its fresh offer has UP nodes that can run its
+      shape (no fresh offer is no reason to leave: a dead scheduler's cell is
+      taken over).
+      Each cell enforces quotas and caps on the work it holds; with all of a
+      tenant's work in one cell, that is the tenant's quota across cells, with
+      no protocol between cells and nothing in the fold but its input log.
+      The price: such a tenant waits in its home while another cell may have
+      free GPUs. A job the home cannot run (its shape, or no UP node now), or
+      one the home gave up (``JobRerouted``), goes where rules a-d send it
+      (counted as ``quota_spills``): while the tenant has work in two cells,
+      its quota counts once in each.
 4. ``JobAdmitted(spec, cell)``: the shell sends it to the cell's partition of
    the scheduler topic and to job-events.
 
@@ -130,6 +145,11 @@ class AdmissionConfig:
     offer_stale_s: float = 15.0
     sticky_slack_s: float = 5.0
     sticky_slack_ratio: float = 0.2
+    # tenants whose quotas and caps must hold across cells: all their jobs go to
+    # one cell (theory of operation, 3e); ``quota_default``: every tenant (the
+    # cells' default tenant has a cap). Last: older pickles load (``same_config``)
+    quota_tenants: tuple[str, ...] = ()
+    quota_default: bool = False
 
     def __post_init__(self) -> None:
         if not self.cells:
@@ -159,6 +179,10 @@ class AdmissionConfig:
             raise ValueError(
                 f"sticky_slack_ratio={self.sticky_slack_ratio} must be between 0 and 1"
             )
+
+    def quota_bound(self, tenant: str) -> bool:
+        """Whether ``tenant``'s jobs all go to its quota home (theory of operation, 3e)."""
+        return self.quota_default or tenant in self.quota_tenants
 
     def cells_for(self, gpu_type: str) -> tuple[str, ...]:
         """The cells that can run ``gpu_type`` ("" = any GPU type), in config order."""
@@ -384,6 +408,11 @@ class AdmissionState:
         candidates = tuple(c for c in self.config.cells_for(spec.gpu_type) if c != exclude)
         if not candidates:
             return None
+        if self.config.quota_bound(spec.tenant):
+            home = rendezvous(spec.tenant, self.config.cells)
+            if home in candidates and self._may_host(home, spec):
+                return home
+            self._count("quota_spills")
         if not self.offers:
             return rendezvous(spec.job_id, candidates)
         fresh = self._live_offers(candidates)
@@ -401,6 +430,16 @@ class AdmissionState:
             return best if 0 < limit < waits[home] and waits[best] <= limit else home
         unknown = tuple(c for c in candidates if c not in fresh)
         return rendezvous(spec.job_id, unknown) if unknown else None
+
+    def _may_host(self, cell: str, spec: ev.JobSpec) -> bool:
+        """Whether ``cell`` may run ``spec`` as a quota home: its fresh offer has UP
+        nodes that could (no fresh offer is unknown, not "no": a scheduler taken
+        over; a fresh one with no UP node is "not now", and while its nodes are
+        down the tenant holds no GPUs there to count twice)."""
+        offer = self.offers.get(cell)
+        if offer is None or offer.ts_ms < self.clock_ms - int(self.config.offer_stale_s * 1000):
+            return True
+        return bool(offer_groups(offer)) and self._hosts(offer, spec)
 
     def _live_offers(self, cells: tuple[str, ...]) -> dict[str, ev.CellOffer]:
         """Fresh offers of cells with UP nodes (``offers.live_offers``)."""

@@ -17,8 +17,11 @@ The handlers live in mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases),
 ``gangs`` (a multi-node run's start barrier, per-member liveness and per-rank
 checkpoints), ``scheduling`` (fair order, placement, reservation, backfill,
-preemption), ``rescue`` (a promised start: wait, checkpoint or evict), ``estimates`` (the wait a queued job is told), ``breakers``
-(failure containment) and ``accounting`` (costs, bounded state, the periodic
+preemption), ``rescue`` (a promised start: wait, checkpoint or evict),
+``estimates`` (the wait a queued job is told), ``waiting`` (why it waits and
+its position, in words and as a code), ``breakers`` (failure containment),
+``stragglers`` (slow runs as evidence against nodes) and ``accounting``
+(costs, bounded state, the periodic
 read-model output).
 
 Cost model (``scheduling.py`` states it in full, ``test_core_costmodel.py``
@@ -60,7 +63,9 @@ from .placement import NodeIndex
 from .rescue import Rescue
 from .reservation import Reservations
 from .scheduling import Scheduling
+from .stragglers import Stragglers
 from .waitbands import WaitBands
+from .waiting import Waiting
 
 
 class TenantUse:
@@ -84,7 +89,9 @@ class Cell(
     Drain,
     WaitEstimates,
     Breakers,
+    Stragglers,
     Accounting,
+    Waiting,
 ):
     def __init__(self, config: CellConfig | None = None, cell_id: str = "cell-0") -> None:
         self.config = config or CellConfig()
@@ -125,8 +132,13 @@ class Cell(
         self.failure_log: dict[tuple[str, str, str], list[tuple[int, str, str]]] = {}
         self.breaker_probes: dict[tuple[str, str, str], RunKey] = {}  # half-open probe runs
         self.breaker_trips: dict[tuple[str, str, str], int] = {}  # consecutive trips (backoff)
+        self.breaker_tripped_by: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self.breaker_no_probe: dict[tuple[str, str, str], dict[str, int]] = {}  # barred probers
         self.model_rates: dict[str, dict[RunKey, float]] = {}
-        self.model_median: dict[str, float] = {}
+        # (model, tenant) and model -> reference step rate (stragglers.py)
+        self.model_median: dict = {}
+        self.node_slow: dict[str, dict[str, int]] = {}  # node -> tenant -> sighted ms
+        self.straggler_nodes: dict[str, tuple[int, int, int]] = {}  # node -> probation
         self.last_status_ms: int = -1
         self.last_estimate_ms: int = -1
         self.wait_bands = WaitBands()  # P50/P90 learned from observed waits
@@ -221,6 +233,8 @@ class Cell(
                 self.wait_bands.ticked(event.now_ms - self.now_ms)
             self.now_ms = event.now_ms
         self.expire_nodes()
+        self.end_straggler_probations()
+        self.expire_breaker_probes()
         self.expire_runs()
         self.schedule(full=True)
         self.publish_periodic()

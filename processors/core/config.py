@@ -193,10 +193,12 @@ class CellConfig:
     # Failure containment (processors/core/breakers.py). A breaker trips on
     # ``breaker_*_failures`` generator errors within the window that come from
     # at least ``breaker_min_tenants`` tenants (one tenant's failures only burn
-    # its own jobs' retry budgets; set 1 for a single-tenant cell). A tripped
-    # breaker is open for ``breaker_probe_after_s``, then half-open: one probe
-    # run; its success closes the breaker, its failure reopens it for twice as
-    # long, up to ``breaker_cooldown_s``.
+    # its own jobs' retry budgets, and count for at most their share of a trip;
+    # set 1 for a single-tenant cell). A tripped breaker is open for
+    # ``breaker_probe_after_s``, then half-open: one short probe run, another
+    # tenant's first; its success closes the breaker, its failure (or overrun
+    # of ``breaker_probe_max_s``) reopens it for twice as long, up to
+    # ``breaker_cooldown_s``, and bars its tenant from probing for that long.
     breaker_node_failures: int = 3
     breaker_type_failures: int = 5
     breaker_window_s: float = 600.0
@@ -240,6 +242,20 @@ class CellConfig:
     # decisions never read it. Last, for the reason above: read it with
     # ``getattr(config, "model_load_s", 0.0)`` where an older pickle may reach
     model_load_s: float = 0.0
+    # Stragglers as evidence against a node (processors/core/stragglers.py): a
+    # node is DEGRADED only when runs of ``straggler_tenants`` distinct tenants
+    # straggled on it within ``straggler_window_s`` (one tenant chooses its own
+    # step rates), and goes back UP after ``straggler_probation_s``, doubling
+    # while it keeps being degraded, up to ``straggler_probation_max_s``. Last,
+    # for the pickling reason above: read with ``stragglers.knob``.
+    straggler_tenants: int = 2
+    straggler_window_s: float = 1800.0
+    straggler_probation_s: float = 600.0
+    straggler_probation_max_s: float = 7200.0
+    # A half-open breaker's probe is a job of at most this estimate, and shuts
+    # the breaker to others for at most this long; still running then, it
+    # reopens the breaker (processors/core/breakers.py). Last, as above.
+    breaker_probe_max_s: float = 300.0
     # A tier's rescue (``TierConfig.start_within_s``, rescue.py) may stop a
     # victim without a checkpoint only when its last one is at most this old:
     # what it loses is its GPUs times that. Read with ``getattr(config,
@@ -248,8 +264,12 @@ class CellConfig:
     # A user's own queue served by size (jobs.py ``size_key``): a job of cost C
     # GPU-s is passed over only by its flow's jobs admitted less than C / this
     # after it (0 = arrival order). Fair share between flows is untouched.
-    # Read with getattr (after the fields above for pickles)
-    size_order_gpu_s_per_s: float = 0.1
+    # Read with getattr (after the fields above for pickles). Off by default:
+    # on ``test_sim_flood_calibration``'s flood it broke the told bands (jobs
+    # started by their P50 27 %, by their P90 36 %: a job's wait is told from
+    # the jobs ahead at admission, and lighter ones admitted later pass it),
+    # so it waits for bands that know the passing (issue 34)
+    size_order_gpu_s_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.check()

@@ -151,6 +151,7 @@ class WaitEstimates:
         passed_over: bool = False,
         levels: dict[Flow, LevelIndex] | None = None,
         terms: tuple[int, LoadTerms, float] | None = None,
+        ahead_out: list[float] | None = None,
     ) -> float:
         """The time until the work ahead of the job has started and the job's own
         GPUs have freed (``point_wait_s``, shared with ``offers.predicted_wait_s``):
@@ -209,12 +210,16 @@ class WaitEstimates:
         ``own_ahead``: GPU-seconds queued in the job's own flow up to and
         including the job itself; ``levels``: ``FairTree.work_ahead``'s cache
         for a publish's many calls; ``terms``: ``wait_terms()``, which a
-        publish takes once for all its calls. Cost: O(depth of the fair tree * siblings)
+        publish takes once for all its calls; ``ahead_out``: gets the GPU-seconds
+        the fair order serves up to and including the job (its position,
+        ``waiting.py``). Cost: O(depth of the fair tree * siblings)
         plus O(tiers); the loads O(1); the shape classes O(1) a level plus
         O(max GPUs per node) for ``largest_free``."""
         leaf = self.leaf_of(job)
         below: list[float] = []
         ahead = self.fair.work_ahead(leaf, own_ahead, below, levels)
+        if ahead_out is not None:
+            ahead_out.append(ahead)
         capacity, loads, remaining = terms if terms is not None else self.wait_terms()
         if capacity <= 0:
             return -1.0

@@ -28,6 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_GPUS_PER_JOB = 64
 
 
+# jobs whose GPU-seconds ``own_place`` sums one by one on the side it counts
+# from; beyond them it counts the flow's mean cost per job
+OWN_PLACE_EXACT = 256
+
+
 class JobHandlers:
     # -- admission ----------------------------------------------------------
     def on_job_admitted(self: Cell, event: ev.JobAdmitted) -> None:
@@ -49,7 +54,6 @@ class JobHandlers:
         self.jobs[spec.job_id] = job
         self.shift_depth(job.tier, job.tenant, jobs=1)
         self.enqueue(job, requeued=False)
-        position = self.own_place(job)[0]
         # The JobQueued goes out first but is told its wait after the admission's
         # pass: a job that started in it waited 0; one the pass passed over
         # waits, whatever the free GPUs look like (a reservation, a guarantee or
@@ -59,10 +63,14 @@ class JobHandlers:
         fits = self.fits_free_now(job)
         if fits:
             self.schedule(full=False)
+        position, code, why = 0, "", ""
         if job.state is JobState.QUEUED:
             terms = self.wait_terms()
+            # its place in its flow's order (by size: not always the last)
+            own_jobs, own_gpu_s = self.own_place(job)
+            served: list[float] = []
             ahead = self.predicted_wait_s(
-                job, self.own_place(job)[1], passed_over=True, terms=terms
+                job, own_gpu_s, passed_over=True, terms=terms, ahead_out=served
             )
             # held while it fit: most such jobs start at the next full pass
             # (waitbands.py, 7.), so they learn their own bands
@@ -70,8 +78,14 @@ class JobHandlers:
             self.wait_bands.admitted(spec.job_id, key, self.now_ms, ahead, held=fits)
             depth = self.wait_depth(ahead, job.shape[0], terms)
             p50, p90 = self.wait_bands.band(key, ahead, depth, held=fits)
+            others = served[0] - own_gpu_s if served else 0.0
+            position = self.position_of(own_jobs - 1, others, self.mean_queued_cost())
+            types = self.free_by_type() if spec.gpu_type else None
+            code, why = self.wait_reason(job, position, types)
+            job.wait_code = code
         else:
             ahead = p50 = p90 = 0.0
+            why = "started in its admission's pass"
         job.wait_estimate_s = ahead
         self.emit_held(
             place,
@@ -83,7 +97,8 @@ class JobHandlers:
             wait_p50_s=round(p50, 3),
             wait_p90_s=round(p90, 3),
             position=position,
-            reason="admitted: fair-share queue",
+            reason=why,
+            reason_code=code,
         )
 
     def admission_problem(self: Cell, spec: ev.JobSpec) -> tuple[str, str] | None:
@@ -111,6 +126,13 @@ class JobHandlers:
                     f"exists in {self.cell_id}; ask for fewer GPUs per node"
                 )
         tenant = self.config.tenant(spec.tenant)
+        smallest = min([s.gpus for s in spec.shapes] + [spec.gpus])
+        for name, limit in (("max_gpus", tenant.max_gpus), ("user_max_gpus", tenant.user_max_gpus)):
+            if limit and smallest > limit:  # it could never start: say so now
+                return "over_quota", (
+                    f"the job needs {smallest} GPUs at once; {name} of tenant {spec.tenant} is "
+                    f"{limit}: ask for at most {limit}"
+                )
         org, _ = self.use_of(Job(spec, spec.tier, self.now_ms))
         if tenant.max_queued and org.queued >= tenant.max_queued:
             return "queue_cap", (
@@ -397,38 +419,54 @@ class JobHandlers:
     def own_place(self: Cell, job: Job) -> tuple[int, float]:
         """``job``'s place in its own flow's order (``leaf_jobs``), 1 at the
         head, and the GPU-seconds queued there up to and including it.
-        Counted from whichever end of the order is nearer (the leaf's count
-        and backlog less the jobs behind it), O(min(ahead, behind)) after a
-        bisection: a job just admitted has few behind it unless it is lighter
-        than most of its flow's queue, where counting from the head cost
-        O(queue) per admission in a flooded flow."""
+
+        Cost: O(log q + OWN_PLACE_EXACT + r) with q the flow's queue and r its
+        requeued jobs, whatever the flow holds. The place is exact (a
+        bisection of the size order, or the arrival order's tail for the job
+        just admitted). The GPU-seconds are exact for the ``OWN_PLACE_EXACT``
+        jobs nearest the job on the side counted from (the nearer end); jobs
+        beyond them count at the flow's mean cost. Summing them all cost
+        O(queue) per admission: a tenant flooding one flow with 100k jobs of
+        one admission time made every admission walk half its queue
+        (test_core_fairness's flood ran for hours)."""
         leaf = self.leaf_of(job)
         job_id = job.job_id
         keys = leaf.keys
         jobs = self.jobs
-        behind: list[str] = []
+        mean = leaf.backlog / leaf.queued if leaf.queued else job.cost
         if job_id in leaf.requeued:
-            behind.extend(leaf.queue)
-            for other in reversed(leaf.requeued):
+            ahead: list[str] = []
+            for other in leaf.requeued:
+                ahead.append(other)
                 if other == job_id:
                     break
-                behind.append(other)
-        elif keys is not None and job_id in keys:
+            return len(ahead), sum(jobs[j].cost for j in ahead)
+        if keys is not None and job_id in keys:
             ordered = leaf.ordered
-            at = bisect_right(ordered, (keys[job_id], job_id))
-            if at <= len(ordered) // 2:
-                ahead = [e[1] for e in ordered[:at]]
-                ahead.extend(leaf.requeued)
-                return len(ahead), sum(jobs[j].cost for j in ahead)
-            behind.extend(e[1] for e in ordered[at:])
-            if len(keys) < len(leaf.queue):  # queued before keys: after the keyed ones
-                behind.extend(j for j in leaf.queue if j not in keys)
-        else:  # arrival order (or queued before keys, behind every keyed job)
-            for other in reversed(leaf.queue):
-                if other == job_id:
-                    break
-                behind.append(other)
-        return leaf.queued - len(behind), leaf.backlog - sum(jobs[j].cost for j in behind)
+            at = bisect_right(ordered, (keys[job_id], job_id))  # keyed jobs up to it
+            place = len(leaf.requeued) + at
+            if at <= len(ordered) // 2:  # count from the head
+                near = ordered[max(0, at - OWN_PLACE_EXACT) : at]
+                far = at - len(near)
+                own = sum(jobs[j].cost for j in leaf.requeued)
+                return place, own + sum(jobs[e[1]].cost for e in near) + far * mean
+            near = ordered[at : at + OWN_PLACE_EXACT]  # count from the tail
+            far = len(leaf.queue) - at - len(near)  # the unkeyed follow the keyed
+            behind = sum(jobs[e[1]].cost for e in near) + far * mean
+            return place, leaf.backlog - behind
+        # arrival order (or queued before keys, behind every keyed job): the
+        # job just admitted is the last, so counting from the tail is O(1)
+        behind_jobs: list[str] = []
+        for other in reversed(leaf.queue):
+            if other == job_id or len(behind_jobs) >= OWN_PLACE_EXACT:
+                break
+            behind_jobs.append(other)
+        if len(behind_jobs) < OWN_PLACE_EXACT:
+            cost = sum(jobs[j].cost for j in behind_jobs)
+            return leaf.queued - len(behind_jobs), leaf.backlog - cost
+        queue = list(leaf.queue)  # deep in an arrival-ordered queue: O(q), rare
+        at = len(leaf.requeued) + queue.index(job_id) + 1
+        return at, leaf.backlog - (leaf.queued - at) * mean
 
     def enqueue(self: Cell, job: Job, requeued: bool) -> None:
         bounds = self.queue_bounds()  # before the job joins: a rebuild must not count it

@@ -38,6 +38,7 @@ class Job:
         "fit",
         "bounds",
         "qclass",
+        "wait_code",
     )
 
     def __init__(self, spec: JobSpec, tier: str, now_ms: int) -> None:
@@ -66,6 +67,9 @@ class Job:
         self.bounds: tuple[int, int, float, int, bool] | None = None
         # its class in ``QueueClasses`` (``Scheduling.class_of``), built on first use
         self.qclass: tuple | None = None
+        # the reason code it was last told while queued (``waiting.py``); a job
+        # from an older snapshot has none: read with getattr
+        self.wait_code = ""
 
     @property
     def job_id(self) -> str:

@@ -11,6 +11,8 @@ Theory of operation
    its lease has passed; a stopping run no longer listed is released.
 3. Heartbeat health samples drive GPU states (``health.py``); a GPU that is
    no longer ok gets no new work, and its runs are checkpointed and moved.
+   Step rates are evidence against a node only across tenants
+   (``stragglers.py``).
 4. Ticks expire leases: a silent node goes DOWN, an assigned run that never
    started is requeued, an unanswered checkpoint request becomes a stop, an
    unconfirmed stop takes the node DOWN, a run past its hard time limit is
@@ -28,7 +30,7 @@ from framespool.schemas.causes import NODE_LOST, RunCause
 from framespool.schemas.states import GpuState, NodeState, RunPhase
 
 from . import lifecycle as lc
-from .health import classify, is_straggler, next_gpu_state
+from .health import classify, next_gpu_state
 from .model import HealthSeen, Node, Run
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,6 +71,7 @@ class NodeHandlers:
             self.now_ms,
         )
         self.index.forget_bucket(event.node_id)
+        self.forget_stragglers(event.node_id)
         self.index.add(node)
         self.touch(node)
         self.emit(
@@ -266,29 +269,6 @@ class NodeHandlers:
                     run, f"run not reported by {node.node_id} for {self.config.report_lease_s:.0f}s"
                 )
 
-    def note_step_rate(self: Cell, node: Node, run: Run, rate: float) -> None:
-        """O(1). A run that reports the rate it reported last, not a straggler
-        then or now, changes nothing (its rate is already filed)."""
-        median = self.model_median.get(run.model_version, 0.0)
-        straggling = is_straggler(rate, median, self.config)
-        if rate == run.step_rate and not straggling and not run.slow_strikes:
-            return
-        run.step_rate = rate
-        self.model_rates.setdefault(run.model_version, {})[run.key] = rate
-        if straggling:
-            run.slow_strikes += 1
-            if run.slow_strikes == self.config.straggler_strikes and node.state == NodeState.UP:
-                self.set_node_state(
-                    node,
-                    NodeState.DEGRADED,
-                    f"straggler: {run.job_id} at {rate:.2f} steps/s vs median {median:.2f}",
-                )
-                self.move_run(
-                    run, f"checkpoint-and-move: straggler on {node.node_id}", RunCause.STRAGGLER
-                )
-        else:
-            run.slow_strikes = 0
-
     def set_node_state(
         self: Cell,
         node: Node,
@@ -367,8 +347,9 @@ class NodeHandlers:
                     self.set_node_state(
                         node,
                         NodeState.DOWN,
-                        f"stop of {run.job_id}#{run.run} unconfirmed "
-                        f"for {self.config.stop_lease_s:.0f}s",
+                        # no job id: this reason reaches the other jobs on the node,
+                        # of other tenants (the StopRun event names the run)
+                        f"a run's stop unconfirmed for {self.config.stop_lease_s:.0f}s",
                     )
                 else:
                     self.release_slice(run, node_id)

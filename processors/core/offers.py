@@ -116,10 +116,13 @@ class Own(NamedTuple):
     running_gpu_s: float = 0.0
 
     @classmethod
-    def of_jobs(cls, spec: ev.JobSpec, waiting: int, running: int) -> Own:
+    def of_jobs(cls, spec: ev.JobSpec, waiting: int, running: int, run_floor_s: float = 0.0) -> Own:
         """``waiting`` and ``running`` jobs of the tenant, each counted at
-        ``spec``'s GPU-seconds (what both edges know: counts, not the jobs)."""
-        job_gpu_s = spec.gpus * spec.estimate_s
+        ``spec``'s GPU-seconds (what both edges know: counts, not the jobs),
+        its estimate taken as at least ``run_floor_s``: what the model's jobs
+        were seen to run (a tenant's tiny ``estimate_s`` must not make its own
+        backlog weigh nothing)."""
+        job_gpu_s = spec.gpus * max(spec.estimate_s, run_floor_s)
         return cls(waiting * job_gpu_s, running * job_gpu_s)
 
 

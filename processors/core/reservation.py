@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 from framespool.schemas import events as ev
 from framespool.schemas.causes import RunCause
 from framespool.schemas.states import GpuState, JobState, RunPhase
+from framespool.schemas.waits import WaitCode
 
 from .model import Job, Node, Run, RunKey
 
@@ -104,12 +105,14 @@ class Reservations:
                 f"reservation: holds {len(best[1])} node(s) from "
                 f"t+{wait:.0f}s; others backfill around it"
             )
+            job.wait_code = WaitCode.RESERVATION_HOLDER
             self.emit(
                 ev.JobWaitEstimated,
                 job_id=job.job_id,
                 wait_estimate_s=round(wait, 3),
-                position=0,
-                reason=job.reason,
+                position=1,  # first of those the fair order has not started
+                reason=self.holder_words(best[0], len(best[1])),
+                reason_code=WaitCode.RESERVATION_HOLDER,
             )
 
     # -- the release list -------------------------------------------------------

@@ -621,7 +621,7 @@ class Scheduling:
         searched its ``fit_key`` in vain, else the search, remembered in
         ``memo`` when it finds nothing."""
         reserved = memo.reserved_for_others(self, job, estimate)
-        key = self.fit_key(fixed, job.spec, reserved)
+        key = self.fit_key(fixed, job.spec, reserved, estimate)
         if key in memo.no_fit:
             return None
         ok = self.node_filter(job, estimate, False, False, reserved)
@@ -765,7 +765,9 @@ class Scheduling:
             fit = job.fit = tuple((g, p, e, (g, p, *fixed)) for g, p, e in self.shapes_of(job))
         return fit
 
-    def fit_key(self: Cell, fixed: tuple, spec: ev.JobSpec, reserved: tuple) -> tuple:
+    def fit_key(
+        self: Cell, fixed: tuple, spec: ev.JobSpec, reserved: tuple, estimate: float = 0.0
+    ) -> tuple:
         """Everything ``index.find`` and ``node_filter`` decide by, for a job that
         holds no claim and no reservation: its shape and the spec's demands
         (``fixed``, from ``fit_shapes``), the model when a breaker may bar nodes,
@@ -774,7 +776,12 @@ class Scheduling:
         and the reservation only ever exclude more nodes)."""
         return (
             fixed,
-            f"{spec.model}@{spec.model_version}" if self.breakers else "",
+            # a half-open breaker admits probes by tenant and estimate (breakers.py)
+            (
+                (f"{spec.model}@{spec.model_version}", spec.tenant, estimate <= self._probe_max_s())
+                if self.breakers
+                else ""
+            ),
             reserved,
             len(self.claims),
             self.index.freed,
@@ -791,7 +798,6 @@ class Scheduling:
         """``reserved``: ``reserved_for_others`` for the job, when known."""
         spec = job.spec
         model_version = f"{spec.model}@{spec.model_version}"
-        now = self.now_ms
         breakers = self.breakers
         claimed = self.claimed_nodes(job.job_id)
         own_claim = self.claims.get(job.job_id, ((), 0))[0]
@@ -808,10 +814,7 @@ class Scheduling:
                 return False
             if spec.gpu_type and node.gpu_type != spec.gpu_type:
                 return False
-            if breakers and (
-                breakers.get((model_version, "node", node_id), 0) > now
-                or breakers.get((model_version, "gpu_type", node.gpu_type), 0) > now
-            ):
+            if breakers and self.breaker_bars(job, estimate_s, model_version, node):
                 return False
             if node.cpus and node.cpus - node.cpus_used < per_node_cpu:
                 return False

@@ -17,6 +17,7 @@ only past its shadow time; a job that holds one is told which.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,11 +252,17 @@ def _why_not(cell: Cell, job: Job, node: Node, estimate_s: float, holder: bool) 
     if spec.gpu_type and node.gpu_type != spec.gpu_type:
         return f"GPU type {node.gpu_type}, job needs {spec.gpu_type}"
     model = f"{spec.model}@{spec.model_version}"
-    if (
-        cell.breakers.get((model, "node", node.node_id), 0) > cell.now_ms
-        or cell.breakers.get((model, "gpu_type", node.gpu_type), 0) > cell.now_ms
-    ):
-        return f"breaker open for {model}"
+    if cell.breakers and cell.breaker_bars(job, estimate_s, model, node):
+        if any(
+            cell.breakers.get(k, 0) > cell.now_ms
+            for k in ((model, "node", node.node_id), (model, "gpu_type", node.gpu_type))
+        ):
+            return f"breaker open for {model}"
+        return (
+            f"breaker half-open for {model}: this job may not probe it (estimate over "
+            "breaker_probe_max_s, its tenant tripped it and another tenant goes first, "
+            "or its tenant's probe did not succeed)"
+        )
     return "CPU or memory"
 
 
@@ -487,6 +494,8 @@ class AuditReport:
     runs: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[Entry] = field(default_factory=list)
     explanation: dict[str, Any] | None = None
+    # what the audit cannot show because the log's head expired (retention)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -498,6 +507,7 @@ class AuditReport:
             "runs": self.runs,
             "timeline": [e.to_dict() for e in self.timeline],
             "explanation": self.explanation,
+            "notes": self.notes,
         }
 
     def render(self) -> str:
@@ -540,11 +550,23 @@ class AuditReport:
                 lines.append(f"unblocks when: {u}")
         elif x and x.get("run"):
             lines += ["", f"live run: {x['run']}"]
+        if self.notes:
+            lines.append("")
+            lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
-def audit(log: LogContents, job_id: str, config: CellConfig | None = None) -> AuditReport:
-    """The job's timeline; for a live job, its re-folded cell's view of it."""
+def audit(
+    log: LogContents,
+    job_id: str,
+    config: CellConfig | None = None,
+    starts: Mapping[int, tuple[Any, int]] | None = None,
+) -> AuditReport:
+    """The job's timeline; for a live job, its re-folded cell's view of it.
+
+    Where the log's head expired, the timeline shows what is left and says so;
+    a live job's cell is re-folded from its snapshot (``starts``: per partition,
+    ``(cell, offset)``), or not explained when none covers the gap."""
     commands = decode_all(log.commands)
     job_events = decode_all(log.job_events)
     assignments = decode_all(log.assignments)
@@ -566,18 +588,50 @@ def audit(log: LogContents, job_id: str, config: CellConfig | None = None) -> Au
         assignments=assignments,
     )
     report.runs = _runs(report.timeline)
+    gone = sorted(
+        f"{topic}[{p}]"
+        for topic, p in _expired([*log.commands, *log.job_events, *log.assignments, *log.scheduler])
+    )
+    if gone:
+        report.notes.append(
+            "the log's head expired on "
+            + ", ".join(gone)
+            + ": the timeline shows what is left (events before may be missing)"
+        )
     terminals = [e.event for e in report.timeline if isinstance(e.event, ev.TERMINAL_EVENTS)]
     if terminals:
         report.terminal = terminals[0]
         report.state = type(terminals[0]).__name__.removeprefix("Job").upper()
     elif report.cell and partitions:
         p = int(report.cell.split("-")[1])
-        refold = Refold(p, config, log.topics).run(partitions[p])
-        report.explanation = explain_wait(refold.cell, job_id)
-        report.state = report.explanation["state"]
+        records = partitions[p]
+        head = records[0].offset if records else 0
+        start = (starts or {}).get(p)
+        refold = Refold(p, config, log.topics)
+        if start is not None and start[1] >= head - 1:
+            refold.cell, refold.last_offset = start
+            records = [r for r in records if r.offset > start[1]]
+            head = 0
+        if head > 0:
+            report.notes.append(
+                f"{report.cell}'s log starts at offset {head} (its head expired) and no snapshot "
+                "covers the gap: the cell's view of this job cannot be re-derived"
+            )
+        else:
+            refold.run(records)
+            report.explanation = explain_wait(refold.cell, job_id)
+            report.state = report.explanation["state"]
     elif report.spec is not None:
         report.state = "SUBMITTED"
     return report
+
+
+def _expired(records: list[Any]) -> set[tuple[str, int]]:
+    first: dict[tuple[str, int], int] = {}
+    for r in records:
+        tp = (r.topic, r.partition)
+        first[tp] = min(first.get(tp, r.offset), r.offset)
+    return {tp for tp, offset in first.items() if offset > 0}
 
 
 def _runs(timeline: list[Entry]) -> list[dict[str, Any]]:

@@ -40,8 +40,8 @@ from framespool.schemas import topics as catalogue
 from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.topics import Topics
 
-_POSITION = re.compile(r"^(cell-\d+)@(\d+)/(\d+)$")
-_ADMISSION_POSITION = re.compile(r"^(admission-\d+)@(\d+)/(\d+)$")
+_POSITION = re.compile(r"^(cell-[0-9]+)@([0-9]+)/([0-9]+)$")
+_ADMISSION_POSITION = re.compile(r"^(admission-[0-9]+)@([0-9]+)/([0-9]+)$")
 
 
 def parse_position(event_id: str) -> tuple[str, int, int] | None:
@@ -197,7 +197,7 @@ class Until:
 def parse_until(text: str) -> Until:
     """``123`` (an input offset), ``1790000000000`` (epoch ms) or an ISO-8601 time."""
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         value = int(text)
         return Until(time_ms=value) if value >= _EPOCH_MS_MIN else Until(offset=value)
     try:

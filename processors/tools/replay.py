@@ -35,6 +35,19 @@ scheduler topic) are held to the same rules, against the admission group's
 committed offsets. Its counts are kept apart (``admission``); its divergences
 join the cells' (position ``admission-<p>@<offset>``). ``until`` and ``cells``
 bound the cell replay only; a replay of chosen cells leaves admission out.
+
+When the log's head is gone (retention, docs/design.md#the-log), a cell whose
+first stored input is past offset 0 cannot be re-folded from an empty cell. It
+starts instead from a **snapshot** (``starts``: the processors' shared snapshot,
+state and offset) at or after the offset before its first stored input: what
+replay then proves is that every output of an input after the snapshot matches
+the re-fold of the log from that state on; outputs of inputs before it are
+counted ``before_snapshot`` and not checked (``verify``'s log-wide invariants
+still hold over what is left). A cell with a gone head and no such snapshot is
+**unprovable**: nothing of it is compared, the report says so and is not ok.
+A snapshot may also be used with the whole log there (``framespool replay
+--from-snapshot``): faster, and proves the suffix only. Admission partitions
+with a gone head are reported unprovable (their snapshots are not loaded).
 """
 
 from __future__ import annotations
@@ -146,10 +159,15 @@ class ReplayReport:
     committed_known: bool = True
     admission: dict[str, dict[str, Any]] = field(default_factory=dict)  # per commands partition
     admission_counts: Counter = field(default_factory=Counter)
+    # position -> why it cannot be re-folded (its log's head is gone, no snapshot covers it)
+    unprovable: dict[str, str] = field(default_factory=dict)
+    # (topic, partition) whose head expired: an output expected there and not found
+    # may have been there (counted ``expired``, not missing)
+    expired: set[tuple[str, int]] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
-        return not self.divergences
+        return not self.divergences and not self.unprovable
 
     @property
     def first(self) -> Divergence | None:
@@ -167,6 +185,7 @@ class ReplayReport:
                 "partitions": self.admission,
                 "counts": dict(sorted(self.admission_counts.items())),
             },
+            "unprovable": self.unprovable,
             "first_divergence": ordered[0].to_dict() if ordered else None,
             "divergences": [d.to_dict() for d in ordered[:limit]],
             "divergences_total": len(ordered),
@@ -176,11 +195,15 @@ class ReplayReport:
         c = self.counts
         lines = []
         for cell, info in self.cells.items():
+            start = info.get("from_snapshot")
             lines.append(
                 f"{cell}: replayed {info['inputs']} inputs (offsets "
                 f"{info['first_offset']}..{info['last_offset']}), committed below "
                 f"{info['committed']}"
+                + (f"; from its snapshot at offset {start}" if start is not None else "")
             )
+        for where, why in self.unprovable.items():
+            lines.append(f"{where}: UNPROVABLE: {why}")
         if self.until:
             lines.append(f"stopped {self.until}")
         lines.append(
@@ -189,6 +212,8 @@ class ReplayReport:
             f"pending {c['pending']} (inputs not committed yet), duplicates {c['duplicates']} "
             f"(identical re-deliveries), dead letters {c['dead_letters']}, processing errors "
             f"{c['processing_errors']}, beyond the replay {c['beyond']}"
+            + (f", before the snapshot {c['before_snapshot']}" if c["before_snapshot"] else "")
+            + (f", expected where the log expired {c['expired']}" if c["expired"] else "")
         )
         if self.admission:
             a = self.admission_counts
@@ -206,6 +231,9 @@ class ReplayReport:
             )
         if self.ok:
             lines.append("OK: every emitted output matches the re-fold")
+            return "\n".join(lines)
+        if not self.divergences:
+            lines.append("NOT PROVEN: no divergence in what could be replayed (see above)")
             return "\n".join(lines)
         ordered = sorted(self.divergences, key=Divergence.sort_key)
         lines.append(f"DIVERGED: {len(ordered)} divergence(s); the first:")
@@ -254,8 +282,13 @@ def compare(
     committed: Mapping[int, int] | None = None,
     until: Until | None = None,
     unread_topics: tuple[str, ...] = (),
+    starts: Mapping[int, tuple[Any, int]] | None = None,
+    expired: set[tuple[str, int]] | None = None,
 ) -> ReplayReport:
     """Re-fold each partition's records and compare with the emitted records.
+
+    ``starts``: per partition, a snapshot ``(cell, offset)`` to re-fold from
+    instead of offset 0 (theory of operation: a gone head).
 
     ``committed``: the scheduler's committed next offset per partition (None:
     unknown, nothing counts as missing). ``unread_topics``: topics the emitted
@@ -264,16 +297,38 @@ def compare(
     """
     topics = topics or catalogue
     report = ReplayReport(
-        until=until.describe() if until else "", committed_known=committed is not None
+        until=until.describe() if until else "",
+        committed_known=committed is not None,
+        expired=set(expired or ()),
     )
     counts = report.counts
     refolds = {p: Refold(p, config, topics) for p in partitions}
     emitted = index_emitted(emitted_records, {r.cell_id for r in refolds.values()}, counts)
     expected_ids: set[tuple[str, str]] = set()
+    skipped_below: dict[str, int] = {}  # cell -> inputs at or below this are not replayed
     for p, records in partitions.items():
         refold = refolds[p]
         cell = refold.cell_id
         limit = (committed or {}).get(p, 0) if committed is not None else -1
+        start = (starts or {}).get(p)
+        head = records[0].offset if records else 0
+        if start is not None and start[1] >= head - 1:
+            refold.cell, refold.last_offset = start
+            skipped_below[cell] = start[1]
+            records = [r for r in records if r.offset > start[1]]
+        elif head > 0:
+            report.unprovable[cell] = (
+                f"its log starts at offset {head} (the head expired) and no snapshot at or "
+                f"after offset {head - 1} was given: its decisions cannot be re-derived"
+            )
+            skipped_below[cell] = records[-1].offset
+            report.cells[cell] = {
+                "inputs": 0,
+                "first_offset": head,
+                "last_offset": None,
+                "committed": limit if committed is not None else None,
+            }
+            continue
         inputs = 0
         for record in records:
             input_event = _decode_or_none(record)
@@ -309,11 +364,16 @@ def compare(
             "last_offset": refold.last_offset,
             "committed": limit if committed is not None else None,
         }
+        if cell in skipped_below:
+            report.cells[cell]["from_snapshot"] = skipped_below[cell]
     last = {r.cell_id: r.last_offset for r in refolds.values()}
     for key, copies in emitted.items():
         if key in expected_ids:
             continue
         cell, offset, index = parse_position(key[1])
+        if offset <= skipped_below.get(cell, -1):
+            counts["before_snapshot"] += 1
+            continue
         if offset > last[cell]:
             counts["beyond"] += 1
             continue
@@ -348,6 +408,9 @@ def _check_output(
 ) -> None:
     counts = report.counts if counts is None else counts
     if not copies:
+        if (key[0], out.partition) in report.expired:
+            counts["expired"] += 1
+            return
         if committed_below < 0 or record.offset >= committed_below:
             counts["pending"] += 1
             return
@@ -476,15 +539,27 @@ def _decode_or_none(record: Record) -> Any:
         return None
 
 
+def expired_heads(records: Iterable[Record]) -> set[tuple[str, int]]:
+    """The (topic, partition) pairs whose first stored record is past offset 0."""
+    first: dict[tuple[str, int], int] = {}
+    for r in records:
+        tp = (r.topic, r.partition)
+        if r.offset < first.get(tp, r.offset + 1):
+            first[tp] = r.offset
+    return {tp for tp, offset in first.items() if offset > 0}
+
+
 def replay(
     log: LogContents,
     config: CellConfig | None = None,
     cells: Iterable[int] | None = None,
     until: Until | None = None,
     admission_config: AdmissionConfig | None = None,
+    starts: Mapping[int, tuple[Any, int]] | None = None,
 ) -> ReplayReport:
     """Replay the scheduler partitions in ``log`` (only ``cells`` if given) and,
-    unless ``cells`` is given, the commands partitions through admission."""
+    unless ``cells`` is given, the commands partitions through admission;
+    ``starts``: snapshots to start cells from (theory of operation)."""
     partitions = log.scheduler_partitions()
     if cells is not None:
         wanted = set(cells)
@@ -492,6 +567,7 @@ def replay(
         for p in wanted - set(partitions):
             partitions[p] = []
     committed = log.committed.get("scheduler")
+    expired = expired_heads([*log.scheduler, *log.job_events, *log.assignments, *log.commands])
     # cells send CellOffer and JobRerouted to the commands topic too
     report = compare(
         partitions,
@@ -501,11 +577,24 @@ def replay(
         committed=committed,
         until=until,
         unread_topics=() if log.commands else (log.topics.COMMANDS.name,),
+        starts=starts,
+        expired=expired,
     )
+    whole = {}
+    for p, records in log.command_partitions().items():
+        if records and records[0].offset > 0:
+            if cells is None:
+                report.unprovable[f"admission-{p}"] = (
+                    f"its log starts at offset {records[0].offset} (the head expired): "
+                    "admission's decisions cannot be re-derived (replay loads no admission "
+                    "snapshot)"
+                )
+        else:
+            whole[p] = records
     if cells is None:
         compare_admission(
             report,
-            log.command_partitions(),
+            whole,
             [*log.job_events, *log.scheduler],
             admission_config,
             log.topics,

@@ -146,6 +146,7 @@
 
   function startPolling() {
     if (pollTimer !== null) return;
+    loadModels();
     refresh();
     pollTimer = setInterval(refresh, POLL_MS);
   }
@@ -314,6 +315,20 @@
         el('td', { text: timeText(job.created_ms) }))));
   }
 
+  // The models and tiers this tenant may submit (GET /v1/models), with their defaults.
+  async function loadModels() {
+    let doc;
+    try { doc = await api('/v1/models'); } catch (_) { return; }
+    const models = $('#submit-model');
+    models.replaceChildren(...doc.models.map((m) => el('option', {
+      value: m.name, text: m.description ? `${m.name}: ${m.description}` : m.name,
+    })));
+    if (doc.default_model) models.value = doc.default_model;
+    const tiers = $('#submit-tier');
+    tiers.replaceChildren(...doc.tiers.map((t) => el('option', { value: t, text: t })));
+    tiers.value = doc.default_tier;
+  }
+
   async function submitJob(event) {
     event.preventDefault();
     const prompt = $('#submit-prompt').value.trim();
@@ -321,11 +336,13 @@
     const duration = Number($('#submit-duration').value) || 2;
     const out = $('#submit-result');
     if (!prompt) return;
+    const body = { prompt, gpus, gpus_per_node: Math.min(gpus, 8),
+      params: { duration_s: duration, fps: 8, resolution: '128x72' } };
+    if ($('#submit-model').value) body.model = $('#submit-model').value;
+    if ($('#submit-tier').value) body.tier = $('#submit-tier').value;
     try {
       const job = await api('/v1/jobs', {
-        method: 'POST', headers: { 'Idempotency-Key': crypto.randomUUID() },
-        body: { prompt, model: 'demo', gpus, gpus_per_node: Math.min(gpus, 8),
-          params: { duration_s: duration, fps: 8, resolution: '128x72' } },
+        method: 'POST', headers: { 'Idempotency-Key': crypto.randomUUID() }, body,
       });
       $('#submit-prompt').value = '';
       out.replaceChildren('submitted ', el('a', { href: `#/jobs/${encodeURIComponent(job.job_id)}`, text: job.job_id }));
@@ -383,15 +400,20 @@
     state.className = `badge ${job.state}`;
     $('#job-progress-bar').style.setProperty('width', percent(job.progress));
     const steps = job.total_steps ? ` · step ${job.step}/${job.total_steps}` : '';
-    const wait = job.state === 'QUEUED' && job.wait_estimate_s !== null
-      ? ` · ~${Math.round(job.wait_estimate_s)} s wait${job.position ? `, position ${job.position}` : ''}` : '';
+    const waiting = job.state === 'QUEUED' || job.state === 'SUBMITTED';
+    const band = job.wait_p50_s !== null && job.wait_p90_s !== null
+      ? `, P50 ~${Math.round(job.wait_p50_s)} s, P90 ~${Math.round(job.wait_p90_s)} s`
+      : job.wait_estimate_s !== null ? `, ~${Math.round(job.wait_estimate_s)} s wait` : '';
+    const wait = waiting && (job.position || band)
+      ? ` · ${job.position ? `position ${job.position}` : 'waiting'}${band}` : '';
     $('#job-progress-text').textContent = `${percent(job.progress)}${steps}${wait}` +
       (job.progress_message ? ` · ${job.progress_message}` : '');
     const rows = [
       ['prompt', job.prompt], ['model', [job.model, job.model_version].filter(Boolean).join(' ')],
       ['tier', job.tier], ['GPUs', `${job.gpus} (${job.gpus_per_node} per node)`],
       ['run', job.run ? String(job.run) : '–'], ['nodes', (job.nodes || []).join(', ') || '–'],
-      ['cell', job.cell || '–'], ['reason', job.reason || '–'],
+      ['cell', job.cell || '–'],
+      ['reason', job.reason ? (job.reason_code ? `[${job.reason_code}] ${job.reason}` : job.reason) : '–'],
       ['params', Object.entries(job.params || {}).map(([k, v]) => `${k}=${v}`).join(' ') || '–'],
       ['submitted', timeText(job.created_ms)], ['started', timeText(job.started_ms) || '–'],
       ['finished', timeText(job.finished_ms) || '–'],
@@ -507,9 +529,11 @@
     try { entry = JSON.parse(message.data); } catch (_) { return false; }
     addEntry(entry);
     renderTimeline();
+    const now = entry.status || entry;  // the job as the event was sent
     const state = $('#job-state');
-    state.textContent = entry.state;
-    state.className = `badge ${entry.state}`;
+    state.textContent = now.state;
+    state.className = `badge ${now.state}`;
+    if (entry.status && page.job) renderJob({ ...page.job, ...entry.status });
     scheduleJobRefresh(jobId, 300);
     return false;
   }

@@ -154,7 +154,7 @@ def test_two_thousand_tenants_a_flood_and_a_takeover(stack, monkeypatch, capsys)
         time.sleep(2)
     assert set(found.values()) == {"COMPLETED"}
     # 5. the log, read whole: one assignment order across both cells
-    records = read_all(stack.broker.bootstrap_servers, JOB_EVENTS.name, timeout_s=120)
+    records = read_all(stack.bootstrap_servers, JOB_EVENTS.name, timeout_s=120)
     events = [codec.decode(r.value) for r in records if r.value is not None]
     assigned = sorted(
         (e.ts_ms, e.job_id) for e in events if isinstance(e, ev.JobAssigned) and e.job_id in owners

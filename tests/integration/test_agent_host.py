@@ -33,7 +33,7 @@ def test_one_process_hosts_four_nodes_and_jobs_run_on_all(tmp_path):
             processor_config=config,
         )
     )
-    with stack, LogTail(stack.broker.bootstrap_servers) as tail:
+    with stack, LogTail(stack.bootstrap_servers) as tail:
         agents = [p for p in stack.processes if p.name.startswith("agent-")]
         assert [p.name for p in agents] == ["agent-0"]
         info = json.loads((stack.data_dir / "stack.json").read_text())

@@ -29,7 +29,7 @@ PARAMS = {"steps": 40, "seconds_per_step": 2, "duration_s": 1, "resolution": "64
 def test_a_node_declared_down_reregisters_by_itself_and_runs_new_work(tmp_path):
     with (
         chaos_stack(tmp_path, nodes=1, timing=TIMING) as stack,
-        LogTail(stack.broker.bootstrap_servers) as tail,
+        LogTail(stack.bootstrap_servers) as tail,
     ):
         c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
         up = tail.wait_for(

@@ -24,7 +24,7 @@ TIMING = Timing(heartbeat_timeout_s=3.0)
 def test_killed_agent_run_resumes_from_its_checkpoint_on_another_node(tmp_path):
     with (
         chaos_stack(tmp_path, nodes=2, timing=TIMING) as stack,
-        LogTail(stack.broker.bootstrap_servers) as tail,
+        LogTail(stack.bootstrap_servers) as tail,
     ):
         c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
         # 60 steps of 0.2 s (time scale 10): 12 s; a checkpoint every 0.5 s

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 def test_generator_that_crashes_every_time_ends_failed_with_class_and_budget(tmp_path):
-    with chaos_stack(tmp_path, nodes=2) as stack, LogTail(stack.broker.bootstrap_servers) as tail:
+    with chaos_stack(tmp_path, nodes=2) as stack, LogTail(stack.bootstrap_servers) as tail:
         c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
         job = c.submit(
             prompt="a glass about to fall",

@@ -29,7 +29,7 @@ def stack(tmp_path_factory):
 
 
 def inject(stack, records) -> None:
-    with LogProducer(stack.broker.bootstrap_servers) as producer:
+    with LogProducer(stack.bootstrap_servers) as producer:
         for m in records:
             producer.produce(m.topic, m.key, m.value, m.partition)
 
@@ -61,7 +61,7 @@ def test_malformed_scheduler_records_are_dead_lettered_and_processing_continues(
             "resolution": "64x64",
         },
     )
-    with LogTail(stack.broker.bootstrap_servers) as tail:
+    with LogTail(stack.bootstrap_servers) as tail:
         tail.wait_for(lambda t: t.first(ev.JobCompleted, job_id=job["job_id"]), 30, "completion")
         dead = tail.wait_for(
             lambda t: [r for r in t.records if r.topic == catalogue.DEAD_LETTER.name] or None, 10
@@ -95,7 +95,7 @@ def test_malformed_records_on_every_consumed_topic_reach_dead_letter(stack):
         catalogue.PROGRESS.name,
     }
     inject(stack, records)
-    with LogTail(stack.broker.bootstrap_servers, names=("DEAD_LETTER",)) as tail:
+    with LogTail(stack.bootstrap_servers, names=("DEAD_LETTER",)) as tail:
         tail.wait_for(
             lambda t: not dead_letter_check(records, t.records)["missing"],
             20,

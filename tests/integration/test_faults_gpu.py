@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def test_ecc_error_drains_the_node_and_moves_its_run_from_a_checkpoint(tmp_path):
-    with chaos_stack(tmp_path, nodes=2) as stack, LogTail(stack.broker.bootstrap_servers) as tail:
+    with chaos_stack(tmp_path, nodes=2) as stack, LogTail(stack.bootstrap_servers) as tail:
         c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
         job = c.submit(
             prompt="sparks",

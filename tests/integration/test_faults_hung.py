@@ -35,7 +35,7 @@ def test_generator_that_hangs_every_time_is_retried_then_fails_as_hung(stack):
         estimate_s=5,
         params={**PARAMS, "steps": 20, "hang_at_step": 2},
     )["job_id"]
-    with LogTail(stack.broker.bootstrap_servers) as tail:
+    with LogTail(stack.bootstrap_servers) as tail:
         failed = tail.wait_for(lambda t: t.first(ev.JobFailed, job_id=job), 40, "the job's end")
         runs = tail.of(ev.RunFailed, job_id=job)
         assert [(r.run, r.failure_class) for r in runs] == [(1, "hung"), (2, "hung")]
@@ -57,7 +57,7 @@ def test_generator_wedged_once_is_retried_from_its_checkpoint_and_completes(stac
         checkpoint_interval_s=5,
         params={**PARAMS, "steps": 40},
     )["job_id"]
-    with LogTail(stack.broker.bootstrap_servers) as tail:
+    with LogTail(stack.bootstrap_servers) as tail:
         started = tail.wait_for(lambda t: t.first(ev.RunStarted, job_id=job, run=1), 20, "run 1")
         tail.wait_for(lambda t: t.first(ev.RunCheckpointed, job_id=job, run=1), 20, "a checkpoint")
         agent = next(p for p in stack.processes if p.name == f"agent-{started.node_id}")

@@ -28,7 +28,7 @@ TIMING = Timing(heartbeat_timeout_s=3.0)
 def test_resumed_zombie_agent_reports_are_ignored_and_its_run_stopped(tmp_path):
     with (
         chaos_stack(tmp_path, nodes=2, timing=TIMING) as stack,
-        LogTail(stack.broker.bootstrap_servers) as tail,
+        LogTail(stack.bootstrap_servers) as tail,
     ):
         c = Client(stack.api_url, stack.tenant_keys[0]["api_key"])
         job = c.submit(

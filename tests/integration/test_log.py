@@ -307,6 +307,8 @@ def test_an_idle_fleet_consumer_rests_and_then_reads_on_where_it_stopped(
     from framespool.log import kafka as adapter
 
     monkeypatch.setattr(adapter, "IDLE_AFTER_S", 0.2)
+    # the back-off is Tansu's (0 on Kafka by default); the mechanism is the same on both
+    monkeypatch.setitem(adapter.IDLE_BACKOFF_MS_BY_ROLE, Role.FLEET, 100)
     topic = fresh_topics.ASSIGNMENTS.name
 
     def write(values: list[bytes]) -> None:
@@ -333,6 +335,24 @@ def test_an_idle_fleet_consumer_rests_and_then_reads_on_where_it_stopped(
         later = read(consumer, 2)
         assert [(r.offset, r.value) for r in later] == [(3, b"d"), (4, b"e")]
         assert consumer.consume(100, 0.3) == []  # nothing twice
+
+
+def test_on_kafka_an_idle_fleet_consumer_does_not_rest(kafka_bootstrap, fresh_topics, monkeypatch):
+    """On Kafka a parked Fetch costs the broker nothing: the default back-off is 0 and a
+    FLEET consumer keeps its partitions, so the first record after idling is not delayed."""
+    from framespool.log import Role
+    from framespool.log import kafka as adapter
+
+    if adapter.ON_TANSU:
+        pytest.skip("Tansu's clients rest by design")
+    assert adapter.IDLE_BACKOFF_MS_BY_ROLE[Role.FLEET] == 0
+    monkeypatch.setattr(adapter, "IDLE_AFTER_S", 0.05)
+    with LogConsumer(kafka_bootstrap, role=Role.FLEET) as consumer:
+        consumer.assign(fresh_topics.ASSIGNMENTS.name, [0], 0)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            consumer.consume(100, 0.05)
+        assert consumer.rests == 0
 
 
 def test_a_request_path_consumer_never_rests(kafka_bootstrap, fresh_topics, monkeypatch):

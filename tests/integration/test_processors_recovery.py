@@ -22,6 +22,7 @@ from tests.integration.test_processors_support import (
     InProcess,
     actual_outputs,
     cell_workload,
+    configured_at_start,
     expected_outputs,
     in_process,
     produce,
@@ -124,6 +125,10 @@ def test_sigkill_mid_stream_then_restart(kafka_bootstrap, fresh_topics, tmp_path
     produce(kafka_bootstrap, t.SCHEDULER.name, 0, "cell-0", inputs[half:])
     with subprocess_processor(*args, log_dir=tmp_path) as second:
         check_against_uninterrupted(kafka_bootstrap, t, max_duplicated_inputs=2)
+        # each start recorded the configuration it folds with, outside the fold
+        configured = configured_at_start(kafka_bootstrap, t)
+        assert [c.processor for c in configured] == ["scheduler", "scheduler"]
+        assert len({c.sha256 for c in configured}) == 1
         assert second.terminate() == 0, second.log_text()[-3000:]
         lines = [
             json.loads(line) for line in second.log_text().splitlines() if line.startswith("{")

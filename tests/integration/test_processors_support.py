@@ -340,8 +340,8 @@ def expected_outputs(
 
 
 def actual_outputs(bootstrap: str, topics: Any) -> list[tuple[str, str, int, bytes]]:
-    """Every record on job-events and assignments, and on partition 0 of the commands
-    topic (the cells' offers): (topic, event id, partition, value)."""
+    """Every record the fold wrote on job-events and assignments, and on partition 0 of
+    the commands topic (the cells' offers): (topic, event id, partition, value)."""
     out = []
     for topic, parts in (
         (topics.JOB_EVENTS.name, None),
@@ -349,5 +349,16 @@ def actual_outputs(bootstrap: str, topics: Any) -> list[tuple[str, str, int, byt
         (topics.COMMANDS.name, [0]),
     ):
         for r, event in decoded(read_all(bootstrap, topic, parts, timeout_s=10)):
+            if isinstance(event, ev.ProcessorConfigured):
+                continue  # written at each start, not by the fold (configured_at_start)
             out.append((topic, event.event_id, r.partition, r.value))
     return out
+
+
+def configured_at_start(bootstrap: str, topics: Any) -> list[Any]:
+    """The ``ProcessorConfigured`` records on job-events: one per processor start."""
+    return [
+        event
+        for _r, event in decoded(read_all(bootstrap, topics.JOB_EVENTS.name, None, timeout_s=10))
+        if isinstance(event, ev.ProcessorConfigured)
+    ]

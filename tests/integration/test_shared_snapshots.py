@@ -155,8 +155,24 @@ def test_replaced_and_refused_snapshots_leave_no_bodies_behind(shared):
     shared.claim(NS, 0, "b")
     with pytest.raises(StaleEpoch):
         shared.publish(meta(4, a), b"zombie")
-    assert len(bodies(shared)) == 1
+    assert len(bodies(shared)) == 2  # the newest and the one before it (a damaged newest)
     assert shared.load(NS, 0)[1] == b"xxx"
+
+
+def test_a_damaged_newest_body_falls_back_to_the_previous_snapshot(shared):
+    """A torn or corrupted write is caught by the head's SHA-256 and the snapshot
+    before it is used; with both damaged there is no snapshot (rebuild from the log)."""
+    epoch = shared.claim(NS, 0, "a")
+    assert shared.publish(meta(10, epoch), b"state@10")
+    assert shared.publish(meta(20, epoch), b"state@20")
+    head = shared._read_head(shared._head_key(NS, 0))
+    shared._put_body(head["snapshot"]["key"], b"state@2")  # torn: half of it
+    loaded, payload = shared.load(NS, 0)
+    assert (loaded.offset, payload) == (10, b"state@10")
+    shared._put_body(head["previous"]["key"], b"garbage")
+    assert shared.load(NS, 0) is None
+    assert shared.publish(meta(30, epoch), b"state@30")  # the next publish heals it
+    assert shared.load(NS, 0)[1] == b"state@30"
 
 
 def test_an_unreachable_s3_endpoint_is_a_shared_store_error():

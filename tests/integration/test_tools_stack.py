@@ -113,7 +113,7 @@ def test_replay_verify_and_audit_on_a_real_log_then_a_forged_terminal(stack, fra
     assert kinds.count("StartRun") == 2 and "RunCompleted" in kinds
 
     # a forged second terminal event for a completed job
-    bootstrap = stack.broker.bootstrap_servers
+    bootstrap = stack.bootstrap_servers
     (done,) = [
         e
         for e in map(

@@ -554,3 +554,29 @@ def test_a_run_is_listed_until_its_final_report_is_queued(tmp_path):
     script = WRITE_OUTPUT + "import time; time.sleep(0.3); open(sys.argv[1], 'wb').write(b'v')\n"
     execution = execute(host, start_run(host), script_profile(script), then=then)
     assert seen == [False] and execution.ending
+
+
+# -- CHECKPOINTING is visible: the run says so while its checkpoint is written -----
+def test_a_requested_checkpoint_shows_the_run_checkpointing_until_it_is_written(tmp_path):
+    script = (
+        "import json, signal, sys, time\n"
+        "def ck(*_):\n"
+        "    open('ck', 'w').write('state')\n"
+        "    print(json.dumps({'checkpoint': 'ck', 'step': 2}), flush=True)\n"
+        "signal.signal(signal.SIGUSR1, ck)\n"
+        "for i in range(1, 40):\n"
+        "    print(json.dumps({'progress': i / 40, 'step': i, 'total_steps': 40}), flush=True)\n"
+        "    time.sleep(0.02)\n"
+        "open(sys.argv[1], 'w').write('out')\n"
+    )
+    host = FakeHost(tmp_path)
+
+    async def ask_for_a_checkpoint(execution: RunExecution) -> None:
+        while execution.runner is None or execution.runner.last.step < 3:
+            await asyncio.sleep(0.01)
+        execution.checkpoint()
+
+    execute(host, start_run(host), script_profile(script), then=ask_for_a_checkpoint)
+    phases = [(p.phase, p.message) for p in host.progress if p.message]
+    assert phases == [("CHECKPOINTING", "writing a checkpoint"), ("", "checkpoint written")]
+    assert host.of(RunCheckpointed) and host.of(RunCompleted)

@@ -176,3 +176,118 @@ def test_a_negative_connection_cap_is_refused_naming_the_knob():
     with pytest.raises(ValueError, match="max_connections_per_peer=-1"):
         PeerGate(-1)
     assert PeerGate(0).admit("10.0.0.1") and PeerGate(0).cap == 0  # 0: no cap
+
+
+# -- issue #33, 7: peers by prefix, a cap in all, slow readers -----------------------
+
+
+class FakeTransport(asyncio.WriteTransport):
+    def __init__(self, peer: str) -> None:
+        super().__init__()
+        self.peer, self.sent, self.closed, self.aborted = peer, b"", False, False
+
+    def get_extra_info(self, name, default=None):
+        return (self.peer, 40_000) if name == "peername" else default
+
+    def write(self, data) -> None:
+        self.sent += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class Inner(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.paused = 0
+
+    def pause_writing(self) -> None:
+        self.paused += 1
+
+
+def gated(gate, peer: str):
+    from framespool.producers.edge import _Gated
+
+    conn = _Gated(gate, Inner)
+    transport = FakeTransport(peer)
+    conn.connection_made(transport)
+    return conn, transport
+
+
+def test_an_ipv6_peer_is_capped_by_its_64_not_by_each_address():
+    from framespool.producers.edge import PeerGate
+
+    gate = PeerGate(4)
+    conns = [gated(gate, f"2001:db8:1:2::{i:x}") for i in range(1, 11)]
+    refused = [t for _, t in conns if t.closed]
+    assert len(refused) == 6 and gate.open == {"2001:db8:1:2::/64": 4}
+    head, _, body = refused[0].sent.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 429")
+    assert "2001:db8:1:2::/64" in json.loads(body)["error"]["message"]
+    # another /64 is another peer; an IPv4-mapped address is its IPv4 peer
+    assert not gated(gate, "2001:db8:1:3::1")[1].closed
+    assert not gated(gate, "::ffff:192.0.2.7")[1].closed and "192.0.2.7" in gate.open
+
+
+def test_connections_in_all_are_capped():
+    from framespool.producers.edge import PeerGate
+
+    gate = PeerGate(4, total_cap=10)
+    conns = [gated(gate, f"198.51.100.{i}") for i in range(1, 16)]
+    refused = [t for _, t in conns if t.closed]
+    assert len(refused) == 5 and gate.total == 10
+    head, _, body = refused[0].sent.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and "max_connections" in body.decode()
+    conns[0][0].connection_lost(None)  # one ends: a place frees
+    assert not gated(gate, "198.51.100.99")[1].closed
+    # control: no total cap (0), the same 15 peers are all admitted
+    free = PeerGate(4, total_cap=0)
+    assert not [t for _, t in (gated(free, f"198.51.100.{i}") for i in range(1, 16)) if t.closed]
+
+
+def test_a_connection_whose_client_reads_nothing_is_aborted_after_the_write_timeout():
+    from framespool.producers.edge import PeerGate
+
+    async def main():
+        gate = PeerGate(0, write_timeout_s=0.2)
+        conn, transport = gated(gate, "192.0.2.1")
+        resumed, resumed_t = gated(gate, "192.0.2.2")
+        conn.pause_writing()  # the send buffer is full: the client does not read
+        resumed.pause_writing()
+        await asyncio.sleep(0.1)
+        resumed.resume_writing()  # this one reads again in time
+        await asyncio.sleep(0.3)
+        return transport, resumed_t, gate
+
+    transport, resumed_t, gate = asyncio.run(main())
+    assert transport.aborted and not resumed_t.aborted and gate.slow_readers == 1
+
+
+def test_a_client_that_stops_reading_a_long_response_is_disconnected():
+    """End to end: pipelined requests the client never reads fill the socket;
+    the server drops the connection after write_timeout_s instead of holding it."""
+
+    async def main():
+        runner, site, port = await started(config(write_timeout_s=0.5))
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock)
+            ask = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n"
+            writer.write(ask * 400)
+            await writer.drain()
+            loop = asyncio.get_running_loop()
+            until = loop.time() + 10
+            while site.gate.slow_readers == 0 and loop.time() < until:
+                await asyncio.sleep(0.05)
+            assert site.gate.slow_readers == 1
+            assert site.gate.open == {}, "its place is free"
+            writer.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())

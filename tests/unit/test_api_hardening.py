@@ -291,7 +291,43 @@ def test_openapi_and_validation_share_one_definition_of_each_pattern():
 
 
 def test_unkeyed_requests_are_charged_to_an_ipv4_address_or_an_ipv6_64():
-    from framespool.producers.api import _source
+    from framespool.producers.api import source_of
 
-    assert _source("2001:db8::1") == _source("2001:db8::ffff") == "2001:db8::/64"
-    assert _source("::ffff:192.0.2.7") == _source("192.0.2.7") == "192.0.2.7"
+    assert source_of("2001:db8::1") == source_of("2001:db8::ffff") == "2001:db8::/64"
+    assert source_of("::ffff:192.0.2.7") == source_of("192.0.2.7") == "192.0.2.7"
+
+
+def test_routes_without_a_key_are_rate_limited_per_address():
+    """Issue #33, 13: /openapi.json and the dashboard's assets had no limit at all."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from framespool.log.memory import MemoryProducer
+    from framespool.producers.api import ApiConfig, make_app
+    from framespool.producers.auth import ApiKeys, record_for
+    from framespool.producers.ratelimit import RateLimit
+    from framespool.projections.store import InMemoryViewStore
+
+    key = "acme-key.alice-secret"
+    config = ApiConfig(
+        auth=ApiKeys([record_for(key, "acme", "alice")]),
+        store=InMemoryViewStore(),
+        producer=MemoryProducer(),
+        public_rate_limit=RateLimit(rate_per_s=0.001, burst=4),
+    )
+
+    async def go():
+        async with TestClient(TestServer(make_app(config))) as client:
+            statuses = [(await client.get("/openapi.json")).status for _ in range(3)]
+            statuses.append((await client.get("/dashboard/index.html")).status)
+            refused = await client.get("/dashboard/app.js")
+            body = await refused.json()
+            unknown = await client.get("/no/such/path")
+            # a keyed route is charged to its tenant, not to the address's public bucket
+            keyed = await client.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"})
+            return statuses, refused, body, unknown.status, keyed.status
+
+    statuses, refused, body, unknown, keyed = asyncio.run(go())
+    assert statuses == [200, 200, 200, 200]
+    assert refused.status == 429 and int(refused.headers["Retry-After"]) > 0
+    assert body["error"]["code"] == "rate_limited" and "without a key" in body["error"]["message"]
+    assert unknown == 429 and keyed == 200

@@ -234,3 +234,65 @@ def test_another_tenants_flood_does_not_refuse_a_tenant_that_would_start_ahead_o
     config = make_config({"cell-0": flooded_offer()}, store=Waiting(0, running=40))
     status, _, reply = asyncio.run(submit(config, body))
     assert status == 429 and reply["error"]["code"] == "predicted_wait", reply
+
+
+def test_a_tiny_estimate_does_not_shrink_the_tenants_own_backlog():
+    """Issue #33, 5: with 40 jobs waiting, each claiming 1 ms, the tenant's own
+    backlog weighed nothing and the limit was bypassed. Once the API has seen
+    the model's jobs of this tenant run an hour, its estimate counts as an hour:
+    429. Control: with nothing learned, the estimate stands (202)."""
+    from framespool.projections.jobs import COMPLETED, JobView
+
+    tiny = {**BODY, "estimate_s": 0.001}
+
+    async def go(learned: int) -> int:
+        config = make_config({"cell-0": flooded_offer()}, store=Waiting(40))
+        async with TestClient(TestServer(make_app(config))) as client:
+            for i in range(learned):  # what the projection publishes as jobs end
+                config.hub.publish(
+                    f"done{i}",
+                    JobView(
+                        job_id=f"done{i}",
+                        tenant="acme",
+                        model="demo",
+                        model_version="1",
+                        state=COMPLETED,
+                        started_ms=1_000,
+                        finished_ms=1_000 + 3_600_000,
+                    ),
+                )
+            r = await client.post("/v1/jobs", json=tiny, headers=HEADERS)
+            return r.status
+
+    assert asyncio.run(go(learned=3)) == 429
+    assert asyncio.run(go(learned=0)) == 202
+
+
+def test_learned_run_times_are_the_tenants_own_else_a_vote_of_tenants():
+    from framespool.producers.run_times import RunTimes
+    from framespool.projections.jobs import COMPLETED, JobView
+
+    def done(job: str, tenant: str, seconds: float, model: str = "demo") -> JobView:
+        return JobView(
+            job_id=job,
+            tenant=tenant,
+            model=model,
+            model_version="1",
+            state=COMPLETED,
+            started_ms=1_000,
+            finished_ms=1_000 + int(seconds * 1000),
+        )
+
+    times = RunTimes()
+    for i in range(3):
+        times(f"a{i}", done(f"a{i}", "a", 100))
+    times("a0", done("a0", "a", 9_999))  # a job counts once
+    assert times.floor_s("a", "demo@1") == 100
+    assert times.floor_s("b", "demo@1") == 0  # one tenant's runs say nothing of b's
+    for t, seconds in (("b", 200), ("c", 300)):
+        for i in range(3):
+            times(f"{t}{i}", done(f"{t}{i}", t, seconds))
+    for i in range(50):  # mallory's flood of long runs is one vote
+        times(f"m{i}", done(f"m{i}", "mallory", 86_400))
+    assert times.floor_s("new", "demo@1") == 250  # median of 100, 200, 300, 86,400
+    assert times.floor_s("new", "other@1") == 0

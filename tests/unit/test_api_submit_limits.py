@@ -92,3 +92,39 @@ def test_the_default_edge_limit_lets_a_burst_of_5000_through():
     limit = RateLimit()
     assert limit.burst >= 5000 and limit.rate_per_s >= 1000
     assert ApiConfig.__dataclass_fields__["queue_cap"].default >= 5000
+
+
+class SlowLog(MemoryProducer):
+    """A log whose writes wait until released: submissions overlap in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def send(self, *args, **kwargs):
+        await self.release.wait()
+        return await super().send(*args, **kwargs)
+
+
+def test_concurrent_submits_cannot_exceed_the_queue_cap():
+    """Issue #33, 11: the cap was checked before the log write and counted in the
+    store after it, so submissions in flight together all passed one check."""
+
+    async def go():
+        log = SlowLog()
+        config = replace(make_config(queue_cap=3), producer=log)
+        async with TestClient(TestServer(make_app(config))) as client:
+            alice = {"Authorization": f"Bearer {ALICE}"}
+            posts = [
+                asyncio.ensure_future(client.post("/v1/jobs", json=BODY, headers=alice))
+                for _ in range(10)
+            ]
+            await asyncio.sleep(0.3)  # every request reached the log write or was refused
+            log.release.set()
+            statuses = sorted([(await p).status for p in posts])
+            assert statuses == [202] * 3 + [429] * 7, statuses
+            assert len(log.on(COMMANDS.name)) == 3
+            # holds end with their requests: room again only as jobs start
+            assert (await client.post("/v1/jobs", json=BODY, headers=alice)).status == 429
+
+    asyncio.run(go())

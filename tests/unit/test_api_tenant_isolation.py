@@ -20,6 +20,7 @@ from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
 from framespool.projections.testing import lifecycle, spec
 from framespool.schemas.events import (
+    BreakerTripped,
     CellStatus,
     GpuStatus,
     JobAdmitted,
@@ -211,5 +212,47 @@ def test_event_streams_are_capped_per_key_and_per_tenant_with_retry_after():
             again.close()
             for s in streams:
                 s.close()
+
+    run(go())
+
+
+def test_cluster_breaker_reasons_name_no_other_tenants_job():
+    """Issue #33, 10: breaker reasons written before the scheduler stopped naming
+    probe runs still sit in the log; a tenant's view leaves other tenants' out."""
+    hexid = "job_" + "ab12" * 8
+
+    def tripped(n: int, reason: str) -> BreakerTripped:
+        return BreakerTripped(
+            event_id=f"b{n}",
+            ts_ms=2_000 + n,
+            model_version="m@1",
+            scope="node",
+            key=f"n{n}",
+            until_ms=10**13,
+            reason=reason,
+        )
+
+    async def go():
+        async with api() as (client, config):
+            store = config.store
+            _fold(store, lifecycle("job_acme1", "acme")[:3])
+            _fold(store, lifecycle("job_globexsecret", "globex")[:3])
+            view = cluster.apply(None, _two_tenant_cell())
+            for n, reason in enumerate(
+                (
+                    "probe run job_globexsecret#2 failed; open again, next probe in 120s",
+                    "closed: probe run job_acme1#1 completed",
+                    f"stop of {hexid}#3 unconfirmed",
+                )
+            ):
+                view = cluster.apply(view, tripped(n, reason))
+            store.commit(Batch(cells=dict(view.cells), breakers=dict(view.breakers)))
+            text = await (await client.get("/v1/cluster", headers=auth(ALICE))).text()
+            assert "job_globexsecret" not in text and hexid not in text
+            assert "probe run job_acme1#1 completed" in text  # its own stays
+            assert "another job" in text and "probe run failed" in text
+            # the operator's view (no tenant) keeps the reasons whole
+            whole = cluster.to_dict(view)
+            assert any("job_globexsecret" in b["reason"] for b in whole["breakers"])
 
     run(go())

@@ -210,3 +210,28 @@ def test_any_json_body_is_refused_by_field_or_becomes_an_encodable_spec(body) ->
     spec = JobSpec(job_id="j", tenant="t", user="u", submitted_ms=1, **fields)
     command = SubmitJob(event_id="j/submit", ts_ms=1, spec=spec, idempotency_key=None)
     assert codec.decode(codec.encode(command)) == command
+
+
+def test_checkpoint_interval_has_a_floor():
+    """Issue #33, 6: checkpoint_interval_s=1e-9 made the agent checkpoint in a loop."""
+    for value in (1e-9, 0.5):
+        with pytest.raises(ValidationError) as refused:
+            validate_submit({**GOOD, "checkpoint_interval_s": value}, POLICY)
+        assert refused.value.field == "checkpoint_interval_s"
+        assert "0 (no checkpoints) or from 1 to 3600" in refused.value.message
+    for value in (0, 1, 30):
+        fields = validate_submit({**GOOD, "checkpoint_interval_s": value}, POLICY)
+        assert fields["checkpoint_interval_s"] == value
+    # the knob: an operator's higher floor
+    with pytest.raises(ValidationError):
+        validate_submit(
+            {**GOOD, "checkpoint_interval_s": 30}, POLICY, Limits(checkpoint_interval_min_s=60)
+        )
+
+
+def test_the_agent_never_checkpoints_faster_than_its_floor():
+    from framespool.agents.execution import MIN_CHECKPOINT_WALL_S, checkpoint_period_s
+
+    assert checkpoint_period_s(1e-9, 1.0) == MIN_CHECKPOINT_WALL_S  # admitted before the check
+    assert checkpoint_period_s(10.0, 100.0) == MIN_CHECKPOINT_WALL_S  # a fast time scale
+    assert checkpoint_period_s(30.0, 10.0) == 3.0

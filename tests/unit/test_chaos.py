@@ -27,6 +27,30 @@ def test_workload_and_schedule_are_functions_of_the_seed():
     assert chaos.build_schedule(7, 200, 6, 8, 60) != chaos.build_schedule(8, 200, 6, 8, 60)
 
 
+def test_a_durable_broker_is_killed_apart_from_scheduler_faults_and_emptied_cells():
+    timing = chaos.Timing()
+    for seed in range(20):
+        plain = chaos.build_schedule(seed, 300, 6, 8, 120, timing, cells=2, schedulers=2)
+        durable = chaos.build_schedule(
+            seed, 300, 6, 8, 120, timing, cells=2, schedulers=2, durable_broker=True
+        )
+        kills = [f for f in durable if f.kind == chaos.KILL_BROKER]
+        assert len(kills) == 1 and kills[0].target == "broker"
+        assert 1.0 <= kills[0].duration_s <= 3.0
+        assert chaos.KILL_BROKER not in {f.kind for f in plain}  # in memory: never killed
+        # the other faults of the seed are the same ones, at the same times
+        strip = lambda fs: [(f.kind, f.at_s, f.target) for f in fs if f.kind != chaos.KILL_BROKER]
+        assert strip(durable) == strip(plain)
+        k = kills[0]
+        k_end = k.at_s + k.duration_s + timing.session_timeout_s + timing.rebalance_s
+        for f in durable:
+            if f.kind in chaos.SCHEDULER_FAULTS or f.kind == chaos.EMPTY_CELL:
+                f_end = f.at_s + f.duration_s + timing.session_timeout_s + timing.rebalance_s
+                assert k_end <= f.at_s or f_end <= k.at_s, (seed, f, k)
+        ops = [a.op for a in chaos.actions_of(kills, timing)]
+        assert ops == ["crash", "restart"]
+
+
 def test_workload_mixes_shapes_and_plants_jobs_that_fail_every_time():
     plans = chaos.build_workload(1, 500, 10.0)
     assert [p.at_s for p in plans] == sorted(p.at_s for p in plans)

@@ -31,7 +31,9 @@ def test_nan_and_infinity_are_refused_by_flag(monkeypatch, capsys, tmp_path, arg
     def no_broker(self):
         raise AssertionError("a broker started for a command that cannot run")
 
-    monkeypatch.setattr(broker.EmbeddedBroker, "start", no_broker)
+    monkeypatch.setattr(broker.KafkaBroker, "start", no_broker)
+    monkeypatch.setattr(broker.KafkaBroker, "command", no_broker)
+    monkeypatch.setattr(broker.TansuBroker, "start", no_broker)
     if argv[0] == "simulate":
         argv = [*argv, "--out", str(tmp_path)]
     assert cli.main(argv) != 0

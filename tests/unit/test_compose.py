@@ -308,5 +308,50 @@ def test_cells_are_spread_and_every_config_file_exists(services):
         if "--config" in cmd:
             configs.add(cmd[cmd.index("--config") + 1])
     assert len(agent_cells) >= 2
-    assert configs == {"compose/processors.toml"}
-    assert set(load_admission_config(ROOT / "compose/processors.toml").cells) == agent_cells
+    assert configs == {"compose/framespool.toml"}
+    assert set(load_admission_config(ROOT / "compose/framespool.toml").cells) == agent_cells
+
+
+def test_every_service_reads_the_one_deployment_file_and_it_passes_ups_checks(services, tmp_path):
+    """init (tenants), the API (its limits, the models), the agents (the models) and the
+    processors all take --config compose/framespool.toml; it passes the checks
+    `framespool up --config` makes, and its tenants reach every tier."""
+    from framespool.processors.config_file import read_config_file, tenant_entries
+    from framespool.processors.core.config import DEFAULT_TIERS
+    from framespool.stack import Stack, StackConfig
+
+    for name, service in ours(services).items():
+        if name == "clock":
+            continue
+        cmd = service["command"]
+        assert cmd[cmd.index("--config") + 1] == "compose/framespool.toml", name
+    path = ROOT / "compose/framespool.toml"
+    Stack(StackConfig(data_dir=tmp_path / "unused", cells=2, processor_config=path)).deployment()
+    tiers = {t for e in tenant_entries(read_config_file(path)) for t in e.tiers}
+    assert tiers == {t.name for t in DEFAULT_TIERS}
+
+
+def test_init_issues_the_deployment_files_keys_and_adds_new_ones_on_a_later_start(tmp_path):
+    from framespool.producers.auth import ApiKeys
+
+    init = load_script("init_stack")
+    path = tmp_path / "deploy.toml"
+    path.write_text('[[tenants]]\nname = "acme"\ntiers = ["paid"]\nusers = ["ann"]\n')
+    args = init.parse_args(["--stack-dir", str(tmp_path / "stack"), "--config", str(path)])
+    assert [t.name for t in init.deployment_tenants(args)] == ["acme"]
+    from framespool import stack_secrets
+
+    doc, shown = stack_secrets.build(init.deployment_tenants(args), user="admin")
+    (tmp_path / "stack").mkdir()
+    stack_secrets.write_private(tmp_path / "stack" / "stack-secrets.json", doc)
+    path.write_text(path.read_text() + '[[tenants]]\nname = "newco"\ntiers = ["batch"]\n')
+    added = stack_secrets.update(
+        tmp_path / "stack" / "stack-secrets.json",
+        lambda d: stack_secrets.reconcile(d, init.deployment_tenants(args), user="admin"),
+    )
+    assert [(a["name"], a["user"]) for a in added] == [("newco", "admin")]
+    keys = ApiKeys.from_config(
+        json.loads((tmp_path / "stack" / "stack-secrets.json").read_text())["auth"]
+    )
+    assert keys.authenticate(shown[0]["api_key"]).user == "ann"
+    assert keys.authenticate(added[0]["api_key"]).tenant == "newco"

@@ -158,7 +158,7 @@ def test_failed_probe_opens_the_breaker_again_for_longer():
     h = half_open_harness()
     trip_type_breaker(h)
     h.submit("p1", tenant="c", gpus=1, model="m", model_version="1")
-    h.submit("p2", tenant="c", gpus=1, model="m", model_version="1")
+    h.submit("p2", tenant="d", gpus=1, model="m", model_version="1")
     h.tick(61)
     assert [s.spec.job_id for s in h.assigned()][-1] == "p1"
     out = fail_current(h, "p1")
@@ -174,7 +174,7 @@ def test_probe_lost_to_something_else_leaves_the_breaker_half_open():
     h = half_open_harness()
     trip_type_breaker(h)
     h.submit("p1", tenant="c", gpus=1, model="m", model_version="1")
-    h.submit("p2", tenant="c", gpus=1, model="m", model_version="1")
+    h.submit("p2", tenant="d", gpus=1, model="m", model_version="1")
     h.tick(61)
     h.start_all()
     run = h.cell.runs[("p1", 1)]
@@ -183,3 +183,154 @@ def test_probe_lost_to_something_else_leaves_the_breaker_half_open():
     assert run.key not in h.cell.runs
     h.tick(1)
     assert [s.spec.job_id for s in h.assigned()][-1] == "p2", "the next job probes"
+
+
+# -- issue #33, 3: the attacker cannot hold a breaker shut -----------------------
+
+
+def attack_harness(**kw) -> Harness:
+    base = dict(
+        breaker_type_failures=5,
+        breaker_node_failures=100,
+        breaker_probe_after_s=60,
+        breaker_cooldown_s=1800,
+        retries=(("generator_error", 0),),
+        heartbeat_timeout_s=1e9,
+        start_lease_s=1e9,
+        report_lease_s=1e9,
+    )
+    base.update(kw)
+    return Harness(nodes=1, config=cfg(**base))  # one node: its type breaker trips
+
+
+def fail_jobs(h: Harness, tenant: str, n: int, prefix: str) -> None:
+    for i in range(n):
+        h.submit(f"{prefix}{i}", tenant=tenant, gpus=1, model="m", model_version="1")
+    h.start_all()
+    for i in range(n):
+        fail_current(h, f"{prefix}{i}")
+
+
+def test_no_tenant_counts_for_more_than_its_share_of_a_trip():
+    # 5 failures from 2 tenants trip it: at most ceil(5 / 2) = 3 of one tenant count
+    h = attack_harness()
+    fail_jobs(h, "mallory", 4, "m")
+    fail_jobs(h, "victim", 1, "v")
+    assert not of(h.log, ev.BreakerTripped), "4 + 1 counts as 3 + 1"
+    fail_jobs(h, "victim", 1, "w")
+    [tripped] = of(h.log, ev.BreakerTripped)
+    assert "at most 3 counted per tenant" in tripped.reason
+    # control: the share follows the knob; with one tenant enough, 5 of one trip
+    solo = attack_harness(breaker_min_tenants=1)
+    fail_jobs(solo, "mallory", 5, "m")
+    assert of(solo.log, ev.BreakerTripped)
+
+
+def play_attack(h: Harness, attack: str, late_s: int = 0, minutes: int = 30) -> int | None:
+    """After a trip, mallory floods long jobs and short probes that it makes
+    fail, hang or cancel; the victim's job of the model (2 min), submitted
+    ``late_s`` later, runs to the end once placed. Returns the seconds from the
+    trip until the victim's job completed."""
+    fail_jobs(h, "mallory", 3, "trip-m")
+    fail_jobs(h, "victim", 2, "trip-v")
+    [tripped] = of(h.log, ev.BreakerTripped)
+    start = h.now_ms
+    for i in range(5):
+        h.submit(
+            f"long{i}", tenant="mallory", gpus=1, estimate_s=86_400, model="m", model_version="1"
+        )
+    for i in range(20):
+        h.submit(f"probe{i}", tenant="mallory", gpus=1, estimate_s=30, model="m", model_version="1")
+    h.tick(1)
+    for _ in range(minutes * 6):
+        if h.now_ms - start >= late_s * 1000 and "good" not in h.admitted:
+            h.submit("good", tenant="victim", gpus=1, estimate_s=120, model="m", model_version="1")
+        h.tick(10)
+        h.start_all()
+        h.confirm_stops()
+        for key in h.live_runs():
+            run = h.cell.runs[key]
+            if run.phase != "running":
+                continue
+            if key[0] == "good" and h.now_ms - run.started_ms >= 120_000:
+                h.complete(key)
+            elif run.tenant == "mallory" and attack == "fail":
+                fail_current(h, key[0])
+            elif run.tenant == "mallory" and attack == "cancel":
+                h.feed(
+                    ev.CancelJob(
+                        event_id=h.next_id(), ts_ms=h.now_ms, job_id=key[0], tenant="mallory"
+                    )
+                )
+                h.confirm_stops()
+            # "hang": mallory's runs never end (slow steps)
+        if "good" in h.cell.finished:
+            assert h.cell.finished["good"] == "COMPLETED"
+            return (h.now_ms - start) // 1000
+    assert tripped
+    return None
+
+
+def test_another_tenants_job_completes_within_minutes_whatever_the_attacker_submits():
+    # late: the victim's job comes after mallory's first probe is placed (the
+    # worst case: one probe bound, one reopening and one grace before its turn)
+    for late_s in (0, 130):
+        for attack in ("hang", "fail", "cancel"):
+            h = attack_harness()
+            took = play_attack(h, attack, late_s)
+            assert took is not None and took <= 15 * 60, (late_s, attack, took)
+            # every tenant reads breaker reasons on /v1/cluster: no job is named
+            for tripped in of(h.log, ev.BreakerTripped):
+                assert not [j for j in h.admitted if j in tripped.reason], tripped.reason
+
+
+def test_a_probe_that_outlives_its_bound_reopens_the_breaker():
+    h = attack_harness(breaker_probe_max_s=300)
+    fail_jobs(h, "mallory", 3, "trip-m")
+    fail_jobs(h, "victim", 2, "trip-v")
+    h.submit("slow", tenant="c", gpus=1, estimate_s=200, model="m", model_version="1")
+    h.tick(61)
+    h.start_all()
+    assert h.cell.breaker_probes, "c's job is the probe"
+    out = []
+    for _ in range(31):
+        out += h.tick(10)
+    [reopened] = of(out, ev.BreakerTripped)
+    assert "still running at its bound of 300s" in reopened.reason
+    assert not h.cell.breaker_probes and h.cell.breaker_no_probe
+    # control: a bound longer than the wait leaves the probe running, the breaker shut
+    h = attack_harness(breaker_probe_max_s=1000)
+    fail_jobs(h, "mallory", 3, "trip-m")
+    fail_jobs(h, "victim", 2, "trip-v")
+    h.submit("slow", tenant="c", gpus=1, estimate_s=200, model="m", model_version="1")
+    h.tick(61)
+    h.start_all()
+    out = []
+    for _ in range(31):
+        out += h.tick(10)
+    assert not of(out, ev.BreakerTripped) and h.cell.breaker_probes
+
+
+def test_a_job_longer_than_the_probe_bound_never_probes():
+    h = attack_harness(breaker_probe_max_s=300)
+    fail_jobs(h, "mallory", 3, "trip-m")
+    fail_jobs(h, "victim", 2, "trip-v")
+    h.submit("long", tenant="c", gpus=1, estimate_s=301, model="m", model_version="1")
+    for _ in range(20):
+        h.tick(10)
+    assert not [s for s in h.assigned() if s.spec.job_id == "long"]
+    h.submit("short", tenant="c", gpus=1, estimate_s=300, model="m", model_version="1")
+    h.tick(1)
+    assert [s.spec.job_id for s in h.assigned()][-1] == "short"
+
+
+def test_the_tripping_tenants_wait_one_grace_before_they_may_probe():
+    h = attack_harness()
+    fail_jobs(h, "mallory", 3, "trip-m")
+    fail_jobs(h, "victim", 2, "trip-v")
+    h.submit("mine", tenant="mallory", gpus=1, estimate_s=30, model="m", model_version="1")
+    h.tick(61)  # half-open, but mallory tripped it: another tenant first
+    assert not [s for s in h.assigned() if s.spec.job_id == "mine"]
+    h.submit("theirs", tenant="other", gpus=1, estimate_s=30, model="m", model_version="1")
+    h.tick(1)
+    assert [s.spec.job_id for s in h.assigned()][-1] == "theirs"

@@ -73,7 +73,7 @@ def _guarded_base() -> CellConfig:
 # "plain" keeps the walk's knobs of before issue 34 (4 reservations, a budget of
 # 256): with every reservation slot taken at once the walks ask for the classes'
 # proof often, which is what it checks; "defaults" runs today's defaults (16
-# reservations, 2048, size order), where they rarely do
+# reservations, a walk of 2048), where they rarely do
 PROOF_KNOBS = CellConfig(reservations=4, backfill_depth=256)
 
 
@@ -1159,15 +1159,16 @@ def test_config_memos_answer_as_computed_and_an_older_pickle_loads() -> None:
     capped = CellConfig(tenants=(TenantConfig("few", user_max_running=2),))
     assert capped.any_caps()
     assert CellConfig(default_tenant=TenantConfig("*", max_gpus=8)).any_caps()
+    names = [f.name for f in fields(CellConfig)]
+    later = names[names.index("model_load_s") :]  # every field added after the memos
     for memos in (1, 2):  # pickled before ``_any_caps``, before ``_may_preempt`` too
         for cfg in (config, capped):
             old = CellConfig.__new__(CellConfig)
-            late = ("model_load_s", "evict_max_lost_s", "size_order_gpu_s_per_s")
-            old.__setstate__(cfg.__getstate__()[: -len(late) - memos])
+            old.__setstate__(cfg.__getstate__()[: -len(later) - memos])
             assert all(
                 getattr(old, f.name) == getattr(cfg, f.name)
                 for f in fields(CellConfig)
-                if f.compare and f.name not in late
+                if f.compare and f.name not in later
             )
             assert old.any_caps() == cfg.any_caps()
             assert [old.may_preempt(t, n) for t, n in cases] == [

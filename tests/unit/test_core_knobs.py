@@ -195,7 +195,10 @@ def test_user_max_running_caps_one_users_concurrent_runs():
 
 def straggler_cell(slow_rate: float, **kw) -> Harness:
     """Three nodes running the same model; n2's run reports ``slow_rate``
-    steps/s against 10 on the others, for 15 heartbeat rounds a second apart."""
+    steps/s against 10 on the others, for 15 heartbeat rounds a second apart.
+    One tenant: a single-tenant cell (``straggler_tenants=1``); across tenants,
+    test_core_stragglers."""
+    kw.setdefault("straggler_tenants", 1)
     h = Harness(nodes=3, config=cfg(**kw))
     for i in range(3):
         h.submit(f"j{i}", gpus=8, checkpoint_interval_s=30, estimate_s=3600, model="m")

@@ -112,3 +112,47 @@ def test_keys_follow_the_clock_set_by_the_first_tick():
     cell.apply(ev.JobAdmitted(event_id="a2", ts_ms=start_ms, spec=light))
     leaf = cell.leaf_of(cell.jobs["light"])
     assert list(leaf_jobs(leaf)) == ["light", "early"]
+
+
+def test_own_place_reads_a_bounded_number_of_jobs_in_a_flooded_flow(monkeypatch):
+    """Cost model of ``own_place``: exact place, GPU-seconds exact for the
+    OWN_PLACE_EXACT nearest jobs and the flow's mean beyond, so an admission
+    into a flow of q queued jobs reads O(OWN_PLACE_EXACT) jobs, not O(q)
+    (a flood of one admission time put every new job mid-queue)."""
+    from framespool.processors.core import jobs as jobs_mod
+
+    monkeypatch.setattr(jobs_mod, "OWN_PLACE_EXACT", 5)
+    h = full_cell(1.0)
+    estimates = [10.0 * (1 + (n * 37) % 50) for n in range(400)]
+    for n, estimate in enumerate(estimates):
+        h.submit(f"f{n}", estimate_s=estimate)  # one admission time: order by cost alone
+    cell = h.cell
+    reads = 0
+    plain = cell.jobs
+
+    class Counting(dict):
+        def __getitem__(self, key):
+            nonlocal reads
+            reads += 1
+            return dict.__getitem__(self, key)
+
+    for probe in ("f7", "f150", "f399"):
+        job = plain[probe]
+        leaf = cell.leaf_of(job)
+        order = list(leaf_jobs(leaf))
+        at = order.index(probe) + 1
+        mean = leaf.backlog / leaf.queued
+        if at <= len(order) // 2:
+            near = order[max(0, at - 5) : at]
+            expected = sum(plain[j].cost for j in near) + (at - len(near)) * mean
+        else:
+            near = order[at : at + 5]
+            far = len(order) - at - len(near)
+            expected = leaf.backlog - sum(plain[j].cost for j in near) - far * mean
+        cell.jobs = Counting(plain)
+        reads = 0
+        place, gpu_s = cell.own_place(job)
+        cell.jobs = plain
+        assert place == at
+        assert abs(gpu_s - expected) < 1e-6
+        assert reads <= 5 + 1

@@ -49,13 +49,56 @@ def test_request_path_consumers_wait_less_than_background_ones(recorded):
         kafka.FETCH_WAIT_MS_BACKGROUND,
         7,  # an explicit setting wins
     ]
-    # a reader per node waits longer than the few on the request path
-    assert (
-        kafka.FETCH_WAIT_MS_REQUEST_PATH
-        < kafka.FETCH_WAIT_MS_FLEET
-        <= kafka.FETCH_WAIT_MS_BACKGROUND
-    )
     assert kafka.FETCH_WAIT_MS == kafka.FETCH_WAIT_MS_REQUEST_PATH
+
+
+def _tuning(broker: str) -> dict:
+    """The adapter's defaults as a process with ``FRAMESPOOL_BROKER=broker`` sees them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMESPOOL_")}
+    env["FRAMESPOOL_BROKER"] = broker
+    code = (
+        "import json; from framespool.log import kafka as k; from framespool.log.kafka import Role;"
+        "print(json.dumps({'fetch': [k.FETCH_WAIT_MS_BY_ROLE[r] for r in Role],"
+        "'linger': [k.LINGER_MS_BY_ROLE[r] for r in Role],"
+        "'rest': [k.IDLE_BACKOFF_MS_BY_ROLE[r] for r in Role],"
+        "'nagle_off': k.SOCKET_SETTINGS['socket.nagle.disable']}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_fetch_waits_follow_the_broker_kind():
+    """On Tansu a Fetch is held for its whole wait, so the request path waits least
+    (3 ms), a reader per node 10 and background readers 20, and idle fleet and
+    background readers rest for 100 ms; on Kafka a parked Fetch answers as soon as
+    data arrives, so every role waits 500 ms (it only paces an idle reader) and
+    nothing rests. Roles: request path, fleet, background."""
+    tansu, kafka_ = _tuning("tansu"), _tuning("kafka")
+    assert tansu["fetch"] == [3, 10, 20] and tansu["rest"] == [0, 100, 100]
+    assert kafka_["fetch"] == [500, 500, 500] and kafka_["rest"] == [0, 0, 0]
+    assert tansu["linger"] == kafka_["linger"] == [0, 1, 5]
+    assert tansu["nagle_off"] is kafka_["nagle_off"] is True
+
+
+def test_an_unknown_broker_kind_is_refused():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FRAMESPOOL_BROKER="redpanda")
+    out = subprocess.run(
+        [sys.executable, "-c", "import framespool.log.kafka"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and "FRAMESPOOL_BROKER='redpanda'" in out.stderr
 
 
 def test_each_role_s_producers_linger_their_role_s_linger(recorded):
@@ -94,17 +137,21 @@ def test_a_submission_does_not_linger_on_its_way_to_admission(recorded):
 
 def test_the_measured_defaults_and_their_overrides():
     """submit -> assigned crosses three request-path readers and no fleet one: the
-    request path waits 3 ms, the fleet 10, the background 20; request-path
-    producers linger 0, fleet ones 1, background ones 5 (the trade-offs measured
-    in docs/broker-notes.md#fetch-wait). Each is overridable under its own name."""
+    request path waits 3 ms, the fleet 10, the background 20 on Tansu (500 ms each
+    on Kafka); request-path producers linger 0, fleet ones 1, background ones 5
+    (the trade-offs measured in docs/broker-notes.md#fetch-wait). Each is
+    overridable under its own name."""
     import inspect
     import os
 
     source = inspect.getsource(kafka)
+    waits = (3, 10, 20) if kafka.ON_TANSU else (500, 500, 500)
+    for i, name in enumerate(("REQUEST_PATH", "FLEET", "BACKGROUND")):
+        var = f"FRAMESPOOL_FETCH_WAIT_{name}_MS"
+        assert f'_env_ms("{var}", _FETCH_DEFAULTS[{i}])' in source, var
+        if not os.environ.get(var):
+            assert kafka.FETCH_WAIT_MS_BY_ROLE[Role[name]] == waits[i], var
     defaults = {
-        "FETCH_WAIT_REQUEST_PATH": (kafka.FETCH_WAIT_MS_REQUEST_PATH, 3),
-        "FETCH_WAIT_FLEET": (kafka.FETCH_WAIT_MS_FLEET, 10),
-        "FETCH_WAIT_BACKGROUND": (kafka.FETCH_WAIT_MS_BACKGROUND, 20),
         "LINGER_REQUEST_PATH": (kafka.LINGER_MS_REQUEST_PATH, 0),
         "LINGER_FLEET": (kafka.LINGER_MS_FLEET, 1),
         "LINGER_BACKGROUND": (kafka.LINGER_MS_BACKGROUND, 5),
@@ -187,10 +234,12 @@ def test_an_idle_fleet_consumer_rests_for_its_back_off_then_looks_again(monkeypa
     monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(kafka, "Consumer", Idle)
     Idle.calls, Idle.positions = [], [7, -1001]
-    consumer = kafka.LogConsumer("b:1", role=Role.FLEET)
+    # the Tansu tuning (on Kafka nothing rests: test_fetch_waits_follow_the_broker_kind)
+    monkeypatch.setitem(kafka.IDLE_BACKOFF_MS_BY_ROLE, Role.FLEET, 100)
+    consumer = kafka.LogConsumer("b:1", role=Role.FLEET, **{"fetch.wait.max.ms": 10})
     consumer.assign("t", [0], 3)
     backoff = kafka.IDLE_BACKOFF_MS_BY_ROLE[Role.FLEET] / 1000
-    look = kafka.IDLE_LOOK_FETCHES * kafka.FETCH_WAIT_MS_BY_ROLE[Role.FLEET] / 1000
+    look = kafka.IDLE_LOOK_FETCHES * 10 / 1000
     assert backoff > 0
     consumer.consume(10, 1.0)
     assert Idle.calls == ["assign [('t', 0, 3)]", "poll 1.000"]  # not idle long enough yet

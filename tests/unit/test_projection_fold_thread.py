@@ -231,3 +231,47 @@ def test_a_partition_the_projection_stops_folding_is_counted_behind_and_warned_o
         asyncio.run(scenario())
     finally:
         consumer.close()
+
+
+def test_the_lag_watch_never_stalls_the_event_loop(monkeypatch):
+    """librdkafka's cached watermark read waits while another thread polls the same
+    consumer; the watch must wait on a thread of its own, not on the loop (where it
+    held every API request for up to the poll's timeout once a check)."""
+    from framespool.projections import consumer as projection
+
+    monkeypatch.setattr(projection, "LAG_CHECK_S", 0.02)
+    store = InMemoryViewStore()
+    log = MemoryLog()
+
+    def slow_consumer():
+        c = log.consumer()
+        c.high_watermark = lambda topic, p: time.sleep(0.3) or None  # as while a poll runs
+        return c
+
+    consumer = ProjectionConsumer(
+        store,
+        dead_letter_sender=MemoryProducer(),
+        consumer_factory=slow_consumer,
+        fold_thread=True,
+        topics=(JOB_EVENTS.name,),
+        poll_timeout_s=0.02,
+    )
+
+    async def scenario() -> float:
+        run = asyncio.create_task(consumer.run())
+        worst, last = 0.0, time.monotonic()
+        try:
+            end = last + 1.0
+            while time.monotonic() < end:
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                worst, last = max(worst, now - last), now
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+        return worst
+
+    try:
+        assert asyncio.run(scenario()) < 0.15
+    finally:
+        consumer.close()

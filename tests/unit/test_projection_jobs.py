@@ -323,6 +323,7 @@ ALLOWED = {
     "dataclasses",
     "typing",
     "hashlib",
+    "re",  # pure: cluster.public_reason strips other tenants' job ids
     "collections.abc",
     "json",
     "framespool.schemas.events",

@@ -353,7 +353,7 @@ def test_compose_drains_between_its_two_cells():
     from framespool.processors.config_file import load_cell_config
 
     root = Path(__file__).resolve().parents[2]
-    assert load_cell_config(root / "compose/processors.toml").drain_grace_s > 0
+    assert load_cell_config(root / "compose/framespool.toml").drain_grace_s > 0
 
 
 def _as_pickled_before_new_fields(config: Any, fields: int) -> Any:

@@ -33,6 +33,7 @@ HISTORY_FILES = sorted(HISTORY_DIR.glob("*.avsc"))
 
 # Every writer fingerprint that may be in a log somewhere -> its event type.
 PUBLISHED: dict[int, str] = {
+    8475562237568431756: "ProcessorConfigured",
     15470063863479061884: "BeginRun",
     1449332226969916357: "BreakerTripped",
     5950304651811157114: "CancelJob",
@@ -52,12 +53,14 @@ PUBLISHED: dict[int, str] = {
     11337470190741820709: "JobFailed",
     12655476728794218687: "JobPreempted",
     6330376819410712608: "JobQueued",  # v1, before wait_p50_s/wait_p90_s
-    5421707228969922155: "JobQueued",
+    5421707228969922155: "JobQueued",  # v2, before reason_code
+    5625604532350092095: "JobQueued",
     3255541121579035984: "JobRejected",
     4184484722552005384: "JobRequeued",  # v1, before cause and failure_class
     10664622816892659894: "JobRequeued",
     5600814957622728919: "JobWaitEstimated",  # v1, before wait_p50_s/wait_p90_s
-    1223824917002093173: "JobWaitEstimated",
+    1223824917002093173: "JobWaitEstimated",  # v2, before reason_code
+    7364240666948115945: "JobWaitEstimated",
     10334197358283290359: "NodeHeartbeat",  # v1, before runs
     2097034915834626238: "NodeHeartbeat",
     17100172342302756222: "NodeRegistered",
@@ -67,7 +70,8 @@ PUBLISHED: dict[int, str] = {
     525678026398429116: "RunCheckpointed",
     3549295491678464021: "RunCompleted",
     346797318825563378: "RunFailed",
-    13215469610589694338: "RunProgress",
+    13215469610589694338: "RunProgress",  # v1, before phase
+    17684412150108126202: "RunProgress",
     12985183337708829204: "RunStarted",
     4386090155483056073: "RunStopped",
     14123273196169535750: "StartRun",
@@ -304,6 +308,24 @@ def test_wait_estimate_v1_reads_as_unknown_quantiles(name):
     assert type(event) is ev.EVENT_BY_NAME[name]
     assert event.wait_estimate_s == 40.0 and event.position == 3
     assert event.wait_p50_s == -1.0 and event.wait_p90_s == -1.0
+
+
+@pytest.mark.parametrize("name", ["JobQueued", "JobWaitEstimated"])
+def test_wait_estimate_v2_reads_with_no_reason_code(name):
+    writer = load(HISTORY_DIR / f"{name}.v2.avsc")
+    datum = {"event_id": "q-1", "ts_ms": 5, "job_id": "job-1", "wait_estimate_s": 40.0}
+    datum |= {"position": 3, "reason": "fair-share queue", "wait_p50_s": 30.0, "wait_p90_s": 80.0}
+    if name == "JobQueued":
+        datum |= {"tenant": "acme", "tier": "paid"}
+    event = codec.decode(frame(writer, datum))
+    assert event.reason == "fair-share queue" and event.reason_code == ""
+
+
+def test_run_progress_v1_reads_as_no_phase():
+    writer = load(HISTORY_DIR / "RunProgress.v1.avsc")
+    datum = {"event_id": "p-1", "ts_ms": 5, "job_id": "job-1", "run": 1, "node_id": "n0"}
+    event = codec.decode(frame(writer, datum | {"progress": 0.5}))
+    assert event.progress == 0.5 and event.phase == ""
 
 
 def test_node_heartbeat_v1_reports_no_runs():

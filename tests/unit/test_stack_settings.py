@@ -28,7 +28,8 @@ def test_up_refuses_impossible_settings_before_starting_anything(
     def no_broker(self):
         raise AssertionError("the broker started for a stack that cannot run")
 
-    monkeypatch.setattr(stack.EmbeddedBroker, "start", no_broker)
+    monkeypatch.setattr(stack.KafkaBroker, "command", no_broker)
+    monkeypatch.setattr(stack.TansuBroker, "start", no_broker)
     status = cli.main(["up", "--data-dir", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert status != 0

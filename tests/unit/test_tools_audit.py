@@ -161,3 +161,22 @@ def test_the_timeline_names_a_run_ends_cause_code():
         cause="run_failed",
     )
     assert summarize(failed) == "FAILED (run_failed, oom): x"
+
+
+def test_an_expired_head_is_said_and_a_snapshot_still_explains_the_wait():
+    import pickle
+
+    from framespool.processors.tools.history import Refold
+
+    log = busy_cell()
+    contents = log.contents()
+    cut = 2  # the registrations expired
+    state = Refold(0, log.config).run([r for r in contents.scheduler if r.offset <= cut]).cell
+    contents.scheduler = [r for r in contents.scheduler if r.offset > cut]
+    blind = audit(contents, "gang", log.config)
+    assert blind.explanation is None
+    assert any("head expired" in n and "cannot be re-derived" in n for n in blind.notes)
+    assert "note: the log's head expired on" in blind.render()
+    seen = audit(contents, "gang", log.config, starts={0: (pickle.loads(pickle.dumps(state)), cut)})
+    assert seen.state == "QUEUED" and seen.explanation["waiting"]
+    assert "blocked (reservation_holder)" in seen.render()

@@ -144,3 +144,53 @@ def test_a_stacks_data_dir_supplies_the_policy_its_processors_ran_with(main, fak
     # an explicit --bootstrap names no stack: the defaults apply
     status, _, _ = main("replay", "--bootstrap", "127.0.0.1:1234")
     assert status == 0
+
+
+def test_the_tools_take_the_configuration_the_processors_recorded(tmp_path, capsys):
+    """replay, audit and verify fold with the config the scheduler recorded in the
+    log (ProcessorConfigured), ahead of the data dir's file, and say when the log
+    holds several."""
+    import argparse
+    import json as _json
+    from types import SimpleNamespace
+
+    from framespool.commands.replay import admission_config_for, cell_config_for
+    from framespool.log import Record
+    from framespool.processors.config_file import recorded_document
+    from framespool.schemas import codec
+    from framespool.schemas.events import ProcessorConfigured
+
+    def configured(doc: dict, at: int, processor: str = "scheduler") -> Record:
+        text, digest = recorded_document(doc)
+        event = ProcessorConfigured(
+            event_id=f"s-0/configured@{at}",
+            ts_ms=at,
+            processor=processor,
+            instance="s-0",
+            document=text,
+            sha256=digest,
+        )
+        return Record("framespool.job-events", 0, at, processor.encode(), codec.encode(event))
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "processors-config.json").write_text(
+        _json.dumps({"scheduler": {"heartbeat_timeout_s": 99.0}})
+    )
+    args = argparse.Namespace(config=None, bootstrap=None, data_dir=data)
+    empty = SimpleNamespace(job_events=[])
+    assert cell_config_for(args, empty).heartbeat_timeout_s == 99.0  # nothing recorded: the file
+    log = SimpleNamespace(
+        job_events=[
+            configured({"scheduler": {"heartbeat_timeout_s": 7.0}}, 1),
+            configured({"admission": {"cells": ["cell-0", "cell-1", "cell-2"]}}, 2, "admission"),
+            configured({"scheduler": {"heartbeat_timeout_s": 8.0}}, 3),
+        ]
+    )
+    assert cell_config_for(args, log).heartbeat_timeout_s == 8.0  # the latest recorded
+    assert "ran with 2 configurations" in capsys.readouterr().err
+    assert admission_config_for(args, log).cells == ("cell-0", "cell-1", "cell-2")
+    explicit = tmp_path / "mine.json"
+    explicit.write_text(_json.dumps({"scheduler": {"heartbeat_timeout_s": 5.0}}))
+    args.config = explicit
+    assert cell_config_for(args, log).heartbeat_timeout_s == 5.0  # --config wins

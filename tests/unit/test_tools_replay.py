@@ -285,3 +285,83 @@ def test_a_forwarded_cancel_is_replayed_and_a_tampered_one_caught_on_the_schedul
     )
     assert d.expected == honest and d.emitted == tampered and d.fields == ["job_id"]
     assert isinstance(d.input, ev.CancelJob)
+
+
+def _expire_head(contents, cut: int):
+    """The scheduler partition's records at or below ``cut`` gone, as retention does."""
+    contents.scheduler = [r for r in contents.scheduler if r.offset > cut]
+    return contents
+
+
+def _state_at(log, contents, offset: int):
+    """The cell as the processor snapshots it after folding inputs 0..offset."""
+    import pickle
+
+    from framespool.processors.tools.history import Refold
+
+    refold = Refold(0, log.config)
+    for r in sorted(contents.scheduler, key=lambda r: r.offset):
+        if r.offset > offset:
+            break
+        refold.step(r)
+    return pickle.loads(pickle.dumps(refold.cell))  # as the shared store returns it
+
+
+def test_a_cell_whose_head_expired_is_replayed_from_its_snapshot():
+    log = clean_history()
+    full = log.contents()
+    cut = len(log.scheduler) // 2
+    state = _state_at(log, full, cut)
+    contents = _expire_head(log.contents(), cut)
+    report = replay(contents, log.config, starts={0: (state, cut)})
+    assert report.ok, report.render()
+    c = report.counts
+    assert c["inputs"] == len(log.scheduler) - cut - 1
+    assert c["before_snapshot"] > 0 and c["unexpected"] == 0
+    assert report.cells["cell-0"]["from_snapshot"] == cut
+    assert f"from its snapshot at offset {cut}" in report.render()
+    # what follows the snapshot is still checked: a tampered later output diverges
+    late = [o for off, o in log.outputs if off > cut and isinstance(o, ev.JobAssigned)][0]
+    i = emitted_index(contents.job_events, late.event_id)
+    tampered = replace(late, reason="made up")
+    contents.job_events[i] = replace(contents.job_events[i], value=codec.encode(tampered))
+    assert replay(contents, log.config, starts={0: (state, cut)}).first.kind == DIFFERING
+
+
+def test_an_expired_head_without_a_snapshot_is_unprovable_not_a_divergence():
+    log = clean_history()
+    cut = len(log.scheduler) // 2
+    contents = _expire_head(log.contents(), cut)
+    report = replay(contents, log.config)
+    assert not report.ok and report.divergences == []
+    assert "cell-0" in report.unprovable and "head expired" in report.unprovable["cell-0"]
+    assert "NOT PROVEN" in report.render()
+    # a snapshot older than the log's first stored input cannot bridge the gap
+    state = _state_at(log, log.contents(), cut - 5)
+    assert "cell-0" in replay(contents, log.config, starts={0: (state, cut - 5)}).unprovable
+
+
+def test_the_cli_loads_the_cells_snapshot_only_where_the_head_expired(tmp_path):
+    import argparse
+    import pickle
+
+    from framespool.commands.replay import snapshot_starts
+    from framespool.processors.shared_snapshots import DirSharedSnapshots, SnapshotMeta
+
+    log = clean_history()
+    cut = len(log.scheduler) // 2
+    state = _state_at(log, log.contents(), cut)
+    store = DirSharedSnapshots(tmp_path / "shared")
+    name = log.contents().topics.SCHEDULER.name
+    epoch = store.claim(name, 0, "scheduler-0")
+    store.publish(SnapshotMeta(name, 0, cut, epoch, "scheduler-0"), pickle.dumps(state))
+    args = argparse.Namespace(
+        snapshots=str(tmp_path / "shared"), from_snapshot=False, data_dir=None
+    )
+    assert snapshot_starts(args, log.contents(), None) == {}  # the whole log is there
+    expired = _expire_head(log.contents(), cut)
+    (loaded, offset) = snapshot_starts(args, expired, None)[0]
+    assert offset == cut and loaded.cell_id == "cell-0"
+    assert replay(expired, log.config, starts={0: (loaded, offset)}).ok
+    args.from_snapshot = True
+    assert set(snapshot_starts(args, log.contents(), None)) == {0}

@@ -14,7 +14,7 @@ its prior (no start on GPUs that held a model): 0, one model started."""
 from __future__ import annotations
 
 import pickle
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -258,8 +258,9 @@ def test_the_depth_prior_inverts_the_loaded_point():
 def test_an_older_config_pickle_loads_without_the_knob_and_counts_no_load():
     config = replace(BASE, model_load_s=LOAD_S)
     old = CellConfig.__new__(CellConfig)
-    # pickled before the knob (and the two fields after it)
-    old.__setstate__(config.__getstate__()[:-3])
+    names = [f.name for f in fields(CellConfig)]
+    # pickled before the knob (and the knobs added after it)
+    old.__setstate__(config.__getstate__()[: names.index("model_load_s")])
     assert getattr(old, "model_load_s", 0.0) == 0.0
     h = cold_cell()
     h.cell.config = old

@@ -245,3 +245,23 @@ def test_job_state_changes_reach_the_receiver_once_each_in_order():
     states = [receiver.accepted[e]["state"] for e in order]
     assert states == ["QUEUED", "ASSIGNED", "RUNNING", "QUEUED", "ASSIGNED", "RUNNING", "COMPLETED"]
     assert len(order) == len(set(order)) and receiver.bad_signatures == 0
+
+
+def test_a_failed_delivery_is_logged_by_its_origin_without_path_or_query(caplog):
+    """Issue #33, 15: a callback URL's path and query may carry the receiver's token."""
+
+    async def go():
+        async with TestServer(Receiver().app(), host="127.0.0.1") as server:
+            store = InMemoryViewStore()
+            url = str(server.make_url("/hooks/pathsecret")) + "?token=querysecret"
+            store.commit(Batch(deliveries=[delivery(url)]))
+            await run_until(
+                WebhookDispatcher(store, config()), store, lambda: not store.pending_deliveries()
+            )
+            return str(server.make_url("/")).rstrip("/"), store.get_delivery("evt-1")
+
+    with caplog.at_level("WARNING", logger="framespool.projections.webhooks"):
+        origin, record = asyncio.run(go())
+    assert record.status == FAILED and "404" in record.last_error
+    assert origin in caplog.text and "j1" in caplog.text
+    assert "pathsecret" not in caplog.text and "querysecret" not in caplog.text

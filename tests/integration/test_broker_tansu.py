@@ -1,4 +1,5 @@
-"""The embedded Tansu broker: starts, takes the catalogue, stops, frees its port."""
+"""The in-memory Tansu broker (`framespool up --broker tansu`): starts, takes the
+catalogue, stops, frees its port; its s3 storage keeps a log across a restart."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import boto3
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from framespool.broker import BrokerError, EmbeddedBroker, free_port
+from framespool.broker import BrokerError, TansuBroker, free_port
 from framespool.log import LogProducer, read_all
 from framespool.schemas.topics import ALL_TOPICS, Topic
 
@@ -34,7 +35,7 @@ def _partition_counts(bootstrap: str) -> dict[str, int]:
 
 
 def test_broker_starts_takes_the_catalogue_and_frees_its_port_on_stop(tmp_path):
-    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log")
+    broker = TansuBroker(log_path=tmp_path / "tansu.log")
     with pytest.raises(BrokerError):
         _ = broker.bootstrap_servers  # not started yet
     with broker:
@@ -60,10 +61,10 @@ def test_broker_starts_takes_the_catalogue_and_frees_its_port_on_stop(tmp_path):
 
 def test_broker_on_a_given_port_refuses_a_taken_one(tmp_path):
     port = free_port()
-    with EmbeddedBroker(port, log_path=tmp_path / "a.log") as broker:
+    with TansuBroker(port, log_path=tmp_path / "a.log") as broker:
         assert broker.bootstrap_servers == f"127.0.0.1:{port}"
         with pytest.raises(BrokerError, match="already in use"):
-            EmbeddedBroker(port, log_path=tmp_path / "b.log").start()
+            TansuBroker(port, log_path=tmp_path / "b.log").start()
         assert broker.running
 
 
@@ -75,8 +76,8 @@ def test_s3_storage_keeps_the_log_across_a_restart(tmp_path, s3_endpoint):
     topic = Topic("durable", 2, "test")
     port = free_port()
 
-    def broker() -> EmbeddedBroker:
-        return EmbeddedBroker(
+    def broker() -> TansuBroker:
+        return TansuBroker(
             port,
             storage_url=f"s3://{bucket}/",
             cluster_id="framespool-test",

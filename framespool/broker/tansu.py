@@ -8,73 +8,29 @@ it across restarts as long as ``cluster_id`` stays the same.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from framespool.broker.base import (
+    READY_PROBE,
+    BrokerError,
+    die_with_parent,
+    free_port,
+    port_is_free,
+)
 from framespool.log import LogError, create_topics
 from framespool.schemas.topics import ALL_TOPICS, Topic
 
 log = logging.getLogger(__name__)
 
-# Created to prove the broker answers and its storage works
-# (docs/broker-notes.md#starting-it: readiness is checked by creating a topic).
-# Harmless, one partition.
-READY_PROBE = Topic("framespool.ready-probe", 1, "unused")
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    """Whether a listener could bind ``port``: SO_REUSEADDR, like Tansu, so that
-    connections in TIME_WAIT from an earlier broker on the port do not count."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux).
-
-    Only safe when called from the main thread: PR_SET_PDEATHSIG fires when the
-    *thread* that forked exits, which for a worker thread can be any time.
-    """
-    if (
-        not sys.platform.startswith("linux")
-        or threading.current_thread() is not threading.main_thread()
-    ):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-class BrokerError(RuntimeError):
-    """The embedded broker did not start or did not stop."""
-
-
-class EmbeddedBroker:
+class TansuBroker:
     """Run Tansu on ``host:port`` (a free port unless given) until :meth:`stop`.
 
     ``storage_url`` is Tansu's ``--storage-engine`` (default ``memory://tansu/``);
@@ -120,7 +76,7 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self) -> EmbeddedBroker:
+    def start(self) -> TansuBroker:
         """Start the process and return once it creates topics; idempotent while running."""
         if self.running:
             return self
@@ -136,7 +92,7 @@ class EmbeddedBroker:
         for attempt in range(attempts):
             if not self._port_given:
                 self.port = free_port(self.host)
-            elif not _port_is_free(self.host, self.port):
+            elif not port_is_free(self.host, self.port):
                 # Tansu would die on the bind, but a probe could reach whoever holds the port.
                 raise BrokerError(
                     f"port {self.host}:{self.port} is already in use; pass another or none"
@@ -174,7 +130,7 @@ class EmbeddedBroker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "NO_COLOR": "1", **self.env},
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
 
     def _wait_ready(self) -> None:
@@ -236,7 +192,7 @@ class EmbeddedBroker:
                 proc.kill()
                 proc.wait()
 
-    def __enter__(self) -> EmbeddedBroker:
+    def __enter__(self) -> TansuBroker:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -244,4 +200,4 @@ class EmbeddedBroker:
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running else "stopped"
-        return f"EmbeddedBroker({self.host}:{self.port}, {state})"
+        return f"TansuBroker({self.host}:{self.port}, {state})"
