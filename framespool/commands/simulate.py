@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         help="offered load of a synthetic workload, as a fraction of the GPUs "
-        "(default: 0.9; 1.3 for multitenant, 3.2 for shapes)",
+        "(default: 0.9; 1.3 for multitenant and genai, 3.2 for shapes)",
     )
     src.add_argument("--seed", type=int, default=1)
     fleet = p.add_argument_group("fleet")

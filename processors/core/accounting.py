@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from framespool.schemas import events as ev
 from framespool.schemas.states import GpuSlot, GpuState, NodeState, RunPhase
 
-from .fairshare import Flow, LevelIndex
+from .fairshare import Flow, LevelIndex, leaf_jobs
 from .model import Job, Run
 from .waitbands import WaitBands
 from .waiting import HOLDING
@@ -108,6 +108,11 @@ class Accounting:
         for run in self.runs.values():
             if not hasattr(run, "gang"):  # pickled before gangs were tracked per member
                 run.gang = None
+            if not hasattr(run, "saved_ms"):  # pickled before saves were kept per run
+                run.saved_ms = run.started_ms
+        for leaf in self.leaves.values():
+            if not hasattr(leaf, "keys"):  # pickled before leaves were served by size
+                leaf.keys, leaf.ordered = None, []
         if any(entries and isinstance(entries[0], int) for entries in self.failure_log.values()):
             self.failure_log.clear()
 
@@ -279,7 +284,7 @@ class Accounting:
         for leaf in self.active_leaves():
             ahead = 0.0
             # a publish changes no queue
-            for i, job_id in enumerate(itertools.chain(leaf.requeued, leaf.queue)):
+            for i, job_id in enumerate(leaf_jobs(leaf)):
                 if budget <= 0:
                     return
                 job = self.jobs[job_id]
@@ -299,9 +304,12 @@ class Accounting:
                     job.wait_code = code
                     budget -= 1
                     bands = self.wait_bands
-                    bands.refreshed(job_id, job.tier, self.now_ms, wait)
+                    bands.refreshed(job_id, self.band_key(job), self.now_ms, wait)
                     p50, p90 = bands.band(
-                        job.tier, wait, self.wait_depth(wait, job.shape[0], terms), refresh=True
+                        self.band_key(job),
+                        wait,
+                        self.wait_depth(wait, job.shape[0], terms),
+                        refresh=True,
                     )
                     self.emit(
                         ev.JobWaitEstimated,

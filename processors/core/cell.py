@@ -17,10 +17,11 @@ The handlers live in mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases),
 ``gangs`` (a multi-node run's start barrier, per-member liveness and per-rank
 checkpoints), ``scheduling`` (fair order, placement, reservation, backfill,
-preemption), ``estimates`` (the wait a queued job is told), ``waiting`` (why
-it waits and its position, in words and as a code), ``breakers``
-(failure containment), ``stragglers`` (slow runs as evidence against nodes)
-and ``accounting`` (costs, bounded state, the periodic
+preemption), ``rescue`` (a promised start: wait, checkpoint or evict),
+``estimates`` (the wait a queued job is told), ``waiting`` (why it waits and
+its position, in words and as a code), ``breakers`` (failure containment),
+``stragglers`` (slow runs as evidence against nodes) and ``accounting``
+(costs, bounded state, the periodic
 read-model output).
 
 Cost model (``scheduling.py`` states it in full, ``test_core_costmodel.py``
@@ -59,6 +60,7 @@ from .jobs import JobHandlers
 from .model import HealthSeen, Job, Node, Run, RunKey
 from .nodes import NodeHandlers
 from .placement import NodeIndex
+from .rescue import Rescue
 from .reservation import Reservations
 from .scheduling import Scheduling
 from .stragglers import Stragglers
@@ -83,6 +85,7 @@ class Cell(
     GangHandlers,
     Scheduling,
     Reservations,
+    Rescue,
     Drain,
     WaitEstimates,
     Breakers,
@@ -245,6 +248,9 @@ class Cell(
             node.last_seen_ms = first_ms
         for job in self.jobs.values():
             job.queued_ms = first_ms
+        for leaf in self.leaves.values():
+            if leaf.keys is not None:  # keyed by the admission times just moved
+                self.order_leaf(leaf)
         for run in self.runs.values():
             span = run.limit_ms - run.assigned_ms
             run.assigned_ms = run.started_ms = run.last_report_ms = first_ms

@@ -49,7 +49,7 @@ level off a ``LevelIndex`` in O(log n). Neither runs per placement attempt.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
 from typing import cast
@@ -75,6 +75,8 @@ class Flow:
         "heap",
         "settled",
         "next_seq",
+        "keys",
+        "ordered",
     )
 
     def __init__(self, name: str, weight: float, parent: Flow | None) -> None:
@@ -98,6 +100,10 @@ class Flow:
         self.heap: list[tuple[float, int, int, Flow]] = []
         self.settled: list[tuple[float, int, int, Flow]] = []
         self.next_seq = 0
+        # leaf only, when its queue is served by size (``push`` with a key):
+        # job -> its key, and ``(key, job)`` sorted; None: arrival order
+        self.keys: dict[str, float] | None = None
+        self.ordered: list[tuple[float, str]] = []
 
     def vt(self) -> float:
         return self.usage / self.weight
@@ -139,15 +145,47 @@ class FairTree:
         return flow
 
     # -- queue membership ----------------------------------------------------
-    def push(self, leaf: Flow, job_id: str, cost: float, requeued: bool = False) -> None:
-        (leaf.requeued if requeued else leaf.queue)[job_id] = None
+    def push(
+        self,
+        leaf: Flow,
+        job_id: str,
+        cost: float,
+        requeued: bool = False,
+        key: float | None = None,
+    ) -> None:
+        """Queue a job in its leaf: requeued jobs first, in arrival order; the
+        others in arrival order, or by ``key`` (``leaf_jobs``) when given.
+        O(log q) plus the sorted insert's memmove."""
+        if requeued:
+            leaf.requeued[job_id] = None
+        else:
+            leaf.queue[job_id] = None
+            if key is not None:
+                if leaf.keys is None:
+                    leaf.keys = {}
+                leaf.keys[job_id] = key
+                insort(leaf.ordered, (key, job_id))
         self._adjust(leaf, +1, cost)
+
+    @staticmethod
+    def order_by(leaf: Flow, keys: dict[str, float] | None) -> None:
+        """Serve ``leaf``'s (non-requeued) queue by ``keys`` from now on, one
+        per queued job (None: in arrival order). For a leaf whose jobs were
+        queued in the other mode (a snapshot from before keys, a changed
+        knob) or whose keys moved (``Cell.rebase_time``). O(q log q)."""
+        leaf.keys = keys
+        leaf.ordered = sorted((k, j) for j, k in keys.items()) if keys is not None else []
 
     def remove(self, leaf: Flow, job_id: str, cost: float) -> bool:
         if job_id in leaf.requeued:
             del leaf.requeued[job_id]
         elif job_id in leaf.queue:
             del leaf.queue[job_id]
+            keys = leaf.keys
+            if keys is not None and job_id in keys:
+                entry = (keys.pop(job_id), job_id)
+                ordered = leaf.ordered
+                del ordered[bisect_left(ordered, entry)]
         else:
             return False
         self._adjust(leaf, -1, -cost)
@@ -459,3 +497,21 @@ class LevelIndex:
         return (x * self.start_w[started] - self.start_s[started]) - (
             x * self.end_w[spent] - self.end_s[spent]
         )
+
+
+def leaf_jobs(leaf: Flow) -> Iterator[str]:
+    """A leaf's queued jobs in the order it serves them: requeued ones first,
+    then by key where jobs were pushed with one (``ordered``), else in arrival
+    order. A job pushed without a key into a keyed leaf (a cell restored from
+    a snapshot taken before keys) follows the keyed ones."""
+    yield from leaf.requeued
+    keys = leaf.keys
+    if keys is None:
+        yield from leaf.queue
+        return
+    for _, job_id in leaf.ordered:
+        yield job_id
+    if len(keys) < len(leaf.queue):
+        for job_id in leaf.queue:
+            if job_id not in keys:
+                yield job_id

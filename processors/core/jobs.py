@@ -11,19 +11,26 @@ Every run that ends other than by completion or cancellation carries a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from bisect import bisect_right
+from typing import TYPE_CHECKING, Any, cast
 
 from framespool.schemas import events as ev
 from framespool.schemas.causes import NODE_LOST, RETRY_CLASS, RunCause, of_failure_class
 from framespool.schemas.states import JobState, RunPhase
 
 from . import lifecycle as lc
+from .fairshare import Flow
 from .model import Job, Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cell import Cell
 
 MAX_GPUS_PER_JOB = 64
+
+
+# jobs whose GPU-seconds ``own_place`` sums one by one on the side it counts
+# from; beyond them it counts the flow's mean cost per job
+OWN_PLACE_EXACT = 256
 
 
 class JobHandlers:
@@ -59,19 +66,20 @@ class JobHandlers:
         position, code, why = 0, "", ""
         if job.state is JobState.QUEUED:
             terms = self.wait_terms()
-            leaf = self.leaf_of(job)
+            # its place in its flow's order (by size: not always the last)
+            own_jobs, own_gpu_s = self.own_place(job)
             served: list[float] = []
             ahead = self.predicted_wait_s(
-                job, leaf.backlog, passed_over=True, terms=terms, ahead_out=served
+                job, own_gpu_s, passed_over=True, terms=terms, ahead_out=served
             )
             # held while it fit: most such jobs start at the next full pass
             # (waitbands.py, 7.), so they learn their own bands
-            self.wait_bands.admitted(spec.job_id, spec.tier, self.now_ms, ahead, held=fits)
+            key = self.band_key(job)  # its tier and shape class
+            self.wait_bands.admitted(spec.job_id, key, self.now_ms, ahead, held=fits)
             depth = self.wait_depth(ahead, job.shape[0], terms)
-            p50, p90 = self.wait_bands.band(spec.tier, ahead, depth, held=fits)
-            # it is its flow's last: what else the flow holds is ahead of it
-            others = served[0] - leaf.backlog if served else 0.0
-            position = self.position_of(leaf.queued - 1, others, self.mean_queued_cost())
+            p50, p90 = self.wait_bands.band(key, ahead, depth, held=fits)
+            others = served[0] - own_gpu_s if served else 0.0
+            position = self.position_of(own_jobs - 1, others, self.mean_queued_cost())
             types = self.free_by_type() if spec.gpu_type else None
             code, why = self.wait_reason(job, position, types)
             job.wait_code = code
@@ -234,7 +242,7 @@ class JobHandlers:
         from now, so its static end moves with its start and its release slices
         are filed again (``refile_release``), and it is no longer awaited."""
         run.phase = RunPhase.RUNNING
-        run.started_ms = self.now_ms
+        run.started_ms = run.saved_ms = self.now_ms
         self.refile_release(run)
         self.assigned_unstarted.pop(run.key, None)
 
@@ -245,13 +253,15 @@ class JobHandlers:
         job = self.jobs[run.job_id]
         if run.gang is not None and event.step >= 0:  # one rank's; see gangs.py
             run.last_report_ms = self.now_ms
-            if self.rank_checkpointed(run, job, event) and run.phase == RunPhase.EXITING:
-                self.finish_exit(run)
+            if self.rank_checkpointed(run, job, event):
+                run.saved_ms = self.now_ms  # every rank has this step
+                if run.phase == RunPhase.EXITING:
+                    self.finish_exit(run)
             return
         if event.progress >= job.checkpoint_progress:  # a re-delivered older one never wins
             job.checkpoint = event.checkpoint_uri
             job.checkpoint_progress = event.progress
-        run.last_report_ms = self.now_ms
+        run.last_report_ms = run.saved_ms = self.now_ms
         if run.phase == RunPhase.EXITING:
             self.finish_exit(run)
 
@@ -381,11 +391,94 @@ class JobHandlers:
             self.clear_reservation()
         self.claims.pop(job.job_id, None)
 
+    def size_key(self: Cell, job: Job) -> float | None:
+        """Where a job stands in its own flow's queue when flows serve by size
+        (``CellConfig.size_order_gpu_s_per_s`` r > 0): its admission time plus
+        its cost over r, in seconds, so a lighter job goes before a heavier one
+        admitted up to (their cost difference) / r earlier: a job of cost C is
+        passed over only by jobs admitted less than C / r after it (the
+        bound). Static, so the flow keeps its jobs sorted once. Only within
+        one user's own queue: fair share between flows is untouched. None:
+        arrival order."""
+        rate = getattr(self.config, "size_order_gpu_s_per_s", 0.0)
+        if rate <= 0:
+            return None
+        return job.queued_ms / 1000 + job.cost / rate
+
+    def order_leaf(self: Cell, leaf: Flow) -> None:
+        """Key every job of ``leaf``'s queue by ``size_key`` now (or serve it
+        in arrival order when the knob is 0): jobs queued before the leaf was
+        served by size (a snapshot from before keys, a changed knob) must not
+        wait behind every later keyed job. O(q log q), once per such leaf."""
+        if getattr(self.config, "size_order_gpu_s_per_s", 0.0) <= 0:
+            self.fair.order_by(leaf, None)
+            return
+        jobs = self.jobs
+        self.fair.order_by(leaf, {j: cast(float, self.size_key(jobs[j])) for j in leaf.queue})
+
+    def own_place(self: Cell, job: Job) -> tuple[int, float]:
+        """``job``'s place in its own flow's order (``leaf_jobs``), 1 at the
+        head, and the GPU-seconds queued there up to and including it.
+
+        Cost: O(log q + OWN_PLACE_EXACT + r) with q the flow's queue and r its
+        requeued jobs, whatever the flow holds. The place is exact (a
+        bisection of the size order, or the arrival order's tail for the job
+        just admitted). The GPU-seconds are exact for the ``OWN_PLACE_EXACT``
+        jobs nearest the job on the side counted from (the nearer end); jobs
+        beyond them count at the flow's mean cost. Summing them all cost
+        O(queue) per admission: a tenant flooding one flow with 100k jobs of
+        one admission time made every admission walk half its queue
+        (test_core_fairness's flood ran for hours)."""
+        leaf = self.leaf_of(job)
+        job_id = job.job_id
+        keys = leaf.keys
+        jobs = self.jobs
+        mean = leaf.backlog / leaf.queued if leaf.queued else job.cost
+        if job_id in leaf.requeued:
+            ahead: list[str] = []
+            for other in leaf.requeued:
+                ahead.append(other)
+                if other == job_id:
+                    break
+            return len(ahead), sum(jobs[j].cost for j in ahead)
+        if keys is not None and job_id in keys:
+            ordered = leaf.ordered
+            at = bisect_right(ordered, (keys[job_id], job_id))  # keyed jobs up to it
+            place = len(leaf.requeued) + at
+            if at <= len(ordered) // 2:  # count from the head
+                near = ordered[max(0, at - OWN_PLACE_EXACT) : at]
+                far = at - len(near)
+                own = sum(jobs[j].cost for j in leaf.requeued)
+                return place, own + sum(jobs[e[1]].cost for e in near) + far * mean
+            near = ordered[at : at + OWN_PLACE_EXACT]  # count from the tail
+            far = len(leaf.queue) - at - len(near)  # the unkeyed follow the keyed
+            behind = sum(jobs[e[1]].cost for e in near) + far * mean
+            return place, leaf.backlog - behind
+        # arrival order (or queued before keys, behind every keyed job): the
+        # job just admitted is the last, so counting from the tail is O(1)
+        behind_jobs: list[str] = []
+        for other in reversed(leaf.queue):
+            if other == job_id or len(behind_jobs) >= OWN_PLACE_EXACT:
+                break
+            behind_jobs.append(other)
+        if len(behind_jobs) < OWN_PLACE_EXACT:
+            cost = sum(jobs[j].cost for j in behind_jobs)
+            return leaf.queued - len(behind_jobs), leaf.backlog - cost
+        queue = list(leaf.queue)  # deep in an arrival-ordered queue: O(q), rare
+        at = len(leaf.requeued) + queue.index(job_id) + 1
+        return at, leaf.backlog - (leaf.queued - at) * mean
+
     def enqueue(self: Cell, job: Job, requeued: bool) -> None:
         bounds = self.queue_bounds()  # before the job joins: a rebuild must not count it
         classes = self.__dict__.get("_queue_classes")  # kept once a walk first asks
         job.state = JobState.QUEUED
-        self.fair.push(self.leaf_of(job), job.job_id, job.cost, requeued=requeued)
+        leaf = self.leaf_of(job)
+        size = self.size_key(job)
+        if (size is None) != (leaf.keys is None) or (
+            leaf.keys is not None and len(leaf.keys) < len(leaf.queue)
+        ):
+            self.order_leaf(leaf)  # queued under the other mode: one order for all
+        self.fair.push(leaf, job.job_id, job.cost, requeued=requeued, key=size)
         key = self.bound_key(job)
         self.note_queued(job, 1, key)
         bounds.add(*key)

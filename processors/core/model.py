@@ -105,6 +105,7 @@ class Run:
         "cpus",
         "mem_gb",
         "gang",
+        "saved_ms",
     )
 
     def __init__(
@@ -148,6 +149,10 @@ class Run:
         self.gang = (
             Gang(tuple(s.node_id for s in placement), now_ms) if len(placement) > 1 else None
         )
+        # when the work it would resume from was saved: its start (it resumes
+        # from the job's checkpoint), then each checkpoint it writes; what a
+        # stop without a checkpoint loses is the work since (rescue.py)
+        self.saved_ms = now_ms
 
     @property
     def key(self) -> RunKey:

@@ -25,8 +25,12 @@ Theory of operation
   ``reservations`` walks. Why: with one reservation, a tenant of gangs got
   ~0.82 of its fair share against a tenant of 1-GPU jobs (the cell drained
   for one gang at a time; test_core_fairness.py).
-- Preemption: a blocked job may preempt when (a) its tier may preempt and it
-  has waited past the tier's SLA target, or (b) its organisation or tier is
+- Preemption: a blocked job of a tier that promises a start
+  (``start_within_s``) plans it first (``rescue.py``: wait, graceful
+  checkpoint or hard eviction, whichever meets its deadline at least cost).
+  Otherwise, a blocked job may preempt when (a) its tier may preempt and it
+  has waited past the tier's SLA target (for a promising tier: and its
+  deadline passed with no plan), or (b) its organisation or tier is
   under its guaranteed (reserved) GPUs and others borrow them. Victims are
   RUNNING, preemptible, checkpointable runs of strictly less important tiers
   (case a) or of borrowers over their own guarantee (case b), that have run at
@@ -364,6 +368,9 @@ class Reservations:
         if job.job_id in self.claims:
             return
         tier = self.config.tier_of(job.tier)
+        promised = getattr(tier, "start_within_s", 0.0)  # a tier pickled before the field
+        if tier.may_preempt and promised > 0 and self.rescue(job, tier):
+            return  # planned, or waiting for a plan while its promise holds (rescue.py)
         victim_ok = None
         why = ""
         waited_s = (self.now_ms - job.queued_ms) / 1000

@@ -89,14 +89,14 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain, islice
+from itertools import islice
 from typing import TYPE_CHECKING, cast
 
 from framespool.schemas import events as ev
 from framespool.schemas.states import JobState, NodeState, RunPhase
 
 from . import lifecycle as lc
-from .fairshare import Flow
+from .fairshare import Flow, leaf_jobs
 from .model import Job, Node, Run
 from .placement import Placement
 from .queuebounds import QueueBounds, QueueClasses, ShapeClass
@@ -187,6 +187,12 @@ class PassMemo:
 class Scheduling:
     # -- the pass -------------------------------------------------------------
     def schedule(self: Cell, full: bool) -> None:
+        try:
+            self._schedule(full)
+        finally:
+            self.flush_evictions()  # after the walk: its queues stay as it read them
+
+    def _schedule(self: Cell, full: bool) -> None:
         if not self.queued_count:
             return
         if full:
@@ -674,12 +680,13 @@ class Scheduling:
 
     @staticmethod
     def candidates(leaf: Flow, limit: int) -> list[str]:
-        """A snapshot of a backlogged leaf's first jobs (requeued first): the
+        """A snapshot of a backlogged leaf's first jobs in its order
+        (``leaf_jobs``: requeued first, then by size key or arrival): the
         pass may place or drop jobs while it walks them. At least one, even when
         the pass's budget is spent (``limit`` <= 0): the walk still tries the job
         at the head of the fair order (without it, a spent budget left gang
         queues stalled for a day: ``test_sim_shapes``)."""
-        return list(islice(chain(leaf.requeued, leaf.queue), max(1, limit)))
+        return list(islice(leaf_jobs(leaf), max(1, limit)))
 
     def cap_hit(self: Cell, job: Job) -> str:
         """ "org" or "user" when the job's organisation or user is at a cap, else

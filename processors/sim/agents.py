@@ -11,8 +11,11 @@ processes instead of real ones:
    and ends after its true remaining duration with ``RunCompleted``, or part-way
    with ``RunFailed(generator_error)`` if this attempt is doomed.
 3. ``CheckpointRun`` is answered at once by the gang's leader (silence if the
-   job cannot checkpoint); ``StopRun`` stops the whole gang and each node
-   confirms with ``RunStopped``.
+   job cannot checkpoint), or, for a generator that checkpoints only at its
+   segment boundaries (``TraceJob.checkpoint_on_request`` False), by the next
+   periodic checkpoint; ``StopRun`` stops the whole gang and each node
+   confirms with ``RunStopped`` (a stop without a checkpoint loses the work
+   since the last one: the metrics count it when the stop is a preemption).
 4. A heartbeat lists the node's live runs and its GPUs' warm models.
 5. A failed node answers nothing; its processes die (a gang dies whole) and it
    re-registers after ``repair_s`` with the next incarnation and cold GPUs.
@@ -235,6 +238,7 @@ class Agents:
             or not node.alive
             or node.incarnation != o.incarnation
             or run.job.trace.checkpoint_s <= 0
+            or not run.job.trace.checkpoint_on_request  # the next boundary answers
         ):
             return
         self._send_checkpoint(run, self.deliver)
@@ -245,6 +249,8 @@ class Agents:
             return  # a dead node answers nothing; the cell's leases handle it
         run = self.runs.get((o.job_id, o.run))
         if run is not None:
+            if run.alive:  # a stop asked without a checkpoint first: an exit too
+                self.recorder.exit_requested(o.job_id, o.run, self.now)
             self._halt(run)
         self.deliver(
             ev.RunStopped(

@@ -60,6 +60,7 @@ from .kinds import (
 )
 from .metrics import Recorder
 from .policies import Policy
+from .scorecard import scorecard
 from .workload import TraceJob, Workload
 
 # ``--production-cadences``: what a production cell folds besides the jobs.
@@ -470,6 +471,7 @@ class Simulation(Agents, JobEvents):
                 "notes": list(self.workload.notes),
             }
         )
+        summary["scorecard"] = scorecard(summary)
         if self.policy.gate:
             summary["notes"].append(
                 "fifo is emulated by an admission gate in the simulator "

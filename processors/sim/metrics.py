@@ -28,9 +28,12 @@ disjoint parts on the victim's timeline:
    included, if it never checkpointed) to the exit request (``CheckpointRun``):
    work the resumed run must do again. Zero when the checkpoint answering the
    request is the one it resumes from.
-2. ``grace``: GPU-s from the exit request to the processes' stop (the
-   checkpoint and stop grace; it is all of the wait when the generator cannot
-   answer and the cell's grace runs out).
+2. ``grace``: GPU-s from the exit request (or the checkpoint that answered
+   it, when that came later: the work up to it is saved) to the processes'
+   stop (the checkpoint and stop grace; it is all of the wait when the
+   generator cannot answer and the cell's grace runs out). A stop asked with
+   no checkpoint (a hard eviction) is its own request: its cost is all
+   ``lost``.
 3. ``restart``: the cold start of the resumed run (GPUs x ``cold_start_s``),
    when it lands on GPUs whose warm model differs.
 
@@ -50,6 +53,7 @@ from framespool.schemas.states import JobState
 
 from .fleet import SimJob
 from .quality import WaitRow, calibration_table, noisy_neighbour_table
+from .scorecard import light_heavy_table
 
 MAX_SAMPLES = 4000
 MAX_VIOLATION_EXAMPLES = 20
@@ -289,7 +293,16 @@ class Recorder:
         self.waits.append(wait)
         job.flow.tier_stats.waits.append(wait)
         trace = job.trace
-        self.wait_rows.append(WaitRow(trace.tier, trace.tenant, wait, job.est_p50, job.est_p90))
+        self.wait_rows.append(
+            WaitRow(
+                trace.tier,
+                trace.tenant,
+                wait,
+                job.est_p50,
+                job.est_p90,
+                trace.gpus * trace.duration_s,
+            )
+        )
         if job.refreshed:
             for at_ms, p50, p90 in job.refreshed:
                 left = (now - at_ms) / 1000
@@ -371,7 +384,7 @@ class Recorder:
         request = min(asked[1], now)
         since = saved[1] if saved is not None and saved[0] == run else request
         lost = gpus * max(0, request - since)
-        grace = gpus * (now - request)
+        grace = gpus * (now - max(request, min(since, now)))
         self.halted[job_id] = (run, float(lost), float(grace))
         pending = self.preempt_pending.pop(job_id, None)
         if pending is not None and pending[0] == run:
@@ -523,6 +536,7 @@ class Recorder:
             "noisy_neighbour": noisy_neighbour_table(
                 self.wait_rows, self.tenant_jobs, self.tenant_gpu_s
             ),
+            "light_heavy": light_heavy_table(self.wait_rows),
             "tenants": tenants,
             "preemption_cost": self.preemption_cost(),
         }

@@ -33,13 +33,15 @@ FAIR_SHARE_TENANTS = 8  # the per-tenant fair-share table is printed up to this 
 
 
 class WaitRow(NamedTuple):
-    """One started job: its tier and tenant, actual wait, admission P50/P90 (-1 = none)."""
+    """One started job: its tier and tenant, actual wait, admission P50/P90 (-1 =
+    none), and its size in GPU-seconds (GPUs x true run time; 0 = not given)."""
 
     tier: str
     tenant: str
     wait_s: float
     p50_s: float
     p90_s: float
+    gpu_s: float = 0.0
 
 
 def _q(ordered: list[float], p: float) -> float | None:
@@ -187,6 +189,9 @@ def format_tables(summary: Mapping[str, Any]) -> str:
             )
     lines.extend(fair_share_lines(summary))
     lines.extend(preemption_cost_lines(summary))
+    from .scorecard import scorecard_lines  # it reads this module's helpers
+
+    lines.extend(scorecard_lines(summary))
     return "\n".join(lines)
 
 

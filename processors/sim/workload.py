@@ -33,6 +33,7 @@ class TraceJob:
         "model",
         "model_version",
         "fail_prob",
+        "checkpoint_on_request",
     )
 
     def __init__(
@@ -50,6 +51,7 @@ class TraceJob:
         model: str = "demo",
         model_version: str = "1",
         fail_prob: float = 0.0,
+        checkpoint_on_request: bool = True,
     ) -> None:
         self.idx = idx
         self.submit_ms = submit_ms
@@ -64,6 +66,9 @@ class TraceJob:
         self.model = model
         self.model_version = model_version
         self.fail_prob = fail_prob
+        # False: the generator checkpoints only every ``checkpoint_s`` of work
+        # (segment boundaries), so a CheckpointRun is answered at the next one
+        self.checkpoint_on_request = checkpoint_on_request
 
     @property
     def job_id(self) -> str:
@@ -389,7 +394,7 @@ SYNTHETIC: dict[str, Callable[..., Workload]] = {
 def synthetic(
     name: str, jobs: int, seed: int, capacity_gpus: int, load: float | None = None
 ) -> Workload:
-    """``load=None``: the workload's own default (0.9; 1.3 for ``multitenant``)."""
+    """``load=None``: the workload's own default (0.9; 1.3 for ``multitenant`` and ``genai``)."""
     maker = SYNTHETIC.get(name)
     if maker is None:
         raise ValueError(
@@ -402,8 +407,10 @@ def synthetic(
     return maker(jobs, seed, capacity_gpus, load)
 
 
-from .multitenant import multitenant  # noqa: E402  (it builds on the helpers above)
+from .genai import genai  # noqa: E402  (they build on the helpers above)
+from .multitenant import multitenant  # noqa: E402
 from .shapes import shapes  # noqa: E402
 
 SYNTHETIC["multitenant"] = multitenant
 SYNTHETIC["shapes"] = shapes
+SYNTHETIC["genai"] = genai

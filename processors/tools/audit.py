@@ -185,9 +185,8 @@ def fair_position(cell: Cell, job: Job) -> dict[str, Any]:
     """The job's place in its user's queue, and each of its flows' rank among
     backlogged siblings by virtual time (the pass serves the lowest first)."""
     leaf = cell.leaf_of(job)
-    queue = list(leaf.requeued) + list(leaf.queue)
-    pos = queue.index(job.job_id) if job.job_id in queue else -1
-    own_ahead = sum(cell.jobs[j].cost for j in queue[: pos + 1]) if pos >= 0 else job.cost
+    queued = job.job_id in leaf.requeued or job.job_id in leaf.queue
+    pos, own_ahead = cell.own_place(job) if queued else (0, job.cost)
     levels = []
     for flow, level in zip(leaf.chain(), ("user", "organisation", "tier")):
         siblings = list(flow.parent.active.values())
@@ -207,8 +206,8 @@ def fair_position(cell: Cell, job: Job) -> dict[str, Any]:
             }
         )
     return {
-        "position_in_queue": pos + 1,
-        "queue_length": len(queue),
+        "position_in_queue": pos,
+        "queue_length": leaf.queued,
         "requeued": job.job_id in leaf.requeued,
         "gpu_seconds_ahead": round(cell.fair.work_ahead(leaf, own_ahead) - job.cost, 3),
         "predicted_wait_s": round(cell.predicted_wait_s(job, own_ahead), 3),

@@ -70,10 +70,21 @@ def _guarded_base() -> CellConfig:
     return CellConfig(tiers=tiers, tenants=tenants)
 
 
+# "plain" keeps the walk's knobs of before issue 34 (4 reservations, a budget of
+# 256): with every reservation slot taken at once the walks ask for the classes'
+# proof often, which is what it checks; "defaults" runs today's defaults (16
+# reservations, a walk of 2048), where they rarely do
+PROOF_KNOBS = CellConfig(reservations=4, backfill_depth=256)
+
+
 @pytest.mark.parametrize(
     "jobs,nodes,load,base,proofs",
-    [(500, 10, 3.0, CellConfig(), True), (400, 16, 3.0, _guarded_base(), False)],
-    ids=["plain", "guarantees-and-caps"],
+    [
+        (500, 10, 3.0, PROOF_KNOBS, True),
+        (500, 10, 3.0, CellConfig(), False),
+        (400, 16, 3.0, _guarded_base(), False),
+    ],
+    ids=["plain", "defaults", "guarantees-and-caps"],
 )
 def test_indexed_core_decides_like_the_scans(monkeypatch, jobs, nodes, load, base, proofs) -> None:
     tape, config, summary = _tape(jobs, nodes, load, base)
@@ -436,7 +447,7 @@ def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
     # 1 GPU free, 2,000 queued 2-GPU jobs, every reservation slot taken: the walk
     # tests no candidate at all (the bounds say none fits), and decides as a full walk
     def build() -> Cell:
-        cell = _cell_of_nodes(4, backfill_depth=256)
+        cell = _cell_of_nodes(4, backfill_depth=256, reservations=4)  # every slot taken
         for n in range(4):
             spec = ev.JobSpec(
                 job_id=f"s{n}", tenant="x", tier="paid", gpus=7, gpus_per_node=7, estimate_s=1e5
@@ -472,7 +483,8 @@ def _two_blocked_classes_cell(depth: int = 256, gang_tenant: str = "g") -> Cell:
     that would run past that shadow time (the reserved node is barred to them)
     and 2-node jobs short enough to use it (but one node is too few). A walk
     tests ``depth`` candidates at most; the gang is ``gang_tenant``'s."""
-    cell = _cell_of_nodes(3, backfill_depth=depth, reservations=1)
+    # arrival order within a user's queue: the candidates' order is the scenario
+    cell = _cell_of_nodes(3, backfill_depth=depth, reservations=1, size_order_gpu_s_per_s=0)
     for n in range(2):
         spec = ev.JobSpec(
             job_id=f"s{n}", tenant="x", tier="paid", gpus=8, gpus_per_node=8, estimate_s=1e4
@@ -1127,8 +1139,8 @@ def test_the_warm_window_ends_where_the_scan_stopped() -> None:
 def test_config_memos_answer_as_computed_and_an_older_pickle_loads() -> None:
     # ``may_preempt`` answers as the expression it memoises, for configured and
     # default tenants; a config pickled before the memo field existed (its
-    # state short of the memo and of ``model_load_s``, the fields after it)
-    # loads equal in every field it has and works.
+    # state short of the memo and of the fields after it, ``late``) loads
+    # equal in every field it has and works.
     from framespool.processors.core.config import TierConfig
 
     tiers = (

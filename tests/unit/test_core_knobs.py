@@ -238,3 +238,31 @@ def test_interactive_preempts_within_its_sla_under_backlog():
         seen = asked(h.tick(1))
         waited += 1
     assert seen and waited <= sla + 1, (waited, seen)
+
+
+# -- a user's own queue served by size ------------------------------------------
+
+
+def first_started(rate: float, gap_s: float) -> str:
+    """One GPU frees in a full cell whose one tenant queued a heavy job (1 GPU
+    x 1,000 s) and, ``gap_s`` later, a light one (1 GPU x 10 s): which starts."""
+    h = Harness(nodes=1, config=cfg(size_order_gpu_s_per_s=rate))
+    for i in range(8):
+        h.submit(f"busy{i}", tenant="other", estimate_s=3600)
+    h.start_all()
+    h.submit("heavy", tenant="t", estimate_s=1000)
+    h.tick(gap_s)
+    h.submit("light", tenant="t", estimate_s=10)
+    h.tick(1)
+    h.complete(("busy0", 1))
+    out = h.tick(1)
+    [assigned] = of(out, ev.JobAssigned)
+    return assigned.job_id
+
+
+def test_size_order_puts_a_users_light_job_before_its_heavy_one_within_its_bound():
+    """At 1 GPU-s/s a 1,000 GPU-s job is passed over only by jobs admitted
+    less than 1,000 s after it; 0 keeps arrival order."""
+    assert first_started(1.0, 5) == "light"
+    assert first_started(1.0, 1200) == "heavy"  # past the bound
+    assert first_started(0.0, 5) == "heavy"  # arrival order

@@ -51,8 +51,12 @@ def walk(tree: FairTree, cursors: dict, budget: int, cost: dict[str, float], ste
     before=st.integers(0, 40),
     limit=st.integers(1, 80),
     capped=st.lists(st.tuples(paths, st.booleans()), max_size=3),
+    sized=st.booleans(),
 )
-def test_upcoming_is_what_pick_and_offset_give(jobs, usage, weights, budget, before, limit, capped):
+def test_upcoming_is_what_pick_and_offset_give(
+    jobs, usage, weights, budget, before, limit, capped, sized
+):
+    """``sized``: leaves serve their jobs by a key (size order), not by arrival."""
     tree = FairTree()
 
     def leaf_of(path: tuple[str, str, str]) -> Flow:
@@ -61,7 +65,8 @@ def test_upcoming_is_what_pick_and_offset_give(jobs, usage, weights, budget, bef
     cost: dict[str, float] = {}
     for n, (path, job_cost, requeued) in enumerate(jobs):
         cost[f"j{n}"] = job_cost
-        tree.push(leaf_of(path), f"j{n}", job_cost, requeued=requeued)
+        key = (n % 7) + job_cost if sized else None  # admission time + cost / rate
+        tree.push(leaf_of(path), f"j{n}", job_cost, requeued=requeued, key=key)
     for path, used in usage:
         tree.charge_start(leaf_of(path), used)
     tree.begin_pass()
@@ -88,3 +93,32 @@ def test_upcoming_changes_nothing():
     tree.upcoming(lambda leaf, n: list(leaf.queue)[:n], lambda job_id: 1.0, 10)
     assert [(f.name, f.offset, f.stamp) for f in tree.root.children.values()] == state
     assert tree.pick() is before[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 30), st.sampled_from([1.0, 5.0, 0.5]), st.booleans()),
+        max_size=60,
+    )
+)
+def test_a_sized_leaf_serves_requeued_first_then_by_key(ops):
+    """``leaf_jobs``: requeued jobs in arrival order, then the rest by (key,
+    id), whatever the order of pushes and removals."""
+    from framespool.processors.core.fairshare import leaf_jobs
+
+    tree = FairTree()
+    leaf = tree.leaf(("t", "o", "u"), (1.0, 1.0, 1.0))
+    live: dict[str, tuple[bool, float]] = {}
+    for n, (slot, key, requeued) in enumerate(ops):
+        job = f"j{slot}"
+        if job in live:
+            assert tree.remove(leaf, job, 1.0)
+            del live[job]
+        else:
+            tree.push(leaf, job, 1.0, requeued=requeued, key=key + n)
+            live[job] = (requeued, key + n)
+    requeued = [j for j, (r, _) in live.items() if r]
+    rest = sorted((k, j) for j, (r, k) in live.items() if not r)
+    assert list(leaf_jobs(leaf)) == requeued + [j for _, j in rest]
+    assert leaf.queued == len(live)

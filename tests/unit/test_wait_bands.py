@@ -132,9 +132,10 @@ def test_cell_publishes_a_band_that_learns_from_starts():
     )
     cell.apply(ev.Tick(event_id="t2", ts_ms=6_000, cell="c", now_ms=6_000))
     assert {k: h.total for k, h in cell.wait_bands.hists.items()} == {
-        ("paid", estimate_class(queued[1].wait_estimate_s)): 1.0,
-        ("paid", -1): 1.0,
-    }  # q1 started when q0 ended: the first wait learned
+        ("paid/0", estimate_class(queued[1].wait_estimate_s)): 1.0,
+        ("paid/0", -1): 1.0,
+    }  # q1 started when q0 ended: the first wait learned, under its tier and
+    # shape class (``band_key``: 1 GPU is class 0)
 
 
 def test_view_timeline_and_public_job_carry_the_band():

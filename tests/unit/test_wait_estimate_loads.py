@@ -25,7 +25,9 @@ from framespool.schemas import events as ev
 from tests.unit.core_harness import Harness
 
 LOAD_S = 20.0
-BASE = CellConfig(status_interval_s=0, estimate_interval_s=0)
+# arrival order within a user's queue: the flood's regime below queues a small
+# job behind a deep one of its own user, which size order would put first
+BASE = CellConfig(status_interval_s=0, estimate_interval_s=0, size_order_gpu_s_per_s=0)
 
 
 def queued(out: list) -> ev.JobQueued:

@@ -1,0 +1,209 @@
+"""A promised start (``TierConfig.start_within_s``, rescue.py): per job, wait for
+runs that end in time, ask a victim whose checkpoint is near, or evict one
+whose last checkpoint is recent. One test per knob, each with a control, and a
+property: whatever the runs, only preemptible, checkpointable runs of a less
+important tier are ever asked or stopped, and a stop without a checkpoint never
+loses more than ``evict_max_lost_s`` of work."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from framespool.processors.core import CellConfig
+from framespool.processors.core.config import DEFAULT_TIERS
+from framespool.schemas import events as ev
+from tests.unit.core_harness import Harness
+
+
+def of(out, cls):
+    return [o for o in out if isinstance(o, cls)]
+
+
+def cfg(promise: float = 10.0, **kw) -> CellConfig:
+    tiers = tuple(
+        replace(t, start_within_s=promise) if t.name == "interactive" else t for t in DEFAULT_TIERS
+    )
+    base = dict(
+        tiers=tiers,
+        status_interval_s=0,
+        estimate_interval_s=0,
+        heartbeat_timeout_s=1e9,
+        report_lease_s=1e9,
+        min_run_before_preempt_s=0,
+    )
+    base.update(kw)
+    return CellConfig(**base)
+
+
+def full_cell(config: CellConfig, runs: list[dict]) -> Harness:
+    """One node, full: each entry is a run's submit kwargs (8 GPUs in all)."""
+    h = Harness(nodes=1, config=config)
+    for i, spec in enumerate(runs):
+        h.submit(f"v{i}", tier=spec.pop("tier", "batch"), **spec)
+    h.start_all()
+    return h
+
+
+def checkpointed(h: Harness, job_id: str) -> None:
+    h.report(ev.RunCheckpointed, job_id, 1, "n0", checkpoint_uri=f"mem://{job_id}", progress=0.1)
+
+
+def victim(**kw) -> dict:
+    spec = dict(gpus=8, preemptible=True, checkpoint_interval_s=60, estimate_s=3600)
+    spec.update(kw)
+    return spec
+
+
+def test_a_victim_whose_checkpoint_is_near_is_asked_at_once():
+    """Its next checkpoint (last + 60 s) comes 5 s after the interactive job
+    arrives: it is asked on the job's first Tick, not after ``sla_wait_s``.
+    Control: without the promise, nothing until the 5 s SLA."""
+    for promise, want_at in ((10.0, 1), (0.0, 5)):
+        h = full_cell(cfg(promise), [victim()])
+        h.tick(15)
+        checkpointed(h, "v0")  # t = 16 s: the next one is due at 76 s
+        h.tick(55)  # t = 71 s: 39 s of work since, too much to throw away (20 s)
+        asked_at = None
+        out = h.submit("hurry", gpus=8, tier="interactive", estimate_s=30)
+        for second in range(8):
+            if of(out, ev.CheckpointRun):
+                asked_at = second
+                break
+            out = h.tick(1)
+        assert asked_at == want_at, (promise, asked_at)
+        assert not of(h.log, ev.StopRun) or promise == 0.0
+
+
+def test_a_victim_that_just_checkpointed_is_evicted_within_evict_max_lost_s():
+    """Checkpointed 5 s before the interactive job arrives, its next checkpoint
+    55 s away: stopped on its first Tick (6 s x 8 GPUs lost) and requeued, and the job
+    starts on the next pass. With ``evict_max_lost_s`` 4 s it is not."""
+    for lost_s, evicted in ((20.0, True), (4.0, False)):
+        h = full_cell(cfg(evict_max_lost_s=lost_s), [victim()])
+        h.tick(30)
+        checkpointed(h, "v0")
+        h.tick(5)
+        h.submit("hurry", gpus=8, tier="interactive", estimate_s=30)
+        out = h.tick(1)  # its first full pass (the cell is full: no quick one)
+        stops = of(out, ev.StopRun)
+        assert bool(stops) == evicted, (lost_s, out)
+        if evicted:
+            [pre] = of(out, ev.JobPreempted)
+            assert pre.job_id == "v0" and pre.by_job_id == "hurry"
+            assert "evicted" in pre.reason and "6s since its last checkpoint" in pre.reason
+            assert not of(out, ev.CheckpointRun)
+            h.confirm_stops()
+            out = h.tick(1)
+            assert [a.job_id for a in of(out, ev.JobAssigned)] == ["hurry"]
+            assert h.cell.jobs["v0"].checkpoint == "mem://v0"  # resumes from it
+
+
+def test_runs_that_end_in_time_are_waited_for():
+    """A run ending 4 s after the job arrives frees what it needs: nothing is
+    preempted. Control: ending 40 s after, the checkpointable neighbour (its
+    checkpoint due in 6 s) is asked."""
+    for ends_in, preempts in ((4, False), (40, True)):
+        h = full_cell(
+            cfg(),
+            [
+                dict(gpus=4, estimate_s=94 + ends_in, tier="paid"),  # ends at 95 + ends_in
+                victim(gpus=4),
+            ],
+        )
+        h.tick(40)
+        checkpointed(h, "v1")  # t = 41: due again at 101
+        h.tick(54)  # t = 95
+        out = h.submit("hurry", gpus=4, tier="interactive", estimate_s=30)
+        for _ in range(3):
+            out += h.tick(1)
+        assert bool(of(out, ev.CheckpointRun)) == preempts, (ends_in, out)
+        assert not of(out, ev.StopRun)
+
+
+def test_the_cheapest_node_is_chosen():
+    """Two nodes of victims: one checkpointed 15 s ago, one 3 s ago; the job
+    needs one node: only the cheaper one is stopped."""
+    h = Harness(nodes=2, config=cfg())
+    for i in range(2):
+        h.submit(f"v{i}", tier="batch", **victim())
+    h.start_all()
+    h.tick(40)
+    on = {h.runs_on(n)[0][0]: n for n in ("n0", "n1")}
+    h.report(ev.RunCheckpointed, "v0", 1, on["v0"], checkpoint_uri="mem://v0", progress=0.1)
+    h.tick(12)
+    h.report(ev.RunCheckpointed, "v1", 1, on["v1"], checkpoint_uri="mem://v1", progress=0.1)
+    h.tick(3)
+    h.submit("hurry", gpus=8, tier="interactive", estimate_s=30)
+    out = h.tick(1)
+    assert [s.job_id for s in of(out, ev.StopRun)] == ["v1"]
+
+
+run_specs = st.fixed_dictionaries(
+    {
+        "gpus": st.sampled_from([1, 2, 4]),
+        "preemptible": st.booleans(),
+        "interval": st.sampled_from([0, 30, 60]),
+        "tier": st.sampled_from(["interactive", "enterprise", "paid", "free", "batch"]),
+        "estimate_s": st.integers(20, 4000),
+        "saved_after": st.integers(0, 120),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    runs=st.lists(run_specs, min_size=1, max_size=12),
+    want=st.sampled_from([1, 2, 4, 8]),
+    wait_s=st.integers(0, 30),
+    max_lost=st.sampled_from([0.0, 10.0, 30.0]),
+)
+def test_only_eligible_victims_and_bounded_losses(runs, want, wait_s, max_lost):
+    h = Harness(nodes=2, config=cfg(evict_max_lost_s=max_lost))
+    specs = {}
+    for i, r in enumerate(runs):
+        specs[f"r{i}"] = r
+        h.submit(
+            f"r{i}",
+            tier=r["tier"],
+            gpus=r["gpus"],
+            estimate_s=r["estimate_s"],
+            preemptible=r["preemptible"],
+            checkpoint_interval_s=r["interval"],
+        )
+    h.start_all()
+    saved = {}
+    for step in range(0, 121, 10):
+        for job_id, r in specs.items():
+            run = h.cell.runs.get((job_id, 1))
+            if run is not None and run.phase == "running" and r["saved_after"] // 10 * 10 == step:
+                h.report(
+                    ev.RunCheckpointed,
+                    job_id,
+                    1,
+                    next(iter(run.held)),
+                    checkpoint_uri=f"mem://{job_id}",
+                    progress=0.1,
+                )
+                saved[job_id] = h.now_ms
+        h.tick(10)
+    started = {k[0]: r.started_ms for k, r in h.cell.runs.items()}
+    evicted_lost = []
+
+    def note(out):
+        for p in of(out, ev.JobPreempted):
+            if "evicted" in p.reason:
+                since = saved.get(p.job_id, started[p.job_id])
+                evicted_lost.append((h.now_ms - since) / 1000)
+
+    note(h.submit("hurry", gpus=want, tier="interactive", estimate_s=30))
+    for _ in range(wait_s):
+        note(h.tick(1))
+    preempted = {p.job_id for p in of(h.log, ev.JobPreempted)}
+    for o in h.log:
+        if isinstance(o, (ev.CheckpointRun, ev.StopRun)) and o.job_id in preempted:
+            r = specs[o.job_id]
+            assert r["preemptible"] and r["interval"] > 0 and r["tier"] != "interactive", (o, r)
+    assert all(lost <= max_lost + 1e-9 for lost in evicted_lost), (evicted_lost, max_lost)
