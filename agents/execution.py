@@ -246,21 +246,7 @@ class RunExecution:
         the state it shows changes)."""
         if self.host.closing or self.runner is None:
             return
-        last = self.runner.last
-        self.host.publish_progress(
-            reports.progress(
-                event_id=uuid.uuid4().hex,
-                node_id=self.host.node_id,
-                job_id=self.job_id,
-                run=self.run,
-                ts_ms=now_ms(),
-                progress=last.progress,
-                step=last.step,
-                total_steps=last.total_steps,
-                message=message,
-                phase=phase,
-            )
-        )
+        self._publish(self.runner.last, message=message, phase=phase)
 
     async def _periodic_checkpoints(self, interval_s: float) -> None:
         while self.runner is not None and self.runner.running:
@@ -476,6 +462,10 @@ class RunExecution:
             self.key, p.progress, time.monotonic()
         ):
             return
+        self._publish(p)
+
+    def _publish(self, p: Progress, message: str = "", phase: str = "") -> None:
+        """The run's progress ``p`` as a RunProgress on the host's progress topic."""
         self.host.publish_progress(
             reports.progress(
                 event_id=uuid.uuid4().hex,
@@ -486,6 +476,8 @@ class RunExecution:
                 progress=p.progress,
                 step=p.step,
                 total_steps=p.total_steps,
+                message=message,
+                phase=phase,
             )
         )
 

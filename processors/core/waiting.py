@@ -132,10 +132,29 @@ class Waiting:
         return WaitCode.GPUS, f"next in line: waiting for {need} to free ({free} free now)"
 
     def cap_words(self: Cell, job: Job) -> tuple[str, str] | None:
-        """(code, words) when the job's organisation or user is at a quota or cap."""
-        tenant = self.config.tenant(job.tenant)
-        if not tenant.capped():
+        """(code, words) when the job's organisation or user is at a quota or
+        cap: ``cap_hit``'s decision (the one the walk takes), told in words."""
+        level = self.cap_hit(job)
+        if not level:
             return None
+        tenant = self.config.tenant(job.tenant)
+        org, user = self.use_of(job)
+        gpus = job.shape[0]
+        if level == "org":
+            who, use, knob = f"organisation {job.tenant}", org, ""
+            max_gpus, max_running = tenant.max_gpus, tenant.max_running
+        else:
+            who, use, knob = f"user {job.user}", user, "user_"
+            max_gpus, max_running = tenant.user_max_gpus, tenant.user_max_running
+        if max_gpus and use.gpus + gpus > max_gpus:
+            return WaitCode.QUOTA, (
+                f"held by quota: {who} holds {use.gpus} of its {max_gpus} GPUs "
+                f"({knob}max_gpus) and this job needs {gpus}"
+            )
+        return WaitCode.CONCURRENCY_CAP, (
+            f"held by concurrency cap: {who} runs {use.running} job(s), its cap "
+            f"({knob}max_running {max_running})"
+        )
         org = self.org_use.get(job.tenant)
         user = self.user_use.get((job.tenant, job.user))
         gpus = job.shape[0]
