@@ -191,6 +191,11 @@ def record_config(args: argparse.Namespace, topics: Topics) -> None:
         log.warning("%s config not recorded in the log: %s", args.role, exc)
 
 
+# seconds a SIGTERM/SIGINT waits for the current batch before the process exits hard
+SHUTDOWN_BOUND_S = 20.0
+EXIT_SHUTDOWN_TIMEOUT = 4  # a graceful stop that did not finish within SHUTDOWN_BOUND_S
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_level, role=args.role, instance=args.instance or "default")
@@ -200,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %s: finishing the current batch", signal.Signals(signum).name)
         stop.set()
+        # A graceful stop that cannot finish (the broker died with the launcher,
+        # so a flush or commit waits on it) ends hard after SHUTDOWN_BOUND_S:
+        # nothing is lost, state and offsets commit only after delivery
+        bound = threading.Timer(SHUTDOWN_BOUND_S, os._exit, args=(EXIT_SHUTDOWN_TIMEOUT,))
+        bound.daemon = True
+        bound.start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
