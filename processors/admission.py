@@ -24,6 +24,7 @@ from framespool.processors.routing import (
     encode_outputs,
 )
 from framespool.processors.snapshots import same_config
+from framespool.schemas import positions
 from framespool.schemas import topics as catalogue
 from framespool.schemas.topics import Topics
 
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def position(partition: int, offset: int) -> str:
-    return f"admission-{partition}@{offset}"
+    """The input position of a commands record: the prefix of its outputs' event ids."""
+    return positions.input_position(positions.admission_source(partition), offset)
 
 
 class AdmissionFold:

@@ -25,6 +25,7 @@ from framespool.processors.routing import (
 )
 from framespool.processors.snapshots import same_config
 from framespool.schemas import events as ev
+from framespool.schemas import positions
 from framespool.schemas import topics as catalogue
 from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.topics import Topics, cell_of_partition
@@ -48,7 +49,7 @@ SCHEDULER_INPUTS: tuple[type, ...] = (
 
 def position(cell: str, offset: int) -> str:
     """The input position of a scheduler record: the prefix of its outputs' event ids."""
-    return f"{cell}@{offset}"
+    return positions.input_position(cell, offset)
 
 
 class SchedulerFold:

@@ -603,3 +603,7 @@ EVENT_BY_NAME = {cls.__name__: cls for cls in EVENT_TYPES}
 
 # Events that end a job; exactly one of them per job in job-events.
 TERMINAL_EVENTS = (JobCompleted, JobFailed, JobCancelled, JobRejected)
+
+# Events that end a run (``run`` > 0) of a placed job: its outcome, a requeue or a
+# preemption (a preempted run's JobRequeued, when one follows, ends it again).
+RUN_ENDS = (JobCompleted, JobFailed, JobCancelled, JobRequeued, JobPreempted)

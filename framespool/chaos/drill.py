@@ -47,8 +47,8 @@ from typing import Any
 
 from framespool.agents import faults as node_faults
 from framespool.broker import free_port
+from framespool.chaos import accounting, malformed, takeover
 from framespool.chaos import plan as chaos
-from framespool.chaos import takeover
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.states import NodeState
@@ -124,7 +124,7 @@ class Watcher(threading.Thread):
                         e = codec.decode(rec.value)
                     except Exception:
                         continue
-                    if isinstance(e, chaos.TERMINAL_TYPES):
+                    if isinstance(e, ev.TERMINAL_EVENTS):
                         self.terminal.add(e.job_id)
                     elif isinstance(e, ev.NodeStateChanged) and e.gpu < 0:
                         self.node_state[e.node_id] = (e.state, time.monotonic(), e.reason)
@@ -138,7 +138,7 @@ class Watcher(threading.Thread):
                         e = codec.decode(rec.value)
                     except Exception:
                         continue
-                    if isinstance(e, chaos.AGENT_REPORTS):
+                    if isinstance(e, accounting.AGENT_REPORTS):
                         self.recent.append(rec)
                 self.dead_values.update(r.value for r in dead if r.value is not None)
 
@@ -348,7 +348,7 @@ class ChaosRun:
         self.roles: dict[str, str] = {}
         self.submit_errors: list[str] = []
         self.fault_log: list[dict[str, Any]] = []
-        self.injected: list[chaos.Malformed] = []
+        self.injected: list[malformed.Malformed] = []
         self.wedged: set[str] = set()
         self.held: set[str] = set()  # nodes a fault of ours has out of service
         self.gpu_faults: dict[str, dict[str, dict]] = {}
@@ -782,7 +782,7 @@ class ChaosRun:
 
     def _malformed(self, a: chaos.Action) -> str:
         node = f"node-{a.fault_id % self.config.nodes}"
-        records = chaos.malformed_records(catalogue, node, f"{self.config.seed}-{a.fault_id}")
+        records = malformed.malformed_records(catalogue, node, f"{self.config.seed}-{a.fault_id}")
         for m in records:
             self.producer.produce(m.topic, m.key, m.value, m.partition, [("chaos", b"malformed")])
         self.producer.flush(10)
@@ -859,7 +859,7 @@ class ChaosRun:
             self.data_dir / "chaos-job-events.jsonl",
             (
                 e
-                for e in chaos.cell_ordered(job_events)
+                for e in accounting.cell_ordered(job_events)
                 if not isinstance(e, (ev.CellStatus, ev.JobWaitEstimated))
             ),
         )
@@ -873,7 +873,7 @@ class ChaosRun:
         if not config_path.exists():
             config_path = self.data_dir / "chaos-processors.json"
         verdict, verify_summary = run_verify(bootstrap, config_path)
-        report = chaos.account(
+        report = accounting.account(
             job_events,
             scheduler,
             dead,
@@ -960,7 +960,7 @@ def dump(path: Path, events: Any) -> None:
 
 def run_verify(bootstrap: str, config_path: Path) -> tuple[Any, dict]:
     """``framespool.processors.tools.verify`` over the same log: the one judge of the
-    log invariants (``chaos.invariants`` reads its report). Returns the report
+    log invariants (``accounting.invariants`` reads its report). Returns the report
     (None if verify failed) and its summary for the JSON report."""
     from framespool.processors.config_file import load_cell_config
     from framespool.processors.tools.reader import read_log

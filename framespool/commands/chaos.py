@@ -60,8 +60,8 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from framespool.chaos.accounting import failures, format_report, summary
     from framespool.chaos.drill import ChaosConfig, ChaosRun
-    from framespool.chaos.plan import failures, format_report, summary
     from framespool.stack import StackError
 
     if args.jobs < 1:

@@ -28,10 +28,10 @@ from framespool.processors.tools.history import (
     Refold,
     decode_all,
     event_dict,
-    parse_position,
 )
 from framespool.processors.tools.timeline import Entry, job_timeline
 from framespool.schemas import events as ev
+from framespool.schemas import positions
 from framespool.schemas.states import GpuSlot, GpuState, JobState, NodeState
 
 
@@ -638,7 +638,7 @@ def _runs(timeline: list[Entry]) -> list[dict[str, Any]]:
     runs: dict[int, dict[str, Any]] = {}
     for e in timeline:
         x = e.event
-        if isinstance(x, ev.JobAssigned) and parse_position(x.event_id):
+        if isinstance(x, ev.JobAssigned) and positions.parse_cell(x.event_id):
             runs[x.run] = {
                 "run": x.run,
                 "gpus": x.gpus,

@@ -7,7 +7,7 @@ Theory of operation
    scheduler and admission processors had committed when reading started
    (inputs below a committed offset had all their outputs delivered first).
 2. An output of a cell's fold has the event id ``cell-<p>@<offset>/<i>``
-   (:func:`parse_position`): the input it came from and its index among that
+   (:func:`framespool.schemas.positions.parse_cell`): the input it came from and its index among that
    input's outputs. That is what orders outputs on their cell's timeline
    across topics and partitions.
 3. :class:`Refold` re-folds one scheduler partition with the processor's own
@@ -16,13 +16,12 @@ Theory of operation
    what the processor would have. :class:`AdmissionRefold` does the same for
    one commands partition with the admission processor's fold
    (``AdmissionFold.step``), whose outputs are ``admission-<p>@<offset>/<i>``
-   (:func:`parse_admission_position`).
+   (:func:`framespool.schemas.positions.parse_admission`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,21 +38,6 @@ from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.topics import Topics
-
-_POSITION = re.compile(r"^(cell-[0-9]+)@([0-9]+)/([0-9]+)$")
-_ADMISSION_POSITION = re.compile(r"^(admission-[0-9]+)@([0-9]+)/([0-9]+)$")
-
-
-def parse_position(event_id: str) -> tuple[str, int, int] | None:
-    """``(cell, input offset, output index)`` of a cell output's event id, else None."""
-    m = _POSITION.match(event_id or "")
-    return (m[1], int(m[2]), int(m[3])) if m else None
-
-
-def parse_admission_position(event_id: str) -> tuple[str, int, int] | None:
-    """``(admission-<p>, command offset, output index)`` of an admission output's id."""
-    m = _ADMISSION_POSITION.match(event_id or "")
-    return (m[1], int(m[2]), int(m[3])) if m else None
 
 
 def event_dict(event: Any) -> dict[str, Any] | None:

@@ -43,12 +43,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from framespool.processors.tools.history import parse_position
 from framespool.schemas import events as ev
+from framespool.schemas import positions
 from framespool.schemas.states import NodeState
 
 RUN_REPORTS = (ev.RunStarted, ev.RunCheckpointed, ev.RunCompleted, ev.RunFailed, ev.RunStopped)
-RUN_ENDS = (ev.JobCompleted, ev.JobFailed, ev.JobCancelled, ev.JobRequeued, ev.JobPreempted)
 STALE_MAY_EMIT = (ev.ReportIgnored, ev.StopRun)
 
 
@@ -211,7 +210,7 @@ class CellLedger:
     def _output(self, o: Any, offset: int) -> None:
         if isinstance(o, ev.JobAssigned):
             self._assign(o, offset)
-        elif isinstance(o, RUN_ENDS):
+        elif isinstance(o, ev.RUN_ENDS):
             if isinstance(o, (ev.JobCompleted, ev.JobFailed, ev.JobCancelled)):
                 self.finished.add(o.job_id)
             key = (o.job_id, o.run)
@@ -298,7 +297,7 @@ def check_cell_history(
     by_offset: dict[int, list[tuple[int, Any]]] = {}
     seen: set[str] = set()
     for o in outputs:
-        pos = parse_position(o.event_id)
+        pos = positions.parse_cell(o.event_id)
         if pos is not None and pos[0] == cell and o.event_id not in seen:
             seen.add(o.event_id)  # at-least-once: a re-delivered output is the same one
             by_offset.setdefault(pos[1], []).append((pos[2], o))

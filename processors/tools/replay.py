@@ -70,10 +70,8 @@ from framespool.processors.tools.history import (
     decode_all,
     diff_fields,
     event_dict,
-    parse_admission_position,
-    parse_position,
 )
-from framespool.schemas import codec
+from framespool.schemas import codec, positions
 from framespool.schemas import topics as catalogue
 from framespool.schemas.topics import Topics
 
@@ -255,7 +253,7 @@ class _Emitted:
 
 
 def index_emitted(
-    records: Iterable[Record], cells: set[str], counts: Counter, parse: Any = parse_position
+    records: Iterable[Record], cells: set[str], counts: Counter, parse: Any = positions.parse_cell
 ) -> dict[tuple[str, str], list[_Emitted]]:
     """Emitted outputs of ``cells`` (the sources ``parse`` finds in event ids) by
     (topic, event id); others are only counted."""
@@ -370,7 +368,7 @@ def compare(
     for key, copies in emitted.items():
         if key in expected_ids:
             continue
-        cell, offset, index = parse_position(key[1])
+        cell, offset, index = positions.parse_cell(key[1])
         if offset <= skipped_below.get(cell, -1):
             counts["before_snapshot"] += 1
             continue
@@ -473,7 +471,7 @@ def compare_admission(
     counts = report.admission_counts
     refolds = {p: AdmissionRefold(p, config, topics) for p in partitions}
     emitted = index_emitted(
-        emitted_records, {r.source for r in refolds.values()}, Counter(), parse_admission_position
+        emitted_records, {r.source for r in refolds.values()}, Counter(), positions.parse_admission
     )
     expected_ids: set[tuple[str, str]] = set()
     for p, records in partitions.items():
@@ -499,7 +497,7 @@ def compare_admission(
                     refold.source,
                     record,
                     _decode_or_none(record),
-                    (parse_admission_position(out.event.event_id) or ("", 0, -1))[2],
+                    (positions.parse_admission(out.event.event_id) or ("", 0, -1))[2],
                     committed_below=limit,
                     counts=counts,
                 )
@@ -512,7 +510,7 @@ def compare_admission(
         }
     last = {r.source: r.last_offset for r in refolds.values()}
     for key, copies in emitted.items():
-        source, offset, index = parse_admission_position(key[1]) or ("", -1, -1)
+        source, offset, index = positions.parse_admission(key[1]) or ("", -1, -1)
         if key in expected_ids or offset > last.get(source, -1):
             continue  # matched, or the output of a command read after this replay's
         counts["unexpected"] += 1

@@ -25,8 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from framespool.processors.tools.history import Decoded, event_dict, fmt_ms, job_of, parse_position
+from framespool.processors.tools.history import Decoded, event_dict, fmt_ms, job_of
 from framespool.schemas import events as ev
+from framespool.schemas import positions
 
 SOURCES = {
     ev.SubmitJob: "user",
@@ -232,7 +233,7 @@ def job_timeline(
             e = d.event
             if e is None or job_of(e) != job_id or e.event_id in entries:
                 continue
-            pos = parse_position(e.event_id)
+            pos = positions.parse_cell(e.event_id)
             if pos is not None:
                 cell, offset, index = pos
                 entries[e.event_id] = _entry(

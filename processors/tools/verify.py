@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
-from framespool.processors.tools.history import LogContents, Refold, decode_all, parse_position
+from framespool.processors.tools.history import LogContents, Refold, decode_all
 from framespool.processors.tools.ledger import (
-    RUN_ENDS,
     Violation,
     check_cell_history,
     first_terminal_violations,
 )
 from framespool.schemas import events as ev
+from framespool.schemas import positions
 from framespool.schemas.states import RunPhase
 
 EXAMPLES_PER_KIND = 20
@@ -499,9 +499,9 @@ def fairness(
         if e is None or e.event_id in seen:
             continue
         seen.add(e.event_id)
-        if isinstance(e, ev.JobAssigned) and parse_position(e.event_id):
-            starts[(e.job_id, e.run)] = (e.ts_ms, e.gpus, parse_position(e.event_id)[0])
-        elif isinstance(e, RUN_ENDS):
+        if isinstance(e, ev.JobAssigned) and positions.parse_cell(e.event_id):
+            starts[(e.job_id, e.run)] = (e.ts_ms, e.gpus, positions.parse_cell(e.event_id)[0])
+        elif isinstance(e, ev.RUN_ENDS):
             ends.setdefault((e.job_id, e.run), e.ts_ms)
             if isinstance(e, ev.JobCompleted):
                 completed[tenant_of.get(e.job_id, "?")] += e.gpu_seconds

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import pytest
 
+from framespool.chaos.accounting import dead_letter_check
 from framespool.chaos.drill import LogTail, chaos_stack
-from framespool.chaos.plan import dead_letter_check, malformed_records
+from framespool.chaos.malformed import malformed_records
 from framespool.log import LogProducer
 from framespool.producers.client import Client
 from framespool.schemas import events as ev

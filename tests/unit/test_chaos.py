@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from framespool.agents.faults import FaultFileProbe, write_gpu_faults
 from framespool.agents.gpus import SimulatedProbe
+from framespool.chaos import accounting, malformed
 from framespool.chaos import plan as chaos
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.ledger import check_cell_history, first_terminal_violations
@@ -190,16 +191,16 @@ def test_a_cell_emptied_with_jobs_queued_must_reroute_them_or_the_drill_fails():
     timing = chaos.Timing(heartbeat_timeout_s=6.0, drain_grace_s=12.0)
     # queued at t=110 s: DOWN by then (100 + 6 + 3) and a grace left before 130 - 14
     events, fault_log = _empty_cell_log(timing, 110, 124)
-    (row,) = chaos.drain_checks(events, fault_log, timing)
+    (row,) = accounting.drain_checks(events, fault_log, timing)
     assert row["expected"] and row["queued_max"] == 2
     assert (row["cell"], row["rerouted"], row["rerouted_jobs"]) == ("cell-1", 1, ["job_y"])
     report = {"drains": [row], "dead_letter": {"missing": []}}
-    assert chaos.failures(report) == []
+    assert accounting.failures(report) == []
     # the same without the reroute (cell-0's reroute does not count): a named failure
     events, fault_log = _empty_cell_log(timing, 110, None)
-    (row,) = chaos.drain_checks(events, fault_log, timing)
+    (row,) = accounting.drain_checks(events, fault_log, timing)
     assert row["expected"] and row["rerouted"] == 0
-    assert chaos.failures({"drains": [row]}) == [
+    assert accounting.failures({"drains": [row]}) == [
         "no reroute: empty_cell #4 left 2 job(s) queued in cell-1 past the drain grace and "
         "none was rerouted"
     ]
@@ -207,31 +208,31 @@ def test_a_cell_emptied_with_jobs_queued_must_reroute_them_or_the_drill_fails():
     # nothing was owed, so no reroute is no failure
     for at in (104, 120):
         events, fault_log = _empty_cell_log(timing, at, None)
-        (row,) = chaos.drain_checks(events, fault_log, timing)
-        assert not row["expected"] and chaos.failures({"drains": [row]}) == []
+        (row,) = accounting.drain_checks(events, fault_log, timing)
+        assert not row["expected"] and accounting.failures({"drains": [row]}) == []
     # a fault that failed to inject owes nothing either
     events, fault_log = _empty_cell_log(timing, 110, None)
     fault_log[0]["ok"] = False
-    assert chaos.drain_checks(events, fault_log, timing) == []
+    assert accounting.drain_checks(events, fault_log, timing) == []
 
 
 def test_account_counts_every_reroute_and_reports_the_drains():
     timing = chaos.Timing()
     events, fault_log = _empty_cell_log(timing, 110, 124)
-    report = chaos.account(
+    report = accounting.account(
         events + events[-1:],  # a redelivered reroute counts once
         [], [], [], {}, [], fault_log, (), 10.0, verdict=None, timing=timing,
     )  # fmt: skip
     assert report["reroutes"] == 2
     assert [row["rerouted"] for row in report["drains"]] == [1]
-    assert "reroutes" in chaos.SUMMARY_KEYS
-    assert chaos.summary({**report, "config": {}})["reroutes"] == 2
+    assert "reroutes" in accounting.SUMMARY_KEYS
+    assert accounting.summary({**report, "config": {}})["reroutes"] == 2
 
 
 def test_a_run_lost_to_an_emptied_cell_is_blamed_on_it():
     end = SimpleNamespace(ts_ms=5_000, cause=RunCause.NODE_DOWN, failure_class="")
     fault_log = [{"t_ms": 4_000, "kind": chaos.EMPTY_CELL, "node": "", "nodes": ["node-1"]}]
-    kind = chaos.classify_run_end(end, False, chaos.NORMAL, False, ["node-1"], fault_log)
+    kind = accounting.classify_run_end(end, False, chaos.NORMAL, False, ["node-1"], fault_log)
     assert kind == chaos.EMPTY_CELL
 
 
@@ -277,7 +278,7 @@ def test_actions_expand_each_fault_into_ordered_steps():
 
 
 def test_malformed_records_are_unique_and_cover_every_consumed_topic():
-    records = chaos.malformed_records(catalogue, "node-3", "m1")
+    records = malformed.malformed_records(catalogue, "node-3", "m1")
     assert len({m.value for m in records}) == len(records)
     assert {m.topic for m in records} == {
         catalogue.COMMANDS.name,
@@ -287,7 +288,7 @@ def test_malformed_records_are_unique_and_cover_every_consumed_topic():
         catalogue.PROGRESS.name,
     }
     assert {m.key for m in records if m.topic == catalogue.ASSIGNMENTS.name} == {b"node-3"}
-    again = {m.value for m in chaos.malformed_records(catalogue, "node-3", "m2")}
+    again = {m.value for m in malformed.malformed_records(catalogue, "node-3", "m2")}
     assert not again & {m.value for m in records}
 
 
@@ -332,17 +333,17 @@ def test_terminal_summary_counts_lost_jobs_and_redeliveries_and_verify_the_dupli
             event_id="cell-0@7/0", ts_ms=0, job_id="c", run=3, reason="x", failure_class="hung"
         ),
     ]
-    s = chaos.terminal_summary(events, ["a", "b", "c", "d"])
+    s = accounting.terminal_summary(events, ["a", "b", "c", "d"])
     assert (s["submitted"], s["completed"], s["failed"], s["lost"]) == (4, 2, 1, 1)
     assert s["lost_jobs"] == ["d"]
     assert s["redelivered_terminal_records"] == 1
     assert s["failed_by_class"] == {"hung": 1}
     # the duplicate is verify's finding (one checker), reported under chaos's keys
     violations, first = first_terminal_violations(events)
-    found = chaos.invariants(VerifyReport(violations=violations, first_terminal=first))
+    found = accounting.invariants(VerifyReport(violations=violations, first_terminal=first))
     assert found["duplicate_terminal_events"] == 1
     assert found["duplicate_terminal_jobs"] == {"b": ["cell-0@6/0", "cell-0@9/1"]}
-    assert chaos.failures({**s, **found}) == ["lost = 1", "duplicate_terminal_events = 1"]
+    assert accounting.failures({**s, **found}) == ["lost = 1", "duplicate_terminal_events = 1"]
 
 
 def test_cell_order_follows_input_positions_not_partitions():
@@ -355,7 +356,7 @@ def test_cell_order_follows_input_positions_not_partitions():
         ),
     ]
     events[2] = ev.JobAssigned(**{**vars_of(events[2]), "event_id": "cell-0@2/1"})
-    ordered = chaos.cell_ordered(events)
+    ordered = accounting.cell_ordered(events)
     assert [e.event_id for e in ordered] == ["cell-0@2/0", "cell-0@2/1", "cell-0@10/0"]
 
 
@@ -390,7 +391,7 @@ def agent(cls, job, run=1, node="n0", inc=1, tag=""):
 def judged(inputs, outputs):
     """chaos's invariant keys for one cell's history, as verify's ledger judges it."""
     ledger = check_cell_history("cell-0", list(enumerate(inputs)), outputs)
-    return chaos.invariants(VerifyReport(violations=ledger.violations)), ledger.violations
+    return accounting.invariants(VerifyReport(violations=ledger.violations)), ledger.violations
 
 
 def test_scheduler_double_booking_is_an_assignment_onto_gpus_not_released_and_confirmed():
@@ -462,19 +463,19 @@ def test_node_double_booking_is_a_start_before_the_previous_runs_final_report():
 
 def test_leaks_are_the_gpus_runs_still_hold_at_the_end_of_verifys_refold():
     log = clean_history()
-    found = chaos.invariants(verify(log.contents(), log.config))
+    found = accounting.invariants(verify(log.contents(), log.config))
     # the gang's other node has not confirmed its stop yet: held (within the stop lease)
     assert found["leaked_gpus"] == 8 and {leak["job_id"] for leak in found["leaks"]} == {"gang"}
     for node in ("n0", "n1"):
         log.heartbeat(node)  # nothing runs here any more
-    found = chaos.invariants(verify(log.contents(), log.config))
+    found = accounting.invariants(verify(log.contents(), log.config))
     assert (found["leaked_gpus"], found["leaks"]) == (0, [])
     assert found["final_cell_status"] == f"cell-0@{len(log.scheduler) - 1}"
     log.admit("stuck", gpus=2)
     log.tick()
     log.start_all()
     log.tick()
-    found = chaos.invariants(verify(log.contents(), log.config))
+    found = accounting.invariants(verify(log.contents(), log.config))
     assert found["leaked_gpus"] == 2
     assert {(leak["cell"], leak["job_id"], leak["run"]) for leak in found["leaks"]} == {
         ("cell-0", "stuck", 1)
@@ -482,10 +483,10 @@ def test_leaks_are_the_gpus_runs_still_hold_at_the_end_of_verifys_refold():
 
 
 def test_without_a_verdict_nothing_is_known_and_the_drill_fails():
-    found = chaos.invariants(None)
-    assert set(found) == set(chaos.INVARIANT_KEYS) and set(found.values()) == {None}
+    found = accounting.invariants(None)
+    assert set(found) == set(accounting.INVARIANT_KEYS) and set(found.values()) == {None}
     report = {**found, "lost": 0, "verify": {"ok": None, "error": "broker gone"}}
-    assert chaos.failures(report) == [
+    assert accounting.failures(report) == [
         "verify could not run (broker gone): the log invariants are unknown"
     ]
 
@@ -530,13 +531,15 @@ def test_a_preemption_by_the_real_core_passes_verify_and_is_wasted_time_of_preem
     log.tick()
     verdict = verify(log.contents(), config)
     assert verdict.ok, verdict.render()
-    found = chaos.invariants(verdict)
+    found = accounting.invariants(verdict)
     assert (found["double_booked_gpus"], found["duplicate_terminal_events"]) == (0, 0)
     assert {leak["job_id"] for leak in found["leaks"]} == {"hurry"}  # still running: held
     job_events = [codec.decode(r.value) for r in log.contents().job_events]
     spec = {"batch": ev.JobSpec(job_id="batch", tenant="acme", checkpoint_interval_s=30)}
     sched = [codec.decode(r.value) for r in log.scheduler]
-    wasted = chaos.wasted_by_fault(chaos.cell_ordered(job_events), sched, spec, {}, (), [], 1.0)
+    wasted = accounting.wasted_by_fault(
+        accounting.cell_ordered(job_events), sched, spec, {}, (), [], 1.0
+    )
     assert list(wasted) == ["preemption"] and wasted["preemption"]["runs"] == 1
 
 
@@ -545,7 +548,7 @@ def test_run_ends_are_blamed_on_the_fault_that_caused_them():
         {"t_ms": 5_000, "kind": chaos.KILL_AGENT, "node": "n1"},
         {"t_ms": 9_000, "kind": chaos.PAUSE_AGENT, "node": "n2"},
     ]
-    blame = lambda end, **kw: chaos.classify_run_end(
+    blame = lambda end, **kw: accounting.classify_run_end(
         end,
         kw.get("pre", False),
         kw.get("role", chaos.NORMAL),
@@ -604,7 +607,7 @@ def test_run_ends_are_blamed_on_the_fault_that_caused_them():
 
 
 def test_run_ends_are_classified_by_their_cause_code_not_their_wording():
-    blame = lambda end, **kw: chaos.classify_run_end(
+    blame = lambda end, **kw: accounting.classify_run_end(
         end, False, kw.get("role", chaos.NORMAL), kw.get("wedged", False), ["n1"], []
     )
     prose = "checkpoint-and-move: node n1 draining (GPU 2 failed: uncorrectable ECC errors: 1)"
@@ -622,7 +625,7 @@ def test_run_ends_are_classified_by_their_cause_code_not_their_wording():
     hung = requeued(4, "a", 1, "retry after generator_error: x", cause=RunCause.HUNG)
     assert blame(hung, role=chaos.HANG) == chaos.HANG_GENERATOR
     assert blame(hung, role=chaos.CRASH) == "other (no injected fault)"
-    assert set(chaos.MOVE_KINDS) == set(MOVES)
+    assert set(accounting.MOVE_KINDS) == set(MOVES)
 
 
 def test_waste_is_gpu_time_from_the_last_checkpoint_to_the_end_of_the_run():
@@ -646,8 +649,8 @@ def test_waste_is_gpu_time_from_the_last_checkpoint_to_the_end_of_the_run():
         ),
     ]
     log = [{"t_ms": 18_000, "kind": chaos.KILL_AGENT, "node": "n0"}]
-    wasted = chaos.wasted_by_fault(
-        chaos.cell_ordered(events), sched, {"a": spec}, {"a": chaos.NORMAL}, (), log, 10.0
+    wasted = accounting.wasted_by_fault(
+        accounting.cell_ordered(events), sched, {"a": spec}, {"a": chaos.NORMAL}, (), log, 10.0
     )
     assert wasted == {
         chaos.KILL_AGENT: {
@@ -663,12 +666,12 @@ def test_waste_is_gpu_time_from_the_last_checkpoint_to_the_end_of_the_run():
 
 
 def test_dead_letter_check_matches_records_by_value_and_wants_a_reason():
-    injected = chaos.malformed_records(catalogue, "node-0", "dl")[:3]
+    injected = malformed.malformed_records(catalogue, "node-0", "dl")[:3]
     rec = lambda value, reason: SimpleNamespace(
         value=value, header=lambda name: reason if name == "reason" else None
     )
     dead = [rec(injected[0].value, b"bad_magic"), rec(injected[1].value, None)]
-    check = chaos.dead_letter_check(injected, dead)
+    check = accounting.dead_letter_check(injected, dead)
     assert check["dead_lettered"] == 1 and check["reasons"] == {"bad_magic": 1}
     assert len(check["missing"]) == 2
 
@@ -682,7 +685,7 @@ def test_failures_name_what_broke():
         "dead_letter": {"missing": []},
         "submit_errors": [],
     }
-    assert chaos.failures(report) == ["lost = 2", "leaked_gpus = 1"]
+    assert accounting.failures(report) == ["lost = 2", "leaked_gpus = 1"]
 
 
 # -- the agent's fault file ----------------------------------------------------------
@@ -875,7 +878,7 @@ def test_a_down_agent_healed_itself_only_if_it_came_back_up_with_a_new_incarnati
     assert rows["node-1"]["self_healed"] is True and rows["node-1"]["heal_s"] == 2.5
     assert rows["node-2"]["declared_down"] is True and rows["node-2"]["self_healed"] is False
     assert rows["node-3"]["declared_down"] is False and rows["node-3"]["self_healed"] is None
-    assert chaos.summary({"self_healing": list(rows.values()), "dead_letter": {}})[
+    assert accounting.summary({"self_healing": list(rows.values()), "dead_letter": {}})[
         "self_healed"
     ] == [True, False, None]
 

@@ -9,14 +9,9 @@ import pytest
 from framespool.log import Record
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig
-from framespool.processors.tools.history import (
-    Until,
-    parse_admission_position,
-    parse_position,
-    parse_until,
-)
+from framespool.processors.tools.history import Until, parse_until
 from framespool.processors.tools.replay import DIFFERING, MISSING, UNEXPECTED, replay
-from framespool.schemas import codec
+from framespool.schemas import codec, positions
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from tests.unit.test_tools_support import T0, CellLog, clean_history, record
@@ -28,7 +23,9 @@ def emitted_index(records: list[Record], event_id: str) -> int:
 
 def cell_outputs(records: list[Record]) -> list[int]:
     """Indexes of the records that are a cell's outputs (not the admission's)."""
-    return [i for i, r in enumerate(records) if parse_position(codec.decode(r.value).event_id)]
+    return [
+        i for i, r in enumerate(records) if positions.parse_cell(codec.decode(r.value).event_id)
+    ]
 
 
 def test_a_clean_log_replays_without_divergence():
@@ -90,7 +87,7 @@ def test_missing_counts_only_below_the_committed_offset():
     completed = next(
         o for off, o in log.outputs if isinstance(o, ev.JobCompleted) and o.job_id == "gang"
     )
-    off = parse_position(completed.event_id)[1]
+    off = positions.parse_cell(completed.event_id)[1]
     del contents.job_events[emitted_index(contents.job_events, completed.event_id)]
     contents.committed = {"scheduler": {0: off}}  # that input is not committed yet
     report = replay(contents, log.config)
@@ -166,7 +163,9 @@ def test_parse_until_refuses_nonsense():
 def admission_outputs(records: list[Record]) -> list[int]:
     """Indexes of the records that are admission's outputs."""
     return [
-        i for i, r in enumerate(records) if parse_admission_position(codec.decode(r.value).event_id)
+        i
+        for i, r in enumerate(records)
+        if positions.parse_admission(codec.decode(r.value).event_id)
     ]
 
 
