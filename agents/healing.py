@@ -1,7 +1,7 @@
 """The agent's self-healing shell: a node declared DOWN registers again by itself.
 
 The decision (is this a DOWN of the current incarnation, and when may it
-register again) is :class:`~framespool.agents.liveness.Liveness`'s, pure; this
+register again) is :class:`~framespool.agents.liveness.Liveness`'s (no IO); this
 mixin of :class:`~framespool.agents.agent.NodeAgent` carries it out (see
 :meth:`Healing._heal` for the order).
 """

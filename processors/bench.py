@@ -1,4 +1,4 @@
-"""Benchmarks of the pure core: events/s, placements/s and decision latency.
+"""Benchmarks of the scheduler core: events/s, placements/s and decision latency.
 
 Only ``Cell.apply`` is timed (``time.perf_counter`` around each call); every
 input is built before the clock starts, and the objects that exist then are

@@ -35,7 +35,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from framespool.log import Record, partition_for_key
+from framespool.log.partitioning import partition_for_key
+from framespool.log.port import Record
 from framespool.processors.core import AGENT_COMMANDS
 from framespool.processors.core.admission import CellCommand
 from framespool.schemas import codec, deadletter

@@ -5,7 +5,7 @@ Theory of operation
 Each input topic has its own ``LogConsumer`` with every partition assigned
 manually, starting at the stored offset + 1 (0 when none): no group, no
 rebalances, the store's offsets are the only position. A poll's records go
-through ``prepare`` (pure apart from store reads) and ``finish``:
+through ``prepare`` (no IO but store reads) and ``finish``:
 
 1. skip a record at or below the offset already stored (or already in this
    batch) for its (topic, partition): replays are no-ops;
@@ -60,8 +60,9 @@ from framespool.log import Consumer, LogConsumer, Record, Role, Sender
 from framespool.projections import cluster as cluster_fold
 from framespool.projections import jobs as job_fold
 from framespool.projections.cluster import ClusterView
+from framespool.projections.delivery_lanes import Delivery
 from framespool.projections.hub import Hub
-from framespool.projections.store import Batch, Delivery, ViewStore
+from framespool.projections.store import Batch, ViewStore
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import codec, deadletter
 from framespool.schemas.deadletter import DeadLetterReason

@@ -18,8 +18,27 @@ scan of everything pending.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
-from framespool.projections.store import PENDING, Delivery
+PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"  # a Delivery's status
+
+
+@dataclass
+class Delivery:
+    """One webhook POST to make; ``delivery_id`` is the event id (idempotency key)."""
+
+    delivery_id: str
+    job_id: str
+    tenant: str
+    url: str
+    body: str
+    status: str = PENDING
+    attempts: int = 0
+    next_attempt_ms: int = 0
+    last_error: str = ""
+    created_ms: int = 0
+    done_ms: int = 0
+    seq: int = 0  # the job view's seq after the event: per-job delivery order
 
 
 class DeliveryLanes:

@@ -16,8 +16,9 @@ import threading
 from typing import Any
 
 from framespool.projections.cluster import ClusterView
+from framespool.projections.delivery_lanes import Delivery
 from framespool.projections.jobs import JobView
-from framespool.projections.store import Batch, Delivery, Page, ViewStore
+from framespool.projections.store import Batch, Page, ViewStore
 
 
 class SerializedStore:

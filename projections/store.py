@@ -75,6 +75,7 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.private_files import private_dir
 from framespool.projections.cluster import Breaker, CellView, ClusterView
+from framespool.projections.delivery_lanes import PENDING, Delivery
 from framespool.projections.jobs import (
     ASSIGNED,
     CHECKPOINTING,
@@ -93,7 +94,6 @@ from framespool.projections.serde import (
 )
 
 _MAX_MS = 10**13 - 1
-PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 QUEUED_STATES = (SUBMITTED, QUEUED)  # what the submit-time queue cap counts
 HOLDING_STATES = (ASSIGNED, RUNNING, CHECKPOINTING)  # jobs holding GPUs (the edge's own place)
 
@@ -121,24 +121,6 @@ def _ended_ms(view: JobView) -> int:
     """When a terminal view ended, on the same clock as the store's "now" (the
     view's last update: its terminal event, or a later one it recorded)."""
     return view.updated_ms
-
-
-@dataclass
-class Delivery:
-    """One webhook POST to make; ``delivery_id`` is the event id (idempotency key)."""
-
-    delivery_id: str
-    job_id: str
-    tenant: str
-    url: str
-    body: str
-    status: str = PENDING
-    attempts: int = 0
-    next_attempt_ms: int = 0
-    last_error: str = ""
-    created_ms: int = 0
-    done_ms: int = 0
-    seq: int = 0  # the job view's seq after the event: per-job delivery order
 
 
 @dataclass

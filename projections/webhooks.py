@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-1. The projection consumer calls ``delivery_for(before, after, event)`` (pure)
+1. The projection consumer calls ``delivery_for(before, after, event)`` (no IO)
    for every applied job event; a state change into ``NOTIFY_STATES`` of a job
    with a callback becomes a ``Delivery`` whose id is the event id. The
    consumer commits it in the same batch as the view (an outbox), so a crash
@@ -50,7 +50,8 @@ from framespool.callbacks.targets import (
     parse_target,
     vet_target,
 )
-from framespool.projections.delivery_lanes import DeliveryLanes
+from framespool.projections.delivery_lanes import DELIVERED, PENDING, Delivery, DeliveryLanes
+from framespool.projections.delivery_lanes import FAILED as DELIVERY_FAILED
 from framespool.projections.jobs import (
     ASSIGNED,
     CANCELLED,
@@ -62,8 +63,7 @@ from framespool.projections.jobs import (
     RUNNING,
     JobView,
 )
-from framespool.projections.store import DELIVERED, PENDING, Delivery, ViewStore
-from framespool.projections.store import FAILED as DELIVERY_FAILED
+from framespool.projections.store import ViewStore
 
 log = logging.getLogger(__name__)
 

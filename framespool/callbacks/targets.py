@@ -32,7 +32,7 @@ Theory of operation
    ``ip6-localhost``, ``ip6-loopback``, with or without a trailing dot) are
    refused without a lookup: a skipped or slow submit-time lookup must not
    let them through.
-5. ``check_address`` (one resolved address) is pure; ``check_target`` adds it
+5. ``check_address`` (one resolved address) does no IO; ``check_target`` adds it
    for IP literals. ``PolicyResolver`` resolves host names for the
    dispatcher's HTTP session and applies ``check_address`` to the very
    addresses it connects to, so a DNS answer that changes between the check

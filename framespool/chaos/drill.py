@@ -23,7 +23,8 @@ The stack runs ``cells`` cells and ``schedulers`` scheduler instances
 snapshots in ``<data-dir>/shared-snapshots`` (so a taken-over cell starts from
 its last published state, and a resumed zombie is fenced by owner epoch).
 
-The plan and the accounting are pure (:mod:`framespool.chaos.plan`); this module
+The plan and the accounting (:mod:`framespool.chaos.plan`,
+:mod:`framespool.chaos.accounting`) are on the purity list; this module
 only does what they say and reads the log back.
 """
 

@@ -25,7 +25,7 @@ def malformed_records(topics: Topics, node: str, marker: str) -> list[Malformed]
     keyed for ``node``, whose agent reads it), plus misplaced valid events where a
     consumer can tell (wrong type, wrong cell). ``marker`` makes every value
     unique, so its dead letter can be found by value."""
-    from framespool.log import partition_for_key
+    from framespool.log.partitioning import partition_for_key
     from framespool.schemas import codec
 
     def undecodable(topic: str) -> list[tuple[str, bytes]]:

@@ -1,8 +1,9 @@
 """Tools that reuse the core on the log: ``replay``, ``audit``, ``verify``
 (docs/design.md#tools-that-reuse-the-core).
 
-Each tool is pure logic over records and decoded events (``history``,
-``replay``, ``audit``, ``verify``, ``ledger``) plus one thin reader
+Each tool is logic over records and decoded events (``history``,
+``replay``, ``audit``, ``verify``, ``ledger``; the ones without IO are on the
+purity list in pyproject.toml) plus one thin reader
 (``reader``) that fetches the topics and the processors' committed positions.
 The scheduler's own fold (``framespool.processors.scheduler.SchedulerFold``: decode,
 ``Cell.apply`` at position ``cell-<p>@<offset>``, route) is what re-folds the

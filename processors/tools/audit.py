@@ -1,6 +1,6 @@
 """``audit JOB``: a job's timeline with reasons, and why a waiting job still waits.
 
-:func:`explain_wait` is a pure query of a re-folded :class:`~framespool.processors.core.Cell`:
+:func:`explain_wait` is a query (no IO) of a re-folded :class:`~framespool.processors.core.Cell`:
 it asks the core's own predicates (``node_filter``, ``index.find``,
 ``cap_hit``, ``guarantees_allow``, ``index.earliest_fit``) the questions a
 scheduling pass asks, so the answer is the scheduler's, not a second opinion.
@@ -23,11 +23,11 @@ from typing import Any
 
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.model import Job, Node
+from framespool.processors.tools.decoded import event_dict
 from framespool.processors.tools.history import (
     LogContents,
     Refold,
     decode_all,
-    event_dict,
 )
 from framespool.processors.tools.timeline import Entry, job_timeline
 from framespool.schemas import events as ev

@@ -1,4 +1,4 @@
-"""What the tools share: the log as read, decoding, positions, and the re-fold (pure).
+"""What the tools share: the log as read, decoding and the re-fold with the processors' own folds.
 
 Theory of operation
 -------------------
@@ -21,7 +21,6 @@ Theory of operation
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,59 +32,12 @@ from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.admission import AdmissionConfig, AdmissionState
 from framespool.processors.routing import Outgoing
 from framespool.processors.scheduler import SchedulerFold
+from framespool.processors.tools.decoded import Decoded, fmt_ms
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.topics import Topics
-
-
-def event_dict(event: Any) -> dict[str, Any] | None:
-    """An event as JSON-ready data: ``{"type": name, **fields}``."""
-    if event is None:
-        return None
-    return {"type": type(event).__name__, **dataclasses.asdict(event)}
-
-
-def diff_fields(a: Any, b: Any) -> list[str]:
-    """Names of the top-level fields where two events differ (``type`` if their types do)."""
-    if type(a) is not type(b):
-        return ["type"]
-    return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
-
-
-def job_of(event: Any) -> str | None:
-    """The job an event is about, if any (``ReportIgnored`` subjects ``job`` or ``job#run``)."""
-    if isinstance(event, ev.ReportIgnored):
-        return event.subject.partition("#")[0] or None
-    job_id = getattr(event, "job_id", None)
-    if job_id is None:
-        spec = getattr(event, "spec", None)
-        job_id = getattr(spec, "job_id", None)
-    return job_id if isinstance(job_id, str) else None
-
-
-def fmt_ms(ms: int) -> str:
-    """A wall-clock time in ms as an ISO-8601 UTC string (empty for 0)."""
-    if not ms:
-        return ""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
-
-
-# --------------------------------------------------------------------------
-# The log as read
-# --------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    """One decoded record. ``event`` is None when it could not be decoded (``error``)."""
-
-    record: Record
-    event: Any
-    error: str = ""
-
-    @property
-    def event_id(self) -> str:
-        return getattr(self.event, "event_id", "")
 
 
 def decode_all(records: Iterable[Record]) -> list[Decoded]:

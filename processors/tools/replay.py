@@ -62,14 +62,13 @@ from framespool.log import Record
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig
 from framespool.processors.routing import payload
+from framespool.processors.tools.decoded import diff_fields, event_dict
 from framespool.processors.tools.history import (
     AdmissionRefold,
     LogContents,
     Refold,
     Until,
     decode_all,
-    diff_fields,
-    event_dict,
 )
 from framespool.schemas import codec, positions
 from framespool.schemas import topics as catalogue

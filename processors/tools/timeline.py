@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from framespool.processors.tools.history import Decoded, event_dict, fmt_ms, job_of
+from framespool.processors.tools.decoded import Decoded, event_dict, fmt_ms, job_of
 from framespool.schemas import events as ev
 from framespool.schemas import positions
 

@@ -17,7 +17,8 @@ from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.producers.validation import ValidationError, validate_submit
-from framespool.projections.store import FAILED, Batch, Delivery, InMemoryViewStore
+from framespool.projections.delivery_lanes import FAILED, Delivery
+from framespool.projections.store import Batch, InMemoryViewStore
 from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
 from framespool.schemas.topics import COMMANDS
 

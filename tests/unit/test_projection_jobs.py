@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -317,48 +314,6 @@ def test_spec_fingerprint_ignores_ids_and_time():
 # --------------------------------------------------------------------------
 # Purity
 # --------------------------------------------------------------------------
-PURE_MODULES = ("projections/jobs.py", "projections/cluster.py")
-ALLOWED = {
-    "__future__",
-    "dataclasses",
-    "typing",
-    "hashlib",
-    "re",  # pure: cluster.public_reason strips other tenants' job ids
-    "collections.abc",
-    "json",
-    "framespool.schemas.events",
-    "framespool.schemas.states",  # StrEnums only: the contract's state vocabulary
-    "framespool.projections.jobs",
-    "framespool.projections.cluster",
-}
-
-
-def test_pure_folds_import_nothing_that_does_io():
-    for rel in PURE_MODULES:
-        tree = ast.parse((ROOT / rel).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                assert name in ALLOWED, f"{rel} imports {name}"
-
-
-def test_importing_the_folds_loads_no_io_libraries():
-    code = (
-        "import sys, framespool.projections.jobs, framespool.projections.cluster;"
-        "bad = {'asyncio','aiohttp','rocksdict','confluent_kafka','socket','random','uuid'}"
-        " & set(sys.modules); print(sorted(bad))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "[]"
-
-
 # --------------------------------------------------------------------------
 # Properties
 # --------------------------------------------------------------------------

@@ -8,12 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from framespool.projections.delivery_lanes import DELIVERED, PENDING, Delivery
 from framespool.projections.jobs import COMPLETED, QUEUED, RUNNING, SUBMITTED, JobView
 from framespool.projections.store import (
-    DELIVERED,
-    PENDING,
     Batch,
-    Delivery,
     InMemoryViewStore,
     Retention,
     RocksViewStore,

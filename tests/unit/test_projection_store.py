@@ -7,12 +7,10 @@ from dataclasses import replace
 import pytest
 
 from framespool.projections import cluster
+from framespool.projections.delivery_lanes import DELIVERED, PENDING, Delivery
 from framespool.projections.jobs import COMPLETED, QUEUED, RUNNING, fold, submitted_view
 from framespool.projections.store import (
-    DELIVERED,
-    PENDING,
     Batch,
-    Delivery,
     InMemoryViewStore,
     RocksViewStore,
 )

@@ -13,7 +13,8 @@ from aiohttp.test_utils import TestServer
 
 from framespool.log.memory import MemoryProducer
 from framespool.projections.consumer import ProjectionConsumer
-from framespool.projections.store import DELIVERED, FAILED, Batch, Delivery, InMemoryViewStore
+from framespool.projections.delivery_lanes import DELIVERED, FAILED, Delivery
+from framespool.projections.store import Batch, InMemoryViewStore
 from framespool.projections.testing import lifecycle, records_for
 from framespool.projections.webhooks import TargetPolicy, WebhookConfig, WebhookDispatcher, verify
 

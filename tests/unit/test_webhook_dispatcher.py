@@ -17,7 +17,8 @@ from aiohttp.test_utils import TestServer
 
 from framespool.log.memory import MemoryProducer
 from framespool.projections.consumer import ProjectionConsumer
-from framespool.projections.store import DELIVERED, PENDING, Delivery, InMemoryViewStore
+from framespool.projections.delivery_lanes import DELIVERED, PENDING, Delivery
+from framespool.projections.store import InMemoryViewStore
 from framespool.projections.testing import lifecycle, records_for
 from framespool.projections.webhooks import TargetPolicy, WebhookConfig, WebhookDispatcher
 
