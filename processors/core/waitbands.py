@@ -148,6 +148,25 @@ the tier and the job's shape. Rather than model them, the band learns them:
    first starts come when their backlog drains, read those and fell to 34 %
    under their P50 (from 53 %).
 
+10. Which frame a class reads. A ratio to the point is right where the wait
+   grows with the point (a whole-node job behind a queue of them), wrong where
+   the wait barely depends on it: on the genai workload (``framespool
+   simulate --synthetic genai --jobs 27000 --nodes 128 --gpus-per-node 8
+   --estimates``) the paid tier's 1-4 GPU jobs told points of 100-3,000 s
+   started within seconds whatever their point (their waits were 2-9 % of
+   it), so a learned multiplier gave the larger points of a class a P50 above
+   their wait and the smaller ones a P50 clamped to 0 (told "starts now",
+   not scored): 89 % of the scored ones were under their P50. So every
+   admission class that learns in the point's frame also learns its waits
+   in their own frame (key ``(tier, WAIT + class)``, floor ``WAIT_FLOOR_S``),
+   censored alike, and keeps a score of the two frames: at each start, the
+   pinball losses (q = 0.5 and 0.9, seconds) of the band each would tell
+   now, the point's minus the wait's, decayed by ``FRAME_MEMORY`` per start.
+   The class reads its waits' frame while that score is positive and the
+   histogram has ``MIN_SAMPLES``; otherwise as before (the point's class,
+   its tier's pool, the depth prior). Held classes that wait themselves (7.)
+   and class 0 are unchanged.
+
 Everything is plain arithmetic on the event's time: deterministic, replayable.
 
 Cost: ``admitted``/``forget``/``ticked`` O(1), ``refreshed`` O(1) until a job keeps
@@ -166,6 +185,7 @@ Memory: one pending entry per queued-never-started job, at most
 from __future__ import annotations
 
 import math
+from typing import cast
 
 FLOOR_S = 30.0  # additive floor of the ratio (s)
 STEP = 0.0625  # histogram bucket width in log2 units (about 4.4% in ratio)
@@ -185,6 +205,9 @@ HELD = 20  # class offset of admissions the quick pass held while they fit the f
 HELD_WAIT_CLASS = 2  # held classes up to this one (points < 100 s) learn the wait itself (7.)
 HELD_FLOOR_S = 4.0  # their ratios: (a + 4) / 4, a point of 0 (7.)
 KEEP_REFRESHES = 8  # a queued job's kept refreshes; older ones merge, weights summed (6.)
+WAIT = 30  # class offset of an admission class's waits in their own frame (10.)
+WAIT_FLOOR_S = 8.0  # their frame: (a + 8) / 8, so waits up to ~500 s are resolved (10.)
+FRAME_MEMORY = 0.99  # decay of a class's pinball-loss score per start (10.)
 HELD_TAU_S = 900.0  # time constant of a flow's averaged GPUs held (its service rate)
 
 
@@ -215,9 +238,21 @@ def frame(key: tuple[str, int] | None, point_s: float) -> tuple[float, float]:
     ``m`` the band ``base * m - floor``. The point's: ``(FLOOR_S, point +
     FLOOR_S)``; a class that ``waits_itself`` ignores the point:
     ``(HELD_FLOOR_S, HELD_FLOOR_S)``."""
-    if key is not None and waits_itself(key[1]):
-        return HELD_FLOOR_S, HELD_FLOOR_S
+    if key is not None:
+        if waits_itself(key[1]):
+            return HELD_FLOOR_S, HELD_FLOOR_S
+        if key[1] > WAIT:
+            return WAIT_FLOOR_S, WAIT_FLOOR_S
     return FLOOR_S, point_s + FLOOR_S
+
+
+def wait_class(cls: int) -> int | None:
+    """The class an admission class learns its waits into, in their own frame
+    (module doc, 10.); None for class 0 and the held classes that already
+    wait themselves."""
+    if cls <= 0 or waits_itself(cls):
+        return None
+    return WAIT + cls
 
 
 def depth_prior(depth: float) -> tuple[float, float]:
@@ -330,6 +365,9 @@ class WaitBands:
         self.held: dict[tuple[str, ...], float] = {}
         self.held_ms = -1  # when ``held`` was last sampled
         self.gaps_ms = (0, 0)  # the last two gaps between Ticks, newest first (8.)
+        # (tier, admission class) -> the point's frame's pinball loss less the
+        # waits' frame's, decayed (10.): positive, the class reads its waits
+        self.frame_score: dict[tuple[str, int], float] = {}
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle; a snapshot taken before service rates were kept starts without them."""
@@ -341,6 +379,8 @@ class WaitBands:
             self.rpending = {}
         if "gaps_ms" not in state:  # before the clock's grain was kept (8.)
             self.gaps_ms = (0, 0)
+        if "frame_score" not in state:  # before classes learned their waits (10.)
+            self.frame_score = {}
         for job_id, entry in list(self.pending.items()):
             if len(entry) == 3:  # before the held classes (7.): the point's class
                 self.pending[job_id] = (*entry, estimate_class(entry[2]))
@@ -387,6 +427,11 @@ class WaitBands:
         a point of class ``cls`` (``admission_class``, or ``estimate_class`` of
         a refresh's point)."""
         need = MIN_REFRESH_SAMPLES if refresh else MIN_SAMPLES
+        if not refresh and self.frame_score.get((tier, cls), 0.0) > 0:
+            own = wait_class(cls)
+            hist = self.hists.get((tier, own)) if own is not None else None
+            if hist is not None and hist.total >= need:
+                return (*hist.multipliers(), (tier, cast(int, own)))
         for key in _keys(tier, cls, refresh):
             hist = self.hists.get(key)
             if hist is not None and hist.total >= need:
@@ -484,6 +529,10 @@ class WaitBands:
                 group = own_frame.setdefault(key[:2], {})
                 i = bucket(log2((waited_s + own_floor) / base))
                 group[i] = group.get(i, 0.0) + 1.0
+            elif cls:  # its waits in their own frame too (10.)
+                group = own_frame.setdefault((tier, WAIT + cls), {})
+                i = bucket(log2((waited_s + WAIT_FLOOR_S) / WAIT_FLOOR_S))
+                group[i] = group.get(i, 0.0) + 1.0
         for tier, seen in self.rpending.values():
             last_cls = -1  # a job's refreshes mostly share a class: one lookup for a run
             for cls, since_ms, point_s, weight in seen:
@@ -512,6 +561,12 @@ class WaitBands:
             return
         if entry is not None:
             tier, admitted_ms, point_s, cls = entry
+            own = wait_class(cls)
+            if own is not None:
+                self._score_frames(tier, cls, own, point_s, (now_ms - admitted_ms) / 1000)
+                self._learn(
+                    tier, admitted_ms, now_ms, WAIT_FLOOR_S, own, False, keys=((tier, own),)
+                )
             self._learn(tier, admitted_ms, now_ms, point_s, cls, False)
         if refreshes is not None:
             tier, seen = refreshes
@@ -527,15 +582,50 @@ class WaitBands:
         cls: int,
         refresh: bool,
         weight: float = 1.0,
+        keys: tuple[tuple[str, int], ...] | None = None,
     ) -> None:
         actual_s = max(0.0, (now_ms - since_ms) / 1000)
-        for key in _keys(tier, cls, refresh):
+        for key in keys or _keys(tier, cls, refresh):
             floor, base = frame(key, point_s)
             log_ratio = math.log2((actual_s + floor) / base)
             hist = self.hists.get(key)
             if hist is None:
                 hist = self.hists[key] = Histogram()
             hist.add(log_ratio, weight, REFRESH_HALVE_AT if refresh else HALVE_AT)
+
+    def _score_frames(self, tier: str, cls: int, own: int, point_s: float, actual_s: float) -> None:
+        """Score the two frames of an admission class on one start (module doc,
+        10.): the pinball losses of the bands each would tell the job now, the
+        point's (its class, the pool or the depth prior one job deep, as
+        ``multipliers`` reads it) less the waits'. Nothing before the waits'
+        histogram has ``MIN_SAMPLES``. O(1) with cached quantiles."""
+        hist = self.hists.get((tier, own))
+        if hist is None or hist.total < MIN_SAMPLES:
+            return
+        actual_s = max(0.0, actual_s)
+        loss = 0.0
+        for sign, m, key in (
+            (-1.0, hist.multipliers(), (tier, own)),
+            (1.0, *self._point_multipliers(tier, cls)),
+        ):
+            floor, base = frame(key, point_s)
+            for q, mq in zip(QUANTILES, m):
+                told = max(0.0, base * mq - floor)
+                loss += sign * (
+                    q * (actual_s - told) if actual_s > told else (1 - q) * (told - actual_s)
+                )
+        score = self.frame_score
+        score[(tier, cls)] = FRAME_MEMORY * score.get((tier, cls), 0.0) + loss
+
+    def _point_multipliers(
+        self, tier: str, cls: int
+    ) -> tuple[tuple[float, float], tuple[str, int] | None]:
+        """The point frame's (m50, m90) for an admission class and the key read."""
+        for key in _keys(tier, cls):
+            hist = self.hists.get(key)
+            if hist is not None and hist.total >= MIN_SAMPLES:
+                return hist.multipliers(), key
+        return PRIOR, None
 
 
 def _merge_oldest(kept: list[tuple[int, int, float, float]]) -> None:
