@@ -704,4 +704,4 @@ def test_a_class_reads_the_frame_its_waits_follow(waits):
     under90 = sum(w <= p90 for w, _, p90 in told) / len(told)
     assert 0.40 <= under50 <= 0.60, under50
     assert 0.85 <= under90 <= 0.95, under90
-    assert (bands.frame_score[("paid/0", 3)] > 0) == (waits == "flat")
+    assert (bands.frame_score[("paid/0", 3)][0] > 0) == (waits == "flat")
