@@ -236,7 +236,11 @@ class Cell(
         self.end_straggler_probations()
         self.expire_breaker_probes()
         self.expire_runs()
-        self.schedule(full=True)
+        self.wait_bands.in_tick = True  # starts now are on the Tick (waitbands.py, 10.)
+        try:
+            self.schedule(full=True)
+        finally:
+            del self.wait_bands.in_tick  # back to the class's False: nothing in snapshots
         self.publish_periodic()
         self.offer_and_drain()
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +28,8 @@ from framespool.processors.core.waitbands import (
     REFRESH_HALVE_AT,
     SIGMA_JOB,
     SIGMA_SYS,
+    WAIT,
+    WAIT_FLOOR_S,
     Z90,
     WaitBands,
     depth_prior,
@@ -134,6 +138,7 @@ def test_cell_publishes_a_band_that_learns_from_starts():
     assert {k: h.total for k, h in cell.wait_bands.hists.items()} == {
         ("paid/0", estimate_class(queued[1].wait_estimate_s)): 1.0,
         ("paid/0", -1): 1.0,
+        ("paid/0", WAIT + estimate_class(queued[1].wait_estimate_s)): 1.0,  # its wait's frame
     }  # q1 started when q0 ended: the first wait learned, under its tier and
     # shape class (``band_key``: 1 GPU is class 0)
 
@@ -257,8 +262,6 @@ def _deep_queue_shares(depth_aware: bool, jobs: int = 1000) -> tuple[float, floa
     log-uniform from 2 to 2000, each job an independent queue so the shares
     are a fair sample. Returns the shares of jobs that waited at most their
     P50 and their P90."""
-    import random
-
     rng = random.Random(7)
     bands = WaitBands()
     mean_s, capacity = 100.0, 16
@@ -456,9 +459,13 @@ def _recount(bands: WaitBands, now_ms: int) -> dict[tuple[str, int], dict[int, f
             if cls
             else ((tier, 0),)
         )
+        if not refresh and cls and not HELD < cls <= HELD + HELD_WAIT_CLASS:
+            keys += ((tier, WAIT + cls),)  # its waits in their own frame (module doc, 10.)
         for key in keys:
             if HELD < key[1] <= HELD + HELD_WAIT_CLASS:  # the wait itself (module doc, 7.)
                 ratio = (waited_s + HELD_FLOOR_S) / HELD_FLOOR_S
+            elif key[1] > WAIT:
+                ratio = (waited_s + WAIT_FLOOR_S) / WAIT_FLOOR_S
             else:
                 ratio = (waited_s + FLOOR_S) / (point_s + FLOOR_S)
             i = int(round((min(6.0, max(-6.0, math.log2(ratio))) + 6.0) / 0.0625))
@@ -670,3 +677,31 @@ def test_an_admission_class_reads_its_quantiles_sooner_than_a_refresh_class():
         bands.refreshed(f"r{i}", "paid", 0, 600.0)
         bands.started(f"r{i}", int(left_s * 1000))
     assert math.isclose(m50(True), 0.5, rel_tol=0.05)
+
+
+@pytest.mark.parametrize("waits", ["flat", "proportional"])
+def test_a_class_reads_the_frame_its_waits_follow(waits):
+    """Module doc, 10.: jobs told points of 100-1,000 s (one class) that start
+    within seconds whatever their point (the genai workload's small paid jobs)
+    are calibrated once the class reads its waits in their own frame: read as
+    ratios to the point, the larger points were told P50s above their waits
+    and the smaller ones 0. Waits that grow with the point stay in its frame."""
+    rng = random.Random(7)
+    bands = WaitBands()
+    told: list[tuple[float, float, float]] = []
+    now_ms = 0
+    for i in range(600):
+        point = 100.0 * 10 ** rng.random()
+        wait = rng.uniform(0.0, 10.0) if waits == "flat" else point * rng.uniform(0.5, 1.5)
+        bands.admitted(f"j{i}", "paid/0", now_ms, point)
+        p50, p90 = bands.band("paid/0", point)
+        if i >= 300 and p50 > 0:
+            told.append((wait, p50, p90))
+        now_ms += int(wait * 1000)
+        bands.started(f"j{i}", now_ms)
+    assert len(told) > 250  # the class tells a wait, not "starts now"
+    under50 = sum(w <= p50 for w, p50, _ in told) / len(told)
+    under90 = sum(w <= p90 for w, _, p90 in told) / len(told)
+    assert 0.40 <= under50 <= 0.60, under50
+    assert 0.85 <= under90 <= 0.95, under90
+    assert (bands.frame_score[("paid/0", 3)][0] > 0) == (waits == "flat")
