@@ -164,7 +164,7 @@ def test_the_sweeper_deletes_only_what_retention_lets_go(tmp_path):
             (running, obj(live_new.uri, 10, step=2, ts=DAY_MS)),
         ]
     )
-    retention = lambda tier: RET  # noqa: E731
+    retention = lambda tier: RET
     assert asyncio.run(sweep_once(ledger, store, retention, now_ms=DAY_MS + 1)) == 0
     assert asyncio.run(sweep_once(ledger, store, retention, now_ms=2 * DAY_MS)) == 2
     assert not store.exists(ckpt.uri) and not store.exists(live_old.uri)
