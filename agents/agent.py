@@ -73,6 +73,8 @@ from framespool.schemas.events import (
     CheckpointRun,
     NodeHeartbeat,
     NodeStateChanged,
+    RunCheckpointed,
+    RunCompleted,
     RunProgress,
     StartRun,
     StopRun,
@@ -246,14 +248,28 @@ class NodeAgent(Healing):
 
     # -- producing ------------------------------------------------------------
     async def report(self, event: Any) -> None:
-        """Write a report to the cell partition; retried until written or closing."""
+        """Write a report to the cell partition; retried until written or closing.
+
+        A report of a stored object (``RunCheckpointed``, ``RunCompleted``) also
+        goes to the job's ``progress`` partition, where the API's storage ledger
+        counts it against the tenant's quota and its sweeper finds it when its
+        retention ends (``framespool.projections.storage``): every stored object,
+        a stale run's too, since its bytes are in the store all the same."""
         assert self._producer is not None
         value = encode(event)
+        await self._send_retried(
+            event, self.topics.SCHEDULER.name, self.cell, value, self.cell_partition
+        )
+        if isinstance(event, (RunCheckpointed, RunCompleted)):
+            await self._send_retried(event, self.topics.PROGRESS.name, event.job_id, value, None)
+
+    async def _send_retried(
+        self, event: Any, topic: str, key: str, value: bytes, partition: int | None
+    ) -> None:
+        assert self._producer is not None
         while True:
             try:
-                await self._producer.send(
-                    self.topics.SCHEDULER.name, self.cell, value, partition=self.cell_partition
-                )
+                await self._producer.send(topic, key, value, partition=partition)
                 return
             except LogError as e:
                 if self.closing:

@@ -55,6 +55,17 @@ class ArtifactStoreContract:
         got = store.get_file(by_bytes.uri, tmp_path / "dst")
         assert (tmp_path / "dst").read_bytes() == data and got.sha256 == by_bytes.sha256
 
+    def test_delete_removes_the_object_and_repeats_harmlessly(self, store, tmp_path):
+        kept = store.put_file(checkpoint_key("job-d", 1, 2), _write(tmp_path / "a", b"keep"))
+        gone = store.put_file(checkpoint_key("job-d", 1, 1), _write(tmp_path / "b", b"drop"))
+        store.delete(gone.uri)
+        assert not store.exists(gone.uri) and store.exists(kept.uri)
+        with pytest.raises(ArtifactNotFound):
+            store.get_file(gone.uri, tmp_path / "dst")
+        store.delete(gone.uri)  # a sweep repeated after a crash
+        again = store.put_file(checkpoint_key("job-d", 1, 1), _write(tmp_path / "c", b"new"))
+        assert store.get_file(again.uri, tmp_path / "dst2").sha256 == again.sha256
+
     def test_get_accepts_the_key_or_the_uri(self, store, tmp_path):
         key = checkpoint_key("job-1", 2, 7)
         stored = store.put_file(key, _write(tmp_path / "src", b"ckpt"))

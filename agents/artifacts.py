@@ -72,6 +72,8 @@ class ArtifactStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def delete(self, key_or_uri: str) -> None: ...
+
     def signed_url(self, key: str, expires_s: int = 3600, *, tenant: str = "") -> str: ...
 
     def key_of(self, key_or_uri: str) -> str: ...
@@ -296,6 +298,13 @@ class LocalDirStore:
     def exists(self, key: str) -> bool:
         return self._path(self.key_of(key)).is_file()
 
+    def delete(self, key_or_uri: str) -> None:
+        """Remove an object and its metadata; an absent one is no error (retention
+        sweeps may repeat a deletion after a crash)."""
+        key = self.key_of(key_or_uri)
+        self._meta(key).unlink(missing_ok=True)
+        self._path(key).unlink(missing_ok=True)
+
     def local_path(self, key_or_uri: str) -> Path:
         """Where an object lives on disk (for the API to serve a verified URL)."""
         return self._path(self.key_of(key_or_uri))
@@ -469,6 +478,14 @@ class S3Store:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise ArtifactError(f"cannot check s3://{self.bucket}/{key}: {e}") from e
+
+    def delete(self, key_or_uri: str) -> None:
+        """Remove an object (S3's DELETE answers success for an absent key too)."""
+        key = self.key_of(key_or_uri)
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=key)
+        except Exception as e:
+            raise ArtifactError(f"delete of s3://{self.bucket}/{key} failed: {e}") from e
 
     def signed_url(self, key: str, expires_s: int = 3600, *, tenant: str = "") -> str:
         """A presigned GET (SigV4; the bucket's URLs name no tenant, the key names the job)."""

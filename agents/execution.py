@@ -517,5 +517,6 @@ class RunExecution:
                     stored.uri,
                     cp.step,
                     min(progress, 1.0),
+                    stored.size_bytes,
                 )
             )

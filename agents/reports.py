@@ -120,6 +120,7 @@ def checkpointed(
     uri: str,
     step: int,
     progress: float,
+    size_bytes: int = 0,
 ) -> RunCheckpointed:
     return RunCheckpointed(
         event_id=lifecycle_id(node_id, job_id, run, f"checkpoint-{step}"),
@@ -131,6 +132,7 @@ def checkpointed(
         checkpoint_uri=uri,
         progress=progress,
         step=step,
+        size_bytes=size_bytes,
     )
 
 

@@ -182,7 +182,9 @@ async def run_api(args: argparse.Namespace) -> None:
     from framespool.producers.edge import serve
     from framespool.producers.settings import api_settings
     from framespool.projections.service import ProjectionService
+    from framespool.projections.storage import StorageLedger, sweeper
     from framespool.projections.webhooks import TargetPolicy
+    from framespool.schemas.topics import STORAGE_LEDGER
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
@@ -195,13 +197,19 @@ async def run_api(args: argparse.Namespace) -> None:
     keys = api_keys(secrets)
     policy = TargetPolicy(allow_private=args.allow_private_webhooks)
     webhooks = webhook_config(stack_dir, secrets, keys, policy)
-    service = ProjectionService.open(stack_dir / "api", args.bootstrap, producer, webhooks=webhooks)
+    # what each tenant keeps stored, and the sweeper that applies each tier's retention
+    ledger = StorageLedger(stack_dir / "api" / STORAGE_LEDGER)
+    service = ProjectionService.open(
+        stack_dir / "api", args.bootstrap, producer, webhooks=webhooks, storage=ledger
+    )
+    artifacts = artifact_store(stack_dir, secrets, api_url)
     config = ApiConfig(
         auth=keys,
         store=service.store,
         hub=service.hub,
         producer=producer,
-        artifacts=artifact_store(stack_dir, secrets, api_url),
+        artifacts=artifacts,
+        storage=ledger,
         url_policy=policy,
         background=service.background,
         webhook_secrets=webhooks.secrets,
@@ -211,7 +219,11 @@ async def run_api(args: argparse.Namespace) -> None:
         max_connections_per_peer=args.max_connections_per_peer,
         disk_guard=DiskGuard(stack_dir, min_free_mb=args.min_free_disk_mb),
     )
-    config.background = (*config.background, watch_secrets(stack_dir, config, webhooks))
+    config.background = (
+        *config.background,
+        watch_secrets(stack_dir, config, webhooks),
+        sweeper(ledger, artifacts, settings.retention_of, args.storage_sweep_s),
+    )
     app = make_app(config)
     runner, _site = await serve(app, args.host, args.port)
     runners = [runner]
@@ -389,6 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         help="new jobs are refused (503 disk_full, Retry-After) while the stack dir's disk "
         "has less free (0 = no guard)",
     )
+    api.add_argument(
+        "--storage-sweep-s",
+        type=float,
+        default=60.0,
+        help="seconds between sweeps deleting the results and checkpoints whose tier's "
+        "retention ended ([api] artifact_retention_s, checkpoint_retention_s)",
+    )
     agent = sub.add_parser("agent")
     agent.add_argument("--node", help="this process's one node")
     agent.add_argument(
@@ -426,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.service == "api" and args.max_connections_per_peer < 0:
         parser.error("--max-connections-per-peer must be 0 (no cap) or more")
+    if args.service == "api" and not args.storage_sweep_s > 0:
+        parser.error("--storage-sweep-s must be more than 0 seconds")
     if args.service == "api" and args.min_free_disk_mb < 0:
         parser.error("--min-free-disk-mb must be 0 (no guard) or more")
     setup_logging(process=args.service)

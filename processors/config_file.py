@@ -89,8 +89,9 @@ class TenantEntry:
     """One ``[[tenants]]`` table: an organisation's scheduling policy (what the
     cells enforce) and what the API lets it do. ``users``: each gets its own
     API key; none, one key for user ``dev``. ``rate_per_s``/``burst``/
-    ``queue_cap``: the tenant's own API limits (None: its default tier's,
-    ``producers.settings``); ``queue_cap`` defaults to ``max_queued``."""
+    ``queue_cap``, ``storage_quota_bytes``: the tenant's own API limits (None:
+    its default tier's, ``producers.settings``); ``queue_cap`` defaults to
+    ``max_queued``."""
 
     name: str
     tiers: tuple[str, ...] = ("free",)
@@ -107,8 +108,13 @@ class TenantEntry:
     rate_per_s: float | None = None
     burst: int | None = None
     queue_cap: int | None = None
+    storage_quota_bytes: int | None = None  # the API's; None: its default tier's
 
     def __post_init__(self) -> None:
+        if self.storage_quota_bytes is not None and self.storage_quota_bytes < 0:
+            raise ValueError(
+                f"tenant {self.name!r}: storage_quota_bytes must be 0 (no quota) or more bytes"
+            )
         if not self.tiers:
             raise ValueError(f"tenant {self.name!r}: tiers must name at least one tier")
         if self.default_tier and self.default_tier not in self.tiers:
@@ -150,6 +156,7 @@ class TenantEntry:
             ("rate_per_s", self.rate_per_s),
             ("burst", self.burst),
             ("queue_cap", queue_cap),
+            ("storage_quota_bytes", self.storage_quota_bytes),
         ):
             if value is not None:
                 doc[name] = value

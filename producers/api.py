@@ -44,6 +44,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import math
 import re
 import time
 import uuid
@@ -94,6 +95,7 @@ from framespool.projections.hub import Hub
 from framespool.projections.jobs import COMPLETED, STATES, JobView, spec_fingerprint, submitted_view
 from framespool.projections.serde import public_job
 from framespool.projections.sse import parse_last_event_id, stream_job
+from framespool.projections.storage import StorageLedger
 from framespool.projections.store import ViewStore
 from framespool.projections.webhook_secrets import RotationTooSoon
 from framespool.schemas import codec
@@ -131,6 +133,10 @@ class ApiConfig:
     # None: ``rate_limit`` and ``queue_cap`` for every tenant
     settings: ApiSettings | None = None
     queue_cap_retry_after_s: int = 30
+    # what each tenant keeps in the artifact store (the projection consumer feeds
+    # it, the storage sweeper deletes what retention lets go); None: no quota is
+    # enforced and no result is known to have expired
+    storage: StorageLedger | None = None
     monotonic: Callable[[], float] = time.monotonic  # the rate limiter's clock
     # The cells' latest offers (cell -> offer, as the cluster projection folds them
     # from job-events), to refuse a job past its tier's predicted-wait limit at
@@ -426,6 +432,33 @@ def _check_queue_cap(config: ApiConfig, tenant: str, in_flight: int = 0) -> None
         )
 
 
+def _check_storage_quota(config: ApiConfig, tenant: str) -> None:
+    """Refuse a submission while ``tenant``'s stored results and checkpoints hold
+    its ``storage_quota_bytes`` (429; ``Retry-After`` when retention frees some)."""
+    if config.storage is None or config.settings is None:
+        return
+    quota = config.settings.storage_quota_of(config.auth.policy(tenant))
+    used = config.storage.used(tenant)
+    if quota <= 0 or used < quota:
+        return
+    settings = config.settings
+    release = config.storage.next_release_ms(tenant, settings.retention_of)
+    headers, when = {}, "no stored object of yours expires: delete results or ask for more"
+    if release is not None:
+        retry = max(1, math.ceil(release / 1000 - config.clock()))
+        headers["Retry-After"] = str(retry)
+        when = f"retention frees some in {retry} s"
+    raise ApiError(
+        429,
+        "storage_quota",
+        f"tenant {tenant!r} stores {used} bytes of results and checkpoints, its "
+        f"storage_quota_bytes of {quota}; {when} (the operator sets storage_quota_bytes "
+        "per tenant or tier)",
+        "storage_quota_bytes",
+        headers=headers,
+    )
+
+
 def _check_predicted_wait(
     offers: Mapping[str, Any], config: ApiConfig, spec: JobSpec, run_times: RunTimes
 ) -> None:
@@ -586,6 +619,11 @@ async def submit_job(request: web.Request) -> web.Response:
                 raise
             holds: dict[str, int] = request.app[QUEUE_HOLDS]
             _check_queue_cap(config, principal.tenant, holds.get(principal.tenant, 0))
+            try:
+                _check_storage_quota(config, principal.tenant)
+            except ApiError:
+                metrics.submits.labels(spec.tier, "storage_quota").inc()
+                raise
             try:
                 _check_predicted_wait(request.app[OFFERS](), config, spec, request.app[RUN_TIMES])
             except ApiError:
@@ -778,6 +816,16 @@ async def job_result(request: web.Request) -> web.Response:
             409,
             "not_completed",
             f"job {view.job_id} is {view.state}; its result exists once it is COMPLETED",
+        )
+    gone = config.storage.gone(view.job_id) if config.storage is not None else None
+    if gone is not None:
+        when, why = gone
+        raise ApiError(
+            410,
+            "result_expired",
+            f"the result of job {view.job_id} was deleted at "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(when / 1000))}: {why}; "
+            "fetch results within the retention of the job's tier",
         )
     if config.artifacts is None:
         raise ApiError(503, "no_artifact_store", "this API has no artifact store configured")

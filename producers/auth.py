@@ -44,6 +44,7 @@ class TenantPolicy:
     rate_per_s: float | None = None
     burst: int | None = None
     queue_cap: int | None = None
+    storage_quota_bytes: int | None = None  # bytes its jobs may keep stored; None: its tier's
 
     @property
     def tier(self) -> str:
@@ -149,7 +150,12 @@ class ApiKeys:
             models = optional(t, "models", (list, tuple), (), where=where, file=file)
             limits = {
                 knob: optional(t, knob, kind, None, where=where, file=file)
-                for knob, kind in (("rate_per_s", float), ("burst", int), ("queue_cap", int))
+                for knob, kind in (
+                    ("rate_per_s", float),
+                    ("burst", int),
+                    ("queue_cap", int),
+                    ("storage_quota_bytes", int),
+                )
             }
             tenants[name] = TenantPolicy(tiers, default, secret, tuple(models), **limits)
         records = []

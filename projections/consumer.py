@@ -59,9 +59,12 @@ from typing import NamedTuple
 from framespool.log import Consumer, LogConsumer, Record, Role, Sender
 from framespool.projections import cluster as cluster_fold
 from framespool.projections import jobs as job_fold
+from framespool.projections import storage as storage_fold
 from framespool.projections.cluster import ClusterView
 from framespool.projections.delivery_lanes import Delivery
 from framespool.projections.hub import Hub
+from framespool.projections.jobs import COMPLETED, JobView
+from framespool.projections.storage import JobFacts, StorageLedger, StoredObject
 from framespool.projections.store import Batch, ViewStore
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import codec, deadletter
@@ -84,6 +87,19 @@ class DeadLetter:
     headers: list[tuple[str, bytes]]
 
 
+def _facts(job_id: str, view: JobView | None) -> JobFacts:
+    """What the storage ledger needs of a job's view (nothing yet: unknown)."""
+    if view is None:
+        return JobFacts(job_id, "", "")
+    return JobFacts(
+        job_id,
+        view.tenant,
+        view.tier,
+        finished_ms=(view.finished_ms or view.updated_ms) if view.terminal else 0,
+        result_uri=view.artifact_uri if view.state == COMPLETED else "",
+    )
+
+
 @dataclass
 class Step:
     """What ``prepare`` derived from one poll; ``finish`` makes it durable and visible."""
@@ -91,6 +107,8 @@ class Step:
     batch: Batch = field(default_factory=Batch)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     cluster: ClusterView | None = None
+    # reports of stored objects, with what the job's view knew (the storage ledger's)
+    stored: list[tuple[JobFacts, StoredObject]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -138,8 +156,10 @@ class ProjectionConsumer:
         max_records: int = 500,
         poll_timeout_s: float = 0.5,
         fold_thread: bool = False,
+        storage: StorageLedger | None = None,
     ) -> None:
         self.store = store
+        self.storage = storage
         self.topics = tuple(topics)
         self.dead_letter_topic = dead_letter_topic
         self._sender = dead_letter_sender
@@ -197,7 +217,12 @@ class ProjectionConsumer:
                 self._dead_letter(step, rec, exc.reason, str(exc))
                 continue
             job_id = job_fold.job_id_of(event)
-            if job_id is not None:
+            stored = storage_fold.stored_object(event)
+            if stored is not None:
+                view = views.get(event.job_id) or self.store.get(event.job_id)
+                step.stored.append((_facts(event.job_id, view), stored))
+                self.counters.applied += 1
+            elif job_id is not None:
                 before = views.get(job_id) or self.store.get(job_id)
                 after = job_fold.apply(before, event)
                 if after is not None and after is not before:
@@ -244,6 +269,12 @@ class ProjectionConsumer:
     async def finish(self, step: Step) -> None:
         if step.empty:
             return
+        if self.storage is not None:
+            # before the views and offsets: a crash between the two folds the
+            # records again, and the ledger counts an object (by URI) once
+            self.storage.record(
+                step.stored, (_facts(v.job_id, v) for v in step.batch.views.values())
+            )
         for dl in step.dead_letters:
             if self._sender is None:
                 raise RuntimeError(

@@ -19,6 +19,7 @@ from framespool.log import Sender
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.serialized_store import SerializedStore
+from framespool.projections.storage import StorageLedger
 from framespool.projections.store import RocksViewStore, ViewStore
 from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS, PROJECTION_STORE
@@ -30,6 +31,7 @@ class ProjectionService:
     hub: Hub
     consumer: ProjectionConsumer
     dispatcher: WebhookDispatcher | None
+    storage: StorageLedger | None = None
 
     @classmethod
     def open(
@@ -43,6 +45,7 @@ class ProjectionService:
         job_events: str = JOB_EVENTS.name,
         progress: str = PROGRESS.name,
         dead_letter: str = DEAD_LETTER.name,
+        storage: StorageLedger | None = None,
     ) -> ProjectionService:
         """``producer`` (a ``LogProducer``, or the memory fake) sends dead letters; ``webhooks=None`` disables them.
 
@@ -65,8 +68,9 @@ class ProjectionService:
             hub=hub,
             on_deliveries=dispatcher.notify if dispatcher is not None else None,
             fold_thread=True,
+            storage=storage,
         )
-        return cls(store, hub, consumer, dispatcher)
+        return cls(store, hub, consumer, dispatcher, storage)
 
     @property
     def background(self) -> tuple[Callable[[], Awaitable[None]], ...]:
@@ -79,3 +83,5 @@ class ProjectionService:
     def close(self) -> None:
         self.consumer.close()
         self.store.close()
+        if self.storage is not None:
+            self.storage.close()

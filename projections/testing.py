@@ -30,6 +30,8 @@ from framespool.schemas.events import (
     NodeSlice,
     NodeStatus,
     QueueDepth,
+    RunCheckpointed,
+    RunCompleted,
     RunProgress,
 )
 from framespool.schemas.states import GpuSlot, JobState, NodeState
@@ -247,7 +249,10 @@ def cell_status(
 
 
 def key_of(event: Any) -> str:
-    """The record key its writer uses: the job id for job events, else the cell."""
+    """The record key its writer uses: the job id for job events (and the agents'
+    reports of stored objects), else the cell."""
+    if isinstance(event, (RunCheckpointed, RunCompleted)):
+        return event.job_id
     return job_id_of(event) or event.cell
 
 
@@ -258,7 +263,8 @@ def records_for(
     next_offset: dict[tuple[str, int], int] = {}
     out = []
     for e in events:
-        topic = progress if isinstance(e, RunProgress) else job_events
+        reported = isinstance(e, (RunProgress, RunCheckpointed, RunCompleted))
+        topic = progress if reported else job_events
         partitions = PROGRESS.partitions if topic == progress else JOB_EVENTS.partitions
         key = key_of(e)
         p = partition_for_key(key, partitions)

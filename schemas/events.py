@@ -496,6 +496,7 @@ class RunCheckpointed:
     checkpoint_uri: str
     progress: float = 0.0
     step: int = -1  # -1: unknown (an older writer); in a gang, per rank (node_id)
+    size_bytes: int = 0  # the stored object's size (storage accounting); 0 unknown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

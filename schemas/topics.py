@@ -152,6 +152,7 @@ def agent_group(node_id: str) -> str:
 SCHEDULER_STORE = "scheduler-cells"
 ADMISSION_STORE = "admission"
 PROJECTION_STORE = "projections"
+STORAGE_LEDGER = "storage-ledger"  # the API's count of each tenant's stored objects
 
 
 def cell_of_partition(partition: int) -> str:

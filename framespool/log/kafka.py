@@ -213,6 +213,67 @@ IDLE_BACKOFF_MS_BY_ROLE = {
 # it on by default; the broker turns it off on its side).
 SOCKET_SETTINGS: dict[str, object] = {"socket.nagle.disable": True}
 
+# Broker authentication (Compose: SASL with a principal per service and ACLs,
+# compose/README.md). Read from the environment when a client is made, so every
+# producer, consumer and admin client of a process authenticates alike; the
+# password may come from a file (a Compose or Kubernetes secret) instead of the
+# environment. Unset: no authentication (the embedded broker on loopback).
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def security_settings(env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """librdkafka's security settings from ``FRAMESPOOL_KAFKA_*``:
+
+    - ``FRAMESPOOL_KAFKA_SASL_USERNAME`` and ``FRAMESPOOL_KAFKA_SASL_PASSWORD``
+      (or ``..._PASSWORD_FILE``, a file holding it): the client's principal;
+    - ``FRAMESPOOL_KAFKA_SASL_MECHANISM`` (default ``SCRAM-SHA-512``);
+    - ``FRAMESPOOL_KAFKA_SECURITY_PROTOCOL`` (default ``SASL_SSL`` with a
+      username, else none); ``FRAMESPOOL_KAFKA_SSL_CA_LOCATION`` for SSL.
+
+    Raises ``ValueError`` naming the variable on a bad value or a username
+    without a password (a client that would fail to authenticate later)."""
+    env = os.environ if env is None else env
+    get = lambda name: (env.get(f"FRAMESPOOL_KAFKA_{name}") or "").strip()
+    out: dict[str, object] = {}
+    protocol = get("SECURITY_PROTOCOL").upper()
+    user = get("SASL_USERNAME")
+    if protocol and protocol not in SECURITY_PROTOCOLS:
+        raise ValueError(
+            f"FRAMESPOOL_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected one of {SECURITY_PROTOCOLS}"
+        )
+    if user:
+        password = env.get("FRAMESPOOL_KAFKA_SASL_PASSWORD") or ""
+        path = get("SASL_PASSWORD_FILE")
+        if not password and path:
+            try:
+                password = open(path, encoding="utf-8").read().strip()
+            except OSError as e:
+                raise ValueError(f"FRAMESPOOL_KAFKA_SASL_PASSWORD_FILE={path!r}: {e}") from e
+        if not password:
+            raise ValueError(
+                f"FRAMESPOOL_KAFKA_SASL_USERNAME={user!r} without a password: set "
+                "FRAMESPOOL_KAFKA_SASL_PASSWORD or FRAMESPOOL_KAFKA_SASL_PASSWORD_FILE"
+            )
+        mechanism = get("SASL_MECHANISM").upper() or "SCRAM-SHA-512"
+        if mechanism not in SASL_MECHANISMS:
+            raise ValueError(
+                f"FRAMESPOOL_KAFKA_SASL_MECHANISM={mechanism!r}: expected one of {SASL_MECHANISMS}"
+            )
+        protocol = protocol or "SASL_SSL"
+        if not protocol.startswith("SASL_"):
+            raise ValueError(
+                f"FRAMESPOOL_KAFKA_SECURITY_PROTOCOL={protocol!r} with a SASL username: "
+                "expected SASL_SSL or SASL_PLAINTEXT"
+            )
+        out.update({"sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password})
+    if protocol:
+        out["security.protocol"] = protocol
+    if get("SSL_CA_LOCATION"):
+        out["ssl.ca.location"] = get("SSL_CA_LOCATION")
+    return out
+
+
 # How often a LogConsumer seeks back to an offset it expected and was skipped
 # (theory of operation, 7) before it takes the gap for a real one.
 SKIP_REFETCHES = 5
@@ -290,7 +351,7 @@ def create_topics(
     configs = {t.name: t.configs() for t in topics}
     # The AdminClient must stay referenced until its futures resolve
     # (docs/broker-notes.md#confluent-kafka); ``admin`` lives until this function returns.
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **conf})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **security_settings(), **conf})
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=n, config=configs[name]) for name, n in wanted.items()],
         operation_timeout=timeout,
@@ -423,6 +484,7 @@ class LogProducer:
             "topic.metadata.propagation.max.ms": 10_000,
             "error_cb": self._on_error,
             **SOCKET_SETTINGS,
+            **security_settings(),
         }
         settings.update(conf)
         self._stats = _stats(settings)
@@ -724,6 +786,7 @@ class LogConsumer:
             "fetch.wait.max.ms": FETCH_WAIT_MS_BY_ROLE[role],
             "error_cb": self._on_error,
             **SOCKET_SETTINGS,
+            **security_settings(),
         }
         settings.update(conf)
         self._stats = _stats(settings)

@@ -67,7 +67,8 @@ PUBLISHED: dict[int, str] = {
     225445061635241931: "NodeStateChanged",
     2713283913142138838: "ReportIgnored",
     6268029967876228540: "RunCheckpointed",  # v1, before step
-    525678026398429116: "RunCheckpointed",
+    525678026398429116: "RunCheckpointed",  # v2, before size_bytes
+    1891095845874224698: "RunCheckpointed",
     3549295491678464021: "RunCompleted",
     346797318825563378: "RunFailed",
     13215469610589694338: "RunProgress",  # v1, before phase
