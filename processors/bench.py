@@ -104,7 +104,9 @@ def record_backlog_tape(
     from framespool.processors.sim.policies import POLICIES
 
     opts = SimOptions(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed)
-    jobs = max(queued * 4, round(tenants * 6.5), 1000)
+    # the queue peaks near a fifth of the jobs submitted (2026-12-05, after issue
+    # 34's scheduling changes: 4,015 of 20,000), so six per queued job reach it
+    jobs = max(queued * 6, round(tenants * 6.5), 1000)
     workload = multitenant(jobs, seed, opts.capacity_gpus, load, tenants=tenants)
     tape: list[Any] = []
     depth: list[int] = []  # queued jobs after each input
