@@ -43,7 +43,7 @@ from typing import Any
 from framespool.configfile import build, source_of
 from framespool.producers.auth import TenantPolicy
 from framespool.producers.ratelimit import RateLimit
-from framespool.projections.storage import Retention
+from framespool.projections.retention import Retention
 
 
 @dataclass(frozen=True)

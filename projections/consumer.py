@@ -64,7 +64,8 @@ from framespool.projections.cluster import ClusterView
 from framespool.projections.delivery_lanes import Delivery
 from framespool.projections.hub import Hub
 from framespool.projections.jobs import COMPLETED, JobView
-from framespool.projections.storage import JobFacts, StorageLedger, StoredObject
+from framespool.projections.retention import JobFacts, StoredObject
+from framespool.projections.storage import StorageLedger
 from framespool.projections.store import Batch, ViewStore
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import codec, deadletter

@@ -28,8 +28,9 @@ API's projection consumer hands each report here with what its job view knows
    then records it here (a crash in between deletes again: deletion is
    idempotent). A deleted result answers 410 with why (:meth:`gone`).
 
-The pure part is :func:`with_object`, :func:`with_facts`, :func:`due` and
-:func:`without`; :class:`StorageLedger` keeps the documents in memory (one per job
+The rules themselves (:func:`with_object`, :func:`with_facts`, :func:`due`,
+:func:`without`) are values and functions in :mod:`framespool.projections.retention`;
+:class:`StorageLedger` keeps the documents in memory (one per job
 with stored objects) and, given a path, in a rocksdict beside the view store,
 each change in one write batch. Limit: objects stored before a deployment had
 this ledger are not counted (nothing reported them).
@@ -38,151 +39,31 @@ this ledger are not counted (nothing reported them).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from framespool.projections.retention import (
+    CHECKPOINT,
+    OUTPUT,
+    JobFacts,
+    JobStorage,
+    Retention,
+    StoredObject,
+    due,
+    from_doc,
+    to_doc,
+    with_facts,
+    with_object,
+    without,
+)
+
 log = logging.getLogger(__name__)
 
-CHECKPOINT, OUTPUT = "checkpoint", "output"
 FORGET_AFTER_MS = 30 * 86400 * 1000  # a fully swept, ended job's record (for 410s)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredObject:
-    uri: str
-    size: int
-    kind: str  # CHECKPOINT or OUTPUT
-    node: str
-    run: int
-    step: int
-    ts_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class JobFacts:
-    """What the job's view says, as far as retention cares."""
-
-    job_id: str
-    tenant: str
-    tier: str
-    finished_ms: int = 0  # 0: the job has not ended
-    result_uri: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class JobStorage:
-    job_id: str
-    tenant: str = ""
-    tier: str = ""
-    finished_ms: int = 0
-    result_uri: str = ""
-    objects: tuple[StoredObject, ...] = ()
-    deleted: tuple[str, ...] = ()
-    result_deleted_ms: int = 0
-    result_deleted_why: str = ""
-
-    @property
-    def bytes(self) -> int:
-        return sum(o.size for o in self.objects)
-
-
-@dataclass(frozen=True)
-class Retention:
-    """Seconds a tier keeps a job's result and its other objects after it ends
-    (0: forever); ``for_tier`` maps a tier to its own pair."""
-
-    artifact_s: float = 7 * 86400.0
-    checkpoint_s: float = 86400.0
-
-
-def with_object(js: JobStorage, obj: StoredObject) -> JobStorage:
-    if obj.uri in js.deleted:
-        return js  # a replayed report of what retention removed
-    kept = tuple(o for o in js.objects if o.uri != obj.uri)
-    return replace(js, objects=(*kept, obj))
-
-
-def with_facts(js: JobStorage, facts: JobFacts) -> JobStorage:
-    return replace(
-        js,
-        tenant=facts.tenant or js.tenant,
-        tier=facts.tier or js.tier,
-        finished_ms=facts.finished_ms or js.finished_ms,
-        result_uri=facts.result_uri or js.result_uri,
-    )
-
-
-def due(js: JobStorage, now_ms: int, retention: Retention) -> list[tuple[StoredObject, str]]:
-    """The objects retention lets go at ``now_ms``, each with why (module doc, 2-3)."""
-    out = []
-    if js.finished_ms:
-        for o in js.objects:
-            is_result = o.uri == js.result_uri
-            keep_s = retention.artifact_s if is_result else retention.checkpoint_s
-            name = "artifact_retention_s" if is_result else "checkpoint_retention_s"
-            if keep_s > 0 and now_ms >= js.finished_ms + keep_s * 1000:
-                what = "result" if is_result else o.kind
-                out.append(
-                    (
-                        o,
-                        f"{what} deleted: tier {js.tier!r} keeps it {name}={keep_s:g} s after the job ended",
-                    )
-                )
-        return out
-    if retention.checkpoint_s <= 0:
-        return out
-    checkpoints = [o for o in js.objects if o.kind == CHECKPOINT]
-    newest: dict[str, StoredObject] = {}
-    for o in checkpoints:
-        if o.node not in newest or (o.step, o.ts_ms) > (newest[o.node].step, newest[o.node].ts_ms):
-            newest[o.node] = o
-    if not newest:
-        return out
-    common = min(o.step for o in newest.values())  # the step every node can resume from
-    keep = {o.uri for o in newest.values()}
-    for o in checkpoints:
-        if (
-            o.uri not in keep
-            and o.step < common
-            and now_ms >= o.ts_ms + retention.checkpoint_s * 1000
-        ):
-            out.append(
-                (
-                    o,
-                    f"superseded checkpoint deleted: step {o.step} < step {common}, older than"
-                    f" checkpoint_retention_s={retention.checkpoint_s:g} s (tier {js.tier!r})",
-                )
-            )
-    return out
-
-
-def without(js: JobStorage, uris: Iterable[str], now_ms: int, why: str) -> JobStorage:
-    gone = set(uris)
-    result = js.result_uri in gone
-    return replace(
-        js,
-        objects=tuple(o for o in js.objects if o.uri not in gone),
-        deleted=(*js.deleted, *sorted(gone - set(js.deleted))),
-        result_deleted_ms=now_ms if result else js.result_deleted_ms,
-        result_deleted_why=why if result else js.result_deleted_why,
-    )
-
-
-def _to_doc(js: JobStorage) -> bytes:
-    return json.dumps(asdict(js), separators=(",", ":")).encode()
-
-
-def _from_doc(raw: bytes) -> JobStorage:
-    doc = json.loads(raw)
-    doc["objects"] = tuple(StoredObject(**o) for o in doc.get("objects", ()))
-    doc["deleted"] = tuple(doc.get("deleted", ()))
-    return JobStorage(**doc)
 
 
 class StorageLedger:
@@ -203,7 +84,7 @@ class StorageLedger:
             for key, raw in self._db.items(from_key=b"j/"):
                 if not bytes(key).startswith(b"j/"):
                     break
-                js = _from_doc(raw)
+                js = from_doc(raw)
                 self.jobs[js.job_id] = js
         for js in self.jobs.values():
             self._bytes[js.tenant] = self._bytes.get(js.tenant, 0) + js.bytes
@@ -277,7 +158,7 @@ class StorageLedger:
 
             wb = WriteBatch()
             for job_id, js in changed.items():
-                wb.put(f"j/{job_id}".encode(), _to_doc(js))
+                wb.put(f"j/{job_id}".encode(), to_doc(js))
             for job_id in dropped:
                 wb.delete(f"j/{job_id}".encode())
             self._db.write(wb)

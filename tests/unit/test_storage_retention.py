@@ -17,17 +17,16 @@ from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.producers.settings import api_settings
 from framespool.projections.consumer import ProjectionConsumer
-from framespool.projections.storage import (
+from framespool.projections.retention import (
     CHECKPOINT,
     OUTPUT,
     JobFacts,
     JobStorage,
     Retention,
-    StorageLedger,
     StoredObject,
     due,
-    sweep_once,
 )
+from framespool.projections.storage import StorageLedger, sweep_once
 from framespool.projections.store import InMemoryViewStore
 from framespool.projections.testing import lifecycle, records_for
 from framespool.schemas.events import JobCompleted, RunCheckpointed, RunCompleted
