@@ -570,7 +570,9 @@ def _terminal(state: str, summary: Callable[[Any], str], reason: Callable[[Any],
 
 
 def _report_ignored(v: JobView, e: ReportIgnored):
-    return replace(v, ignored=v.ignored + 1), f"scheduler ignored a report: {e.reason}"
+    return replace(
+        v, ignored=v.ignored + 1
+    ), f"scheduler ignored a report ({e.code or 'unrecorded'}): {e.reason}"
 
 
 def _wait_text(position: int, wait_s: float, p50_s: float = -1.0, p90_s: float = -1.0) -> str:

@@ -298,6 +298,7 @@ class ReportIgnored:
     subject: str
     reason: str
     source_event_id: str = ""
+    code: str = ""  # why, as a code (framespool.schemas.refusals.IgnoreCode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,6 @@ the log invariants as ``framespool verify`` judged them (see
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -149,18 +148,12 @@ def invariants(verdict: Any) -> dict[str, Any]:
     }
 
 
-def reason_gist(reason: str) -> str:
-    """A reason with its ids and numbers blanked, so that alike reasons count together."""
-    gist = re.sub(r"node-[0-9]+", "node-N", reason.splitlines()[0] if reason else "")
-    gist = re.sub(r"job_[0-9a-f]+", "JOB", gist)
-    return re.sub(r"[0-9]+(\.[0-9]+)?", "N", gist)[:90]
-
-
 def ignored_reports(ordered: Sequence[Any]) -> dict[str, int]:
-    """ReportIgnored counted by the gist of their reasons."""
+    """ReportIgnored counted by their code (``framespool.schemas.refusals``);
+    ``unrecorded`` counts those written before codes existed."""
     return dict(
         Counter(
-            reason_gist(e.reason) for e in ordered if isinstance(e, ev.ReportIgnored)
+            e.code or "unrecorded" for e in ordered if isinstance(e, ev.ReportIgnored)
         ).most_common()
     )
 

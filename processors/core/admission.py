@@ -110,6 +110,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from framespool.schemas import events as ev
+from framespool.schemas.refusals import IgnoreCode
 
 from .config import DEFAULT_TIERS
 from .drain import largest_job
@@ -265,6 +266,7 @@ class AdmissionState:
         if handler is None:
             self._ignore(
                 getattr(command, "event_id", "?"),
+                IgnoreCode.UNKNOWN_INPUT,
                 f"unknown command type {type(command).__name__} for admission",
                 command,
             )
@@ -277,13 +279,14 @@ class AdmissionState:
         self._out.append(out)
         return out
 
-    def _ignore(self, subject: str, reason: str, source: Any) -> None:
+    def _ignore(self, subject: str, code: IgnoreCode, reason: str, source: Any) -> None:
         self._count("ignored")
         self._emit(
             ev.ReportIgnored,
             subject=subject,
             reason=reason,
             source_event_id=getattr(source, "event_id", ""),
+            code=code.value,
         )
 
     def _count(self, name: str) -> None:
@@ -329,6 +332,7 @@ class AdmissionState:
         if not spec.job_id or not spec.tenant:
             self._ignore(
                 spec.job_id or command.event_id,
+                IgnoreCode.MALFORMED,
                 "malformed submission: spec.job_id and spec.tenant are required",
                 command,
             )
@@ -338,6 +342,7 @@ class AdmissionState:
         if earlier is not None and earlier != spec.job_id:
             self._ignore(
                 spec.job_id,
+                IgnoreCode.DUPLICATE,
                 f"duplicate submission: idempotency key "
                 f"{command.idempotency_key!r} was already used for job {earlier}",
                 command,
@@ -348,6 +353,7 @@ class AdmissionState:
             outcome = f"admitted to {decided.cell}" if decided.cell else "rejected"
             self._ignore(
                 spec.job_id,
+                IgnoreCode.DUPLICATE,
                 f"duplicate submission: job {spec.job_id} was already {outcome}",
                 command,
             )
@@ -489,12 +495,18 @@ class AdmissionState:
             where = f"now routed to {decided.cell}" if decided.cell else "ended"
             self._ignore(
                 event.job_id,
+                IgnoreCode.STALE_REROUTE,
                 f"stale reroute: job {event.job_id} left {event.from_cell} before and is {where}",
                 event,
             )
             return
         if decided is not None and decided.tenant != event.tenant:
-            self._ignore(event.job_id, "reroute refused: job belongs to another tenant", event)
+            self._ignore(
+                event.job_id,
+                IgnoreCode.WRONG_TENANT,
+                "reroute refused: job belongs to another tenant",
+                event,
+            )
             return
         key = decided.key if decided is not None else None
         if decided is not None and decided.cancelled:
@@ -530,11 +542,23 @@ class AdmissionState:
             for cell in self._cells_that_may_hold(command.job_id):
                 self._forward_cancel(cell, command)
         elif decided is None:
-            self._ignore(command.job_id, "cancel refused: unknown job", command)
+            self._ignore(
+                command.job_id, IgnoreCode.UNKNOWN_JOB, "cancel refused: unknown job", command
+            )
         elif decided.tenant != command.tenant:
-            self._ignore(command.job_id, "cancel refused: job belongs to another tenant", command)
+            self._ignore(
+                command.job_id,
+                IgnoreCode.WRONG_TENANT,
+                "cancel refused: job belongs to another tenant",
+                command,
+            )
         elif not decided.cell:
-            self._ignore(command.job_id, "cancel refused: job was rejected at admission", command)
+            self._ignore(
+                command.job_id,
+                IgnoreCode.NOT_HERE,
+                "cancel refused: job was rejected at admission",
+                command,
+            )
         else:
             self.jobs[command.job_id] = decided._replace(cancelled=True)
             self._forward_cancel(decided.cell, command)

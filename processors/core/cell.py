@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from framespool.schemas import events as ev
+from framespool.schemas.refusals import IgnoreCode
 
 from . import lifecycle as lc
 from .accounting import Accounting
@@ -160,6 +161,7 @@ class Cell(
             self._count("unknown_event")
             self.ignore(
                 getattr(event, "event_id", "?"),
+                IgnoreCode.UNKNOWN_INPUT,
                 f"unknown event type {type(event).__name__} for the scheduler",
                 event,
             )
@@ -200,14 +202,16 @@ class Cell(
             reason=reason,
         )
 
-    def ignore(self, subject: str, reason: str, source: Any) -> None:
-        """Record a report the fold refused; it changes nothing else."""
+    def ignore(self, subject: str, code: IgnoreCode, reason: str, source: Any) -> None:
+        """Record a report the fold refused (``code`` says why for readers, ``reason``
+        in words for audit); it changes nothing else."""
         self._count("ignored")
         self.emit(
             ev.ReportIgnored,
             subject=subject,
             reason=reason,
             source_event_id=getattr(source, "event_id", ""),
+            code=code.value,
         )
 
     def refused(self, job: Job, action: str, source: Any = None) -> bool:
@@ -218,7 +222,12 @@ class Cell(
         if lc.allowed(job.state, action):
             return False
         self._count("illegal_transition")
-        self.ignore(job.job_id, lc.refusal(job.state, action), source or self._input)
+        self.ignore(
+            job.job_id,
+            IgnoreCode.ILLEGAL_TRANSITION,
+            lc.refusal(job.state, action),
+            source or self._input,
+        )
         return True
 
     def _count(self, name: str) -> None:

@@ -71,6 +71,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
+from framespool.schemas.refusals import IgnoreCode
 from framespool.schemas.states import GpuState, JobState, NodeState
 
 from .fairshare import Flow, LevelIndex
@@ -301,6 +302,7 @@ class Drain:
             if event.ts_ms <= left_ms:
                 self.ignore(
                     job_id,
+                    IgnoreCode.DUPLICATE,
                     f"duplicate admission: job was rerouted away from {self.cell_id}",
                     event,
                 )
@@ -317,6 +319,7 @@ class Drain:
         if event.job_id in self.rerouted and event.job_id not in self.jobs:
             self.ignore(
                 event.job_id,
+                IgnoreCode.NOT_HERE,
                 f"cancel refused: job was rerouted away from {self.cell_id}; "
                 "admission forwards cancels to the cell that holds it",
                 event,

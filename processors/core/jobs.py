@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from framespool.schemas import events as ev
 from framespool.schemas.causes import NODE_LOST, RETRY_CLASS, RunCause, of_failure_class
+from framespool.schemas.refusals import IgnoreCode
 from framespool.schemas.states import JobState, RunPhase
 
 from . import lifecycle as lc
@@ -38,7 +39,9 @@ class JobHandlers:
     def on_job_admitted(self: Cell, event: ev.JobAdmitted) -> None:
         spec = event.spec
         if spec.job_id in self.jobs or spec.job_id in self.finished:
-            self.ignore(spec.job_id, "duplicate submission: job already known", event)
+            self.ignore(
+                spec.job_id, IgnoreCode.DUPLICATE, "duplicate submission: job already known", event
+            )
             return
         problem = self.admission_problem(spec)
         if problem:
@@ -165,10 +168,15 @@ class JobHandlers:
                 if event.job_id in self.finished
                 else "unknown job"
             )
-            self.ignore(event.job_id, f"cancel refused: {why}", event)
+            self.ignore(event.job_id, IgnoreCode.UNKNOWN_JOB, f"cancel refused: {why}", event)
             return
         if job.tenant != event.tenant:
-            self.ignore(event.job_id, "cancel refused: job belongs to another tenant", event)
+            self.ignore(
+                event.job_id,
+                IgnoreCode.WRONG_TENANT,
+                "cancel refused: job belongs to another tenant",
+                event,
+            )
             return
         if self.refused(job, "cancel", event):
             return
@@ -187,17 +195,26 @@ class JobHandlers:
         subject = f"{event.job_id}#{event.run}"
         run = self.runs.get((event.job_id, event.run))
         if run is None:
-            self.ignore(subject, "stale report: run unknown or already released", event)
+            self.ignore(
+                subject,
+                IgnoreCode.STALE_RUN,
+                "stale report: run unknown or already released",
+                event,
+            )
             return None
         node = self.node(event.node_id)
         if node is None or event.node_id not in run.held:
             self.ignore(
-                subject, f"stale report: node {event.node_id} does not hold this run", event
+                subject,
+                IgnoreCode.NOT_HOLDER,
+                f"stale report: node {event.node_id} does not hold this run",
+                event,
             )
             return None
         if event.incarnation != node.incarnation:
             self.ignore(
                 subject,
+                IgnoreCode.STALE_INCARNATION,
                 f"stale report: incarnation {event.incarnation}, node is at {node.incarnation}",
                 event,
             )
@@ -209,14 +226,17 @@ class JobHandlers:
             if isinstance(event, (ev.RunStopped, ev.RunCompleted, ev.RunFailed)):
                 self.release_slice(run, event.node_id)
             else:
-                self.ignore(subject, "stale report: run already ended", event)
+                self.ignore(subject, IgnoreCode.STALE_RUN, "stale report: run already ended", event)
             return None
         job = self.jobs.get(event.job_id)
         if job is None or job.run != event.run:
             if not allow_terminal:
                 current = job.run if job else self.finished.get(event.job_id, "?")
                 self.ignore(
-                    subject, f"stale report: run {event.run} is not current ({current})", event
+                    subject,
+                    IgnoreCode.STALE_RUN,
+                    f"stale report: run {event.run} is not current ({current})",
+                    event,
                 )
                 return None
         return run

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from framespool.schemas import events as ev
 from framespool.schemas.causes import NODE_LOST, RunCause
+from framespool.schemas.refusals import IgnoreCode
 from framespool.schemas.states import GpuState, NodeState, RunPhase
 
 from . import lifecycle as lc
@@ -47,6 +48,7 @@ class NodeHandlers:
         if old is not None and event.incarnation <= old.incarnation:
             self.ignore(
                 event.node_id,
+                IgnoreCode.STALE_INCARNATION,
                 f"stale registration: incarnation {event.incarnation} <= {old.incarnation}",
                 event,
             )
@@ -100,7 +102,12 @@ class NodeHandlers:
     def on_heartbeat(self: Cell, event: ev.NodeHeartbeat) -> None:
         node = self.node(event.node_id)
         if node is None:
-            self.ignore(event.node_id, "heartbeat from an unregistered node: register first", event)
+            self.ignore(
+                event.node_id,
+                IgnoreCode.UNREGISTERED_NODE,
+                "heartbeat from an unregistered node: register first",
+                event,
+            )
             return
         if event.incarnation != node.incarnation or node.state == NodeState.DOWN:
             why = (
@@ -117,12 +124,15 @@ class NodeHandlers:
                     run=report.run,
                     reason=f"zombie: {why}",
                 )
-            self.ignore(event.node_id, f"heartbeat ignored: {why}", event)
+            self.ignore(
+                event.node_id, IgnoreCode.STALE_INCARNATION, f"heartbeat ignored: {why}", event
+            )
             return
         if event.ts_ms <= node.last_heartbeat_ts:
             # A re-delivered or reordered heartbeat is no sign of life now.
             self.ignore(
                 event.node_id,
+                IgnoreCode.STALE_HEARTBEAT,
                 "heartbeat ignored: not newer than the last one "
                 f"({event.ts_ms} <= {node.last_heartbeat_ts})",
                 event,

@@ -140,7 +140,8 @@ def summarize(e: Any) -> str:
     if isinstance(e, ev.JobCancelled):
         return f"CANCELLED: {e.reason}"
     if isinstance(e, ev.ReportIgnored):
-        return f"ignored {e.source_event_id or 'input'}: {e.reason}"
+        code = f"{e.code}, " if e.code else ""
+        return f"ignored {e.source_event_id or 'input'} ({code}{e.reason})"
     return getattr(e, "reason", "") or ""
 
 

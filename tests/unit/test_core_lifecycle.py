@@ -76,6 +76,7 @@ def test_an_illegal_transition_is_recorded_and_changes_nothing(report, fields, a
             subject=job_id,
             reason=f"illegal transition: {action} while QUEUED",
             source_event_id=event.event_id,
+            code="illegal_transition",
         )
     ]
     assert state_bytes(h.cell) == before

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framespool.schemas import events as ev
+from framespool.schemas.refusals import IgnoreCode
 from framespool.schemas.states import NodeState, RunPhase
 from tests.unit.core_harness import Harness, state_digest
 
@@ -107,6 +108,7 @@ def play(h: Harness, actions) -> None:
                 out = h.report(ev.RunCompleted, start.spec.job_id, start.run, start.node_id)
                 assert state_digest(h.cell) == before, "a stale report changed state"
                 assert [type(o) for o in out] == [ev.ReportIgnored]
+                assert out[0].code == IgnoreCode.STALE_RUN
             elif job is not None and job.run != start.run:
                 # the old run is still being stopped: its end report confirms that node's
                 # exit (docs/design.md#job-lifecycle-and-fencing) and may release only that
@@ -160,6 +162,9 @@ def test_invariants_hold_and_every_job_ends_exactly_once(actions):
     assert set(h.terminal) == set(h.admitted)
     assert all(count == 1 for count in h.terminal.values())
     assert not h.cell.runs or all(r.phase == RunPhase.STOPPING for r in h.cell.runs.values())
+    # every refusal says why as a code readers can group on (schemas/refusals.py)
+    codes = {o.code for o in h.log if isinstance(o, ev.ReportIgnored)}
+    assert codes <= set(IgnoreCode) - {IgnoreCode.UNRECORDED}, codes
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -66,6 +66,7 @@ PUBLISHED: dict[int, str] = {
     17100172342302756222: "NodeRegistered",
     225445061635241931: "NodeStateChanged",
     2713283913142138838: "ReportIgnored",
+    6810633244687506476: "ReportIgnored",
     6268029967876228540: "RunCheckpointed",  # v1, before step
     525678026398429116: "RunCheckpointed",  # v2, before size_bytes
     1891095845874224698: "RunCheckpointed",
