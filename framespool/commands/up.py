@@ -57,8 +57,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--config",
         type=Path,
-        help="JSON or TOML with [admission] (rate limits, cells) and [scheduler] "
-        "(tiers, tenants, leases) sections",
+        help="JSON or TOML: [[profiles]] (generators), [[tenants]] (tiers, quotas, caps, "
+        "users, API limits), [api] (per-tier request rates and queue caps), [admission] "
+        "and [scheduler] (routing, tiers, leases, scheduling knobs); docs/operator.md",
     )
     p.add_argument(
         "--allow-private-webhooks",
