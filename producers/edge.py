@@ -17,11 +17,11 @@ per connection and set in ``ApiConfig``:
    head or none). A request in progress, an event stream included, is not
    idle.
 2. **A body has a deadline.** ``submit_job`` reads its body within
-   ``body_timeout_s`` or answers 408 ``body_timeout`` (``producers.api``).
+   ``body_timeout_s`` or answers 408 ``body_timeout`` (``producers.job_routes``).
 3. **Connections per peer are capped.** :class:`PeerGate` counts the open
    connections of each peer, an IPv4 address or an IPv6 /64 (one host
    commonly holds a whole /64: per exact address it would be no cap at all;
-   the same key as the unauthenticated rate limit, ``producers.api.source_of``);
+   the same key as the unauthenticated rate limit, ``producers.http.source_of``);
    one past ``max_connections_per_peer`` is answered at once with a 429
    naming the limit and closed, before any byte of it is read, so one peer
    cannot take the descriptors every other client needs. Behind a proxy that
@@ -52,7 +52,7 @@ from typing import Any
 
 from aiohttp import web
 
-from framespool.producers.api import CONFIG, METRICS, source_of
+from framespool.producers.http import CONFIG, METRICS, source_of
 
 log = logging.getLogger(__name__)
 

@@ -132,7 +132,7 @@ def test_one_address_past_its_connection_cap_is_refused_and_others_are_served():
 async def _metrics(runner) -> str:
     from prometheus_client import generate_latest
 
-    from framespool.producers.api import METRICS
+    from framespool.producers.http import METRICS
 
     return generate_latest(runner.app[METRICS].registry).decode()
 

@@ -291,7 +291,7 @@ def test_openapi_and_validation_share_one_definition_of_each_pattern():
 
 
 def test_unkeyed_requests_are_charged_to_an_ipv4_address_or_an_ipv6_64():
-    from framespool.producers.api import source_of
+    from framespool.producers.http import source_of
 
     assert source_of("2001:db8::1") == source_of("2001:db8::ffff") == "2001:db8::/64"
     assert source_of("::ffff:192.0.2.7") == source_of("192.0.2.7") == "192.0.2.7"

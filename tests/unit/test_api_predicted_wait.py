@@ -17,8 +17,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from framespool.log.memory import MemoryProducer
 from framespool.processors.routing import destinations
 from framespool.producers import openapi
-from framespool.producers.api import OFFERS, ApiConfig, make_app
+from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.producers.http import OFFERS
 from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.store import InMemoryViewStore

@@ -14,8 +14,9 @@ from prometheus_client import generate_latest
 
 from framespool.callbacks.lookups import LOOKUP_THREADS, CallbackLookups
 from framespool.log.memory import MemoryProducer
-from framespool.producers.api import LOOKUPS, METRICS, ApiConfig, make_app
+from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
+from framespool.producers.http import LOOKUPS, METRICS
 from framespool.projections.store import InMemoryViewStore
 
 MALLORY = "mallory-key.m-secret"

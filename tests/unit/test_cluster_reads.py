@@ -13,9 +13,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from framespool.cluster_bench import HeldView
 from framespool.log.memory import MemoryProducer
-from framespool.producers.api import CLUSTER_READS, ApiConfig, make_app
+from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
 from framespool.producers.cluster_reads import ClusterReads
+from framespool.producers.http import CLUSTER_READS
 from framespool.projections.cluster import Breaker, CellView, ClusterView
 from framespool.projections.jobs import submitted_view
 from framespool.projections.store import Batch, InMemoryViewStore
