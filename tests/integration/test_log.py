@@ -306,9 +306,9 @@ def test_an_idle_fleet_consumer_rests_and_then_reads_on_where_it_stopped(
     from framespool.log import Role
     from framespool.log import kafka as adapter
 
-    monkeypatch.setattr(adapter, "IDLE_AFTER_S", 0.2)
+    monkeypatch.setattr(adapter.consumer, "IDLE_AFTER_S", 0.2)
     # the back-off is Tansu's (0 on Kafka by default); the mechanism is the same on both
-    monkeypatch.setitem(adapter.IDLE_BACKOFF_MS_BY_ROLE, Role.FLEET, 100)
+    monkeypatch.setitem(adapter.settings.IDLE_BACKOFF_MS_BY_ROLE, Role.FLEET, 100)
     topic = fresh_topics.ASSIGNMENTS.name
 
     def write(values: list[bytes]) -> None:
@@ -343,10 +343,10 @@ def test_on_kafka_an_idle_fleet_consumer_does_not_rest(kafka_bootstrap, fresh_to
     from framespool.log import Role
     from framespool.log import kafka as adapter
 
-    if adapter.ON_TANSU:
+    if adapter.settings.ON_TANSU:
         pytest.skip("Tansu's clients rest by design")
-    assert adapter.IDLE_BACKOFF_MS_BY_ROLE[Role.FLEET] == 0
-    monkeypatch.setattr(adapter, "IDLE_AFTER_S", 0.05)
+    assert adapter.settings.IDLE_BACKOFF_MS_BY_ROLE[Role.FLEET] == 0
+    monkeypatch.setattr(adapter.consumer, "IDLE_AFTER_S", 0.05)
     with LogConsumer(kafka_bootstrap, role=Role.FLEET) as consumer:
         consumer.assign(fresh_topics.ASSIGNMENTS.name, [0], 0)
         deadline = time.monotonic() + 0.5
@@ -358,7 +358,7 @@ def test_on_kafka_an_idle_fleet_consumer_does_not_rest(kafka_bootstrap, fresh_to
 def test_a_request_path_consumer_never_rests(kafka_bootstrap, fresh_topics, monkeypatch):
     from framespool.log import kafka as adapter
 
-    monkeypatch.setattr(adapter, "IDLE_AFTER_S", 0.05)
+    monkeypatch.setattr(adapter.consumer, "IDLE_AFTER_S", 0.05)
     with LogConsumer(kafka_bootstrap) as consumer:
         consumer.assign(fresh_topics.ASSIGNMENTS.name, [0], 0)
         deadline = time.monotonic() + 0.5

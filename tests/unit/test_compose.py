@@ -167,21 +167,21 @@ def test_every_process_waits_long_on_kafka_fetches(services, monkeypatch):
 
     import framespool.log.kafka as kafka
 
-    source = inspect.getsource(kafka)
+    source = inspect.getsource(kafka.settings)
     for name, service in ours(services).items():
         env = service["environment"]
         for role in ("REQUEST_PATH", "FLEET", "BACKGROUND"):
             var = f"FRAMESPOOL_FETCH_WAIT_{role}_MS"
-            assert f'_env_ms("{var}"' in source, var
+            assert f'env_ms("{var}"' in source, var
             monkeypatch.setenv(var, str(env[var]))
-            assert kafka._env_ms(var, 5) >= 500, (name, var)
+            assert kafka.settings.env_ms(var, 5) >= 500, (name, var)
         # with Kafka's long poll an idle reader costs nothing: none rests (a rest
         # would only delay an idle node's next instruction)
         for role in ("FLEET", "BACKGROUND"):
             var = f"FRAMESPOOL_IDLE_BACKOFF_{role}_MS"
-            assert f'_env_ms("{var}"' in source, var
+            assert f'env_ms("{var}"' in source, var
             monkeypatch.setenv(var, str(env[var]))
-            assert kafka._env_ms(var, 100) == 0, (name, var)
+            assert kafka.settings.env_ms(var, 100) == 0, (name, var)
 
 
 def test_init_creates_topics_and_bucket_where_the_services_look(services):

@@ -74,7 +74,7 @@ def producer(monkeypatch):
         made.append(FakeProducer(settings))
         return made[-1]
 
-    monkeypatch.setattr(kafka, "Producer", factory)
+    monkeypatch.setattr(kafka.producer, "Producer", factory)
     p = kafka.LogProducer("b:1")
     yield p, made[0]
     p.close()
@@ -97,7 +97,10 @@ def test_flush_still_raises_a_failed_delivery(producer):
         with fake.lock:
             ready, fake.queued = fake.queued, []
         for topic, key, callback in ready:
-            callback(kafka.KafkaError(kafka.KafkaError._MSG_TIMED_OUT), FakeMessage(topic, key))
+            callback(
+                kafka.producer.KafkaError(kafka.producer.KafkaError._MSG_TIMED_OUT),
+                FakeMessage(topic, key),
+            )
         return len(ready) or original(timeout)
 
     fake.poll = failing_poll

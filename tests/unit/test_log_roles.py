@@ -30,8 +30,8 @@ class Recorded:
 @pytest.fixture
 def recorded(monkeypatch):
     Recorded.settings = []
-    monkeypatch.setattr(kafka, "Consumer", Recorded)
-    monkeypatch.setattr(kafka, "Producer", Recorded)
+    monkeypatch.setattr(kafka.consumer, "Consumer", Recorded)
+    monkeypatch.setattr(kafka.producer, "Producer", Recorded)
     return Recorded.settings
 
 
@@ -43,13 +43,13 @@ def test_request_path_consumers_wait_less_than_background_ones(recorded):
     kafka.LogConsumer("b:1", role=Role.BACKGROUND, **{"fetch.wait.max.ms": 7})
     waits = [s["fetch.wait.max.ms"] for s in recorded]
     assert waits == [
-        kafka.FETCH_WAIT_MS_REQUEST_PATH,
-        kafka.FETCH_WAIT_MS_REQUEST_PATH,
-        kafka.FETCH_WAIT_MS_FLEET,
-        kafka.FETCH_WAIT_MS_BACKGROUND,
+        kafka.settings.FETCH_WAIT_MS_REQUEST_PATH,
+        kafka.settings.FETCH_WAIT_MS_REQUEST_PATH,
+        kafka.settings.FETCH_WAIT_MS_FLEET,
+        kafka.settings.FETCH_WAIT_MS_BACKGROUND,
         7,  # an explicit setting wins
     ]
-    assert kafka.FETCH_WAIT_MS == kafka.FETCH_WAIT_MS_REQUEST_PATH
+    assert kafka.settings.FETCH_WAIT_MS == kafka.settings.FETCH_WAIT_MS_REQUEST_PATH
 
 
 def _tuning(broker: str) -> dict:
@@ -63,10 +63,10 @@ def _tuning(broker: str) -> dict:
     env["FRAMESPOOL_BROKER"] = broker
     code = (
         "import json; from framespool.log import kafka as k; from framespool.log.kafka import Role;"
-        "print(json.dumps({'fetch': [k.FETCH_WAIT_MS_BY_ROLE[r] for r in Role],"
-        "'linger': [k.LINGER_MS_BY_ROLE[r] for r in Role],"
-        "'rest': [k.IDLE_BACKOFF_MS_BY_ROLE[r] for r in Role],"
-        "'nagle_off': k.SOCKET_SETTINGS['socket.nagle.disable']}))"
+        "print(json.dumps({'fetch': [k.settings.FETCH_WAIT_MS_BY_ROLE[r] for r in Role],"
+        "'linger': [k.settings.LINGER_MS_BY_ROLE[r] for r in Role],"
+        "'rest': [k.settings.IDLE_BACKOFF_MS_BY_ROLE[r] for r in Role],"
+        "'nagle_off': k.settings.SOCKET_SETTINGS['socket.nagle.disable']}))"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -113,13 +113,17 @@ def test_each_role_s_producers_linger_their_role_s_linger(recorded):
         p.close()
     lingers = [s["linger.ms"] for s in recorded]
     assert lingers == [
-        kafka.LINGER_MS_REQUEST_PATH,
-        kafka.LINGER_MS_REQUEST_PATH,
-        kafka.LINGER_MS_FLEET,
-        kafka.LINGER_MS_BACKGROUND,
+        kafka.settings.LINGER_MS_REQUEST_PATH,
+        kafka.settings.LINGER_MS_REQUEST_PATH,
+        kafka.settings.LINGER_MS_FLEET,
+        kafka.settings.LINGER_MS_BACKGROUND,
         7,  # an explicit setting wins
     ]
-    assert kafka.LINGER_MS_REQUEST_PATH <= kafka.LINGER_MS_FLEET < kafka.LINGER_MS_BACKGROUND
+    assert (
+        kafka.settings.LINGER_MS_REQUEST_PATH
+        <= kafka.settings.LINGER_MS_FLEET
+        < kafka.settings.LINGER_MS_BACKGROUND
+    )
 
 
 def test_a_submission_does_not_linger_on_its_way_to_admission(recorded):
@@ -132,7 +136,7 @@ def test_a_submission_does_not_linger_on_its_way_to_admission(recorded):
 
     assert "LogProducer(args.bootstrap)" in inspect.getsource(services)  # no role: REQUEST_PATH
     kafka.LogProducer("b:1").close()
-    assert recorded[-1]["linger.ms"] == kafka.LINGER_MS_REQUEST_PATH == 0
+    assert recorded[-1]["linger.ms"] == kafka.settings.LINGER_MS_REQUEST_PATH == 0
 
 
 def test_the_measured_defaults_and_their_overrides():
@@ -144,34 +148,34 @@ def test_the_measured_defaults_and_their_overrides():
     import inspect
     import os
 
-    source = inspect.getsource(kafka)
-    waits = (3, 10, 20) if kafka.ON_TANSU else (500, 500, 500)
+    source = inspect.getsource(kafka.settings)
+    waits = (3, 10, 20) if kafka.settings.ON_TANSU else (500, 500, 500)
     for i, name in enumerate(("REQUEST_PATH", "FLEET", "BACKGROUND")):
         var = f"FRAMESPOOL_FETCH_WAIT_{name}_MS"
-        assert f'_env_ms("{var}", _FETCH_DEFAULTS[{i}])' in source, var
+        assert f'env_ms("{var}", _FETCH_DEFAULTS[{i}])' in source, var
         if not os.environ.get(var):
-            assert kafka.FETCH_WAIT_MS_BY_ROLE[Role[name]] == waits[i], var
+            assert kafka.settings.FETCH_WAIT_MS_BY_ROLE[Role[name]] == waits[i], var
     defaults = {
-        "LINGER_REQUEST_PATH": (kafka.LINGER_MS_REQUEST_PATH, 0),
-        "LINGER_FLEET": (kafka.LINGER_MS_FLEET, 1),
-        "LINGER_BACKGROUND": (kafka.LINGER_MS_BACKGROUND, 5),
+        "LINGER_REQUEST_PATH": (kafka.settings.LINGER_MS_REQUEST_PATH, 0),
+        "LINGER_FLEET": (kafka.settings.LINGER_MS_FLEET, 1),
+        "LINGER_BACKGROUND": (kafka.settings.LINGER_MS_BACKGROUND, 5),
     }
     for name, (value, default) in defaults.items():
         var = f"FRAMESPOOL_{name}_MS"
-        assert f'_env_ms("{var}", {default})' in source, var
+        assert f'env_ms("{var}", {default})' in source, var
         if not os.environ.get(var):
             assert value == default, var
 
 
 def test_an_environment_override_is_whole_milliseconds(monkeypatch):
     monkeypatch.setenv("FRAMESPOOL_TEST_WAIT_MS", "5")
-    assert kafka._env_ms("FRAMESPOOL_TEST_WAIT_MS", 2) == 5
+    assert kafka.settings.env_ms("FRAMESPOOL_TEST_WAIT_MS", 2) == 5
     monkeypatch.setenv("FRAMESPOOL_TEST_WAIT_MS", "")
-    assert kafka._env_ms("FRAMESPOOL_TEST_WAIT_MS", 2) == 2
+    assert kafka.settings.env_ms("FRAMESPOOL_TEST_WAIT_MS", 2) == 2
     for bad in ("-1", "2.5", "fast"):
         monkeypatch.setenv("FRAMESPOOL_TEST_WAIT_MS", bad)
         with pytest.raises(ValueError, match="FRAMESPOOL_TEST_WAIT_MS.*milliseconds"):
-            kafka._env_ms("FRAMESPOOL_TEST_WAIT_MS", 2)
+            kafka.settings.env_ms("FRAMESPOOL_TEST_WAIT_MS", 2)
 
 
 def test_request_counts_are_collected_only_when_the_diagnostic_asks(recorded, monkeypatch, caplog):
@@ -180,7 +184,7 @@ def test_request_counts_are_collected_only_when_the_diagnostic_asks(recorded, mo
 
     kafka.LogConsumer("b:1")
     assert "statistics.interval.ms" not in recorded[-1] and "stats_cb" not in recorded[-1]
-    monkeypatch.setattr(kafka, "CLIENT_STATS_MS", 500)
+    monkeypatch.setattr(kafka.settings, "CLIENT_STATS_MS", 500)
     consumer = kafka.LogConsumer("b:1", **{"client.id": "c-1"})
     settings = recorded[-1]
     assert settings["statistics.interval.ms"] == 500
@@ -210,13 +214,13 @@ class Idle(Recorded):
         Idle.calls.append(f"assign {[(tp.topic, tp.partition, tp.offset) for tp in parts]}")
 
     def assignment(self) -> list:
-        return [kafka.TopicPartition("t", 0)]
+        return [kafka.consumer.TopicPartition("t", 0)]
 
     positions = [7]  # what position() answers, in turn; -1001: nothing handed out yet
 
     def position(self, parts) -> list:
         offset = Idle.positions.pop(0) if len(Idle.positions) > 1 else Idle.positions[0]
-        return [kafka.TopicPartition(tp.topic, tp.partition, offset) for tp in parts]
+        return [kafka.consumer.TopicPartition(tp.topic, tp.partition, offset) for tp in parts]
 
     def unassign(self) -> None:
         Idle.calls.append("unassign")
@@ -231,19 +235,19 @@ def test_an_idle_fleet_consumer_rests_for_its_back_off_then_looks_again(monkeypa
     no longer than the back-off, assign them again where reading stopped, look for
     IDLE_LOOK_FETCHES fetch waits, rest again."""
     now = [100.0]
-    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(kafka, "Consumer", Idle)
+    monkeypatch.setattr(kafka.consumer.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(kafka.consumer, "Consumer", Idle)
     Idle.calls, Idle.positions = [], [7, -1001]
     # the Tansu tuning (on Kafka nothing rests: test_fetch_waits_follow_the_broker_kind)
-    monkeypatch.setitem(kafka.IDLE_BACKOFF_MS_BY_ROLE, Role.FLEET, 100)
+    monkeypatch.setitem(kafka.settings.IDLE_BACKOFF_MS_BY_ROLE, Role.FLEET, 100)
     consumer = kafka.LogConsumer("b:1", role=Role.FLEET, **{"fetch.wait.max.ms": 10})
     consumer.assign("t", [0], 3)
-    backoff = kafka.IDLE_BACKOFF_MS_BY_ROLE[Role.FLEET] / 1000
-    look = kafka.IDLE_LOOK_FETCHES * 10 / 1000
+    backoff = kafka.settings.IDLE_BACKOFF_MS_BY_ROLE[Role.FLEET] / 1000
+    look = kafka.settings.IDLE_LOOK_FETCHES * 10 / 1000
     assert backoff > 0
     consumer.consume(10, 1.0)
     assert Idle.calls == ["assign [('t', 0, 3)]", "poll 1.000"]  # not idle long enough yet
-    now[0] += kafka.IDLE_AFTER_S - 0.25
+    now[0] += kafka.settings.IDLE_AFTER_S - 0.25
     consumer.consume(10, 1.0)
     assert Idle.calls[2:] == ["poll 0.250"]  # a poll ends when it is due to rest
     Idle.calls.pop()
@@ -273,8 +277,8 @@ def test_an_idle_fleet_consumer_rests_for_its_back_off_then_looks_again(monkeypa
 
 def test_request_path_and_group_consumers_never_rest(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(kafka, "Consumer", Idle)
+    monkeypatch.setattr(kafka.consumer.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(kafka.consumer, "Consumer", Idle)
     Idle.calls = []
     request_path = kafka.LogConsumer("b:1", role=Role.REQUEST_PATH)
     request_path.assign("t", [0], 0)
@@ -282,7 +286,7 @@ def test_request_path_and_group_consumers_never_rest(monkeypatch):
     member._consumer.subscribe = lambda topics, **kw: None
     member.subscribe(["t"])
     Idle.calls = []
-    now[0] += 10 * kafka.IDLE_AFTER_S
+    now[0] += 10 * kafka.settings.IDLE_AFTER_S
     request_path.consume(10, 1.0)
     member.consume(10, 1.0)
     assert Idle.calls == ["poll 1.000", "poll 1.000"]

@@ -84,7 +84,7 @@ def broker(monkeypatch):
         made.append(SkippingBroker(settings))
         return made[-1]
 
-    monkeypatch.setattr(kafka, "Consumer", factory)
+    monkeypatch.setattr(kafka.consumer, "Consumer", factory)
     return made
 
 
@@ -130,7 +130,7 @@ def test_a_gap_that_stays_is_read_past_after_the_refetches(broker):
     fake.seek = always_skips
     fake.skips[("t", 0, 4)] = 3
     assert read(consumer) == [0, 1, 2, 3, 7, 8, 9]
-    assert len(fake.seeks) == kafka.SKIP_REFETCHES
+    assert len(fake.seeks) == kafka.consumer.SKIP_REFETCHES
 
 
 def test_poll_reads_skipped_records_again_too(broker):

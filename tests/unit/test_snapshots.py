@@ -378,7 +378,7 @@ def test_a_turn_with_outputs_commits_and_a_quiet_one_only_remembers(tmp_path):
 
 def test_a_processor_producer_does_not_linger(tmp_path):
     """Its flush ends every batch, and librdkafka's flush does not cut a short
-    linger short (framespool.log.kafka.LINGER_MS_PROCESSOR)."""
+    linger short (framespool.log.kafka.settings.LINGER_MS_PROCESSOR)."""
     import threading
 
     from framespool.log.kafka import LINGER_MS_PROCESSOR
