@@ -39,6 +39,11 @@ ERROR_CODES = (
     "webhooks_unavailable",
     "secret_not_stored",
     "http_error",
+    "body_timeout",
+    "disk_full",
+    "storage_quota",
+    "result_expired",
+    "rotation_too_soon",
 )
 NAME_PATTERN = patterns.schema(patterns.NAME)
 CURSOR_PATTERN = patterns.schema(patterns.CURSOR)

@@ -161,3 +161,51 @@ def test_response_schemas_accept_what_the_handlers_return():
     resolve(doc, schemas["Cluster"]).validate(cluster.to_dict(cv, 2_000))
     resolve(doc, schemas["Cluster"]).validate(cluster.to_dict(cv, 2_000, detail=False))
     assert schemas["Job"]["properties"]["state"]["enum"] == list(STATES)
+
+
+def _answered_codes() -> dict[str, str]:
+    """Every error code a handler or the validation can answer (code -> where), read
+    from the source: ``ApiError(status, CODE, ...)``, ``error_body(status, CODE,
+    ...)``, ``ValidationError(field, message, status, CODE)`` and the middleware's status map."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    folder = Path(openapi.__file__).resolve().parent.parent
+    found: dict[str, str] = {}
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "client.py":
+            continue  # the Python client's own errors, not answers of the API
+        module = importlib.import_module(f"framespool.producers.{path.stem}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            values: list[ast.expr] = []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in ("ApiError", "error_body") and len(node.args) > 1:
+                    values.append(node.args[1])
+                if node.func.id == "ValidationError":  # (field, message, status, code)
+                    values += [k.value for k in node.keywords if k.arg == "code"]
+                    values += node.args[3:4]
+            if isinstance(node, ast.Dict) and all(
+                isinstance(k, ast.Constant) and isinstance(k.value, int) and 400 <= k.value < 600
+                for k in node.keys
+            ):
+                values += node.values  # the middleware's {404: "not_found", ...}
+            for value in values:
+                if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    found[value.value] = path.name
+                elif isinstance(value, ast.Name) and isinstance(
+                    getattr(module, value.id, None), str
+                ):
+                    found[getattr(module, value.id)] = path.name
+    return found
+
+
+def test_every_error_code_the_api_answers_is_documented():
+    """A code a handler answers but the document does not list is a contract a client
+    cannot read; one the document lists that nothing answers is a stale promise."""
+    answered = _answered_codes()
+    assert len(answered) > 20  # the scan sees the handlers
+    missing = {code: where for code, where in answered.items() if code not in openapi.ERROR_CODES}
+    assert not missing, f"answered but not in ERROR_CODES: {missing}"
+    stale = set(openapi.ERROR_CODES) - set(answered) - {"http_error"}
+    assert not stale, f"in ERROR_CODES but never answered: {sorted(stale)}"
