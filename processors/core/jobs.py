@@ -261,7 +261,7 @@ class JobHandlers:
         heartbeat listing it, or a gang's last member at the barrier): it runs
         from now, so its static end moves with its start and its release slices
         are filed again (``refile_release``), and it is no longer awaited."""
-        run.phase = RunPhase.RUNNING
+        run.phase = lc.next_phase(run.key, run.phase, "start")
         run.started_ms = run.saved_ms = self.now_ms
         self.refile_release(run)
         self.assigned_unstarted.pop(run.key, None)
@@ -271,6 +271,8 @@ class JobHandlers:
         if run is None:
             return
         job = self.jobs[run.job_id]
+        if self.refused(job, "checkpointed", event):
+            return
         if run.gang is not None and event.step >= 0:  # one rank's; see gangs.py
             run.last_report_ms = self.now_ms
             if self.rank_checkpointed(run, job, event):

@@ -1,19 +1,34 @@
-"""Job lifecycle as data: the legal transitions, in one table.
+"""Lifecycles as data: the legal transitions of jobs, runs and nodes, one table each.
 
 Theory of operation
 -------------------
-A job moves ``QUEUED -> ASSIGNED -> RUNNING <-> CHECKPOINTING`` and ends
+**Jobs.** A job moves ``QUEUED -> ASSIGNED -> RUNNING <-> CHECKPOINTING`` and ends
 ``COMPLETED``, ``FAILED`` or ``CANCELLED``. Preemption, a lost node or a retry
 take it back to ``QUEUED`` (the events say ``JobPreempted``/``JobRequeued``),
 keeping its last checkpoint. The fold asks ``allowed`` (``Cell.refused``)
 before it changes anything for a job; an action the table does not list is
 refused with a recorded reason (a ``ReportIgnored``) and changes nothing.
 ``next_state`` then applies the checked transition.
+
+**Runs** (``RUN_TRANSITIONS``): a run is placed ASSIGNED, starts RUNNING, may be
+asked to checkpoint and leave (EXITING: a preemption, a move, an eviction) and
+ends STOPPING, holding its GPUs until its nodes confirm. Every phase change goes
+through ``next_phase``; the fold decides a run's change only after its job's
+(which the job table refused or allowed), so a run change the table lacks is a
+bug in the fold and raises ``IllegalTransition``.
+
+**Nodes** (``NODE_TRANSITIONS``): UP takes work; DEGRADED (a straggler on
+probation) takes none and comes back UP when its probation ends; DRAINING (a
+failed GPU) takes none and moves its work off; DOWN (missed heartbeats, an
+unconfirmed stop, a new incarnation) has lost its runs and is replaced by the
+node's next registration, never revived. ``Cell.set_node_state`` asks
+``node_allowed`` and refuses with a recorded reason (a ``ReportIgnored``) what
+the table does not list, changing nothing.
 """
 
 from __future__ import annotations
 
-from framespool.schemas.states import TERMINAL_JOB_STATES, JobState
+from framespool.schemas.states import TERMINAL_JOB_STATES, JobState, NodeState, RunPhase
 
 TERMINAL = TERMINAL_JOB_STATES
 ACTIVE = (JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTING)
@@ -71,3 +86,41 @@ def next_state(job_id: str, state: JobState, action: str) -> JobState:
         return TRANSITIONS[(state, action)]
     except KeyError:
         raise IllegalTransition(job_id, state, action) from None
+
+
+# (phase, action) -> next phase
+RUN_TRANSITIONS: dict[tuple[RunPhase, str], RunPhase] = {
+    (RunPhase.ASSIGNED, "start"): RunPhase.RUNNING,
+    (RunPhase.ASSIGNED, "exit"): RunPhase.EXITING,
+    (RunPhase.RUNNING, "exit"): RunPhase.EXITING,
+    (RunPhase.ASSIGNED, "stop"): RunPhase.STOPPING,
+    (RunPhase.RUNNING, "stop"): RunPhase.STOPPING,
+    (RunPhase.EXITING, "stop"): RunPhase.STOPPING,
+}
+
+
+def next_phase(run_key: tuple[str, int], phase: RunPhase, action: str) -> RunPhase:
+    """The run's phase after ``action``; ``IllegalTransition`` if the table lacks it."""
+    try:
+        return RUN_TRANSITIONS[(phase, action)]
+    except KeyError:
+        raise IllegalTransition(f"{run_key[0]} run {run_key[1]}", phase, action) from None
+
+
+# (state, new state) a node may change between; the same state is no change
+NODE_TRANSITIONS: frozenset[tuple[NodeState, NodeState]] = frozenset(
+    {
+        (NodeState.UP, NodeState.DEGRADED),
+        (NodeState.DEGRADED, NodeState.UP),
+        (NodeState.UP, NodeState.DRAINING),
+        (NodeState.DEGRADED, NodeState.DRAINING),
+        (NodeState.UP, NodeState.DOWN),
+        (NodeState.DEGRADED, NodeState.DOWN),
+        (NodeState.DRAINING, NodeState.DOWN),
+    }
+)
+
+
+def node_allowed(state: NodeState, new: NodeState) -> bool:
+    """Whether a node may go from ``state`` to ``new``: ask before changing it."""
+    return (state, new) in NODE_TRANSITIONS

@@ -54,7 +54,7 @@ class NodeHandlers:
             )
             return
         if old is not None:
-            old.state = NodeState.DOWN
+            old.state = NodeState.DOWN  # NODE_TRANSITIONS lets every state go DOWN
             for run in self.runs_on(old):
                 self.release_slice(run, old.node_id)
                 self.on_node_lost_run(
@@ -286,8 +286,19 @@ class NodeHandlers:
         reason: str,
         cause: RunCause = RunCause.NODE_DRAINING,
     ) -> None:
-        """``cause`` is what a run moved off a DRAINING node carries."""
+        """``cause`` is what a run moved off a DRAINING node carries. A change the
+        node table does not list (``lifecycle.NODE_TRANSITIONS``) is refused with
+        a recorded reason and changes nothing."""
         if node.state == state:
+            return
+        if not lc.node_allowed(node.state, state):
+            self._count("illegal_transition")
+            self.ignore(
+                node.node_id,
+                IgnoreCode.ILLEGAL_TRANSITION,
+                f"illegal node transition: {node.state} -> {state} ({reason})",
+                self._input,
+            )
             return
         node.state = state
         node.state_reason = reason
@@ -423,7 +434,7 @@ class NodeHandlers:
         job = self.jobs[run.job_id]
         if self.refused(job, "checkpoint"):
             return False
-        run.phase = RunPhase.EXITING
+        run.phase = lc.next_phase(run.key, run.phase, "exit")
         run.exit_intent = cause
         run.exit_by = by_job
         run.exit_deadline_ms = self.now_ms + int(self.config.checkpoint_grace_s * 1000)

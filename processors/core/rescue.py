@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 from framespool.schemas.causes import RunCause
 from framespool.schemas.states import GpuState, RunPhase
 
+from . import lifecycle as lc
 from .model import Job, Node, Run
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -233,7 +234,7 @@ class Rescue:
         job = self.jobs[run.job_id]
         if self.refused(job, "requeue"):
             return False
-        run.phase = RunPhase.EXITING
+        run.phase = lc.next_phase(run.key, run.phase, "exit")
         run.exit_intent = RunCause.PREEMPTED
         run.exit_by = by_job
         run.exit_deadline_ms = self.now_ms

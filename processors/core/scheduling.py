@@ -910,7 +910,7 @@ class Scheduling:
         held until they confirm)."""
         if run.phase != RunPhase.STOPPING:
             self.settle(run)
-            run.phase = RunPhase.STOPPING
+            run.phase = lc.next_phase(run.key, run.phase, "stop")
             run.stop_sent_ms = self.now_ms
             self.exiting.pop(run.key, None)
             self.assigned_unstarted.pop(run.key, None)
@@ -956,7 +956,7 @@ class Scheduling:
         self.tier_use[run.tier] -= len(gpus)
         if run.phase != RunPhase.STOPPING:
             self.settle(run)
-            run.phase = RunPhase.STOPPING
+            run.phase = lc.next_phase(run.key, run.phase, "stop")
             self.stopping[run.key] = None
         if not run.held:
             self.stopping.pop(run.key, None)
