@@ -219,6 +219,9 @@ SOCKET_SETTINGS: dict[str, object] = {"socket.nagle.disable": True}
 # password may come from a file (a Compose or Kubernetes secret) instead of the
 # environment. Unset: no authentication (the embedded broker on loopback).
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# The group id of a consumer that names none (manual assignment, never joined nor
+# committed to): with ACLs, its principal needs READ on groups of this prefix.
+ANONYMOUS_GROUP_PREFIX = "framespool-anonymous-"
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -772,7 +775,7 @@ class LogConsumer:
         # librdkafka needs a group id even for manual assignment; an anonymous
         # one is never joined and never committed to.
         self._anonymous = group_id is None
-        self.group_id = group_id or f"framespool-anonymous-{uuid.uuid4().hex}"
+        self.group_id = group_id or f"{ANONYMOUS_GROUP_PREFIX}{uuid.uuid4().hex}"
         settings: dict[str, object] = {
             "bootstrap.servers": bootstrap_servers,
             "group.id": self.group_id,
