@@ -151,11 +151,14 @@ def _lookup(user: str | int) -> tuple[int, int, str] | None:
 
 def exposed(path: Path | str, identity: Identity) -> str:
     """Why the generator's user could read the secret file ``path`` ("" if it
-    cannot): the file must be the agent's, 0600 (no group or other bits), and
-    lie below a directory that user cannot traverse."""
+    cannot, or if there is no such file): the file must be the agent's, 0600
+    (no group or other bits), and lie below a directory that user cannot
+    traverse."""
     path = Path(path)
     try:
         st = path.stat()
+    except FileNotFoundError:
+        return ""
     except OSError as e:
         return f"{path}: {e.strerror}"
     if st.st_uid == identity.uid:
