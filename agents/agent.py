@@ -68,6 +68,7 @@ from framespool.agents.ledger import Action, RunLedger
 from framespool.agents.liveness import Liveness
 from framespool.agents.profiles import ModelProfile
 from framespool.agents.sandbox import (
+    Identity,
     SandboxError,
     exposed,
     generator_identity,
@@ -189,7 +190,7 @@ class NodeAgent(Healing):
             self._identity_note,
         )
 
-    def _fence_generators(self, identity: Any) -> None:
+    def _fence_generators(self, identity: Identity) -> None:
         """Refuse to start (:class:`SandboxError`) while the generator's user could
         not reach its work dirs or could read a secret of the agent's; the data
         dir, when the work dirs lie outside it, becomes the agent's alone."""
