@@ -43,6 +43,9 @@ from framespool.broker import KafkaBroker, TansuBroker, free_port
 from framespool.log import create_topics
 from framespool.schemas.topics import TopicSet
 
+# The helpers' asserts report like the tests' own (they did while they lived in test modules).
+pytest.register_assert_rewrite("tests.support")
+
 
 def _docker_answers() -> bool:
     try:

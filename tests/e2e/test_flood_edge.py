@@ -22,7 +22,7 @@ import pytest
 from framespool.broker import free_port
 from framespool.stack import Stack, StackConfig
 from framespool.stack_secrets import SECRETS_FILE
-from tests.unit.test_core_knobs_admission import tiers
+from tests.support.core import tiers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

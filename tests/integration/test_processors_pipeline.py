@@ -12,7 +12,7 @@ from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig
 from framespool.schemas import codec
 from framespool.schemas import events as ev
-from tests.integration.test_processors_support import (
+from tests.support.processors import (
     T0,
     admitted,
     decoded,

@@ -9,7 +9,7 @@ from framespool.log import partition_for_key
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig, rendezvous
 from framespool.schemas import events as ev
-from tests.integration.test_processors_support import (
+from tests.support.processors import (
     T0,
     in_process,
     produce,

@@ -18,7 +18,7 @@ from framespool.schemas import topics as catalogue
 from framespool.schemas.events import ProcessorConfigured
 from framespool.schemas.fencing import EpochFence, read_fencing
 from framespool.schemas.topics import Topic, TopicSet
-from tests.integration.test_processors_support import (
+from tests.support.processors import (
     cell_workload,
     expected_outputs,
     in_process,

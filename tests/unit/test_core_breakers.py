@@ -10,7 +10,7 @@ from __future__ import annotations
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.audit import explain_wait
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def of(out, cls):

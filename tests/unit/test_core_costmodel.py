@@ -34,8 +34,8 @@ from framespool.processors.sim.policies import POLICIES
 from framespool.processors.sim.workload import synthetic
 from framespool.schemas import events as ev
 from framespool.schemas.states import JobState, NodeState
-from tests.unit.core_harness import Harness
-from tests.unit.core_oracle import NaiveCell, NaiveFairTree, naive_queue_depths, naive_releases
+from tests.support.core_harness import Harness
+from tests.support.core_oracle import NaiveCell, NaiveFairTree, naive_queue_depths, naive_releases
 
 
 def _tape(jobs: int, nodes: int, load: float, base: CellConfig, seed: int = 3):
@@ -692,7 +692,7 @@ def test_a_skipped_walk_wakes_when_a_reservation_gains_slack(monkeypatch) -> Non
     # left it does not, and idle walks are skipped; once the blockers outlive
     # their estimates the shadow moves to now + 100 s and it fits: that walk
     # must run (and decide as the oracle, which never skips one).
-    from tests.unit import core_harness
+    from tests.support import core_harness
 
     def play(naive: bool) -> tuple[list, int | None]:
         monkeypatch.setattr(core_harness, "Cell", NaiveCell if naive else Cell)
@@ -727,7 +727,7 @@ def test_the_walk_asks_every_job_that_may_preempt_even_under_a_default_guarantee
     # The walk asks maybe_preempt only about jobs preempt_sensitive names; a
     # tenant with no entry of its own gets the default tenant's guarantee, and
     # under it reclaims GPUs from a borrower (2 GPUs free, it needs 8).
-    from tests.unit import core_harness
+    from tests.support import core_harness
 
     config = CellConfig(
         status_interval_s=0,
@@ -928,8 +928,8 @@ def test_gang_liveness_looks_at_the_gangs_only_when_a_report_may_have_lapsed() -
     # second: with a 15 s lease the Tick looks at the gangs about every 10 s
     # (when the oldest report it knows of may have lapsed), not every second;
     # a member that then falls silent still ends the gang within the lease.
-    from tests.unit.core_harness import Harness
-    from tests.unit.test_core_gangs import started_gang
+    from tests.support.core import started_gang
+    from tests.support.core_harness import Harness
 
     h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=0, report_lease_s=15), nodes=2)
     started_gang(h)
@@ -1033,7 +1033,7 @@ def test_warm_index_places_as_the_warm_scan(data, window) -> None:
     # loads, health-written warm models, drains and re-registrations; a window
     # of 8 or 16 nodes makes the window's edge matter with few nodes, and a
     # restore from an old snapshot rebuilds the index in the same warm order.
-    from tests.unit.core_oracle import NaiveNodeIndex
+    from tests.support.core_oracle import NaiveNodeIndex
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("framespool.processors.core.placement.WARM_SCAN_LIMIT", window)
@@ -1107,7 +1107,7 @@ def test_the_warm_window_ends_where_the_scan_stopped() -> None:
     # takes the best-fit node (not n10 as a warm one), as the scan did; once n3
     # leaves the warm set, the window reaches n8 (still not n10); with n5 free
     # too, n5 wins as warm.
-    from tests.unit.core_oracle import NaiveNodeIndex
+    from tests.support.core_oracle import NaiveNodeIndex
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("framespool.processors.core.placement.WARM_SCAN_LIMIT", 1)

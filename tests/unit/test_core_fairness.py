@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framespool.processors.core import CellConfig
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def run_flood(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from framespool.processors.core import CellConfig
 from framespool.processors.core.config import DEFAULT_TIERS
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def of(out, cls):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig, TenantConfig
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def of(out, cls):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig, TenantConfig
 from framespool.processors.tools.audit import audit, explain_wait
-from tests.unit.test_tools_support import CellLog, clean_history
+from tests.support.cell_log import CellLog, clean_history
 
 
 def busy_cell(config: CellConfig | None = None) -> CellLog:

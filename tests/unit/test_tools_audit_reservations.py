@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.audit import AuditReport, explain_wait, reservations_view
-from tests.unit.test_tools_support import CellLog
+from tests.support.cell_log import CellLog
 
 
 def codes(explanation: dict) -> list[str]:

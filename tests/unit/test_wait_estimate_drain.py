@@ -15,7 +15,7 @@ from framespool.processors.core import CellConfig
 from framespool.processors.core.config import TenantConfig
 from framespool.processors.core.waitbands import HELD_TAU_S, WaitBands
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def queued(out: list) -> ev.JobQueued:

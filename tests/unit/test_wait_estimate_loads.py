@@ -22,7 +22,7 @@ from framespool.processors import sim
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.estimates import LOAD_PRIOR_GPUS, MIX_HALVE_AT, LoadMix
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 LOAD_S = 20.0
 # arrival order within a user's queue: the flood's regime below queues a small
