@@ -12,11 +12,11 @@ from framespool.log.memory import MemoryProducer
 from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.store import Batch
-from framespool.projections.testing import cell_status, lifecycle, records_for
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobAdmitted, JobQueued, SubmitJob
 from framespool.schemas.topics import COMMANDS
 from tests.support.api import BOB, BODY, api, auth
+from tests.support.projections import cell_status, lifecycle, records_for
 
 
 def run(coro):

@@ -29,11 +29,11 @@ from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.producers.validation import Limits, ValidationError, validate_submit
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle
 from framespool.schemas import codec
 from framespool.schemas.events import SubmitJob
 from framespool.schemas.topics import COMMANDS
 from framespool.telemetry.jsonlog import JsonFormatter, redact
+from tests.support.projections import lifecycle
 
 KEY = "acme-key.alice-secret"
 H = {"Authorization": f"Bearer {KEY}"}

@@ -18,7 +18,6 @@ from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle, spec
 from framespool.schemas.events import (
     BreakerTripped,
     CellStatus,
@@ -32,6 +31,7 @@ from framespool.schemas.events import (
     NodeStatus,
     QueueDepth,
 )
+from tests.support.projections import lifecycle, spec
 
 ALICE, ALICE2, BOB = "acme-key.alice-secret", "acme-key2.carol-secret", "globex-key.bob-secret"
 OPERATOR = "operator-metrics-key"

@@ -185,8 +185,8 @@ def test_projections_ignore_a_zombies_record_for_an_input_a_newer_owner_decided(
     from framespool.log.memory import MemoryProducer
     from framespool.projections.consumer import ProjectionConsumer
     from framespool.projections.store import InMemoryViewStore
-    from framespool.projections.testing import lifecycle, records_for
     from framespool.schemas.fencing import fencing_headers
+    from tests.support.projections import lifecycle, records_for
 
     done = lifecycle("j1", progress_steps=0)
     failed = lifecycle("j1", progress_steps=0, outcome="FAILED")[-1]
