@@ -20,17 +20,12 @@ from tests.support.processors import (
     produce,
     produce_to_cells,
     register,
+    submit,
     tick,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def submit(job_id: str, tenant: str = "acme", ts: int = T0, **spec) -> ev.SubmitJob:
-    return ev.SubmitJob(
-        event_id=f"submit:{job_id}", ts_ms=ts, spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec)
-    )
 
 
 def test_admission_admits_to_job_events_and_the_cells_partition(

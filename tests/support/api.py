@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 
@@ -79,3 +80,7 @@ async def api(tmp_path, **overrides):
     )
     async with TestClient(TestServer(make_app(config))) as client:
         yield Ctx(client, config.store, config.producer, artifacts, config, now)
+
+
+def run(coro):
+    return asyncio.run(coro)

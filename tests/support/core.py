@@ -183,3 +183,9 @@ def play(h: Harness, actions) -> None:
             )
         elif kind == "confirm":
             h.confirm_stops()
+
+
+def queued(out: list) -> ev.JobQueued:
+    """The one JobQueued among ``out`` (from the test_wait_estimate* modules)."""
+    [q] = [o for o in out if isinstance(o, ev.JobQueued)]
+    return q

@@ -16,19 +16,7 @@ from framespool.processors.core.admission import (
     rendezvous,
 )
 from framespool.schemas import events as ev
-
-T0 = 1_700_000_000_000
-
-
-def submit(
-    job_id: str, tenant: str = "acme", ts: int = T0, key: str | None = None, **spec: object
-) -> ev.SubmitJob:
-    return ev.SubmitJob(
-        event_id=f"cmd-{job_id}",
-        ts_ms=ts,
-        idempotency_key=key,
-        spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec),
-    )
+from tests.support.admission import T0, submit
 
 
 def cancel(job_id: str, tenant: str = "acme", ts: int = T0) -> ev.CancelJob:

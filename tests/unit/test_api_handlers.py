@@ -15,12 +15,8 @@ from framespool.projections.store import Batch
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobAdmitted, JobQueued, SubmitJob
 from framespool.schemas.topics import COMMANDS
-from tests.support.api import BOB, BODY, api, auth
+from tests.support.api import BOB, BODY, api, auth, run
 from tests.support.projections import cell_status, lifecycle, records_for
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def test_submit_writes_a_command_and_the_job_is_immediately_visible(tmp_path):

@@ -33,6 +33,7 @@ from framespool.schemas import codec
 from framespool.schemas.events import SubmitJob
 from framespool.schemas.topics import COMMANDS
 from framespool.telemetry.jsonlog import JsonFormatter, redact
+from tests.support.api import run
 from tests.support.projections import lifecycle
 
 KEY = "acme-key.alice-secret"
@@ -59,10 +60,6 @@ def submitted(config) -> list:
         for e in (codec.decode(s.value) for s in config.producer.on(COMMANDS.name))
         if isinstance(e, SubmitJob)
     ]
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 # -- names, encodings, nesting -------------------------------------------------
