@@ -66,6 +66,19 @@ def _docker_answers() -> bool:
         return False
 
 
+TIERS_THAT_START_THINGS = ("integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every integration and e2e test is ``slow`` (it starts a broker, an S3 server or the
+    stack), so ``-m "not slow"`` leaves the unit tests that run in well under 2 s."""
+    tests = Path(__file__).parent
+    for item in items:
+        tier = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        if tier in TIERS_THAT_START_THINGS:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """bootstrap.servers of a broker that has the catalogue's topics."""

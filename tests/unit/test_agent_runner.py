@@ -131,6 +131,7 @@ def test_stop_escalates_to_sigkill_after_grace(tmp_path):
     assert 0.5 <= took < 3 and gone
 
 
+@pytest.mark.slow
 def test_hang_is_detected_and_the_group_killed(tmp_path):
     async def main():
         r = demo_runner(tmp_path, "--hang-at-step", "3", "--ignore-sigterm", hang_timeout_s=0.6)

@@ -77,6 +77,7 @@ def _guarded_base() -> CellConfig:
 PROOF_KNOBS = CellConfig(reservations=4, backfill_depth=256)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "jobs,nodes,load,base,proofs",
     [
@@ -211,6 +212,7 @@ def test_late_slices_read_in_projected_order_at_any_later_time(specs, nows, data
         assert list(late.ordered(now, runs)) == naive
 
 
+@pytest.mark.slow
 def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
     # A snapshot from before slices were re-filed on start holds ``_release_list``
     # (maybe with slices filed before their run started): the list is rebuilt on
@@ -232,6 +234,7 @@ def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
     assert "_release_list" not in restored.__dict__
 
 
+@pytest.mark.slow
 def test_a_cell_from_a_snapshot_without_status_rows_counts_them_on_first_read() -> None:
     # rows are kept only once read; a snapshot from before them (or before any
     # publish) builds them from the jobs and runs, then keeps them as it folds
@@ -394,6 +397,7 @@ def _one_free_gpu_under(tenants: int) -> Cell:
     return cell
 
 
+@pytest.mark.slow
 def test_a_pass_searches_each_shape_once(monkeypatch) -> None:
     # 2,000 tenants, each a 2-GPU job: none fits on the 1 free GPU
     cell = _one_free_gpu_under(2000)
@@ -443,6 +447,7 @@ def _tick_counting_tests(monkeypatch, cell: Cell) -> tuple[list, list]:
     return cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000)), tried
 
 
+@pytest.mark.slow
 def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
     # 1 GPU free, 2,000 queued 2-GPU jobs, every reservation slot taken: the walk
     # tests no candidate at all (the bounds say none fits), and decides as a full walk
@@ -1025,6 +1030,7 @@ def _old_format(index: NodeIndex) -> NodeIndex:
 _MODELS = ("m0", "m1", "m2")
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), window=st.sampled_from([1, 2, 64]))
 def test_warm_index_places_as_the_warm_scan(data, window) -> None:

@@ -10,6 +10,7 @@ every job drains to exactly one terminal event.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from tests.support.core import action, play
 from tests.support.core_harness import Harness, state_digest
 
 
+@pytest.mark.slow
 @settings(
     max_examples=300,
     deadline=None,

@@ -98,6 +98,7 @@ CRASH_WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_state_and_offset_agree_after_a_crash_mid_write(tmp_path: Path):
     """SIGKILL a process that rewrites (state, offset) in a loop; whatever survived agrees."""
     path = tmp_path / "crash"
