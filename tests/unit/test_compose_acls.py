@@ -150,12 +150,12 @@ class Recorder:
 def processor_topics(tmp_path, monkeypatch) -> dict[str, dict[str, set[str]]]:
     """What admission and the scheduler read (topic, group) and write, from the
     code: their wiring (``build_runner``), every output of both folds over a
-    two-cell log where a cell drains (``test_reroute_log``), their dead letters
+    two-cell log where a cell drains (``tests/support/reroute.py``), their dead letters
     and their recorded configuration."""
     import framespool.processors.__main__ as main
     from framespool.processors.admission import AdmissionFold
     from framespool.processors.scheduler import SchedulerFold
-    from tests.unit import test_reroute_log as world
+    from tests.support import reroute as world
 
     out: dict[str, dict[str, set[str]]] = {}
     for role, fold in (("admission", AdmissionFold()), ("scheduler", SchedulerFold())):
