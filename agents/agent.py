@@ -35,9 +35,14 @@ Theory of operation
    old incarnation and stay fenced),
    registers again as incarnation + 1 and takes work; reconciliation stops
    whatever of the old incarnation is still listed.
-7. Generators get a minimal environment, run as ``generator_user`` where the
-   agent is root, and only files inside their run's work directory, within
-   the profile's limits, are uploaded (see :mod:`sandbox`, :mod:`uploads`).
+7. Generators get a minimal environment, never the agent's credentials nor
+   the paths of its secret files, run as ``generator_user`` where the agent is
+   root, in work directories under ``work_dir`` (default: the data dir's
+   ``runs``), and only files inside their run's work directory, within the
+   profile's limits, are uploaded (see :mod:`sandbox`, :mod:`uploads`). With a
+   generator user the agent does not start while that user could read one of
+   its secret files (``secret_files`` and those its environment names) or, when
+   ``work_dir`` lies outside it, enter its data dir (made 0700).
 """
 
 from __future__ import annotations
@@ -62,8 +67,16 @@ from framespool.agents.healing import Healing, next_incarnation
 from framespool.agents.ledger import Action, RunLedger
 from framespool.agents.liveness import Liveness
 from framespool.agents.profiles import ModelProfile
-from framespool.agents.sandbox import SandboxError, generator_identity, unreachable_part
+from framespool.agents.sandbox import (
+    Identity,
+    SandboxError,
+    exposed,
+    generator_identity,
+    secret_files,
+    unreachable_part,
+)
 from framespool.log import LogError, LogProducer, Record, partition_for_key
+from framespool.private_files import private_dir
 from framespool.schemas import deadletter
 from framespool.schemas import topics as catalogue
 from framespool.schemas.codec import DecodeError, decode, encode
@@ -111,6 +124,8 @@ class NodeAgent(Healing):
         topics: Topics = catalogue,
         progress_interval_s: float = 0.2,
         generator_user: str | int | None = None,
+        work_dir: Path | str | None = None,
+        secret_files: tuple[Path | str, ...] = (),
     ) -> None:
         self.progress_interval_s = progress_interval_s
         # Refused here, before registering: tenant code must not run as root by mistake.
@@ -118,6 +133,8 @@ class NodeAgent(Healing):
         self.node_id, self.cell, self.bootstrap = node_id, cell, bootstrap
         self.store, self.probe, self.profiles = store, probe, profiles
         self.data_dir = Path(data_dir)
+        self.work_dir = Path(work_dir) if work_dir else self.data_dir / "runs"
+        self.secret_files = tuple(Path(p) for p in secret_files)
         self.heartbeat_s, self.time_scale = heartbeat_s, time_scale
         self.rail, self.topics = rail, topics
         self._requested_incarnation = incarnation
@@ -156,13 +173,9 @@ class NodeAgent(Healing):
     async def open(self, producer: LogProducer) -> None:
         """Take a new incarnation and register it, writing through the host's producer."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        blocked = unreachable_part(self.data_dir) if self.identity is not None else None
-        if blocked is not None:
-            raise SandboxError(
-                f"generators run as {self.identity.name} but cannot reach {self.data_dir}:"
-                f" {blocked} is not searchable by other users; chmod o+x {blocked}"
-                " or choose a --stack-dir they can reach"
-            )
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.identity is not None:
+            self._fence_generators(self.identity)
         self._producer = producer
         self.incarnation = next_incarnation(self.data_dir, self._requested_incarnation)
         self.ledger = RunLedger(self.node_id, self.incarnation)
@@ -176,6 +189,26 @@ class NodeAgent(Healing):
             self.assignment_partition,
             self._identity_note,
         )
+
+    def _fence_generators(self, identity: Identity) -> None:
+        """Refuse to start (:class:`SandboxError`) while the generator's user could
+        not reach its work dirs or could read a secret of the agent's; the data
+        dir, when the work dirs lie outside it, becomes the agent's alone."""
+        blocked = unreachable_part(self.work_dir)
+        if blocked is not None:
+            raise SandboxError(
+                f"generators run as {identity.name} but cannot reach {self.work_dir}:"
+                f" {blocked} is not searchable by other users; chmod o+x {blocked}"
+                " or choose a --work-dir they can reach"
+            )
+        if not self.work_dir.resolve().is_relative_to(self.data_dir.resolve()):
+            private_dir(self.data_dir)
+        for path in (*self.secret_files, *secret_files()):
+            why = exposed(path, identity)
+            if why:
+                raise SandboxError(
+                    f"generators run as {identity.name} and could read a secret: {why}"
+                )
 
     async def register(self) -> None:
         """``NodeRegistered`` of the current incarnation (its id names it: a re-sent
@@ -399,7 +432,7 @@ class NodeAgent(Healing):
     # -- carrying out decisions -------------------------------------------------
     def _launch(self, cmd: StartRun) -> None:
         spec = cmd.spec
-        workdir = self.data_dir / "runs" / _safe(spec.job_id) / str(cmd.run)
+        workdir = self.work_dir / _safe(spec.job_id) / str(cmd.run)
         execution = RunExecution(
             self,
             cmd,
@@ -407,6 +440,7 @@ class NodeAgent(Healing):
             workdir,
             self.progress_interval_s,
             identity=self.identity,
+            secrets=(*self.secret_files, *secret_files()),
         )
         self._runs[execution.key] = execution
         self.spawn(execution.execute(), f"run-{spec.job_id}-{cmd.run}")

@@ -118,9 +118,11 @@ class RunExecution:
         workdir: Path,
         progress_interval_s: float = 0.2,
         identity: Identity | None = None,
+        secrets: tuple[Path, ...] = (),
     ) -> None:
         self.host, self.cmd, self.profile, self.workdir = host, cmd, profile, workdir
         self.identity = identity
+        self.secrets = secrets  # files whose paths the generator must not be told
         # The registration this run belongs to: its reports keep it even after the
         # node re-registers, so the scheduler fences them as stale.
         self.incarnation = host.incarnation
@@ -302,6 +304,7 @@ class RunExecution:
                 resume_from=resume,
                 time_scale=host.time_scale,
                 identity=self.identity,
+                secrets=self.secrets,
                 on_progress=self._on_progress,
                 on_checkpoint=self._on_checkpoint,
             )

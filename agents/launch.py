@@ -63,6 +63,7 @@ def runner_for(
     resume_from: str | None,
     time_scale: float,
     identity: Identity | None = None,
+    secrets: tuple[Path, ...] = (),
     on_progress: Callable[[Progress], None] | None = None,
     on_checkpoint: Callable[[Checkpoint], None] | None = None,
 ) -> Runner | BuiltinRunner:
@@ -94,6 +95,7 @@ def runner_for(
         # start-up runs in real time whatever the scale: not divided
         startup_timeout_s=profile.startup_timeout_s or profile.hang_timeout_s,
         identity=identity,
+        secrets=secrets,
         output_required=member.speaks_for_job,
     )
     return command_runner(

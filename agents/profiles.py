@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from framespool.agents.sandbox import agent_only
 from framespool.configfile import ConfigError, read_document
 
 PLACEHOLDERS = frozenset(
@@ -175,6 +176,15 @@ class ModelProfile:
                     f"profile {name!r}: {key} must be a list of strings (one per argument), "
                     f"got {value!r}"
                 )
+        withheld = sorted(
+            n for n in (*d.get("inherit_env", ()), *d.get("env", {})) if agent_only(str(n))
+        )
+        if withheld:
+            raise ProfileError(
+                f"profile {name!r}: env/inherit_env name {withheld}, the agent's own broker or "
+                "object-store settings: a generator never gets them; remove them (a generator "
+                "that needs a service of its own gets its own credentials under other names)"
+            )
         builtin = str(d.get("builtin", ""))
         if builtin and builtin not in BUILTINS:
             raise ProfileError(

@@ -99,6 +99,7 @@ class Runner:
         clock: Callable[[], float] = time.monotonic,
         identity: Identity | None = None,
         output_required: bool = True,
+        secrets: tuple[Path, ...] = (),
     ) -> None:
         self.profile = profile
         self.identity = identity
@@ -110,7 +111,7 @@ class Runner:
         self.startup_timeout_s = (
             startup_timeout_s or profile.startup_timeout_s or self.hang_timeout_s
         )
-        self._env = generator_env(profile.env, profile.inherit_env, env or {})
+        self._env = generator_env(profile.env, profile.inherit_env, env or {}, secrets=secrets)
         self._on_progress = on_progress
         self._on_checkpoint = on_checkpoint
         self._clock = clock

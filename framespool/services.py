@@ -274,6 +274,7 @@ async def run_agent(args: argparse.Namespace) -> None:
     from framespool.agents.agent import NodeAgent
     from framespool.agents.gpus import SimulatedProbe, detect_probe
     from framespool.agents.host import AgentHost
+    from framespool.stack_secrets import SECRETS_FILE
 
     stack_dir = Path(args.stack_dir)
     secrets = stack_secrets(stack_dir)
@@ -303,6 +304,8 @@ async def run_agent(args: argparse.Namespace) -> None:
                 time_scale=args.time_scale,
                 rail=rail,
                 generator_user=args.generator_user,
+                work_dir=Path(args.work_dir) / node if args.work_dir else None,
+                secret_files=(stack_dir / SECRETS_FILE,),
             )
         )
     if args.metrics_port:
@@ -427,6 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         "--generator-user",
         default=None,
         help="unprivileged user (name or uid) generators run as when the agent is root",
+    )
+    agent.add_argument(
+        "--work-dir",
+        help="where runs' work directories go (one folder per node; default: the node's "
+        "folder in --stack-dir); with --generator-user, one outside --stack-dir",
     )
     agent.add_argument(
         "--metrics-port",

@@ -18,6 +18,11 @@ catalogue's attribute names (``fresh_topics.COMMANDS.name`` ...) whose topics
 carry a unique suffix and the catalogue's partition counts. Code under test must
 therefore take topic names as parameters rather than import them.
 
+The whole stack (``stack``, one per module, for the integration and e2e tiers): the
+module says which by its own ``stack_config`` fixture (a ``StackConfig``: nodes, cells,
+time scale, tenants, or the chaos drill's), so what differs between modules stays in
+them and starting and stopping is written once.
+
 S3 (``s3_endpoint``, one per session): ``AWS_ENDPOINT_URL`` if set (a real S3 or
 MinIO, with the caller's credentials); else moto's server in this process on a
 loopback port, with dummy ``AWS_*`` credentials in the environment.
@@ -36,12 +41,19 @@ if os.environ.get("FRAMESPOOL_TEST_BROKER") == "tansu":
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from framespool.broker import KafkaBroker, TansuBroker, free_port
 from framespool.log import create_topics
 from framespool.schemas.topics import TopicSet
+
+if TYPE_CHECKING:
+    from framespool.stack import Stack, StackConfig
+
+# The helpers' asserts report like the tests' own (they did while they lived in test modules).
+pytest.register_assert_rewrite("tests.support")
 
 
 def _docker_answers() -> bool:
@@ -52,6 +64,19 @@ def _docker_answers() -> bool:
         return True
     except Exception:  # no engine, no socket, no permission: all mean "not here"
         return False
+
+
+TIERS_THAT_START_THINGS = ("integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every integration and e2e test is ``slow`` (it starts a broker, an S3 server or the
+    stack), so ``-m "not slow"`` leaves the unit tests that run in well under 2 s."""
+    tests = Path(__file__).parent
+    for item in items:
+        tier = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        if tier in TIERS_THAT_START_THINGS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +117,16 @@ def fresh_topics(kafka_bootstrap: str) -> TopicSet:
     topic_set = TopicSet.with_suffix(uuid.uuid4().hex[:10])
     create_topics(kafka_bootstrap, topic_set.all)
     return topic_set
+
+
+@pytest.fixture(scope="module")
+def stack(stack_config: StackConfig) -> Iterator[Stack]:
+    """The module's stack, started from its ``stack_config`` before the module's first
+    test that takes it and stopped after the module's last."""
+    from framespool.stack import Stack  # not at import: the unit tier never starts one
+
+    with Stack(stack_config) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ lists, maintained where a node's bucket or warm set changes (``refresh``,
 list's memmove))). A search reads the buckets from ``k`` up and stops at the
 first stamp past the window's last (``_warm_cut``, cached until the model's
 warm set loses a node), so it decides exactly as the scan did
-(``tests/unit/core_oracle.py`` keeps the scan).
+(``tests/support/core_oracle.py`` keeps the scan).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import pytest
 
 from framespool.broker import free_port
 from framespool.producers.client import ApiError, Client
-from framespool.stack import Stack, StackConfig
+from framespool.stack import StackConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -54,16 +54,14 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, chromium):
-    config = StackConfig(
+def stack_config(tmp_path_factory, chromium) -> StackConfig:
+    return StackConfig(
         data_dir=tmp_path_factory.mktemp("stack"),
         port=free_port(),
         nodes=2,
         gpus_per_node=8,
         time_scale=20.0,
     )
-    with Stack(config) as running:
-        yield running
 
 
 # ----------------------------------------------------------------------------

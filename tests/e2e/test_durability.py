@@ -22,9 +22,9 @@ import json
 import os
 import signal
 import threading
-import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -33,8 +33,12 @@ from framespool import cli, stack_secrets
 from framespool.broker import free_port
 from framespool.producers.client import ApiError, Client
 from framespool.stack import Stack, StackConfig
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+# the API or the broker may be restarting while a test waits
+wait_for = partial(wait_until, every_s=0.5, tolerate=(ApiError, OSError))
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 # 240 steps of 1.5 s at time scale 20: 18 s per run, a checkpoint every 20 steps (1.5 s)
@@ -56,21 +60,6 @@ def submit(c: Client, params: dict) -> str:
     return c.submit(prompt="a fox that survives restarts", model="demo", gpus=8, params=params)[
         "job_id"
     ]
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except (ApiError, OSError) as exc:  # the API or broker restarting
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what} not within {timeout_s:.0f} s (last: {last!r})")
 
 
 def states(c: Client, job_ids: list[str]) -> dict[str, str]:

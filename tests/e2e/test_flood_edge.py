@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from framespool.broker import free_port
-from framespool.stack import Stack, StackConfig
+from framespool.stack import StackConfig
 from framespool.stack_secrets import SECRETS_FILE
-from tests.unit.test_core_knobs_admission import tiers
+from tests.support.core import tiers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -32,13 +32,13 @@ JOB = {"prompt": "a fox", "model": "hold", "params": {"duration_s": 60}, "estima
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack_config(tmp_path_factory) -> StackConfig:
     data_dir = tmp_path_factory.mktemp("flood-edge")
     limited = [dataclasses.asdict(t) for t in tiers(LIMIT_S, "free")]
     processors = data_dir / "processors.json"
     processors.write_text(json.dumps({"scheduler": {"tiers": limited}}))
     tenants = (("flood", "free"),) + tuple((f"n{i:02d}", "free") for i in range(NEWCOMERS))
-    config = StackConfig(
+    return StackConfig(
         data_dir=data_dir / "stack",
         port=free_port(),
         nodes=2,
@@ -50,8 +50,6 @@ def stack(tmp_path_factory):
         tenants=tenants,
         processor_config=processors,
     )
-    with Stack(config) as running:
-        yield running
 
 
 async def submit(session: aiohttp.ClientSession, url: str, key: str) -> tuple[int, dict]:

@@ -44,9 +44,9 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "REJECTED"}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack_config(tmp_path_factory) -> StackConfig:
     tenants = (("flood", "free"),) + tuple((f"t{i:04d}", "free") for i in range(POLITE))
-    config = StackConfig(
+    return StackConfig(
         data_dir=tmp_path_factory.mktemp("many-tenants"),
         port=free_port(),
         nodes=4,
@@ -57,8 +57,6 @@ def stack(tmp_path_factory):
         time_scale=TIME_SCALE,
         tenants=tenants,
     )
-    with Stack(config) as running:
-        yield running
 
 
 def keys(stack: Stack) -> dict[str, str]:

@@ -17,8 +17,8 @@ One stack started with the worked example of docs/operator.md
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,8 +27,11 @@ from framespool import cli
 from framespool.broker import free_port
 from framespool.producers.client import Client
 from framespool.stack import Stack, StackConfig
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+wait_for = partial(wait_until, every_s=0.3)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "operator.toml"
 TIERS = {"interactive", "enterprise", "paid", "free", "batch"}
@@ -37,8 +40,8 @@ PAGES = {"pages": 40, "seconds_per_page": 0.2}  # a flip-book of 8 s
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    config = StackConfig(
+def stack_config(tmp_path_factory) -> StackConfig:
+    return StackConfig(
         data_dir=tmp_path_factory.mktemp("day-one"),
         port=free_port(),
         nodes=2,
@@ -47,8 +50,6 @@ def stack(tmp_path_factory):
         time_scale=20.0,
         processor_config=EXAMPLE,
     )
-    with Stack(config) as running:
-        yield running
 
 
 def clients(stack: Stack) -> dict[str, Client]:
@@ -57,17 +58,6 @@ def clients(stack: Stack) -> dict[str, Client]:
     for t in stack.tenant_keys:
         out.setdefault(t["name"], Client(stack.api_url, t["api_key"], timeout_s=30))
     return out
-
-
-def wait_for(check, timeout_s: float = 120, what: str = "it"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not within {timeout_s:.0f} s (last: {last!r})")
 
 
 def state_of(c: Client, job_id: str, states: set[str]) -> dict | None:

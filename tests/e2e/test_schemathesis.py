@@ -41,8 +41,8 @@ from framespool.producers.ratelimit import RateLimit
 from framespool.projections import cluster
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import cell_status, lifecycle
 from framespool.projections.webhook_secrets import WebhookSecrets
+from tests.support.projections import cell_status, lifecycle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

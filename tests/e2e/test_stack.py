@@ -27,8 +27,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    config = StackConfig(
+def stack_config(tmp_path_factory) -> StackConfig:
+    return StackConfig(
         data_dir=tmp_path_factory.mktemp("stack"),
         port=free_port(),
         nodes=4,
@@ -37,8 +37,6 @@ def stack(tmp_path_factory):
         time_scale=20.0,
         allow_private_webhooks=True,
     )
-    with Stack(config) as running:
-        yield running
 
 
 def client(stack: Stack, tenant: int = 0) -> Client:

@@ -24,9 +24,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with chaos_stack(tmp_path_factory.mktemp("dead-letter"), nodes=1) as running:
-        yield running
+def stack_config(tmp_path_factory):
+    """The drill's stack (no admission rate limit, the drill's leases); tests/conftest.py
+    starts it as ``stack``."""
+    return chaos_stack(tmp_path_factory.mktemp("dead-letter"), nodes=1).config
 
 
 def inject(stack, records) -> None:

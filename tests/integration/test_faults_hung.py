@@ -22,9 +22,10 @@ PARAMS = {"seconds_per_step": 2, "duration_s": 1, "fps": 4, "resolution": "64x64
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with chaos_stack(tmp_path_factory.mktemp("hung"), nodes=2) as running:
-        yield running
+def stack_config(tmp_path_factory):
+    """The drill's stack (no admission rate limit, the drill's leases); tests/conftest.py
+    starts it as ``stack``."""
+    return chaos_stack(tmp_path_factory.mktemp("hung"), nodes=2).config
 
 
 def test_generator_that_hangs_every_time_is_retried_then_fails_as_hung(stack):

@@ -12,7 +12,7 @@ from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig
 from framespool.schemas import codec
 from framespool.schemas import events as ev
-from tests.integration.test_processors_support import (
+from tests.support.processors import (
     T0,
     admitted,
     decoded,
@@ -20,17 +20,12 @@ from tests.integration.test_processors_support import (
     produce,
     produce_to_cells,
     register,
+    submit,
     tick,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def submit(job_id: str, tenant: str = "acme", ts: int = T0, **spec) -> ev.SubmitJob:
-    return ev.SubmitJob(
-        event_id=f"submit:{job_id}", ts_ms=ts, spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec)
-    )
 
 
 def test_admission_admits_to_job_events_and_the_cells_partition(

@@ -17,7 +17,7 @@ import pytest
 from framespool.log import read_all
 from framespool.processors.core import CellConfig
 from framespool.processors.snapshots import SnapshotStore
-from tests.integration.test_processors_support import (
+from tests.support.processors import (
     REPO,
     InProcess,
     actual_outputs,

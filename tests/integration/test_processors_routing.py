@@ -9,12 +9,13 @@ from framespool.log import partition_for_key
 from framespool.processors.core import CellConfig
 from framespool.processors.core.admission import AdmissionConfig, rendezvous
 from framespool.schemas import events as ev
-from tests.integration.test_processors_support import (
+from tests.support.processors import (
     T0,
     in_process,
     produce,
     produce_to_cells,
     register,
+    submit,
     tick,
     wait_for,
 )
@@ -43,12 +44,6 @@ def seconds(start_s: int, end_s: int, dead: tuple[str, ...] = ()) -> dict[int, l
             out[p] += [beat(n, now) for n in NODES[cell] if n not in dead]
             out[p].append(tick(now, cell))
     return out
-
-
-def submit(job_id: str, tenant: str, ts: int, **spec) -> ev.SubmitJob:
-    return ev.SubmitJob(
-        event_id=f"submit:{job_id}", ts_ms=ts, spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec)
-    )
 
 
 def test_a_big_job_goes_where_it_fits_and_a_dead_cells_queue_moves(

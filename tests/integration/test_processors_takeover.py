@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
+from functools import partial
 
 import pytest
 
@@ -18,7 +18,8 @@ from framespool.schemas import topics as catalogue
 from framespool.schemas.events import ProcessorConfigured
 from framespool.schemas.fencing import EpochFence, read_fencing
 from framespool.schemas.topics import Topic, TopicSet
-from tests.integration.test_processors_support import (
+from tests.support import waiting
+from tests.support.processors import (
     cell_workload,
     expected_outputs,
     in_process,
@@ -28,18 +29,9 @@ from tests.integration.test_processors_support import (
 
 pytestmark = pytest.mark.integration
 
+wait_until = partial(waiting.wait_until, every_s=0.1)
+
 CONFIG = CellConfig()
-
-
-def wait_until(condition, timeout: float, what: str, detail=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout} s\n{detail()}")
-        time.sleep(0.1)
 
 
 def uninterrupted(inputs: list, topics) -> dict:

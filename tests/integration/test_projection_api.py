@@ -13,9 +13,9 @@ from framespool.log import LogProducer, read_all
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for
 from framespool.projections.service import ProjectionService
-from framespool.projections.testing import key_of, lifecycle
 from framespool.schemas import codec
 from framespool.schemas.events import JobAdmitted, RunProgress, SubmitJob
+from tests.support.projections import key_of, lifecycle
 
 pytestmark = pytest.mark.integration
 KEY = "acme-key.secret"

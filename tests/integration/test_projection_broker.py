@@ -11,9 +11,9 @@ from framespool.log import LogProducer, read_all
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.jobs import COMPLETED, FAILED, fold
 from framespool.projections.store import RocksViewStore
-from framespool.projections.testing import cell_status, key_of, lifecycle
 from framespool.schemas import codec
 from framespool.schemas.events import RunProgress
+from tests.support.projections import cell_status, key_of, lifecycle
 
 pytestmark = pytest.mark.integration
 

@@ -20,14 +20,14 @@ from framespool.producers.client import Client
 from framespool.schemas import codec
 from framespool.schemas import events as ev
 from framespool.schemas.topics import JOB_EVENTS
-from framespool.stack import Stack, StackConfig
+from framespool.stack import StackConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    config = StackConfig(
+def stack_config(tmp_path_factory) -> StackConfig:
+    return StackConfig(
         data_dir=tmp_path_factory.mktemp("tools-stack"),
         port=free_port(),
         nodes=4,  # two cells of two nodes: the 16-GPU gang fits in either
@@ -35,8 +35,6 @@ def stack(tmp_path_factory):
         time_scale=50.0,
         cells=2,
     )
-    with Stack(config) as running:
-        yield running
 
 
 @pytest.fixture

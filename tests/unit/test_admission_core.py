@@ -16,19 +16,7 @@ from framespool.processors.core.admission import (
     rendezvous,
 )
 from framespool.schemas import events as ev
-
-T0 = 1_700_000_000_000
-
-
-def submit(
-    job_id: str, tenant: str = "acme", ts: int = T0, key: str | None = None, **spec: object
-) -> ev.SubmitJob:
-    return ev.SubmitJob(
-        event_id=f"cmd-{job_id}",
-        ts_ms=ts,
-        idempotency_key=key,
-        spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec),
-    )
+from tests.support.admission import T0, submit
 
 
 def cancel(job_id: str, tenant: str = "acme", ts: int = T0) -> ev.CancelJob:
@@ -134,6 +122,7 @@ def test_cancel_of_an_expired_decision_still_reaches_the_jobs_cell():
     assert [o.command.event_id for o in out] == [f"p@2/{i}" for i in range(len(out))]
 
 
+@pytest.mark.slow
 def test_state_stays_flat_over_100k_submits_and_replays_byte_identically():
     # 100,000 submits at 100/s from 50 tenants with a 60 s horizon: the state
     # holds about a horizon's worth, and its snapshot stops growing.

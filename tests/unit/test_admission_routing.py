@@ -20,8 +20,8 @@ from framespool.processors.core.admission import (
     rendezvous,
 )
 from framespool.schemas import events as ev
+from tests.support.admission import T0, submit
 
-T0 = 1_700_000_000_000
 CELLS = ("cell-0", "cell-1")
 PURE_WAIT = AdmissionConfig(cells=CELLS, sticky_slack_s=0.0, sticky_slack_ratio=0.0)
 
@@ -57,12 +57,6 @@ def offer(
             ),
         ),
         tiers=tuple(ev.TierBacklog(tier=t, queued_gpu_s=queued) for t in ("paid", "free")),
-    )
-
-
-def submit(job_id: str, tenant: str = "acme", ts: int = T0, **spec: object) -> ev.SubmitJob:
-    return ev.SubmitJob(
-        event_id=f"cmd-{job_id}", ts_ms=ts, spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec)
     )
 
 

@@ -16,12 +16,11 @@ import pytest
 
 from framespool.agents.artifacts import LocalDirStore
 from framespool.agents.execution import RunExecution
-from framespool.agents.ledger import Action, RunLedger
+from framespool.agents.ledger import Action
 from framespool.agents.profiles import ModelProfile, demo_profile
 from framespool.agents.sandbox import generator_identity
 from framespool.schemas.events import (
     BeginRun,
-    JobSpec,
     NodeSlice,
     RunCheckpointed,
     RunCompleted,
@@ -31,63 +30,7 @@ from framespool.schemas.events import (
     StartRun,
     StopRun,
 )
-
-NODE = "node-a"
-
-
-class FakeHost:
-    """The RunHost port, recording what a run reports."""
-
-    def __init__(self, tmp_path: Path, node_id: str = NODE, identity: Any = None) -> None:
-        self.identity = identity
-        self.node_id, self.incarnation = node_id, 7
-        self.store = LocalDirStore(tmp_path / "store", secret="s")
-        self.ledger = RunLedger(node_id, 7)
-        self.time_scale, self.closing = 1000.0, False
-        self.reports: list[Any] = []
-        self.progress: list[Any] = []
-        self.data_dir = tmp_path / "agent"
-
-    async def report(self, event: Any) -> None:
-        self.reports.append(event)
-
-    def publish_progress(self, event: Any) -> None:
-        self.progress.append(event)
-
-    def spawn(self, coro: Any, name: str) -> asyncio.Task:
-        return asyncio.ensure_future(coro)
-
-    def run_started(self, execution: RunExecution) -> None:
-        pass
-
-    def run_ended(self, execution: RunExecution) -> None:
-        pass
-
-    def of(self, cls: type) -> list[Any]:
-        return [e for e in self.reports if isinstance(e, cls)]
-
-
-def start_run(
-    host: FakeHost,
-    job_id: str = "job-1",
-    *,
-    model: str = "x",
-    params: dict | None = None,
-    placement: tuple[NodeSlice, ...] = (),
-    resume_from: str | None = None,
-) -> StartRun:
-    return StartRun(
-        event_id=uuid.uuid4().hex,
-        ts_ms=0,
-        node_id=host.node_id,
-        incarnation=host.incarnation,
-        run=1,
-        spec=JobSpec(job_id=job_id, tenant="t", model=model, prompt="p", params=params or {}),
-        gpus=(0,),
-        placement=placement,
-        estimate_s=1.0,
-        resume_from=resume_from,
-    )
+from tests.support.agents import NODE, FakeHost, start_run
 
 
 def script_profile(script: str, **extra: Any) -> ModelProfile:

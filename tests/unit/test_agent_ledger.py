@@ -6,35 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from framespool.agents.ledger import Action, ProgressThrottle, RunLedger, RunState, StepRate
-from framespool.schemas.events import BeginRun, CheckpointRun, JobSpec, StartRun, StopRun
-
-NODE, INC = "node-a", 7
-
-
-def start(job="job-1", run=1, *, node=NODE, inc=INC, eid=None, gpus=(0,), model="demo"):
-    return StartRun(
-        event_id=eid or f"start-{job}-{run}-{inc}",
-        ts_ms=0,
-        node_id=node,
-        incarnation=inc,
-        run=run,
-        spec=JobSpec(job_id=job, tenant="t", model=model),
-        gpus=gpus,
-        placement=(),
-        estimate_s=10.0,
-    )
-
-
-def stop(job="job-1", run=1, *, node=NODE, inc=INC, eid=None, reason="cancelled"):
-    return StopRun(
-        event_id=eid or f"stop-{job}-{run}-{inc}",
-        ts_ms=0,
-        node_id=node,
-        incarnation=inc,
-        job_id=job,
-        run=run,
-        reason=reason,
-    )
+from framespool.schemas.events import BeginRun, CheckpointRun
+from tests.support.agents import INC, NODE, start, stop
 
 
 def ckpt(job="job-1", run=1, *, node=NODE, inc=INC, eid=None):

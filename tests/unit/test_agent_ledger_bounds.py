@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from framespool.agents import ledger as ledger_module
 from framespool.agents.ledger import Action, RunLedger
-from tests.unit.test_agent_ledger import INC, NODE, start, stop
+from tests.support.agents import INC, NODE, start, stop
 
 
 def test_a_long_lived_node_forgets_old_events_and_finished_jobs_epochs(monkeypatch):

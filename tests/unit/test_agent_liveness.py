@@ -10,7 +10,7 @@ from framespool.agents.ledger import Action, RunLedger, RunState
 from framespool.agents.liveness import BACKOFF_S, STABLE_S, Heal, Liveness
 from framespool.schemas.events import NodeStateChanged
 from framespool.schemas.states import GpuState, NodeState
-from tests.unit.test_agent_ledger import start, stop
+from tests.support.agents import start, stop
 
 NODE = "node-a"
 

@@ -16,6 +16,7 @@ import pytest
 from framespool.agents.demo_generator import EXIT_INJECTED_FAILURE
 from framespool.agents.profiles import ModelProfile, demo_profile
 from framespool.agents.runner import COMPLETED, FAILED, HUNG, STOPPED, LaunchError, Runner
+from tests.support.agents import plain_argv
 
 
 def alive(pid: int) -> bool:
@@ -63,21 +64,6 @@ def demo_runner(
         run="1",
     ) + list(extra)
     return Runner(profile, argv, output_path=out, cwd=tmp_path, **kw)
-
-
-def plain_argv(profile: ModelProfile, out: str) -> list[str]:
-    """A profile's command line with every placeholder but the output empty."""
-    return profile.argv(
-        prompt="",
-        out=out,
-        params_json="{}",
-        checkpoint_dir="",
-        resume_from=None,
-        time_scale="1",
-        gpus="",
-        job_id="j",
-        run="1",
-    )
 
 
 def test_completes_with_progress_and_output(tmp_path):
@@ -145,6 +131,7 @@ def test_stop_escalates_to_sigkill_after_grace(tmp_path):
     assert 0.5 <= took < 3 and gone
 
 
+@pytest.mark.slow
 def test_hang_is_detected_and_the_group_killed(tmp_path):
     async def main():
         r = demo_runner(tmp_path, "--hang-at-step", "3", "--ignore-sigterm", hang_timeout_s=0.6)
@@ -297,7 +284,7 @@ def test_noop_runs_in_the_agents_process(tmp_path, monkeypatch):
     from framespool.agents.gang import membership
     from framespool.agents.launch import runner_for
     from framespool.agents.profiles import noop_profile
-    from tests.unit.test_agent_execution import start_run
+    from tests.support.agents import start_run
 
     async def no_processes(*a, **kw):
         raise AssertionError(f"spawned {a}")
@@ -478,7 +465,7 @@ def test_a_time_scale_shortens_the_hang_timeout_but_not_the_start_up(tmp_path):
 
     from framespool.agents.gang import membership
     from framespool.agents.launch import runner_for
-    from tests.unit.test_agent_execution import start_run
+    from tests.support.agents import start_run
 
     cmd = start_run(SimpleNamespace(node_id="n0", incarnation=1), "j", model="demo")  # type: ignore[arg-type]
     profile = demo_profile()  # hang_timeout_s 30, no start-up allowance of its own
@@ -499,7 +486,7 @@ def test_a_builtin_gets_its_jobs_params_and_the_time_scale_and_is_never_a_comman
     from framespool.agents.gang import membership
     from framespool.agents.launch import command_runner, runner_for
     from framespool.agents.profiles import load_profiles
-    from tests.unit.test_agent_execution import start_run
+    from tests.support.agents import start_run
 
     hold = load_profiles()["hold"]
     cmd = start_run(

@@ -20,7 +20,7 @@ from framespool.agents.sandbox import (
     hand_over,
     unreachable_part,
 )
-from tests.unit.test_agent_runner import plain_argv
+from tests.support.agents import plain_argv
 
 USERS = {"gen": (1500, 1500, "gen"), "root": (0, 0, "root"), 1600: (1600, 1600, "1600")}
 

@@ -17,9 +17,9 @@ from framespool.producers.client import ApiError, Client
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import lifecycle, records_for
 from framespool.schemas import codec
 from framespool.schemas.events import JobAdmitted, SubmitJob
+from tests.support.projections import lifecycle, records_for
 
 KEY = "acme-key.secret"
 

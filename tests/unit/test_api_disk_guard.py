@@ -9,7 +9,7 @@ import pytest
 
 from framespool.producers.diskguard import MB, DiskGuard, free_bytes
 from framespool.schemas.topics import COMMANDS
-from tests.unit.test_api_handlers import BODY, api, auth
+from tests.support.api import BODY, api, auth
 
 
 def test_submits_are_refused_on_a_full_disk_and_reads_go_on(tmp_path):

@@ -8,6 +8,7 @@ import json
 import socket
 
 import aiohttp
+import pytest
 
 from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
@@ -51,6 +52,7 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
     return await asyncio.wait_for(reader.read(), seconds)
 
 
+@pytest.mark.slow
 def test_silent_and_half_sent_connections_are_closed_but_a_long_stream_is_not():
     async def main():
         runner, _site, port = await started(config(idle_timeout_s=0.5))
@@ -137,6 +139,7 @@ async def _metrics(runner) -> str:
     return generate_latest(runner.app[METRICS].registry).decode()
 
 
+@pytest.mark.slow
 def test_a_body_that_does_not_arrive_in_time_is_answered_408():
     async def main():
         runner, _site, port = await started(config(body_timeout_s=0.5))

@@ -3,91 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from framespool.agents.artifacts import LocalDirStore
 from framespool.log.memory import MemoryProducer
-from framespool.producers.api import ApiConfig, make_app
-from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
-from framespool.projections.jobs import fold
-from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import cell_status, lifecycle, records_for
+from framespool.projections.store import Batch
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobAdmitted, JobQueued, SubmitJob
 from framespool.schemas.topics import COMMANDS
-
-ALICE, BOB = "acme-key.alice-secret", "globex-key.bob-secret"
-BODY = {
-    "prompt": "a red fox in the snow",
-    "model": "demo",
-    "params": {"resolution": "1280x720", "duration_s": 5, "fps": 24, "seed": 7},
-}
-
-
-def auth(token=ALICE):
-    return {"Authorization": f"Bearer {token}"}
-
-
-@dataclass
-class Ctx:
-    client: TestClient
-    store: InMemoryViewStore
-    producer: MemoryProducer
-    artifacts: LocalDirStore
-    config: ApiConfig
-    now: list
-
-    def commands(self, cls):
-        return [
-            codec.decode(s.value)
-            for s in self.producer.on(COMMANDS.name)
-            if isinstance(codec.decode(s.value), cls)
-        ]
-
-    def fold_in(self, events):
-        """Feed job events as the projection consumer would (no broker)."""
-        views = {}
-        for e in events:
-            job = e.spec.job_id if hasattr(e, "spec") else e.job_id
-            views[job] = fold([e], views.get(job) or self.store.get(job))
-        self.store.commit(Batch(views=views))
-
-
-@contextlib.asynccontextmanager
-async def api(tmp_path, **overrides):
-    keys = ApiKeys(
-        [record_for(ALICE, "acme", "alice"), record_for(BOB, "globex", "bob")],
-        {"acme": TenantPolicy(("enterprise", "free"), "free")},
-    )
-    now = [1_700_000_000.0]
-    artifacts = LocalDirStore(
-        tmp_path / "artifacts",
-        url_base="http://api.test",
-        secret=b"url-secret",
-        clock=lambda: now[0],
-    )
-    config = ApiConfig(
-        auth=keys,
-        store=InMemoryViewStore(),
-        producer=MemoryProducer(),
-        artifacts=artifacts,
-        clock=lambda: now[0],
-        **overrides,
-    )
-    async with TestClient(TestServer(make_app(config))) as client:
-        yield Ctx(client, config.store, config.producer, artifacts, config, now)
-
-
-def run(coro):
-    return asyncio.run(coro)
+from tests.support.api import BOB, BODY, api, auth, run
+from tests.support.projections import cell_status, lifecycle, records_for
 
 
 def test_submit_writes_a_command_and_the_job_is_immediately_visible(tmp_path):

@@ -29,11 +29,12 @@ from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.producers.validation import Limits, ValidationError, validate_submit
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle
 from framespool.schemas import codec
 from framespool.schemas.events import SubmitJob
 from framespool.schemas.topics import COMMANDS
 from framespool.telemetry.jsonlog import JsonFormatter, redact
+from tests.support.api import run
+from tests.support.projections import lifecycle
 
 KEY = "acme-key.alice-secret"
 H = {"Authorization": f"Bearer {KEY}"}
@@ -59,10 +60,6 @@ def submitted(config) -> list:
         for e in (codec.decode(s.value) for s in config.producer.on(COMMANDS.name))
         if isinstance(e, SubmitJob)
     ]
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 # -- names, encodings, nesting -------------------------------------------------

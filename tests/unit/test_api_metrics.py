@@ -18,9 +18,9 @@ from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import cell_status, lifecycle, records_for
 from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
 from framespool.schemas.events import NodeStateChanged
+from tests.support.projections import cell_status, lifecycle, records_for
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -23,9 +23,9 @@ from framespool.producers.http import OFFERS
 from framespool.projections import cluster
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import records_for
 from framespool.schemas import events as ev
 from framespool.schemas.topics import COMMANDS, JOB_EVENTS
+from tests.support.projections import records_for
 
 ALICE = "acme-key.alice-secret"
 HEADERS = {"Authorization": f"Bearer {ALICE}"}

@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from framespool.log.memory import MemoryProducer
@@ -35,6 +36,7 @@ def api(secrets: WebhookSecrets) -> TestClient:
     return TestClient(TestServer(make_app(config)))
 
 
+@pytest.mark.slow
 def test_rotations_write_off_the_loop_and_other_tenants_are_answered_meanwhile():
     written: list[str] = []
     lock = threading.Lock()

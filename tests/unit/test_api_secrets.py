@@ -24,9 +24,9 @@ from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle
 from framespool.projections.webhooks import TargetPolicy, sign, verify
 from framespool.stack import Stack, StackConfig
+from tests.support.projections import lifecycle
 
 TENANTS = (("acme", "enterprise"), ("globex", "paid"))
 

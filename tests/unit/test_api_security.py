@@ -24,9 +24,9 @@ from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle
 from framespool.schemas.topics import COMMANDS
 from framespool.telemetry.jsonlog import JsonFormatter
+from tests.support.projections import lifecycle
 
 KEY = "acme-key.alice-secret-do-not-log"
 BODY = {"prompt": "a red fox", "model": "demo"}

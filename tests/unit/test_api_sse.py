@@ -13,7 +13,7 @@ from framespool.producers.auth import ApiKeys, record_for
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import lifecycle, records_for
+from tests.support.projections import lifecycle, records_for
 
 ALICE, BOB = "acme-key.alice", "globex-key.bob"
 H = {"Authorization": f"Bearer {ALICE}"}

@@ -18,7 +18,6 @@ from framespool.producers.auth import ApiKeys, TenantPolicy, record_for
 from framespool.projections import cluster
 from framespool.projections.jobs import fold
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle, spec
 from framespool.schemas.events import (
     BreakerTripped,
     CellStatus,
@@ -32,13 +31,11 @@ from framespool.schemas.events import (
     NodeStatus,
     QueueDepth,
 )
+from tests.support.api import auth, run
+from tests.support.projections import lifecycle, spec
 
 ALICE, ALICE2, BOB = "acme-key.alice-secret", "acme-key2.carol-secret", "globex-key.bob-secret"
 OPERATOR = "operator-metrics-key"
-
-
-def auth(token=ALICE):
-    return {"Authorization": f"Bearer {token}"}
 
 
 @contextlib.asynccontextmanager
@@ -54,10 +51,6 @@ async def api(**overrides):
     config = ApiConfig(auth=keys, store=InMemoryViewStore(), producer=MemoryProducer(), **overrides)
     async with TestClient(TestServer(make_app(config))) as client:
         yield client, config
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def _fold(store, events):

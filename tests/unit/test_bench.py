@@ -11,6 +11,7 @@ from framespool.cli import main
 from framespool.processors.bench import bench_placement
 
 
+@pytest.mark.slow
 def test_bench_core_writes_the_json_keys(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
     status = main(
@@ -101,6 +102,7 @@ def test_cpu_meter_sums_each_kind_of_process_and_skips_the_gone():
     assert cpu["total"] == pytest.approx(cpu["agents"] + cpu["bench"], abs=0.2)
 
 
+@pytest.mark.slow
 def test_bench_core_runs_light_and_backlog_side_by_side(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
     status = main(
@@ -132,6 +134,7 @@ def test_bench_core_scenarios_flag_is_checked(capsys) -> None:
     assert "--scenarios" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_core_repeat_times_every_run_from_the_same_warm_cell(tmp_path: Path, capsys) -> None:
     """``--repeat 3``: three timed runs of each part, the best reported. Each
     run of the mixed stream replays the recording on its own copy of the warm

@@ -17,7 +17,7 @@ from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
 from framespool.schemas.causes import MOVES, RunCause
 from framespool.schemas.events import NodeSlice
-from tests.unit.test_tools_support import CellLog, clean_history
+from tests.support.cell_log import CellLog, clean_history
 
 
 # -- the plan -----------------------------------------------------------------------

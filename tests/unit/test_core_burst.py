@@ -10,6 +10,8 @@ job ids leave ``Cell.finished`` a ``finished_horizon_s`` after they ended.
 
 from __future__ import annotations
 
+import pytest
+
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.admission import AdmissionState
 from framespool.schemas import events as ev
@@ -93,6 +95,7 @@ class Fleet:
         self.feed(ev.Tick(event_id=f"t{self.now}", ts_ms=self.now, cell="cell-0", now_ms=self.now))
 
 
+@pytest.mark.slow
 def test_a_burst_of_5000_is_queued_and_the_other_tenant_starts_within_the_bound():
     config = CellConfig(status_interval_s=0, estimate_interval_s=0, finished_horizon_s=600)
     fleet = Fleet(config)
@@ -133,6 +136,7 @@ def test_a_burst_of_5000_is_queued_and_the_other_tenant_starts_within_the_bound(
     assert max(finished_sizes) < 600, max(finished_sizes)
 
 
+@pytest.mark.slow
 def test_cell_and_admission_state_stay_flat_over_a_long_flow():
     # 24,000 one-second jobs from two tenants flow through admission and a
     # 32-GPU cell, 8 a second (below capacity: a run takes two or three 1 s

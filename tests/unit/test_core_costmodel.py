@@ -34,8 +34,8 @@ from framespool.processors.sim.policies import POLICIES
 from framespool.processors.sim.workload import synthetic
 from framespool.schemas import events as ev
 from framespool.schemas.states import JobState, NodeState
-from tests.unit.core_harness import Harness
-from tests.unit.core_oracle import NaiveCell, NaiveFairTree, naive_queue_depths, naive_releases
+from tests.support.core_harness import Harness
+from tests.support.core_oracle import NaiveCell, NaiveFairTree, naive_queue_depths, naive_releases
 
 
 def _tape(jobs: int, nodes: int, load: float, base: CellConfig, seed: int = 3):
@@ -77,6 +77,7 @@ def _guarded_base() -> CellConfig:
 PROOF_KNOBS = CellConfig(reservations=4, backfill_depth=256)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "jobs,nodes,load,base,proofs",
     [
@@ -211,6 +212,7 @@ def test_late_slices_read_in_projected_order_at_any_later_time(specs, nows, data
         assert list(late.ordered(now, runs)) == naive
 
 
+@pytest.mark.slow
 def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
     # A snapshot from before slices were re-filed on start holds ``_release_list``
     # (maybe with slices filed before their run started): the list is rebuilt on
@@ -232,6 +234,7 @@ def test_a_cell_from_an_older_snapshot_rebuilds_its_release_list() -> None:
     assert "_release_list" not in restored.__dict__
 
 
+@pytest.mark.slow
 def test_a_cell_from_a_snapshot_without_status_rows_counts_them_on_first_read() -> None:
     # rows are kept only once read; a snapshot from before them (or before any
     # publish) builds them from the jobs and runs, then keeps them as it folds
@@ -394,6 +397,7 @@ def _one_free_gpu_under(tenants: int) -> Cell:
     return cell
 
 
+@pytest.mark.slow
 def test_a_pass_searches_each_shape_once(monkeypatch) -> None:
     # 2,000 tenants, each a 2-GPU job: none fits on the 1 free GPU
     cell = _one_free_gpu_under(2000)
@@ -443,6 +447,7 @@ def _tick_counting_tests(monkeypatch, cell: Cell) -> tuple[list, list]:
     return cell.apply(ev.Tick(event_id="t1", ts_ms=2000, cell="c", now_ms=2000)), tried
 
 
+@pytest.mark.slow
 def test_a_pass_stops_once_nothing_left_can_start(monkeypatch) -> None:
     # 1 GPU free, 2,000 queued 2-GPU jobs, every reservation slot taken: the walk
     # tests no candidate at all (the bounds say none fits), and decides as a full walk
@@ -692,7 +697,7 @@ def test_a_skipped_walk_wakes_when_a_reservation_gains_slack(monkeypatch) -> Non
     # left it does not, and idle walks are skipped; once the blockers outlive
     # their estimates the shadow moves to now + 100 s and it fits: that walk
     # must run (and decide as the oracle, which never skips one).
-    from tests.unit import core_harness
+    from tests.support import core_harness
 
     def play(naive: bool) -> tuple[list, int | None]:
         monkeypatch.setattr(core_harness, "Cell", NaiveCell if naive else Cell)
@@ -727,7 +732,7 @@ def test_the_walk_asks_every_job_that_may_preempt_even_under_a_default_guarantee
     # The walk asks maybe_preempt only about jobs preempt_sensitive names; a
     # tenant with no entry of its own gets the default tenant's guarantee, and
     # under it reclaims GPUs from a borrower (2 GPUs free, it needs 8).
-    from tests.unit import core_harness
+    from tests.support import core_harness
 
     config = CellConfig(
         status_interval_s=0,
@@ -928,8 +933,8 @@ def test_gang_liveness_looks_at_the_gangs_only_when_a_report_may_have_lapsed() -
     # second: with a 15 s lease the Tick looks at the gangs about every 10 s
     # (when the oldest report it knows of may have lapsed), not every second;
     # a member that then falls silent still ends the gang within the lease.
-    from tests.unit.core_harness import Harness
-    from tests.unit.test_core_gangs import started_gang
+    from tests.support.core import started_gang
+    from tests.support.core_harness import Harness
 
     h = Harness(CellConfig(status_interval_s=0, estimate_interval_s=0, report_lease_s=15), nodes=2)
     started_gang(h)
@@ -1025,6 +1030,7 @@ def _old_format(index: NodeIndex) -> NodeIndex:
 _MODELS = ("m0", "m1", "m2")
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), window=st.sampled_from([1, 2, 64]))
 def test_warm_index_places_as_the_warm_scan(data, window) -> None:
@@ -1033,7 +1039,7 @@ def test_warm_index_places_as_the_warm_scan(data, window) -> None:
     # loads, health-written warm models, drains and re-registrations; a window
     # of 8 or 16 nodes makes the window's edge matter with few nodes, and a
     # restore from an old snapshot rebuilds the index in the same warm order.
-    from tests.unit.core_oracle import NaiveNodeIndex
+    from tests.support.core_oracle import NaiveNodeIndex
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("framespool.processors.core.placement.WARM_SCAN_LIMIT", window)
@@ -1107,7 +1113,7 @@ def test_the_warm_window_ends_where_the_scan_stopped() -> None:
     # takes the best-fit node (not n10 as a warm one), as the scan did; once n3
     # leaves the warm set, the window reaches n8 (still not n10); with n5 free
     # too, n5 wins as warm.
-    from tests.unit.core_oracle import NaiveNodeIndex
+    from tests.support.core_oracle import NaiveNodeIndex
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("framespool.processors.core.placement.WARM_SCAN_LIMIT", 1)

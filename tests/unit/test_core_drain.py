@@ -25,8 +25,8 @@ from framespool.processors.core.admission import (
 from framespool.processors.core.drain import can_host, job_fits, largest_job
 from framespool.schemas import events as ev
 from framespool.schemas.states import JobState, NodeState
-from tests.unit.core_harness import TERMINAL, Harness, InvariantBroken
-from tests.unit.test_core_properties import action, play
+from tests.support.core import action, play
+from tests.support.core_harness import TERMINAL, Harness, InvariantBroken
 
 DRAIN = CellConfig(status_interval_s=0, estimate_interval_s=0, drain_grace_s=60)
 

@@ -15,11 +15,12 @@ bound on true GPU-seconds (estimates are exact here) at every completion.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framespool.processors.core import CellConfig
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def run_flood(
@@ -76,6 +77,7 @@ def run_flood(
     return used, worst, bound
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(2, 3),
@@ -163,6 +165,7 @@ def shape_share(
     return used["big"] / sum(used.values()) / 0.5
 
 
+@pytest.mark.slow
 def test_gang_tenant_gets_its_share_against_a_tenant_of_small_jobs():
     """Conservative backfill: the gang tenant's next gangs hold reservations too,
     so 1-GPU backfill cannot take every GPU freed between its gangs."""

@@ -14,28 +14,12 @@ from framespool.processors.core import CellConfig
 from framespool.schemas import events as ev
 from framespool.schemas.causes import RunCause
 from framespool.schemas.states import JobState, RunPhase
-from tests.unit.core_harness import Harness
-
-
-def of(out, cls):
-    return [o for o in out if isinstance(o, cls)]
-
-
-def gang(h: Harness, job_id: str = "g", **extra) -> ev.JobAssigned:
-    (assigned,) = of(h.submit(job_id, gpus=16, per_node=8, estimate_s=600, **extra), ev.JobAssigned)
-    assert [s.node_id for s in assigned.placement] == ["n0", "n1"]
-    return assigned
+from tests.support.core import gang, of, started_gang
+from tests.support.core_harness import Harness
 
 
 def ckpt_uri(job_id: str, run: int, rank: int, step: int) -> str:
     return f"mem://jobs/{job_id}/runs/{run}/ranks/{rank}/checkpoints/{step}"
-
-
-def started_gang(h: Harness, job_id: str = "g", **extra) -> None:
-    gang(h, job_id, **extra)
-    h.report(ev.RunStarted, job_id, 1, "n0")
-    out = h.report(ev.RunStarted, job_id, 1, "n1")
-    assert sorted(b.node_id for b in of(out, ev.BeginRun)) == ["n0", "n1"]
 
 
 # -- the start barrier -----------------------------------------------------------

@@ -5,20 +5,8 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig, TenantConfig
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
-
-
-def of(out, cls):
-    return [o for o in out if isinstance(o, cls)]
-
-
-def cfg(**kw):
-    base = dict(
-        status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1e9, report_lease_s=1e9
-    )
-    base.update(kw)
-    return CellConfig(**base)
-
+from tests.support.core import asked, cfg, of
+from tests.support.core_harness import Harness
 
 # -- preemption ---------------------------------------------------------------------
 
@@ -37,10 +25,6 @@ def batch_cell(nodes: int, preemptible: bool = True, **kw) -> Harness:
         )
     h.start_all()
     return h
-
-
-def asked(out) -> list[str]:
-    return sorted(o.job_id for o in of(out, ev.CheckpointRun))
 
 
 def test_non_preemptible_runs_are_never_preempted():

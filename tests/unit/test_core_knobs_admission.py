@@ -21,20 +21,12 @@ from framespool.processors.core.admission import AdmissionConfig, AdmissionState
 from framespool.processors.core.offers import Own, live_offers, wait_refusal
 from framespool.processors.sim import POLICIES, SimOptions, Simulation, synthetic
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
-from tests.unit.test_core_knobs import asked, cfg, of
+from tests.support.core import asked, cfg, of, tiers
+from tests.support.core_harness import Harness
 
 
 def with_tier_limit(tier: str, limit_s: float, **kw) -> CellConfig:
     return replace(cfg(**kw), tiers=tiers(limit_s, tier))
-
-
-def tiers(limit_s: float, tier: str = "free") -> tuple:
-    """The default tiers with ``tier``'s predicted-wait limit set to ``limit_s``."""
-    return tuple(
-        replace(t, max_predicted_wait_s=limit_s) if t.name == tier else t
-        for t in CellConfig().tiers
-    )
 
 
 # -- admission by predicted wait ----------------------------------------------------

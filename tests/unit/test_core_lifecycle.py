@@ -22,7 +22,7 @@ from framespool.processors.core.config import CellConfig
 from framespool.schemas import events as ev
 from framespool.schemas.causes import RunCause
 from framespool.schemas.states import JobState, RunPhase
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 BOOKKEEPING = ("counters", "_out", "_pos", "_input")
 

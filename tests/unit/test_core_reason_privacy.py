@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def test_a_node_taken_down_by_one_runs_stop_names_no_job_to_the_others():

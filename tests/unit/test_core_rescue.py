@@ -15,11 +15,8 @@ from hypothesis import strategies as st
 from framespool.processors.core import CellConfig
 from framespool.processors.core.config import DEFAULT_TIERS
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
-
-
-def of(out, cls):
-    return [o for o in out if isinstance(o, cls)]
+from tests.support.core import of
+from tests.support.core_harness import Harness
 
 
 def cfg(promise: float = 10.0, **kw) -> CellConfig:

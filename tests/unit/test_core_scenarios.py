@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig, TenantConfig
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
-
-
-def of(out, cls):
-    return [o for o in out if isinstance(o, cls)]
+from tests.support.core import of
+from tests.support.core_harness import Harness
 
 
 def cfg(**kw):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from framespool.processors.core import CellConfig
 from framespool.processors.core.fairshare import leaf_jobs
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 BASE = CellConfig(
     status_interval_s=0, estimate_interval_s=0, heartbeat_timeout_s=1e9, report_lease_s=1e9

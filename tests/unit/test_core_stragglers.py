@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from framespool.processors.core import CellConfig
 from framespool.schemas import events as ev
 from framespool.schemas.states import NodeState
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 NODES = ("n0", "n1", "n2", "n3")
 

@@ -13,7 +13,7 @@ from framespool.processors.core import CellConfig
 from framespool.processors.core.config import TenantConfig
 from framespool.schemas import events as ev
 from framespool.schemas.waits import WaitCode
-from tests.unit.core_harness import Harness
+from tests.support.core_harness import Harness
 
 
 def cfg(**kw: Any) -> CellConfig:

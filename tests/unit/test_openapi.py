@@ -19,7 +19,7 @@ from framespool.projections import cluster
 from framespool.projections.jobs import STATES, fold
 from framespool.projections.serde import public_job
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import cell_status, lifecycle
+from tests.support.projections import cell_status, lifecycle
 
 KEY = "acme-key.alice-secret"
 

@@ -13,9 +13,12 @@ import sys
 import tomllib
 import zipfile
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_wheel_installs_one_top_level_name(tmp_path):
     subprocess.run(
         [

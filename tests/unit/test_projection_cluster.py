@@ -6,8 +6,8 @@ import json
 
 from framespool.projections import cluster
 from framespool.projections.serde import cell_from_dict, cell_to_dict
-from framespool.projections.testing import cell_status
 from framespool.schemas.events import BreakerTripped, NodeStateChanged, Tick
+from tests.support.projections import cell_status
 
 
 def test_latest_status_per_cell_is_the_view_and_totals_add_up():

@@ -12,11 +12,11 @@ from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.jobs import COMPLETED, fold
 from framespool.projections.store import InMemoryViewStore, RocksViewStore
-from framespool.projections.testing import cell_status, lifecycle, records_for
 from framespool.schemas import codec
 from framespool.schemas.deadletter import DeadLetterReason
 from framespool.schemas.events import Tick
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS
+from tests.support.projections import cell_status, lifecycle, records_for
 
 
 def to_records(events):

@@ -13,8 +13,8 @@ from framespool.projections.jobs import JobView
 from framespool.projections.serialized_store import SerializedStore
 from framespool.projections.service import ProjectionService
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle, records_for
 from framespool.schemas.topics import JOB_EVENTS
+from tests.support.projections import lifecycle, records_for
 
 
 class ThreadRecordingStore(InMemoryViewStore):

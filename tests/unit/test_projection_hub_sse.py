@@ -11,7 +11,7 @@ from framespool.producers.client import parse_stream
 from framespool.projections.hub import Hub, SlowSubscriber
 from framespool.projections.jobs import fold
 from framespool.projections.sse import format_event, parse_last_event_id, stream_job
-from framespool.projections.testing import lifecycle
+from tests.support.projections import lifecycle
 
 
 def test_publish_reaches_every_subscriber_of_the_key_only():

@@ -26,7 +26,6 @@ from framespool.projections.jobs import (
     submitted_view,
 )
 from framespool.projections.serde import public_job, view_from_dict, view_to_dict
-from framespool.projections.testing import lifecycle, spec
 from framespool.schemas.events import (
     JobAssigned,
     JobCancelled,
@@ -40,6 +39,7 @@ from framespool.schemas.events import (
     SubmitJob,
     Tick,
 )
+from tests.support.projections import lifecycle, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

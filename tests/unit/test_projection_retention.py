@@ -98,6 +98,7 @@ def test_done_outbox_records_expire_pending_ones_stay(make_store):
     assert store.get_delivery("e1").status == PENDING
 
 
+@pytest.mark.slow
 def test_storage_stays_flat_over_100k_jobs(make_store, tmp_path):
     # 100,000 jobs through the store at 100 a second, each queued and completed
     # a minute later, with a 60 s horizon: the store holds about two minutes of

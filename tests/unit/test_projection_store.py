@@ -14,7 +14,7 @@ from framespool.projections.store import (
     InMemoryViewStore,
     RocksViewStore,
 )
-from framespool.projections.testing import cell_status, lifecycle, spec
+from tests.support.projections import cell_status, lifecycle, spec
 
 
 @pytest.fixture(params=["rocksdict", "memory"])

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from framespool.projections.jobs import CHECKPOINTING, QUEUED, RUNNING, fold
 from framespool.projections.serde import job_status, public_job
-from framespool.projections.testing import spec
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import events as ev
+from tests.support.projections import spec
 
 QUOTA_WORDS = (
     "held by quota: organisation acme holds 8 of its 8 GPUs (max_gpus) and this job needs 4"

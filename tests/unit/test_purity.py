@@ -7,6 +7,8 @@ import importlib.util
 import pathlib
 import textwrap
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("purity", ROOT / ".ci" / "purity.py")
 assert _spec and _spec.loader
@@ -14,6 +16,7 @@ purity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(purity)
 
 
+@pytest.mark.slow
 def test_every_claimant_is_listed_and_every_listed_module_imports_only_pure_things():
     assert purity.check(ROOT) == []
 

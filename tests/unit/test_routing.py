@@ -133,6 +133,7 @@ def test_topics_with_a_suffix_keep_partition_counts():
     assert topics.SCHEDULER.partitions == catalogue.SCHEDULER.partitions
 
 
+@pytest.mark.slow
 def test_every_output_of_a_simulated_workload_has_a_route():
     from framespool.processors.bench import record_tape
 

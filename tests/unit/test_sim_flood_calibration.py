@@ -19,6 +19,7 @@ import pytest
 from framespool.processors import sim
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cold_start_s", [0.0, 20.0])
 def test_a_flood_is_calibrated_at_admission(tmp_path: Path, cold_start_s: float) -> None:
     opts = sim.SimOptions(

@@ -85,6 +85,7 @@ def test_production_cadences_and_headroom_in_the_summary(tmp_path: Path, capsys)
     assert "events/s" in printed and "headroom" in printed
 
 
+@pytest.mark.slow
 def test_fleet_of_cells_in_one_command(tmp_path: Path, capsys) -> None:
     out = tmp_path / "fleet"
     status = main(

@@ -14,6 +14,7 @@ from framespool.processors.sim import jobevents
 from framespool.processors.sim.quality import format_tables
 
 
+@pytest.mark.slow
 def test_refreshed_bands_are_scored_against_the_wait_left(tmp_path: Path, monkeypatch) -> None:
     seen: list[tuple[str, int, float, float]] = []
     original = jobevents.JobEvents._estimated

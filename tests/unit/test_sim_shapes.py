@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from framespool.cli import main
 from framespool.processors import sim
 from framespool.processors.sim.quality import fair_share_lines
 
 
+@pytest.mark.slow
 def test_gang_tenant_gets_its_fair_share_under_framespool_not_under_fifo_or_backfill():
     opts = sim.SimOptions(nodes=4, gpus_per_node=8, nodes_per_rail=4, tick_s=5.0, seed=3)
     workload = sim.synthetic("shapes", 800, 3, opts.capacity_gpus)

@@ -49,6 +49,7 @@ def small(**overrides) -> sim.SimOptions:
     return sim.SimOptions(**base)
 
 
+@pytest.mark.slow
 def test_trace_simulates_to_completion_with_every_output(tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text(TRACE)
@@ -102,6 +103,7 @@ def test_trace_simulates_to_completion_with_every_output(tmp_path: Path) -> None
     assert (out / "report.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(sim.SYNTHETIC))
 def test_each_synthetic_workload_runs_clean_at_small_scale(name: str, tmp_path: Path) -> None:
     opts = small(seed=3)
@@ -122,6 +124,7 @@ def test_each_synthetic_workload_runs_clean_at_small_scale(name: str, tmp_path: 
         assert any(len(r["placement"].split(";")) > 1 for r in read_csv(tmp_path / "runs.csv")[1])
 
 
+@pytest.mark.slow
 def test_flooding_tenant_does_not_shrink_the_others_share() -> None:
     """Equal weights, one tier: while backlogged, each small tenant holds about 1/4 of
     what the backlogged tenants hold, however many jobs 'flood' queues. FCFS within

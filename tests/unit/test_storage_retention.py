@@ -28,9 +28,9 @@ from framespool.projections.retention import (
 )
 from framespool.projections.storage import StorageLedger, sweep_once
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import lifecycle, records_for
 from framespool.schemas.events import JobCompleted, RunCheckpointed, RunCompleted
 from framespool.schemas.topics import COMMANDS
+from tests.support.projections import lifecycle, records_for
 
 DAY_MS = 86400 * 1000
 RET = Retention(artifact_s=7 * 86400.0, checkpoint_s=86400.0)

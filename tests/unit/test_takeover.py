@@ -11,7 +11,7 @@ import pytest
 from framespool.processors.shared_snapshots import MemorySharedSnapshots
 from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
 from framespool.schemas.fencing import INPUT_POSITION, OWNER_EPOCH, EpochFence, read_fencing
-from tests.unit.test_snapshots import TOPIC, ListFold, records
+from tests.support.snapshots import TOPIC, ListFold, records
 
 
 class Clock:
@@ -185,8 +185,8 @@ def test_projections_ignore_a_zombies_record_for_an_input_a_newer_owner_decided(
     from framespool.log.memory import MemoryProducer
     from framespool.projections.consumer import ProjectionConsumer
     from framespool.projections.store import InMemoryViewStore
-    from framespool.projections.testing import lifecycle, records_for
     from framespool.schemas.fencing import fencing_headers
+    from tests.support.projections import lifecycle, records_for
 
     done = lifecycle("j1", progress_steps=0)
     failed = lifecycle("j1", progress_steps=0, outcome="FAILED")[-1]
@@ -266,7 +266,7 @@ def test_an_unreachable_shared_store_on_assignment_stops_the_runner(tmp_path):
     from framespool.processors.app import ProcessorFailed, ProcessorRunner
     from framespool.processors.shared_snapshots import SharedStoreError
     from framespool.schemas.topics import Topic
-    from tests.unit.test_snapshots import Journal, JournalConsumer, JournalProducer
+    from tests.support.snapshots import Journal, JournalConsumer, JournalProducer
 
     class Down(MemorySharedSnapshots):
         def claim(self, namespace, partition, instance):

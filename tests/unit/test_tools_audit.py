@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig, TenantConfig
 from framespool.processors.tools.audit import audit, explain_wait
-from tests.unit.test_tools_support import CellLog, clean_history
+from tests.support.cell_log import CellLog, clean_history, codes
 
 
 def busy_cell(config: CellConfig | None = None) -> CellLog:
@@ -21,10 +21,6 @@ def busy_cell(config: CellConfig | None = None) -> CellLog:
     log.admit("gang", gpus=16, per_node=8, tenant="studio")
     log.tick()
     return log
-
-
-def codes(explanation: dict) -> list[str]:
-    return [b["code"] for b in explanation["blockers"]]
 
 
 def test_a_completed_jobs_timeline_is_in_log_order_with_its_reasons():

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 from framespool.processors.core import CellConfig
 from framespool.processors.tools.audit import AuditReport, explain_wait, reservations_view
-from tests.unit.test_tools_support import CellLog
-
-
-def codes(explanation: dict) -> list[str]:
-    return [b["code"] for b in explanation["blockers"]]
+from tests.support.cell_log import CellLog, codes
 
 
 def reserved_cell() -> CellLog:

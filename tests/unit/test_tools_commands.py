@@ -11,7 +11,7 @@ import framespool.processors.tools.reader as reader
 from framespool.processors.core import CellConfig
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from tests.unit.test_tools_support import clean_history, record
+from tests.support.cell_log import clean_history, record
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from framespool.processors.tools.replay import DIFFERING, MISSING, UNEXPECTED, r
 from framespool.schemas import codec, positions
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from tests.unit.test_tools_support import T0, CellLog, clean_history, record
+from tests.support.cell_log import T0, CellLog, clean_history, record
 
 
 def emitted_index(records: list[Record], event_id: str) -> int:

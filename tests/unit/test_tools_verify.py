@@ -9,7 +9,7 @@ from framespool.processors.tools.ledger import check_cell_history, first_termina
 from framespool.processors.tools.verify import allocation_problems, jain, ownership_problems, verify
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue
-from tests.unit.test_tools_support import T0, CellLog, clean_history, record
+from tests.support.cell_log import T0, CellLog, clean_history, record
 
 
 def node(node_id: str, gpus: int = 8, incarnation: int = 1) -> ev.NodeRegistered:

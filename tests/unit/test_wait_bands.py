@@ -42,8 +42,8 @@ from framespool.processors.sim.quality import (
 )
 from framespool.projections.jobs import QUEUED, fold
 from framespool.projections.serde import public_job
-from framespool.projections.testing import lifecycle
 from framespool.schemas import events as ev
+from tests.support.projections import lifecycle
 
 
 def _observe(bands: WaitBands, ratios: list[float], tier: str = "paid", point: float = 600.0):

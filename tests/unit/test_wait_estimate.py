@@ -22,14 +22,10 @@ from framespool.processors.core import Cell
 from framespool.processors.core.estimates import MIX_HALVE_AT, point_wait_s
 from framespool.processors.core.offers import predicted_wait_s
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core import queued
+from tests.support.core_harness import Harness
 
 RHO = 1000 * 1000 / (2 * 1000)  # the started runs' mean residual: 16 runs of 1,000 s
-
-
-def queued(out: list) -> ev.JobQueued:
-    [q] = [o for o in out if isinstance(o, ev.JobQueued)]
-    return q
 
 
 def full_cell_of_one_gpu_runs() -> Harness:

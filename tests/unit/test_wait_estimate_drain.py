@@ -15,12 +15,8 @@ from framespool.processors.core import CellConfig
 from framespool.processors.core.config import TenantConfig
 from framespool.processors.core.waitbands import HELD_TAU_S, WaitBands
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
-
-
-def queued(out: list) -> ev.JobQueued:
-    [q] = [o for o in out if isinstance(o, ev.JobQueued)]
-    return q
+from tests.support.core import queued
+from tests.support.core_harness import Harness
 
 
 def run_estimate_s(i: int) -> float:

@@ -22,17 +22,13 @@ from framespool.processors import sim
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.estimates import LOAD_PRIOR_GPUS, MIX_HALVE_AT, LoadMix
 from framespool.schemas import events as ev
-from tests.unit.core_harness import Harness
+from tests.support.core import queued
+from tests.support.core_harness import Harness
 
 LOAD_S = 20.0
 # arrival order within a user's queue: the flood's regime below queues a small
 # job behind a deep one of its own user, which size order would put first
 BASE = CellConfig(status_interval_s=0, estimate_interval_s=0, size_order_gpu_s_per_s=0)
-
-
-def queued(out: list) -> ev.JobQueued:
-    [q] = [o for o in out if isinstance(o, ev.JobQueued)]
-    return q
 
 
 def cold_cell(load_s: float = LOAD_S, model: str = "m") -> Harness:

@@ -60,6 +60,7 @@ def coverage(
     return le50 / n, le90 / n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "stream",
     [
@@ -76,6 +77,7 @@ def test_bands_converge_to_half_under_p50_and_nine_in_ten_under_p90(stream):
     assert 0.86 <= le90 <= 0.94, le90
 
 
+@pytest.mark.slow
 def test_without_the_queued_jobs_long_waits_are_under_covered():
     """Control: the bands learn from the jobs that started only (``censor``
     never runs): when waits are long against the arrival gap, the started

@@ -15,8 +15,8 @@ from framespool.log.memory import MemoryProducer
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.delivery_lanes import DELIVERED, FAILED, Delivery
 from framespool.projections.store import Batch, InMemoryViewStore
-from framespool.projections.testing import lifecycle, records_for
 from framespool.projections.webhooks import TargetPolicy, WebhookConfig, WebhookDispatcher, verify
+from tests.support.projections import lifecycle, records_for
 
 SECRET = b"whsec-acme"
 

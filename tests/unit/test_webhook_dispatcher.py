@@ -19,8 +19,8 @@ from framespool.log.memory import MemoryProducer
 from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.delivery_lanes import DELIVERED, PENDING, Delivery
 from framespool.projections.store import InMemoryViewStore
-from framespool.projections.testing import lifecycle, records_for
 from framespool.projections.webhooks import TargetPolicy, WebhookConfig, WebhookDispatcher
+from tests.support.projections import lifecycle, records_for
 
 
 class Receivers:

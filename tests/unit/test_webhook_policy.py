@@ -19,8 +19,8 @@ from framespool.callbacks.targets import (
     check_url,
 )
 from framespool.projections.jobs import apply, fold
-from framespool.projections.testing import lifecycle
 from framespool.projections.webhooks import backoff_delay, delivery_for, sign, verify
+from tests.support.projections import lifecycle
 
 SECRET = b"whsec-test"
 

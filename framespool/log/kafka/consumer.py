@@ -17,6 +17,7 @@ from confluent_kafka import (
 )
 
 from framespool.log.kafka.settings import (
+    ANONYMOUS_GROUP_PREFIX,
     FETCH_WAIT_MS_BY_ROLE,
     IDLE_AFTER_S,
     IDLE_BACKOFF_MS_BY_ROLE,
@@ -107,7 +108,7 @@ class LogConsumer:
         # librdkafka needs a group id even for manual assignment; an anonymous
         # one is never joined and never committed to.
         self._anonymous = group_id is None
-        self.group_id = group_id or f"framespool-anonymous-{uuid.uuid4().hex}"
+        self.group_id = group_id or f"{ANONYMOUS_GROUP_PREFIX}{uuid.uuid4().hex}"
         settings: dict[str, object] = {
             "bootstrap.servers": bootstrap_servers,
             "group.id": self.group_id,

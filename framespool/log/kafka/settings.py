@@ -127,6 +127,9 @@ SOCKET_SETTINGS: dict[str, object] = {"socket.nagle.disable": True}
 # password may come from a file (a Compose or Kubernetes secret) instead of the
 # environment. Unset: no authentication (the embedded broker on loopback).
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# The group id of a consumer that names none (manual assignment, never joined nor
+# committed to): with ACLs, its principal needs READ on groups of this prefix.
+ANONYMOUS_GROUP_PREFIX = "framespool-anonymous-"
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 

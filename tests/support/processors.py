@@ -241,6 +241,13 @@ def register(node_id: str, now_ms: int, cell: str = "cell-0", gpus: int = 8) -> 
     )
 
 
+def submit(job_id: str, tenant: str = "acme", ts: int = T0, **spec) -> ev.SubmitJob:
+    """A tenant's submit command (test_processors_pipeline.py and _routing.py had one each)."""
+    return ev.SubmitJob(
+        event_id=f"submit:{job_id}", ts_ms=ts, spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec)
+    )
+
+
 def admitted(
     job_id: str,
     now_ms: int,

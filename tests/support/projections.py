@@ -1,4 +1,4 @@
-"""Sample event streams and fakes for tests, demos and the embedded dashboard.
+"""Sample event streams for the tests (moved from projections/testing.py).
 
 ``lifecycle`` writes the job-events and progress a well-behaved scheduler and
 agent would produce for one job. The fake log producer is

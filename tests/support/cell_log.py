@@ -232,3 +232,8 @@ def clean_history(config: CellConfig | None = None) -> CellLog:
     log.heartbeat_all()
     log.tick()
     return log
+
+
+def codes(explanation: dict) -> list[str]:
+    """The blockers' codes of an audit's explanation (from test_tools_audit*.py)."""
+    return [b["code"] for b in explanation["blockers"]]
