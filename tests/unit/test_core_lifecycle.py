@@ -21,7 +21,7 @@ from framespool.processors.core.cell import Cell
 from framespool.processors.core.config import CellConfig
 from framespool.schemas import events as ev
 from framespool.schemas.causes import RunCause
-from framespool.schemas.states import JobState, RunPhase
+from framespool.schemas.states import JobState, NodeState, RunPhase
 from tests.support.core_harness import Harness
 
 BOOKKEEPING = ("counters", "_out", "_pos", "_input")
@@ -243,3 +243,89 @@ def test_an_exit_asked_for_before_causes_existed_still_ends_right():
         out = h.report(ev.RunCheckpointed, "batch", 1, "n0", checkpoint_uri="mem://batch/ck1")
         assert requeued(out).cause == cause
         assert any(isinstance(o, ev.JobPreempted) for o in out) == preempted
+
+
+# -- runs and nodes: their own tables -----------------------------------------
+
+
+def test_every_run_phase_change_is_a_row_of_the_run_table():
+    """A run the fold tries to start twice, or to stop and then take back, is a
+    bug: ``next_phase`` raises instead of assigning a phase the table lacks."""
+    h = Harness()
+    job_id, run, node = started(h)
+    key = (job_id, run)
+    assert h.cell.runs[key].phase == RunPhase.RUNNING
+    with pytest.raises(lc.IllegalTransition, match="cannot start while running"):
+        lc.next_phase(key, RunPhase.RUNNING, "start")
+    for phase in RunPhase:
+        for action in ("start", "exit", "stop"):
+            row = (phase, action) in lc.RUN_TRANSITIONS
+            if row:
+                assert lc.next_phase(key, phase, action) == lc.RUN_TRANSITIONS[(phase, action)]
+            else:
+                with pytest.raises(lc.IllegalTransition):
+                    lc.next_phase(key, phase, action)
+    # STOPPING is the end: nothing leaves it
+    assert not [k for k in lc.RUN_TRANSITIONS if k[0] == RunPhase.STOPPING]
+
+
+def test_a_node_change_the_table_lacks_is_refused_and_recorded():
+    """A DOWN node is replaced by its next registration, never revived; a DRAINING
+    node is not put on straggler probation. Each is refused with a recorded
+    reason, the node as it was and no NodeStateChanged emitted."""
+    h = Harness()
+    node = h.cell.index.nodes["n0"]
+    h.cell.set_node_state(node, NodeState.DRAINING, "GPU 0 failed")
+    assert node.state == NodeState.DRAINING
+    for new in (NodeState.DEGRADED, NodeState.UP):
+        before = state_bytes(h.cell)
+        h.cell._out = []
+        h.cell.set_node_state(node, new, "probation")
+        (refusal,) = h.cell._out
+        assert isinstance(refusal, ev.ReportIgnored)
+        assert refusal.code == "illegal_transition" and refusal.subject == "n0"
+        assert f"{NodeState.DRAINING} -> {new}" in refusal.reason
+        assert state_bytes(h.cell) == before
+    h.cell.set_node_state(node, NodeState.DOWN, "no heartbeat")
+    h.cell._out = []
+    h.cell.set_node_state(node, NodeState.UP, "back")
+    assert node.state == NodeState.DOWN
+    assert [type(o) for o in h.cell._out] == [ev.ReportIgnored]
+
+
+def test_the_node_changes_the_fold_makes_are_rows_of_the_node_table():
+    """Over the property tests' random histories (failures, hot GPUs, missed
+    heartbeats, re-registrations) every NodeStateChanged the fold emits is a
+    row of the table, and no node change was refused: the table matches the
+    fold."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.support.core import action, play
+
+    seen: list[int] = []
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(action, min_size=20, max_size=120))
+    def check(actions):
+        h = Harness()
+        play(h, actions)
+        h.drain()
+        last: dict[tuple[str, int], NodeState] = {}
+        changes = 0
+        for o in h.log:
+            if isinstance(o, ev.NodeStateChanged) and o.gpu == -1:
+                key = (o.node_id, o.incarnation)
+                if key not in last:  # its registration: an incarnation starts UP
+                    assert o.state == NodeState.UP, o
+                else:
+                    assert lc.node_allowed(last[key], NodeState(o.state)), o
+                    changes += 1
+                last[key] = NodeState(o.state)
+        assert not [
+            o for o in h.log if isinstance(o, ev.ReportIgnored) and "illegal node" in o.reason
+        ]
+        seen.append(changes)
+
+    check()
+    assert sum(seen) > 0  # the histories did change nodes' states
