@@ -72,7 +72,12 @@ class Observer:
         for record in self._sched.consume(200, 0.05):
             self.scheduler_records.append(record)
             self.scheduler.append(decode(record.value))
-        self.progress.extend(decode(r.value) for r in self._progress.consume(200, 0.02))
+        # the progress topic also carries the stored-object reports (RunCheckpointed,
+        # RunCompleted with their sizes) the API's storage ledger counts
+        for r in self._progress.consume(200, 0.02):
+            event = decode(r.value)
+            if isinstance(event, RunProgress):
+                self.progress.append(event)
         self.dead.extend(self._dead.consume(200, 0.02))
 
     def of(self, cls: type, job_id: str | None = None) -> list[Any]:
