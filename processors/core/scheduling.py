@@ -962,9 +962,7 @@ class Scheduling:
             self.stopping.pop(run.key, None)
             self.exiting.pop(run.key, None)
             self.assigned_unstarted.pop(run.key, None)
-            rates = self.model_rates.get(run.model_version)
-            if rates:
-                rates.pop(run.key, None)
+            self.forget_rate(run)
             del self.runs[run.key]
             self.shift_depth(run.tier, run.tenant, runs=-1)
 
