@@ -419,6 +419,34 @@ class FairTree:
             touched[flow] = None
             flow = flow.parent
 
+    def offset_picked(self, leaf: Flow, gpu_seconds: float) -> None:
+        """``offset`` for the leaf ``pick`` has just returned, before anything
+        else changed the heaps: each flow of its chain is then at the top of
+        its parent's heap, so its entry is re-keyed there at once (one
+        ``heapreplace`` a level, the very one ``pick`` would make when the
+        entry next surfaced), and the next ``pick`` finds each top current
+        instead of re-keying it first. An entry not at the top (not expected)
+        is left to ``pick``, as ``offset`` leaves every entry. O(depth * log n),
+        where ``offset`` plus the next ``pick``'s re-keying cost as much and
+        one more look at each level's top."""
+        touched = self.touched
+        flow = leaf
+        parent = flow.parent
+        while parent is not None:
+            offset = flow.offset = flow.offset + gpu_seconds
+            touched[flow] = None
+            heap = parent.heap
+            if heap:
+                top = heap[0]
+                if top[3] is flow and top[2] == flow.stamp:
+                    key = (flow.usage + offset) / flow.weight
+                    if key != top[0]:
+                        stamp = self.stamp = self.stamp + 1
+                        flow.stamp = stamp
+                        heapq.heapreplace(heap, (key, flow.seq, stamp, flow))
+            flow = parent
+            parent = flow.parent
+
     def work_ahead(
         self,
         leaf: Flow,

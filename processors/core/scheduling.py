@@ -276,7 +276,7 @@ class Scheduling:
         preempt (for the others it is a no-op, ``preempt_sensitive``)."""
         sensitive = False
         fair = self.fair
-        pick, offset = fair.pick, fair.offset
+        pick, offset, offset_picked = fair.pick, fair.offset, fair.offset_picked
         jobs, claims, index = self.jobs, self.claims, self.index
         cursors: dict[Flow, list] = {}  # leaf -> [its candidates (a snapshot), next one]
         more = self.more_reservations()  # one dict for the cell's life
@@ -331,7 +331,7 @@ class Scheduling:
             last = at + 1 == len(ids)
             job = jobs[job_id]
             if job_id == self.reservation_job or job_id in claims:
-                offset(leaf, job.cost)
+                offset_picked(leaf, job.cost)
                 if last:
                     fair.exhaust(leaf)
                 continue
@@ -348,11 +348,11 @@ class Scheduling:
             # walk places or reserves, which resets it
             if memo.class_blocked(self, job):
                 known += 1
-                offset(leaf, job.cost)
+                offset_picked(leaf, job.cost)
             elif not self.try_start(
                 job, "backfill" if self.reservation_job else "fair-share order", memo=memo
             ):
-                offset(leaf, job.cost)
+                offset_picked(leaf, job.cost)
                 quiet = quiet + 1 if len(memo.no_fit) == searched else 0
                 if full:
                     if not self.reservation_job:
@@ -962,9 +962,7 @@ class Scheduling:
             self.stopping.pop(run.key, None)
             self.exiting.pop(run.key, None)
             self.assigned_unstarted.pop(run.key, None)
-            rates = self.model_rates.get(run.model_version)
-            if rates:
-                rates.pop(run.key, None)
+            self.forget_rate(run)
             del self.runs[run.key]
             self.shift_depth(run.tier, run.tenant, runs=-1)
 

@@ -72,6 +72,9 @@ class NaiveFairTree(FairTree):
         for flow in leaf.chain():
             self.offsets[id(flow)] = self.offsets.get(id(flow), 0.0) + gpu_seconds
 
+    def offset_picked(self, leaf: Flow, gpu_seconds: float) -> None:
+        self.offset(leaf, gpu_seconds)  # no heaps to re-key
+
     def pick(self) -> Flow | None:
         offsets, exhausted = self.offsets, self.exhausted
         flow = self.root

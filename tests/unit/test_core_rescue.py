@@ -204,3 +204,107 @@ def test_only_eligible_victims_and_bounded_losses(runs, want, wait_s, max_lost):
             r = specs[o.job_id]
             assert r["preemptible"] and r["interval"] > 0 and r["tier"] != "interactive", (o, r)
     assert all(lost <= max_lost + 1e-9 for lost in evicted_lost), (evicted_lost, max_lost)
+
+
+# -- the node plans' fast path (issue 35) ------------------------------------------
+def plain_node_plan(cell, node, per_node, rank, deadline_ms, late=False):
+    """``Rescue.node_plan`` as first written (every way of every run built, then
+    filtered and the least taken): the oracle of the optimised one."""
+    from framespool.processors.core.rescue import FREE, GRACEFUL, HARD, NodePlan
+    from framespool.schemas.states import GpuState, RunPhase
+
+    now = cell.now_ms
+    free = node.free_count()
+    plan = NodePlan(node.node_id)
+    if free >= per_node:
+        plan.ready_ms = now
+        return plan
+    min_run_ms = int(cell.config.min_run_before_preempt_s * 1000)
+    max_lost_ms = int(getattr(cell.config, "evict_max_lost_s", 0.0) * 1000)
+    order = (lambda o: (o[2], o[0], o[1], o[3])) if late else (lambda o: o[:4])
+    options = []
+    for run in cell.runs_on(node):
+        held = sum(1 for i in run.held[node.node_id] if node.gpu_state[i] == GpuState.OK)
+        ways = []
+        if run.phase == RunPhase.STOPPING:
+            ways.append((FREE, 0.0, now))
+        elif run.phase == RunPhase.EXITING:
+            ways.append((FREE, 0.0, min(run.exit_deadline_ms, cell.next_checkpoint_ms(run))))
+        else:
+            ways.append((FREE, 0.0, run.projected_end_ms(now)))
+            if cell.eligible_victim(run, node, min_run_ms) and (
+                cell.config.tier_of(run.tier).rank > rank
+            ):
+                ways.append((GRACEFUL, 0.0, cell.next_checkpoint_ms(run)))
+                if now - run.saved_ms <= max_lost_ms:
+                    ways.append((HARD, run.gpus * (now - run.saved_ms) / 1000, now))
+        usable = [(a, lost, ready, run.job_id, held, run) for a, lost, ready in ways]
+        usable = [o for o in usable if o[2] <= deadline_ms]
+        if usable:
+            options.append(min(usable, key=order))
+    options.sort(key=order)
+    for action, lost, ready, _, held, run in options:
+        if free >= per_node:
+            break
+        free += held
+        plan.ready_ms = max(plan.ready_ms, ready)
+        if action == GRACEFUL:
+            plan.graceful.append(run)
+        elif action == HARD:
+            plan.hard.append(run)
+            plan.lost += lost
+    return plan if free >= per_node else None
+
+
+def _plan_view(plan):
+    if plan is None:
+        return None
+    return (plan.node_id, plan.lost, plan.ready_ms, plan.graceful, plan.hard)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    runs=st.lists(run_specs, min_size=1, max_size=12),
+    steps=st.integers(0, 12),
+    max_lost=st.sampled_from([0.0, 10.0, 30.0]),
+)
+def test_property_node_plans_equal_the_plain_ones(runs, steps, max_lost):
+    """Whatever the runs, their phases and checkpoints, ``node_plan`` gives the
+    very plan of the plain version for every need, rank, deadline and mode."""
+    h = Harness(nodes=2, config=cfg(evict_max_lost_s=max_lost))
+    for i, r in enumerate(runs):
+        h.submit(
+            f"r{i}",
+            tier=r["tier"],
+            gpus=r["gpus"],
+            estimate_s=r["estimate_s"],
+            preemptible=r["preemptible"],
+            checkpoint_interval_s=r["interval"],
+        )
+    h.start_all()
+    for step in range(steps):
+        for i, r in enumerate(runs):
+            run = h.cell.runs.get((f"r{i}", 1))
+            if run is not None and run.phase == "running" and r["saved_after"] // 10 == step:
+                h.report(
+                    ev.RunCheckpointed,
+                    f"r{i}",
+                    1,
+                    next(iter(run.held)),
+                    checkpoint_uri=f"mem://r{i}",
+                    progress=0.1,
+                )
+        h.tick(10)
+    if runs and steps % 3 == 0:  # some runs asked to exit or stopping
+        h.submit("hurry", gpus=8, tier="interactive", estimate_s=30)
+        h.tick(1)
+    cell = h.cell
+    now = cell.now_ms
+    for node in cell.index.nodes.values():
+        for per_node in (1, 2, 4, 8):
+            for rank in (0, 1, 2, 5):
+                for deadline in (now - 1, now, now + 10_000, now + 100_000, 10**15):
+                    for late in (False, True):
+                        got = cell.node_plan(node, per_node, rank, deadline, late)
+                        want = plain_node_plan(cell, node, per_node, rank, deadline, late)
+                        assert _plan_view(got) == _plan_view(want)

@@ -174,3 +174,52 @@ def test_a_node_a_pre_probation_snapshot_left_degraded_is_put_on_probation():
     assert "n1" in h.cell.straggler_nodes and states(h)["n1"] == NodeState.DEGRADED
     h.tick(101)
     assert states(h)["n1"] == NodeState.UP
+
+
+# -- the reference rates kept incrementally (issue 35) -------------------------------
+_RATES = st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 2.5, 3.0, 7.25, float("nan")])
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["rate", "rate", "rate", "end", "refresh"]),
+        st.integers(0, 39),  # run
+        _RATES,
+    ),
+    max_size=200,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS, nan=st.booleans())
+def test_property_incremental_medians_equal_the_full_rebuild(ops, nan):
+    """``refresh_medians`` (sorted lists per model and tenant, only changed models
+    recomputed) files exactly what a rebuild from every run's rate does
+    (``full_medians``), whatever order rates arrive, change and leave in."""
+    from types import SimpleNamespace
+
+    from framespool.processors.core import Cell
+
+    cell = Cell(cfg())
+    runs = [
+        # two models, five tenants each, four runs a tenant
+        SimpleNamespace(key=(f"j{i}", 1), tenant="abcde"[i % 5], model_version=f"m{i // 20}")
+        for i in range(40)
+    ]
+    for op, i, rate in ops:
+        run = runs[i]
+        if not nan and rate != rate:
+            rate = 1.5
+        if op == "rate":
+            cell.runs[run.key] = run  # type: ignore[assignment]
+            cell.note_rate(run, rate)  # type: ignore[arg-type]
+        elif op == "end" and run.key in cell.runs:
+            cell.forget_rate(run)  # type: ignore[arg-type]
+            del cell.runs[run.key]
+        else:
+            cell.refresh_medians()
+            assert repr(sorted(cell.model_median.items(), key=repr)) == repr(
+                sorted(cell.full_medians().items(), key=repr)
+            )
+    cell.refresh_medians()
+    assert repr(sorted(cell.model_median.items(), key=repr)) == repr(
+        sorted(cell.full_medians().items(), key=repr)
+    )
