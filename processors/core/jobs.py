@@ -81,6 +81,7 @@ class JobHandlers:
             self.wait_bands.admitted(spec.job_id, key, self.now_ms, ahead, held=fits)
             depth = self.wait_depth(ahead, job.shape[0], terms)
             p50, p90 = self.wait_bands.band(key, ahead, depth, held=fits)
+            self.wait_bands.told(spec.job_id, p50)  # its P50's correction (waitbands 11.)
             others = served[0] - own_gpu_s if served else 0.0
             position = self.position_of(own_jobs - 1, others, self.mean_queued_cost())
             types = self.free_by_type() if spec.gpu_type else None

@@ -111,11 +111,13 @@ class NaiveNodeIndex(NodeIndex):
         if fit is None:
             return None
         best: Node | None = None
+        fit_part = self.bucket_of[fit.node_id] < fit.total
         for node_id in islice(self.warm_nodes.get(model, ()), placement.WARM_SCAN_LIMIT * 8):
             free = self.bucket_of.get(node_id, 0)
             node = self.nodes[node_id]
             if (
                 free >= k
+                and not (fit_part and free == node.total)
                 and ok(node)
                 and self._warm_free(node, model) > 0
                 and (best is None or free < self.bucket_of[best.node_id])

@@ -245,11 +245,14 @@ def test_elastic_job_picks_the_shape_that_finishes_first():
 
 
 def test_warm_model_affinity_prefers_gpus_with_weights_loaded():
+    # the warm node is partly used (a whole free node is kept whole for
+    # 8-GPU jobs: test_placement_keeps_whole_nodes.py), the best fit is the other
     h = Harness(nodes=2)
     h.submit("w1", gpus=1, model="sora-xl")
+    h.submit("hold", gpus=4, model="x")  # beside w1: 3 free, then 4 once w1 ends
     h.start_all()
     h.complete(("w1", 1))
-    h.submit("other", gpus=2, model="other")  # best fit would not matter
+    h.submit("other", gpus=6, model="other")  # the other node: 2 free, the best fit
     [assigned] = of(h.submit("w2", gpus=1, model="sora-xl"), ev.JobAssigned)
     assert "warm" in assigned.reason
 
