@@ -55,9 +55,9 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framespool.agents import reports
 from framespool.agents.artifacts import ArtifactStore
@@ -94,6 +94,9 @@ from framespool.schemas.events import (
 )
 from framespool.schemas.fencing import EpochFence
 from framespool.schemas.topics import Topics, agent_group, partition_of_cell
+
+if TYPE_CHECKING:  # pragma: no cover
+    from framespool.agents.host import AgentHost
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +156,7 @@ class NodeAgent(Healing):
         self._tasks: set[asyncio.Task] = set()
         self.closing = False  # RunHost: once set, runs end without reporting
         self._producer: LogProducer | None = None
-        self._host: Any = None  # the AgentHost this node started alone (None when shared)
+        self._host: AgentHost | None = None  # the host this node started alone (None when shared)
         self.ledger: RunLedger = RunLedger(node_id, 0)
         self.liveness = Liveness(node_id)
         self.healing = False  # re-registering: no heartbeats meanwhile
@@ -266,7 +269,7 @@ class NodeAgent(Healing):
         finally:
             await self.stop()
 
-    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=f"agent-{self.node_id}-{name}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

@@ -79,6 +79,18 @@ class ArtifactStore(Protocol):
     def key_of(self, key_or_uri: str) -> str: ...
 
 
+@runtime_checkable
+class ServedStore(Protocol):
+    """A store whose signed URLs the API serves itself (:class:`LocalDirStore`):
+    it checks their signatures and names the file behind a key."""
+
+    def verify_signature(
+        self, key: str, expires: int | str, sig: str, now: float | None = None, *, tenant: str = ""
+    ) -> bool: ...
+
+    def local_path(self, key_or_uri: str) -> Path: ...
+
+
 # ---------------------------------------------------------------------------
 # Keys
 # ---------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -98,7 +98,7 @@ class RunHost(Protocol):
 
     def publish_progress(self, event: RunProgress) -> None: ...
 
-    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
 
     def run_started(self, execution: RunExecution) -> None: ...
 

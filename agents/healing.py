@@ -12,14 +12,17 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from framespool.agents.liveness import Heal
 from framespool.schemas.events import NodeStateChanged
 
 if TYPE_CHECKING:  # pragma: no cover
-    from framespool.agents.agent import NodeAgent
+    from framespool.agents.execution import RunExecution
+    from framespool.agents.ledger import RunLedger
+    from framespool.agents.liveness import Liveness
 
 log = logging.getLogger("framespool.agents.agent")
 
@@ -41,7 +44,25 @@ def next_incarnation(data_dir: Path, requested: int | None = None) -> int:
 
 
 class Healing:
-    def on_node_state(self: NodeAgent, event: NodeStateChanged) -> None:
+    if TYPE_CHECKING:  # pragma: no cover
+        # What the mixin uses of its NodeAgent (declared here for the checker only:
+        # NodeAgent defines them, and mypy checks its definitions against these).
+        node_id: str
+        data_dir: Path
+        incarnation: int
+        closing: bool
+        healing: bool
+        liveness: Liveness
+        ledger: RunLedger
+        _runs: dict[tuple[str, int], RunExecution]
+
+        def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+
+        def _stop_run(self, key: tuple[str, int]) -> None: ...
+
+        async def register(self) -> None: ...
+
+    def on_node_state(self, event: NodeStateChanged) -> None:
         """The scheduler's word on this node's state (a ``NodeStateChanged`` on the
         node's assignments partition): a ``DOWN`` of the current incarnation starts
         one re-registration (see :mod:`liveness`)."""
@@ -57,7 +78,7 @@ class Healing:
             )
             self.spawn(self._heal(verdict.not_before_s, verdict.reason), "heal")
 
-    async def _heal(self: NodeAgent, not_before_s: float, reason: str) -> None:
+    async def _heal(self, not_before_s: float, reason: str) -> None:
         """Stop the old incarnation's runs, then register as incarnation + 1.
 
         1. heartbeats pause (the old incarnation's would only be ignored);

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +133,7 @@ class AgentHost:
             with contextlib.suppress(LogError):
                 await asyncio.to_thread(self._producer.close, 10.0)
 
-    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=f"agent-host-{name}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

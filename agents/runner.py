@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from framespool.agents.ledger import StepRate
 from framespool.agents.profiles import ModelProfile
@@ -79,6 +80,14 @@ class Outcome:
     stderr_tail: str = ""
     # an output the agent made itself (a builtin's), kept from memory: no file
     output_data: bytes | None = None
+
+
+class _AsUser(TypedDict, total=False):
+    """The generator's identity, as ``create_subprocess_exec`` takes it."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
 
 
 class Runner:
@@ -144,7 +153,7 @@ class Runner:
         return self._done is not None and not self._done.done()
 
     async def start(self) -> None:
-        as_user = (
+        as_user: _AsUser = (
             {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []}
             if self.identity is not None
             else {}

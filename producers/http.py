@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -37,6 +37,10 @@ from framespool.projections.jobs import JobView
 from framespool.projections.storage import StorageLedger
 from framespool.projections.store import ViewStore
 from framespool.schemas.events import JobSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from framespool.agents.artifacts import ArtifactStore
+    from framespool.projections.webhook_secrets import WebhookSecrets
 from framespool.schemas.topics import COMMANDS
 
 DEFAULT_ESTIMATE_S = next(f.default for f in fields(JobSpec) if f.name == "estimate_s")
@@ -47,7 +51,7 @@ class ApiConfig:
     auth: ApiKeys
     store: ViewStore
     producer: Sender  # the commands topic is written through it (a LogProducer)
-    artifacts: Any = None  # framespool.agents.artifacts.ArtifactStore
+    artifacts: ArtifactStore | None = None
     hub: Hub = field(default_factory=Hub)
     commands_topic: str = COMMANDS.name
     limits: Limits = Limits()
@@ -55,7 +59,8 @@ class ApiConfig:
     result_url_ttl_s: int = 3600
     sse_keepalive_s: float = 15.0
     max_body_bytes: int = 64 * 1024
-    background: Sequence[Callable[[], Awaitable[None]]] = ()  # e.g. consumer.run, dispatcher.run
+    # e.g. consumer.run, dispatcher.run (coroutine functions: each runs as a task)
+    background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = ()
     clock: Callable[[], float] = time.time
     rate_limit: RateLimit = RateLimit()  # per tenant; generous by default
     rate_limit_overrides: dict[str, RateLimit] = field(default_factory=dict)
@@ -85,7 +90,7 @@ class ApiConfig:
     resolve_host: Callable[[str], Awaitable[list[str]]] | None = None
     resolve_timeout_s: float = 2.0
     dashboard_dir: Path | None = dashboard.DIRECTORY  # None: no dashboard
-    webhook_secrets: Any = None  # projections.webhook_secrets.WebhookSecrets; None: no rotation
+    webhook_secrets: WebhookSecrets | None = None  # None: no rotation
     # /metrics on this app only with this key ("Authorization: Bearer <key>"); without
     # one, serve it on its own (private) address with ``metrics_app``
     operator_key: str = ""
@@ -152,7 +157,8 @@ TASKS = web.AppKey("background_tasks", list)
 LIMITER = web.AppKey("rate_limiter", RateLimiter)
 
 
-OFFERS = web.AppKey("cell_offers", Callable[[], Mapping[str, Any]])
+# (a type that is not a class goes in as the key's type argument, as aiohttp asks)
+OFFERS = web.AppKey[Callable[[], Mapping[str, Any]]]("cell_offers")
 
 
 OPENAPI = web.AppKey("openapi", dict)
@@ -178,7 +184,7 @@ STREAMS = web.AppKey("open_streams", dict)  # ("key"|"tenant", name) -> open SSE
 LOOKUPS = web.AppKey("callback_lookups", CallbackLookups)  # submit-time callback host lookups
 
 
-CLUSTER_VIEW = web.AppKey("cluster_view", Callable[[], cluster_view.ClusterView])
+CLUSTER_VIEW = web.AppKey[Callable[[], cluster_view.ClusterView]]("cluster_view")
 
 
 CLUSTER_READS = web.AppKey("cluster_reads", ClusterReads)  # rendered /v1/cluster documents

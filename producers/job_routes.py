@@ -11,10 +11,10 @@ import json
 import re
 import time
 import uuid
-from typing import Any
 
 from aiohttp import web
 
+from framespool.agents.artifacts import ArtifactStore, ServedStore
 from framespool.processors.core.offers import (
     PREDICTED_WAIT,
 )
@@ -384,7 +384,7 @@ async def job_result(request: web.Request) -> web.Response:
     )
 
 
-def _result_of(store: ViewStore, tenant: str, key: str, artifacts: Any) -> bool:
+def _result_of(store: ViewStore, tenant: str, key: str, artifacts: ArtifactStore) -> bool:
     """Whether ``key`` is the published result of a job of ``tenant`` (its job and run are
     in the key: ``jobs/{job}/runs/{run}/...``)."""
     parts = key.split("/")
@@ -403,7 +403,7 @@ async def get_artifact(request: web.Request) -> web.StreamResponse:
     """Download an artifact through a signed URL, bound to a tenant, job, run and expiry."""
     config = request.app[CONFIG]
     artifacts = config.artifacts
-    if artifacts is None or not hasattr(artifacts, "verify_signature"):
+    if artifacts is None or not isinstance(artifacts, ServedStore):
         raise ApiError(404, "not_found", "this API does not serve artifacts")
     key = request.match_info["key"]
     tenant = request.query.get("tenant", "")

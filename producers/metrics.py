@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from framespool.projections import cluster as cluster_view
 from framespool.projections.jobs import JobView
@@ -124,7 +124,7 @@ class ViewCollector:
     def __init__(self, load_cluster: Callable[[], cluster_view.ClusterView]) -> None:
         self._load = load_cluster
 
-    def collect(self) -> Iterable[Any]:
+    def collect(self) -> Iterable[Metric]:
         view = self._load()
         gpus = GaugeMetricFamily(
             "framespool_gpus",
@@ -150,7 +150,7 @@ class ViewCollector:
         depth: dict[tuple[str, str], list[int]] = {}
         for name in sorted(view.cells):
             cell = view.cells[name]
-            counts = {b: 0 for b in cluster_view.GPU_BUCKETS}
+            counts: dict[str, int] = {b: 0 for b in cluster_view.GPU_BUCKETS}
             node_states: dict[str, int] = {}
             for node in cell.nodes:
                 node_states[node.state] = node_states.get(node.state, 0) + 1
@@ -189,8 +189,8 @@ class ProjectionCollector:
         self._hub = hub
         self._lookups = lookups  # the API's submit-time CallbackLookups, if any
 
-    def collect(self) -> Iterable[Any]:
-        out = []
+    def collect(self) -> Iterable[Metric]:
+        out: list[Metric] = []
         for part in self._parts:
             counters = getattr(part, "counters", None)
             if counters is not None:

@@ -177,7 +177,7 @@ def gpu_bucket(node: NodeStatus, gpu: GpuStatus) -> str:
 
 
 def totals(view: ClusterView) -> dict[str, int]:
-    out = {b: 0 for b in GPU_BUCKETS}
+    out: dict[str, int] = {b: 0 for b in GPU_BUCKETS}
     nodes = 0
     for cell in view.cells.values():
         for node in cell.nodes:

@@ -107,7 +107,8 @@ class Step:
 
     batch: Batch = field(default_factory=Batch)
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    cluster: ClusterView | None = None
+    # the cluster view after the step (prepare() starts it from the consumer's)
+    cluster: ClusterView = field(default_factory=ClusterView)
     # reports of stored objects, with what the job's view knew (the storage ledger's)
     stored: list[tuple[JobFacts, StoredObject]] = field(default_factory=list)
 
@@ -291,7 +292,7 @@ class ProjectionConsumer:
         self.counters.commits += 1
         for tp, offset in step.batch.offsets.items():
             self.folded[tp] = max(self.folded.get(tp, 0), offset + 1)
-        self.cluster = step.cluster or self.cluster
+        self.cluster = step.cluster
         if self.hub is not None:
             for job_id, view in step.batch.views.items():
                 self.hub.publish(job_id, view)

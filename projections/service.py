@@ -11,9 +11,10 @@ The composition root (``framespool``) does::
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from framespool.log import Sender
 from framespool.projections.consumer import ProjectionConsumer
@@ -73,9 +74,9 @@ class ProjectionService:
         return cls(store, hub, consumer, dispatcher, storage)
 
     @property
-    def background(self) -> tuple[Callable[[], Awaitable[None]], ...]:
+    def background(self) -> tuple[Callable[[], Coroutine[Any, Any, None]], ...]:
         """What ``ApiConfig.background`` should run for the app's lifetime."""
-        runs: tuple[Callable[[], Awaitable[None]], ...] = (self.consumer.run,)
+        runs: tuple[Callable[[], Coroutine[Any, Any, None]], ...] = (self.consumer.run,)
         if self.dispatcher is not None:
             runs += (self.dispatcher.run,)
         return runs

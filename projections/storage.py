@@ -42,9 +42,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from framespool.projections.retention import (
     CHECKPOINT,
@@ -64,6 +64,13 @@ from framespool.projections.retention import (
 log = logging.getLogger(__name__)
 
 FORGET_AFTER_MS = 30 * 86400 * 1000  # a fully swept, ended job's record (for 410s)
+
+
+class DeletingStore(Protocol):
+    """What the sweeper needs of the artifact store (the agents' ``ArtifactStore``
+    has it; the projections do not import the agents)."""
+
+    def delete(self, key_or_uri: str) -> None: ...
 
 
 class StorageLedger:
@@ -133,10 +140,10 @@ class StorageLedger:
                 js = changed.get(f.job_id) or self.jobs.get(f.job_id) or JobStorage(f.job_id)
                 changed[f.job_id] = with_object(with_facts(js, f), obj)
             for f in facts:
-                js = changed.get(f.job_id) or self.jobs.get(f.job_id)
-                if js is not None:  # only jobs that store something are kept
-                    new = with_facts(js, f)
-                    if new != js:
+                known = changed.get(f.job_id) or self.jobs.get(f.job_id)
+                if known is not None:  # only jobs that store something are kept
+                    new = with_facts(known, f)
+                    if new != known:
                         changed[f.job_id] = new
             self._write(changed, ())
 
@@ -193,7 +200,7 @@ def stored_object(event: Any) -> StoredObject | None:
 
 async def sweep_once(
     ledger: StorageLedger,
-    store: Any,
+    store: DeletingStore,
     retention_of: Callable[[str], Retention],
     now_ms: int,
 ) -> int:
@@ -214,11 +221,11 @@ async def sweep_once(
 
 def sweeper(
     ledger: StorageLedger,
-    store: Any,
+    store: DeletingStore,
     retention_of: Callable[[str], Retention],
     interval_s: float = 60.0,
     clock: Callable[[], float] = time.time,
-) -> Callable[[], Any]:
+) -> Callable[[], Coroutine[Any, Any, None]]:
     """A background task (``ApiConfig.background``) sweeping every ``interval_s``."""
 
     async def sweep_storage() -> None:

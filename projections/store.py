@@ -67,9 +67,9 @@ from __future__ import annotations
 import heapq
 import json
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from rocksdict import Options, Rdict, WriteBatch
 
@@ -311,7 +311,7 @@ class RocksViewStore:
         prefix = self._tenant_prefix(tenant, state)
         start = prefix + cursor.encode() if cursor else prefix
         jobs: list[JobView] = []
-        for key, _ in self._db.items(from_key=start):
+        for key, _ in self._items(start):
             if not key.startswith(prefix):
                 break
             if cursor and key == start:
@@ -343,8 +343,13 @@ class RocksViewStore:
             (d for d in out if d is not None), key=lambda d: (d.created_ms, d.delivery_id)
         )
 
+    def _items(self, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The items from ``from_key`` on, in key order: bytes both (the store is
+        opened in raw mode, which rocksdict's stubs cannot tell)."""
+        return cast(Iterator[tuple[bytes, bytes]], self._db.items(from_key=from_key))
+
     def _scan(self, prefix: bytes, start: bytes = b"") -> Iterable[tuple[bytes, bytes]]:
-        for key, value in self._db.items(from_key=prefix + start):
+        for key, value in self._items(prefix + start):
             if not key.startswith(prefix):
                 break
             yield key, value
@@ -424,8 +429,8 @@ class RocksViewStore:
                 newest = max(newest, view.updated_ms)
         for cell in batch.cells.values():
             wb.put(b"c/" + cell.cell.encode(), _dumps(cell_to_dict(cell)))
-        for key, breaker in batch.breakers.items():
-            wb.put(b"b/" + key.encode(), _dumps(breaker_to_dict(breaker)))
+        for name, breaker in batch.breakers.items():
+            wb.put(b"b/" + name.encode(), _dumps(breaker_to_dict(breaker)))
         for d in batch.deliveries:
             if self._db.get(b"d/" + d.delivery_id.encode()) is None:
                 self._delivery_into(wb, d)
@@ -635,8 +640,8 @@ class InMemoryViewStore:
         for d in batch.deliveries:
             if d.delivery_id not in self._deliveries:
                 self.put_delivery(d)
-        for key, off in batch.offsets.items():
-            self._offsets[key] = max(off, self._offsets.get(key, -1))
+        for tp, off in batch.offsets.items():
+            self._offsets[tp] = max(off, self._offsets.get(tp, -1))
         for key, delta in counts.items():
             self._counts[key] = self._counts.get(key, 0) + delta
         self._expire(batch)

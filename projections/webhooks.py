@@ -254,8 +254,8 @@ class WebhookDispatcher:
                     self._wake.clear()
                     if self._rescan:
                         self._rescan = False
-                        for d in self._store.pending_deliveries():
-                            self._lanes.add(d)
+                        for pending in self._store.pending_deliveries():
+                            self._lanes.add(pending)
                     now_ms = int(self._clock() * 1000)
                     while self._running < self._config.concurrency:
                         d = self._lanes.pick(now_ms)

@@ -53,7 +53,7 @@ class TansuBroker:
     ) -> None:
         self.host = host
         self.port = port
-        self._port_given = port is not None
+        self._given_port = port
         self.storage_url = storage_url
         self.cluster_id = cluster_id
         self.log_path = Path(log_path) if log_path is not None else None
@@ -88,16 +88,17 @@ class TansuBroker:
             fd, name = tempfile.mkstemp(prefix="tansu-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        attempts = 1 if self._port_given else 3  # a picked port can be taken before Tansu binds it
+        # a picked port can be taken before Tansu binds it
+        attempts = 1 if self._given_port is not None else 3
         for attempt in range(attempts):
-            if not self._port_given:
+            if self._given_port is None:
                 self.port = free_port(self.host)
-            elif not port_is_free(self.host, self.port):
+            elif not port_is_free(self.host, self._given_port):
                 # Tansu would die on the bind, but a probe could reach whoever holds the port.
                 raise BrokerError(
                     f"port {self.host}:{self.port} is already in use; pass another or none"
                 )
-            self._spawn()
+            self._spawn(self.log_path)
             try:
                 self._wait_ready()
                 log.info(
@@ -114,14 +115,14 @@ class TansuBroker:
                     raise
         raise AssertionError("unreachable")
 
-    def _spawn(self) -> None:
+    def _spawn(self, log_path: Path) -> None:
         url = f"tcp://{self.host}:{self.port}"
         argv = [str(self.binary), "broker", "--listener-url", url, "--advertised-listener-url", url]
         if self.storage_url:
             argv += ["--storage-engine", self.storage_url]
         if self.cluster_id:
             argv += ["--cluster-id", self.cluster_id]
-        with open(self.log_path, "ab") as out:
+        with open(log_path, "ab") as out:
             out.write(f"$ {' '.join(argv)}\n".encode())
             out.flush()
             self._proc = subprocess.Popen(
@@ -138,8 +139,9 @@ class TansuBroker:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if not self.running:
+                code = self._proc.returncode if self._proc is not None else None
                 raise BrokerError(
-                    f"broker exited with code {self._proc.returncode} while starting on "
+                    f"broker exited with code {code} while starting on "
                     f"{self.bootstrap_servers}:\n{self._log_tail()}"
                 )
             if not self._accepts_connections():  # spares librdkafka's "connection refused" noise
@@ -169,6 +171,8 @@ class TansuBroker:
         return True
 
     def _log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None:  # set by start() before the broker runs
+            return "(no broker log)"
         try:
             return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
         except OSError:

@@ -49,6 +49,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
+from typing import cast
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 
@@ -64,7 +65,8 @@ LOOKUP_TENANT: ContextVar[str] = ContextVar("lookup_tenant", default="")
 def getaddrinfo_addresses(host: str) -> list[str]:
     """The addresses ``host`` resolves to (blocking: the system resolver)."""
     infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return [info[4][0] for info in infos]
+    # an IPv4 or IPv6 sockaddr (the only families a host name resolves to) starts with the address
+    return [cast(str, info[4][0]) for info in infos]
 
 
 class CallbackLookups:

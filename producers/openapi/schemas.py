@@ -72,7 +72,7 @@ def json_content(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _submit_schema(limits: Limits) -> dict[str, Any]:
     name = {"type": "string", "pattern": NAME_PATTERN}
-    model = {**name, "description": "the generator model, e.g. 'demo'"}
+    model: dict[str, Any] = {**name, "description": "the generator model, e.g. 'demo'"}
     if limits.models is not None:
         model["enum"] = sorted(limits.models)
     if limits.default_model:

@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -109,7 +110,8 @@ class LogConsumer:
         # one is never joined and never committed to.
         self._anonymous = group_id is None
         self.group_id = group_id or f"{ANONYMOUS_GROUP_PREFIX}{uuid.uuid4().hex}"
-        settings: dict[str, object] = {
+        # librdkafka's settings: values of several types (confluent_kafka types them Any)
+        settings: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
             "group.id": self.group_id,
             "enable.auto.commit": False,
@@ -318,7 +320,7 @@ class LogConsumer:
                 expected,
                 offset - 1,
             )
-        if self._refetches:
+        if self._refetches and expected is not None:  # no key holds None
             self._refetches.pop((tp[0], tp[1], expected), None)
         rewound.discard(tp)
         self._next[tp] = offset + 1
@@ -366,11 +368,11 @@ class LogConsumer:
             raise LogError(
                 f"commit of {positions} for group {self.group_id!r} failed: {exc.args[0].str()}"
             ) from exc
-        failed = [tp for tp in result or () if tp.error is not None]
+        failed = [
+            (tp.topic, tp.partition, tp.error.str()) for tp in result or () if tp.error is not None
+        ]
         if failed:
-            raise LogError(
-                f"commit failed for group {self.group_id!r}: {[(tp.topic, tp.partition, tp.error.str()) for tp in failed]}"
-            )
+            raise LogError(f"commit failed for group {self.group_id!r}: {failed}")
 
     def commit_through(self, record: Record) -> None:
         """Commit everything up to and including ``record``."""
@@ -437,7 +439,8 @@ def read_all(
     partition ends is :func:`read_to_end`'s. Raises ``TimeoutError`` naming the
     partitions not read to their end in ``timeout_s``.
     """
-    with LogConsumer(bootstrap_servers, **{**_TO_END, **conf}) as consumer:
+    settings: dict[str, Any] = {**_TO_END, **conf}  # librdkafka's, as in LogConsumer
+    with LogConsumer(bootstrap_servers, **settings) as consumer:
         parts = sorted(
             partitions if partitions is not None else range(consumer.partitions_of(topic))
         )
@@ -469,7 +472,8 @@ def read_to_end(
     """
     if not starts:
         return {}
-    with LogConsumer(bootstrap_servers, **{**_TO_END, **conf}) as consumer:
+    settings: dict[str, Any] = {**_TO_END, **conf}  # librdkafka's, as in LogConsumer
+    with LogConsumer(bootstrap_servers, **settings) as consumer:
         return _read_to_end(consumer, starts, timeout_s)
 
 
@@ -501,7 +505,8 @@ def _read_to_end(
         elif error.code() == KafkaError._PARTITION_EOF:
             # EOF means "fetch position == the Fetch response's high watermark".
             high = consumer.high_watermark(*tp)
-            if high is not None and msg.offset() < high:
+            # an EOF event carries the fetch position as its offset
+            if high is not None and cast(int, msg.offset()) < high:
                 continue  # stale EOF; more is on its way
             consumer._consumer.pause([TopicPartition(*tp)])
             open_parts.discard(tp)

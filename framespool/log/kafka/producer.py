@@ -45,7 +45,7 @@ def _key_bytes(key: Key) -> bytes | None:
     return key.encode("utf-8") if isinstance(key, str) else key
 
 
-def _header_list(headers: Headers) -> list[tuple[str, bytes | str]] | None:
+def _header_list(headers: Headers) -> list[tuple[str, str | bytes | None]] | None:
     if headers is None:
         return None
     return list(headers.items()) if isinstance(headers, Mapping) else list(headers)
@@ -268,8 +268,12 @@ class LogProducer:
                 seen = self._served_passes
                 remaining = len(self._producer)
                 if remaining:
+
+                    def served_since(seen: int = seen) -> bool:
+                        return self._served_passes != seen
+
                     self._served.wait_for(
-                        lambda seen=seen: self._served_passes != seen,
+                        served_since,
                         min(left, self._FLUSH_RECHECK_S),
                     )
             remaining = len(self._producer)

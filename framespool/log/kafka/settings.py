@@ -133,7 +133,7 @@ ANONYMOUS_GROUP_PREFIX = "framespool-anonymous-"
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def security_settings(env: Mapping[str, str] | None = None) -> dict[str, object]:
+def security_settings(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """librdkafka's security settings from ``FRAMESPOOL_KAFKA_*``:
 
     - ``FRAMESPOOL_KAFKA_SASL_USERNAME`` and ``FRAMESPOOL_KAFKA_SASL_PASSWORD``
@@ -146,7 +146,7 @@ def security_settings(env: Mapping[str, str] | None = None) -> dict[str, object]
     without a password (a client that would fail to authenticate later)."""
     env = os.environ if env is None else env
     get = lambda name: (env.get(f"FRAMESPOOL_KAFKA_{name}") or "").strip()
-    out: dict[str, object] = {}
+    out: dict[str, str] = {}
     protocol = get("SECURITY_PROTOCOL").upper()
     user = get("SASL_USERNAME")
     if protocol and protocol not in SECURITY_PROTOCOLS:

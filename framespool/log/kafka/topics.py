@@ -33,7 +33,7 @@ def create_topics(
     bootstrap_servers: str,
     topics: Iterable[Topic] = ALL_TOPICS,
     timeout: float = 10.0,
-    **conf: object,
+    **conf: str | int | float | bool,
 ) -> list[str]:
     """Create ``topics`` with their partition counts; return the names newly created.
 
