@@ -23,6 +23,10 @@ exponential backoff (0.5 s doubling to 10 s; reset once it has stayed up for
 30 s), logs why, and rewrites ``stack.json`` with the new pid; the others keep
 serving meanwhile (a dead scheduler's cells move to the surviving instance).
 
+Each process is started with the command line :mod:`framespool.bootstrap` builds
+(``processor_command``, ``service_command``), the module that also builds what the
+command runs.
+
 Stop order is the reverse, SIGTERM first and SIGKILL after a grace period.
 Every process logs to ``<data-dir>/logs/<name>.log``.
 
@@ -57,7 +61,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -65,6 +68,7 @@ from pathlib import Path
 from typing import IO
 
 from framespool import stack_secrets
+from framespool.bootstrap import processor_command, service_command
 from framespool.broker import BROKER_KINDS, KafkaBroker, TansuBroker
 from framespool.broker.kafka import wait_ready
 from framespool.processors.config_file import TenantEntry, UserEntry
@@ -239,8 +243,7 @@ class Stack:
         bootstrap = self.start_broker(ready_timeout_s)
         create_topics(bootstrap)
         self.write_secrets(deployment)
-        common = ["--bootstrap", bootstrap]
-        processors = [sys.executable, "-m", "framespool.processors"]
+        # every process's command line comes from the composition root, which builds it
         state = self.data_dir / "processors"
         common_cfg = ["--config", str(self.write_processor_config(deployment))]
         # snapshot at most once a second: state is pickled whole, and the commit
@@ -254,29 +257,20 @@ class Stack:
         ]
         self.spawn(
             "admission",
-            processors
-            + ["admission", *common, "--data-dir", str(state / "admission"), *common_cfg, *snap]
+            processor_command("admission", bootstrap, state / "admission", *common_cfg, *snap)
             + ["--instance", "admission-0"],
         )
         for i in range(self.config.schedulers):
             name = f"scheduler-{i}"
             self.spawn(
                 name,
-                processors
-                + ["scheduler", *common, "--data-dir", str(state / name), *common_cfg, *snap]
+                processor_command("scheduler", bootstrap, state / name, *common_cfg, *snap)
                 + ["--instance", name],
             )
-        self.spawn("clock", processors + ["clock", *common, "--data-dir", str(state / "clock")])
-        services = [sys.executable, "-m", "framespool.services"]
-        api = services + [
-            "api",
-            *common,
-            "--stack-dir",
-            str(self.data_dir),
-            "--port",
-            str(self.config.port),
-            *common_cfg,
-        ]
+        self.spawn("clock", processor_command("clock", bootstrap, state / "clock"))
+        api = service_command(
+            "api", bootstrap, self.data_dir, "--port", str(self.config.port), *common_cfg
+        )
         if self.config.allow_private_webhooks:
             api.append("--allow-private-webhooks")
         self.spawn("api", api)
@@ -288,7 +282,7 @@ class Stack:
             cell = self.cell_ids[i % len(self.cell_ids)]
             cells[cell].append(node)
             hosted.append((node, cell, f"rail-{len(cells[cell]) // self.config.nodes_per_rail}"))
-        agent = services + ["agent", *common, "--stack-dir", str(self.data_dir), *common_cfg]
+        agent = service_command("agent", bootstrap, self.data_dir, *common_cfg)
         agent += ["--gpus", str(self.config.gpus_per_node), "--simulated"]
         agent += ["--time-scale", str(self.config.time_scale), "--api-url", self.api_url]
         per = max(1, self.config.nodes_per_agent)
@@ -357,6 +351,7 @@ class Stack:
         """The deployment document every process is started with (module docstring):
         the operator's file completed with this stack's cells, drain grace and
         default tenants, checked whole; ``StackError`` names the file and the key."""
+        from framespool.bootstrap import api_limits
         from framespool.configfile import ConfigError
         from framespool.processors.config_file import (
             admission_config,
@@ -364,7 +359,6 @@ class Stack:
             read_config_file,
         )
         from framespool.producers.settings import api_settings
-        from framespool.services import api_limits
 
         self.check_cells()
         source = self.config.processor_config

@@ -1,6 +1,6 @@
 """The one builder of a deployment's secrets, for ``framespool up`` and the Compose init.
 
-A secrets document (``stack-secrets.json``, read by ``framespool.services``) holds
+A secrets document (``stack-secrets.json``, read by ``framespool.bootstrap``) holds
 what the server needs, and each secret signs one thing:
 
 - ``auth``: the API key table, keys stored as salted hashes only; per tenant its
@@ -21,7 +21,7 @@ removes the user's old keys. Every change of the file is a read-modify-write
 under ``locked`` (the API rotates webhook secrets, the CLI adds tenants, both
 while the stack runs), written by ``write_private``: a file only its owner can
 read, created that way (no moment at 0644) and replaced atomically; the API
-notices the new file and reloads it (``framespool.services.watch_secrets``).
+notices the new file and reloads it (``framespool.bootstrap.watch_secrets``).
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle_core(args: argparse.Namespace) -> int:
-    from framespool.processors.bench import bench_core
+    from framespool.bench.core import bench_core
 
     if args.backlog_events is None:
         args.backlog_events = max(1, args.events // 2)
@@ -296,7 +296,7 @@ def _print_scenario(name: str, result: dict[str, Any]) -> None:
 
 
 def handle_pipeline(args: argparse.Namespace) -> int:
-    from framespool.pipeline_bench import bench_pipeline
+    from framespool.bench.pipeline import bench_pipeline
 
     for flag, value in {
         "--jobs": args.jobs,
@@ -358,7 +358,7 @@ def _print_pipeline(result: dict, gpus_per_node: int) -> None:
 
 
 def handle_soak(args: argparse.Namespace) -> int:
-    from framespool.soak_bench import bench_soak
+    from framespool.bench.soak import bench_soak
 
     for flag, value in {
         "--rate": args.rate,
@@ -393,8 +393,8 @@ def handle_soak(args: argparse.Namespace) -> int:
 
 
 def handle_takeover(args: argparse.Namespace) -> int:
+    from framespool.bench.takeover import bench_takeover
     from framespool.commands import end_progress, progress_bar
-    from framespool.takeover_bench import bench_takeover
 
     if args.suffix < 1 or args.records <= args.suffix + args.nodes:
         raise CommandError(
@@ -440,7 +440,7 @@ def _ints(flag: str, text: str) -> list[int]:
 
 
 def handle_fetch(args: argparse.Namespace) -> int:
-    from framespool.fetch_bench import TOPIC, bench_fetch
+    from framespool.bench.fetch import TOPIC, bench_fetch
 
     waits, parts = _ints("--waits", args.waits), _ints("--partitions", args.partitions)
     if min(parts) < 1 or max(parts) > TOPIC.partitions:
@@ -459,7 +459,7 @@ def handle_fetch(args: argparse.Namespace) -> int:
 
 
 def handle_cluster(args: argparse.Namespace) -> int:
-    from framespool.cluster_bench import bench_cluster
+    from framespool.bench.cluster import bench_cluster
 
     if min(args.cells, args.nodes, args.gpus_per_node, args.tenants, args.calls) < 1:
         raise CommandError(

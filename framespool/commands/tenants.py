@@ -3,7 +3,7 @@
 They change the secrets file of a stack's data dir (``stack-secrets.json``,
 under its lock: the running API writes it too), whether the stack runs or not;
 the running API notices the new file within a second and reloads it
-(``framespool.services.watch_secrets``), so no process restarts. A new key is
+(``framespool.bootstrap.watch_secrets``), so no process restarts. A new key is
 printed once and kept in ``tenant-keys.json`` (0600) beside it.
 
 A tenant added here has its tiers, models, API limits and users at once; the

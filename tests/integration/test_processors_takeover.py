@@ -213,7 +213,7 @@ def test_a_paused_instance_is_fenced_off_after_another_took_over(
 
 
 def test_the_takeover_bench_decides_like_an_uninterrupted_run(kafka_bootstrap, tmp_path):
-    from framespool.takeover_bench import bench_takeover
+    from framespool.bench.takeover import bench_takeover
 
     result = bench_takeover(
         records=3000,

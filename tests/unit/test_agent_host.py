@@ -166,7 +166,7 @@ def test_an_agent_process_is_given_one_node_or_a_list_of_simulated_ones():
 
     import pytest
 
-    from framespool.services import node_specs
+    from framespool.bootstrap import node_specs
 
     def args(**kw):
         base = dict(node=None, nodes=None, cell="cell-0", rail="rail-0", simulated=True)

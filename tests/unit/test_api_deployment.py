@@ -11,7 +11,8 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from framespool import services, stack_secrets
+from framespool import bootstrap as services
+from framespool import stack_secrets
 from framespool.configfile import ConfigError
 from framespool.log.memory import MemoryProducer
 from framespool.processors.config_file import TenantEntry, UserEntry

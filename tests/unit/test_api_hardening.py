@@ -115,7 +115,7 @@ def test_deeply_nested_json_is_a_400_not_a_500():
 
 # -- models and presets -------------------------------------------------------
 def test_the_deployment_serves_only_its_profiles_models_and_defaults_to_one():
-    from framespool import services
+    from framespool import bootstrap as services
     from framespool.agents.profiles import load_profiles
 
     limits = services.api_limits()

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from framespool import services
+from framespool import bootstrap as services
 from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.projections.jobs import fold
@@ -42,7 +42,7 @@ def write_stack_secrets(tmp_path):
 
 @contextlib.asynccontextmanager
 async def stack_api(tmp_path):
-    """The API wired the way ``framespool.services`` wires it, on an in-memory store."""
+    """The API wired the way ``framespool.bootstrap`` wires it, on an in-memory store."""
     _, shown = write_stack_secrets(tmp_path)
     secrets = services.stack_secrets(tmp_path)
     keys = services.api_keys(secrets)

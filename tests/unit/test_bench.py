@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from framespool.bench.core import bench_placement
 from framespool.cli import main
-from framespool.processors.bench import bench_placement
 
 
 @pytest.mark.slow
@@ -53,7 +53,7 @@ def test_placement_bench_fills_the_empty_fleet_from_the_queue() -> None:
 
 
 def test_hop_split_measures_each_hop_between_its_two_stamps():
-    from framespool.pipeline_bench import HOPS, hop_split
+    from framespool.bench.pipeline import HOPS, hop_split
 
     sent = {"a": 1000.0, "b": 2000.0}
     stamps = {
@@ -76,7 +76,7 @@ def test_cpu_meter_sums_each_kind_of_process_and_skips_the_gone():
     import subprocess
     import sys
 
-    from framespool.pipeline_bench import CpuMeter, process_cpu_s, process_kind
+    from framespool.bench.pipeline import CpuMeter, process_cpu_s, process_kind
 
     assert [process_kind(n) for n in ("agent-node-3", "agent-1", "scheduler-0", "api")] == [
         "agents",

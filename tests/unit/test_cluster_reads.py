@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from framespool.cluster_bench import HeldView
+from framespool.bench.cluster import HeldView
 from framespool.log.memory import MemoryProducer
 from framespool.producers.api import ApiConfig, make_app
 from framespool.producers.auth import ApiKeys, record_for

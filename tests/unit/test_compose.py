@@ -92,7 +92,7 @@ def test_dockerfile_pins_its_base_copies_every_package_and_drops_root():
 # Commands: real modules, real flags
 # ----------------------------------------------------------------------------
 def test_every_framespool_command_parses_with_the_real_argument_parsers(services):
-    from framespool.processors.__main__ import parse_args as processors_args
+    from framespool.bootstrap import processor_args as processors_args
 
     scripts = {"compose/init_stack.py": load_script("init_stack").parse_args}
     seen = set()

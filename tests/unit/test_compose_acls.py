@@ -152,20 +152,21 @@ def processor_topics(tmp_path, monkeypatch) -> dict[str, dict[str, set[str]]]:
     code: their wiring (``build_runner``), every output of both folds over a
     two-cell log where a cell drains (``tests/support/reroute.py``), their dead letters
     and their recorded configuration."""
-    import framespool.processors.__main__ as main
+    import framespool.log
+    from framespool import bootstrap as main
     from framespool.processors.admission import AdmissionFold
     from framespool.processors.scheduler import SchedulerFold
     from tests.support import reroute as world
 
     out: dict[str, dict[str, set[str]]] = {}
     for role, fold in (("admission", AdmissionFold()), ("scheduler", SchedulerFold())):
-        args = main.parse_args(
+        args = main.processor_args(
             [role, "--bootstrap", "unused:1", "--data-dir", str(tmp_path / role)]
         )
         runner = main.build_runner(args, catalogue)
         runner.processor.store.close()
         recorder = Recorder()
-        monkeypatch.setattr(main, "LogProducer", lambda *_a, _r=recorder, **_k: _r)
+        monkeypatch.setattr(framespool.log, "LogProducer", lambda *_a, _r=recorder, **_k: _r)
         main.record_config(args, catalogue)
         junk = Record(runner.input_topic.name, 0, 0, b"k", b"not an event")
         writes = recorder.topics | {fold.dead_letter(junk, "r", "d").topic}

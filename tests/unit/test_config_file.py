@@ -10,10 +10,10 @@ import json
 import pytest
 
 from framespool import configfile
+from framespool.bootstrap import api_keys, stack_secrets
 from framespool.processors import config_file
 from framespool.processors.core import CellConfig
 from framespool.producers.auth import ApiKeys
-from framespool.services import api_keys, stack_secrets
 
 
 def error(call, *args, **kwargs) -> configfile.ConfigError:

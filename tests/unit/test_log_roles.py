@@ -132,9 +132,10 @@ def test_a_submission_does_not_linger_on_its_way_to_admission(recorded):
     submission's admission hop (docs/broker-notes.md#fetch-wait)."""
     import inspect
 
-    from framespool import services
+    from framespool import bootstrap
 
-    assert "LogProducer(args.bootstrap)" in inspect.getsource(services)  # no role: REQUEST_PATH
+    # no role: REQUEST_PATH
+    assert "LogProducer(args.bootstrap)" in inspect.getsource(bootstrap.run_api)
     kafka.LogProducer("b:1").close()
     assert recorded[-1]["linger.ms"] == kafka.settings.LINGER_MS_REQUEST_PATH == 0
 

@@ -37,7 +37,7 @@ def test_counters_are_served_as_prometheus_metrics():
 
 
 def test_agent_gauges_are_served():
-    from framespool.services import AgentCollector
+    from framespool.bootstrap import AgentCollector
 
     agent = SimpleNamespace(
         node_id="node-0", incarnation=7, _runs={("j", 1): None}, probe=SimpleNamespace(count=8)

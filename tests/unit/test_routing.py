@@ -135,7 +135,7 @@ def test_topics_with_a_suffix_keep_partition_counts():
 
 @pytest.mark.slow
 def test_every_output_of_a_simulated_workload_has_a_route():
-    from framespool.processors.bench import record_tape
+    from framespool.bench.core import record_tape
 
     tape, _, config = record_tape(8, 8, 4000, seed=3)
     cell = Cell(config, "cell-0")

@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Any
 
+from framespool.bench.pipeline import process_cpu_s
 from framespool.broker import embedded
 from framespool.log import LogConsumer
-from framespool.pipeline_bench import process_cpu_s
 from framespool.schemas.topics import Topic
 
 TOPIC = Topic("framespool.bench-fetch", 8, "unused")

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from framespool.bench.pipeline import EventWatcher, percentiles, submit_many
 from framespool.broker import free_port
-from framespool.pipeline_bench import EventWatcher, percentiles, submit_many
 from framespool.stack import Stack, StackConfig
 
 GRACE_S = 60.0  # after the last submission, for the last jobs to be assigned

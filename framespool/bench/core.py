@@ -1,4 +1,4 @@
-"""Benchmarks of the scheduler core: events/s, placements/s and decision latency.
+"""``framespool bench core``: events/s, placements/s and decision latency of the scheduler core.
 
 Only ``Cell.apply`` is timed (``time.perf_counter`` around each call); every
 input is built before the clock starts, and the objects that exist then are
