@@ -28,6 +28,9 @@ the table does not list, changing nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from framespool.schemas.states import TERMINAL_JOB_STATES, JobState, NodeState, RunPhase
 
 TERMINAL = TERMINAL_JOB_STATES
@@ -81,11 +84,15 @@ class IllegalTransition(Exception):
         self.reason = refusal(state, action)
 
 
-def next_state(job_id: str, state: JobState, action: str) -> JobState:
+def next_state(
+    subject: str, state: Any, action: str, table: Mapping[tuple[Any, str], Any] = TRANSITIONS
+) -> Any:
+    """``state`` after ``action`` in ``table`` (the job table unless given);
+    ``IllegalTransition`` naming ``subject`` if the table lacks the row."""
     try:
-        return TRANSITIONS[(state, action)]
+        return table[(state, action)]
     except KeyError:
-        raise IllegalTransition(job_id, state, action) from None
+        raise IllegalTransition(subject, state, action) from None
 
 
 # (phase, action) -> next phase
@@ -101,10 +108,7 @@ RUN_TRANSITIONS: dict[tuple[RunPhase, str], RunPhase] = {
 
 def next_phase(run_key: tuple[str, int], phase: RunPhase, action: str) -> RunPhase:
     """The run's phase after ``action``; ``IllegalTransition`` if the table lacks it."""
-    try:
-        return RUN_TRANSITIONS[(phase, action)]
-    except KeyError:
-        raise IllegalTransition(f"{run_key[0]} run {run_key[1]}", phase, action) from None
+    return next_state(f"{run_key[0]} run {run_key[1]}", phase, action, RUN_TRANSITIONS)
 
 
 # (state, new state) a node may change between; the same state is no change
