@@ -223,13 +223,21 @@ def source_of(remote: str | None) -> str:
     return str(ip)
 
 
+def _take_for_address(request: web.Request, key: web.AppKey, limit: RateLimit) -> float:
+    """Take a token for the request's address (``source_of``) from the limiter the
+    app holds under ``key``; the seconds to wait, 0 if taken. Cost: O(1); memory is
+    bounded: past ``_MAX_UNAUTHENTICATED_SOURCES`` addresses the limiter starts over
+    (a fresh bucket is full, so starting over only forgives)."""
+    holder = request.app[key]
+    if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
+        holder[0] = RateLimiter(limit)
+    return holder[0].take(source_of(request.remote), request.app[CONFIG].monotonic())
+
+
 def take_public(request: web.Request) -> None:
     """Charge a request to a route without a key to its address (``public_rate_limit``)."""
     config = request.app[CONFIG]
-    holder = request.app[PUBLIC_LIMITER]
-    if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
-        holder[0] = RateLimiter(config.public_rate_limit)  # bounded memory, as above
-    wait_s = holder[0].take(source_of(request.remote), config.monotonic())
+    wait_s = _take_for_address(request, PUBLIC_LIMITER, config.public_rate_limit)
     if wait_s > 0:
         retry = retry_after_header(wait_s)
         raise ApiError(
@@ -248,11 +256,7 @@ def caller(request: web.Request) -> Principal:
     principal = config.auth.authenticate(token_from_headers(request.headers))
     if principal is None:
         # no tenant to charge: the caller's address pays, so guessing keys is slow too
-        holder = request.app[ANON_LIMITER]
-        if len(holder[0]) >= _MAX_UNAUTHENTICATED_SOURCES:
-            # bounded memory; a fresh bucket is full, so starting over only forgives
-            holder[0] = RateLimiter(config.unauthenticated_rate_limit)
-        wait_s = holder[0].take(source_of(request.remote), config.monotonic())
+        wait_s = _take_for_address(request, ANON_LIMITER, config.unauthenticated_rate_limit)
         if wait_s > 0:
             retry = retry_after_header(wait_s)
             raise ApiError(
