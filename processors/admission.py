@@ -7,7 +7,9 @@ the API, ``CellOffer``/``JobRerouted`` from the cells' schedulers) is
 dead-lettered; the rest go through ``AdmissionState.apply`` with the position
 ``admission-<p>@<offset>``. A ``JobAdmitted`` is produced twice, with one event
 id: to its cell's partition of the scheduler topic and to job-events
-(``framespool.processors.routing.destinations``).
+(``framespool.processors.routing.destinations``); a turn delivers the cells' copies
+only after the rest (``delivered_last``), so a job's partition holds its
+``JobAdmitted`` before anything its cell says about it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class AdmissionFold:
     def __init__(self, config: AdmissionConfig | None = None, topics: Topics = catalogue) -> None:
         self.config = config or AdmissionConfig()
         self.topics = topics
+        # the cells' copies after job-events': framespool.processors.app.delivery_waves
+        self.delivered_last = frozenset({topics.SCHEDULER.name})
         for cell in self.config.cells:  # fail at start-up, not on the first job
             cell_destination(cell, topics)
 

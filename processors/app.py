@@ -10,7 +10,9 @@ inside ``poll``) never sees a batch half done. Each turn of :meth:`run`:
    has claimed meanwhile (``StatefulProcessor.verify``: a zombie stops here);
 1. fold the records (``StatefulProcessor.fold``);
 2. produce every output and dead letter, then ``flush``: wait until the broker
-   acknowledged all of them;
+   acknowledged all of them (records to a fold's ``delivered_last`` topics, the
+   inputs of another processor, in a second wave after the first is
+   acknowledged: :func:`delivery_waves`);
 3. write the due snapshots (state + offset, one ``WriteBatch``), then publish
    the due shared ones (a refused publish fences that partition);
 4. commit the consumer offsets of the partitions still owned, after every
@@ -168,6 +170,10 @@ class ProcessorRunner:
         self._new_consumer: ConsumerFactory = consumer_factory or LogConsumer  # fakes in tests
         self._new_producer: ProducerFactory = producer_factory or LogProducer
         self.counters = Counters()
+        # topics whose records a turn produces only once the rest are acknowledged
+        self._last_topics: frozenset[str] = frozenset(
+            getattr(processor.fold_, "delivered_last", ())
+        )
         self.assigned = threading.Event()  # set after the first assignment (tests, readiness)
         self._consumer: Consumer | None = None
 
@@ -274,9 +280,12 @@ class ProcessorRunner:
         c.skipped += batch.skipped
         c.dead_letters += batch.dead_letters
         try:
-            for out in batch.outgoing:  # 2
-                producer.produce(out.topic, out.key, out.value, out.partition, out.headers or None)
-            producer.flush(self.flush_timeout_s)
+            for wave in delivery_waves(batch.outgoing, self._last_topics):  # 2
+                for out in wave:
+                    producer.produce(
+                        out.topic, out.key, out.value, out.partition, out.headers or None
+                    )
+                producer.flush(self.flush_timeout_s)
         except LogError as exc:
             raise ProcessorFailed(
                 f"outputs of {len(records)} input records were not delivered: {exc}"
@@ -320,6 +329,27 @@ class ProcessorRunner:
                 "after a restart): %s",
                 exc,
             )
+
+
+def delivery_waves(outgoing: list[Outgoing], last: frozenset[str]) -> list[list[Outgoing]]:
+    """A turn's records in the order of their flushes: the records to a ``last``
+    topic (a fold's ``delivered_last``: another processor's input) are produced
+    only after the others are acknowledged.
+
+    Causes before effects across processes: admission's ``JobAdmitted`` reaches
+    job-events before its copy reaches the cell, so the cell's ``JobQueued`` (or
+    anything later) cannot precede it in the job's partition; a cell's
+    ``JobRerouted`` reaches job-events before admission can read it and admit the
+    job elsewhere. One wave, one flush, when the turn has records on only one side
+    (every turn but those). Cost: O(records); a second flush (one broker round
+    trip) only for a turn with records on both sides.
+    """
+    if not last:
+        return [outgoing]
+    late = [out for out in outgoing if out.topic in last]
+    if not late or len(late) == len(outgoing):
+        return [outgoing]
+    return [[out for out in outgoing if out.topic not in last], late]
 
 
 def _log_outputs(outgoing: list[Outgoing]) -> None:

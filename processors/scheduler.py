@@ -58,6 +58,10 @@ class SchedulerFold:
     def __init__(self, config: CellConfig | None = None, topics: Topics = catalogue) -> None:
         self.config = config or CellConfig()
         self.topics = topics
+        # offers and reroutes to admission after the rest (JobRerouted reaches
+        # job-events before admission can admit the job elsewhere):
+        # framespool.processors.app.delivery_waves
+        self.delivered_last = frozenset({topics.COMMANDS.name})
 
     def new_state(self, partition: int) -> Cell:
         return Cell(self.config, cell_of_partition(partition))

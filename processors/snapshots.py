@@ -165,7 +165,12 @@ class SnapshotStore:
 # The protocol
 # --------------------------------------------------------------------------
 class Fold(Protocol):
-    """What a processor does with one partition's records (decode, core, route, encode)."""
+    """What a processor does with one partition's records (decode, core, route, encode).
+
+    A fold may also name ``delivered_last``: the topics (another processor's
+    inputs) whose records a turn produces only after its others are acknowledged
+    (``framespool.processors.app.delivery_waves``); none by default.
+    """
 
     name: str
 
