@@ -64,6 +64,10 @@ log = logging.getLogger("processors")
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 3
+# Snapshots pickle a partition's whole state inside a turn (a 2,000-node cell:
+# ~5 MB, a few hundred ms); at most 0.5 % of a processor's time goes to them, so a
+# state that grows stretches their spacing instead of the outputs' tail latency.
+SNAPSHOT_BUDGET = 0.005
 
 # the modules ``python -m`` runs: the commands Compose and the embedded stack start
 PROCESSORS_MODULE = "framespool.processors"
@@ -117,6 +121,14 @@ def processor_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="seconds between snapshots of a partition (0: every batch)",
+    )
+    parser.add_argument(
+        "--snapshot-budget",
+        type=float,
+        default=SNAPSHOT_BUDGET,
+        help="the most of a processor's time snapshots may take: a partition's next snapshot "
+        "waits its last one's cost divided by this, at least (0: no bound; default "
+        f"{SNAPSHOT_BUDGET})",
     )
     parser.add_argument(
         "--shared-snapshots",
@@ -199,6 +211,7 @@ def build_runner(args: argparse.Namespace, topics: Topics) -> ProcessorRunner:
         shared=shared,
         instance=args.instance or f"{socket.gethostname()}-{os.getpid()}",
         publish_interval_s=args.publish_interval,
+        snapshot_budget=args.snapshot_budget,
         # nobody can take a partition over sooner than a session timeout after our
         # last heartbeat: checking twice per timeout catches a pause longer than that
         verify_after_s=args.session_timeout_ms / 2000,

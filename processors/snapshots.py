@@ -94,6 +94,11 @@ from framespool.schemas.fencing import fencing_headers
 log = logging.getLogger(__name__)
 
 
+def pickle_state(state: Any) -> bytes:
+    """A state's snapshot payload (the local store's and the shared one's)."""
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 class SnapshotStore:
     """Pickled state + input offset per partition of one input topic (``namespace``).
 
@@ -145,12 +150,18 @@ class SnapshotStore:
 
     def save(self, snapshots: Mapping[int, tuple[Any, int]]) -> None:
         """Write ``{partition: (state, offset)}`` atomically, in one ``WriteBatch``."""
+        self.save_pickled(
+            {p: (pickle_state(state), offset) for p, (state, offset) in snapshots.items()}
+        )
+
+    def save_pickled(self, snapshots: Mapping[int, tuple[bytes, int]]) -> None:
+        """Write ``{partition: (pickled state, offset)}`` atomically, in one ``WriteBatch``."""
         if not snapshots:
             return
         wb = WriteBatch(raw_mode=True)
-        for partition, (state, offset) in snapshots.items():
+        for partition, (payload, offset) in snapshots.items():
             state_key, offset_key = self._keys(partition)
-            wb.put(state_key, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+            wb.put(state_key, payload)
             wb.put(offset_key, str(offset).encode())
         self._db.write(wb)
 
@@ -198,6 +209,8 @@ class _Partition:
     published_offset: int = -1  # offset of the newest shared snapshot known; -1 = none
     published_at: float = 0.0
     verified_at: float = 0.0  # when the owner epoch was last confirmed
+    snapshot_cost: float = 0.0  # seconds the last local snapshot took (pickle + write)
+    publish_cost: float = 0.0  # seconds the last shared snapshot took (pickle + upload)
 
 
 @dataclass
@@ -227,6 +240,8 @@ class StatefulProcessor:
         publish_interval_s: float = 0.0,
         verify_after_s: float = 1.0,
         namespace: str | None = None,
+        snapshot_budget: float = 0.0,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.fold_ = fold
         self.store = store
@@ -237,6 +252,12 @@ class StatefulProcessor:
         self.instance = instance
         self.publish_interval_s = publish_interval_s
         self.verify_after_s = verify_after_s
+        if not 0.0 <= snapshot_budget < 1.0:
+            raise ValueError(f"snapshot_budget={snapshot_budget} must be in [0, 1)")
+        # the share of the fold thread's time snapshots may take (0: no bound): a
+        # partition's next snapshot waits its last one's cost / budget at least
+        self.snapshot_budget = snapshot_budget
+        self._timer = timer  # measures the snapshots' cost (a fake in tests)
         # the shared snapshots' key; another topic's name to seed a fresh topic from them
         self.namespace = namespace or topic
         self._parts: dict[int, _Partition] = {}
@@ -439,31 +460,66 @@ class StatefulProcessor:
     # -- step 3 ---------------------------------------------------------------
     def snapshot(self, force: bool = False) -> int:
         """Write the local snapshots that are due (all that moved, if ``force``), then
-        publish the shared ones that are due; return how many local ones were written."""
+        publish the shared ones that are due; return how many local ones were written.
+
+        Cost: a due partition's state is pickled once (O(state size): the whole
+        state, every time) and the bytes serve both stores. That cost lands in the
+        turn, before its offsets are committed, and delays the next batch's
+        outputs; with a ``snapshot_budget`` b, a partition whose last snapshot
+        took c seconds is next due no sooner than c / b seconds later, so
+        snapshots take at most about b of the fold thread's time however big the
+        state grows (a crash then re-folds more, quietly, from the older snapshot).
+        """
         due = self._due(self.partitions, force)
-        self._write(due)
-        self._publish(self.partitions, force)
+        pickled = self._write(due)
+        self._publish(self.partitions, force, pickled)
         return len(due)
+
+    def _spacing(self, interval: float, cost: float) -> float:
+        budget = self.snapshot_budget
+        return max(interval, cost / budget) if budget > 0.0 else interval
 
     def _due(self, partitions: Iterable[int], force: bool) -> list[int]:
         now = self._clock()
-        return [
-            p
-            for p in partitions
-            if self._parts[p].offset > self._parts[p].snapshot_offset
-            and (force or now - self._parts[p].snapshot_at >= self.snapshot_interval_s)
-        ]
-
-    def _write(self, partitions: list[int]) -> None:
-        if not partitions:
-            return
-        self.store.save({p: (self._parts[p].state, self._parts[p].offset) for p in partitions})
-        now = self._clock()
+        due = []
         for p in partitions:
-            self._parts[p].snapshot_offset = self._parts[p].offset
-            self._parts[p].snapshot_at = now
+            part = self._parts[p]
+            if part.offset > part.snapshot_offset and (
+                force
+                or now - part.snapshot_at
+                >= self._spacing(self.snapshot_interval_s, part.snapshot_cost)
+            ):
+                due.append(p)
+        return due
 
-    def _publish(self, partitions: Iterable[int], force: bool) -> None:
+    def _write(self, partitions: list[int]) -> dict[int, tuple[bytes, int, float]]:
+        """Pickle and save ``partitions``; ``{partition: (payload, offset, pickle s)}``."""
+        if not partitions:
+            return {}
+        pickled: dict[int, tuple[bytes, int, float]] = {}
+        for p in partitions:
+            started = self._timer()
+            payload = pickle_state(self._parts[p].state)
+            pickled[p] = (payload, self._parts[p].offset, self._timer() - started)
+        started = self._timer()
+        self.store.save_pickled(
+            {p: (payload, offset) for p, (payload, offset, _) in pickled.items()}
+        )
+        write_s = (self._timer() - started) / len(partitions)
+        now = self._clock()
+        for p, (_, offset, pickle_s) in pickled.items():
+            part = self._parts[p]
+            part.snapshot_offset = offset
+            part.snapshot_at = now
+            part.snapshot_cost = pickle_s + write_s
+        return pickled
+
+    def _publish(
+        self,
+        partitions: Iterable[int],
+        force: bool,
+        pickled: Mapping[int, tuple[bytes, int, float]] | None = None,
+    ) -> None:
         """Publish due snapshots to the shared store; a refused one fences its partition.
 
         Other failures are logged, not raised: the local snapshot is written and the
@@ -477,11 +533,15 @@ class StatefulProcessor:
             part = self._parts.get(p)
             if part is None or part.offset <= part.published_offset:
                 continue
-            if not force and now - part.published_at < self.publish_interval_s:
+            if not force and now - part.published_at < self._spacing(
+                self.publish_interval_s, part.publish_cost
+            ):
                 continue
             meta = SnapshotMeta(self.namespace, p, part.offset, part.epoch, self.instance)
+            started = self._timer()
             try:
-                payload = pickle.dumps(part.state, protocol=pickle.HIGHEST_PROTOCOL)
+                fresh = (pickled or {}).get(p)
+                payload = fresh[0] if fresh is not None else pickle_state(part.state)
                 self.shared.publish(meta, payload)
             except StaleEpoch as exc:
                 self._fence(
@@ -493,6 +553,7 @@ class StatefulProcessor:
                 continue
             part.published_offset = part.offset
             part.published_at = now
+            part.publish_cost = self._timer() - started + (fresh[2] if fresh else 0.0)
             self.published += 1
 
 

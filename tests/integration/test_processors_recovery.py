@@ -42,10 +42,10 @@ class CrashingStore(SnapshotStore):
         super().__init__(path, namespace)
         self.crash_at = crash_at
 
-    def save(self, snapshots) -> None:
+    def save_pickled(self, snapshots) -> None:
         if any(offset >= self.crash_at for _, offset in snapshots.values()):
             raise OSError(f"simulated crash at input offset {self.crash_at}")
-        super().save(snapshots)
+        super().save_pickled(snapshots)
 
 
 def wait_complete(bootstrap: str, topics, expected: dict, timeout: float = 20.0) -> list:

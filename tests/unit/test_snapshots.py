@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -215,9 +216,9 @@ class JournalStore(SnapshotStore):
         super().__init__(path, TOPIC)
         self.journal = journal
 
-    def save(self, snapshots):
+    def save_pickled(self, snapshots):
         self.journal.append(f"snapshot {snapshots[0][1]}")
-        super().save(snapshots)
+        super().save_pickled(snapshots)
 
 
 def run_fake(tmp_path, polls, fail_flush=False, committed=None, commit_interval_s=0.0):
@@ -365,3 +366,70 @@ def test_inputs_below_the_committed_offset_are_not_re_sent(tmp_path):
     journal, snapshot, _ = run_fake(tmp_path, [records(0, 0, [b"a", b"b", b"c"])], committed={0: 2})
     assert [j for j in journal if j.startswith("produce ")] == ["produce c"]
     assert snapshot == ([b"a", b"b", b"c"], 2)
+
+
+def _ticking(step: float):
+    """A timer that moves ``step`` seconds per reading: every measured span costs ``step``."""
+    t = [0.0]
+
+    def read() -> float:
+        t[0] += step
+        return t[0]
+
+    return read
+
+
+def test_a_snapshot_budget_spaces_snapshots_by_their_cost(store):
+    """Budget 0.1 and a snapshot that costs 0.2 s (pickle + write, each 0.1 s on the
+    ticking timer): the next one waits 2 s although the interval says every batch."""
+    now = [100.0]
+    proc = StatefulProcessor(
+        ListFold(),
+        store,
+        TOPIC,
+        snapshot_interval_s=0.0,
+        clock=lambda: now[0],
+        snapshot_budget=0.1,
+        timer=_ticking(0.1),
+    )
+    proc.assign(0)
+    proc.fold(records(0, 0, [b"a"]))
+    assert proc.snapshot() == 1
+    proc.fold(records(0, 1, [b"b"]))
+    now[0] += 1.9
+    assert proc.snapshot() == 0 and store.load(0) == ([b"a"], 0)
+    now[0] += 0.1
+    assert proc.snapshot() == 1 and store.load(0) == ([b"a", b"b"], 1)
+    proc.fold(records(0, 2, [b"c"]))
+    assert proc.snapshot(force=True) == 1  # revoke and shutdown are never held back
+
+
+def test_without_a_budget_the_interval_alone_decides(store):
+    now = [100.0]
+    proc = StatefulProcessor(ListFold(), store, TOPIC, clock=lambda: now[0], timer=_ticking(10.0))
+    proc.assign(0)
+    for offset, value in enumerate([b"a", b"b", b"c"]):
+        proc.fold(records(0, offset, [value]))
+        assert proc.snapshot() == 1
+
+
+def test_a_snapshot_budget_outside_0_to_1_is_refused(store):
+    with pytest.raises(ValueError, match="snapshot_budget"):
+        StatefulProcessor(ListFold(), store, TOPIC, snapshot_budget=1.0)
+
+
+def test_a_turn_that_writes_and_publishes_pickles_the_state_once(store, monkeypatch):
+    from framespool.processors import snapshots as module
+    from framespool.processors.shared_snapshots import MemorySharedSnapshots
+
+    pickles = []
+    real = module.pickle_state
+    monkeypatch.setattr(module, "pickle_state", lambda state: pickles.append(1) or real(state))
+    shared = MemorySharedSnapshots()
+    proc = StatefulProcessor(ListFold(), store, TOPIC, shared=shared, instance="a")
+    proc.assign(0)
+    proc.fold(records(0, 0, [b"a"]))
+    assert proc.snapshot() == 1
+    assert len(pickles) == 1 and proc.published == 1
+    meta, payload = shared.load(TOPIC, 0)
+    assert meta.offset == 0 and pickle.loads(payload) == [b"a"]
