@@ -396,8 +396,12 @@ def _runs_out_of_bytes(data: bytes, reader: _Reader) -> bool:
     return probe.ran_out
 
 
-def decode(data: bytes) -> Any:
-    """The frozen event dataclass for one single-object-encoded message."""
+def decode(data: bytes | None) -> Any:
+    """The frozen event dataclass for one single-object-encoded message. A record
+    without a value (``None``, a Kafka tombstone) raises :class:`DecodeError` like
+    any undecodable input, so readers may pass ``Record.value`` as it is."""
+    if data is None:
+        raise DecodeError(TRUNCATED, "no value (a tombstone?): 0 bytes")
     reader = _reader_for(data)
     fo = BytesIO(data)
     fo.seek(HEADER_LEN)
