@@ -348,7 +348,7 @@ def encode(event: Any) -> bytes:
     return fo.getvalue()
 
 
-def _reader_for(data: bytes) -> _Reader:
+def _reader_for(data: bytes | None) -> _Reader:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         if data is None:  # a Kafka tombstone: undecodable input, not a caller bug
             raise DecodeError(TRUNCATED, "no value (a tombstone?): 0 bytes")
@@ -422,8 +422,9 @@ def decode(data: bytes | None) -> Any:
     return reader.build(record)
 
 
-def event_type_name(data: bytes) -> str:
-    """The event type a message holds, from its fingerprint alone (body unread)."""
+def event_type_name(data: bytes | None) -> str:
+    """The event type a message holds, from its fingerprint alone (body unread); a
+    tombstone (``None``) raises :class:`DecodeError` as in :func:`decode`."""
     return _reader_for(data).name
 
 
