@@ -506,7 +506,7 @@ def fairness(
             if isinstance(e, ev.JobCompleted):
                 tenant = tenant_of.get(e.job_id, "?")
                 completed[tenant] = completed.get(tenant, 0) + e.gpu_seconds
-                jobs[tenant_of.get(e.job_id, "?")] += 1
+                jobs[tenant] += 1
     used: dict[str, float] = {}  # GPU-seconds per tenant
     for key, (start, gpus, cell) in starts.items():
         end = ends.get(key, cells[cell].now_ms if cell in cells else start)
