@@ -266,10 +266,15 @@ def record_config(args: argparse.Namespace, topics: Topics) -> None:
 # ---------------------------------------------------------------------------
 def run_clock(args: argparse.Namespace, topics: Topics, stop: threading.Event) -> int:
     """Produce a Tick every ``--interval`` seconds until ``stop``; the exit status."""
-    from framespool.log import LogProducer
+    from framespool.log import LogProducer, Role
     from framespool.processors.clock import Clock
 
-    producer = LogProducer(args.bootstrap, **{"client.id": f"framespool-clock-{args.instance}"})
+    # Ticks drive the scheduler: a request-path client (LogProducer's default role)
+    producer = LogProducer(
+        args.bootstrap,
+        role=Role.REQUEST_PATH,
+        **{"client.id": f"framespool-clock-{args.instance}"},
+    )
     try:
         Clock(producer, topics, args.interval).run(stop)
     except ValueError as exc:

@@ -433,11 +433,11 @@ class Stack:
             self.broker = TansuBroker(log_path=self.log_dir / "broker.log")
             self.broker.start()
             return self.broker.bootstrap_servers
-        heap = self.config.broker_heap_mb
-        self.kafka = KafkaBroker(
-            self.data_dir / "kafka",
-            fsync=self.config.broker_fsync,
-            **({} if heap is None else {"heap_mb": heap}),
+        heap, directory = self.config.broker_heap_mb, self.data_dir / "kafka"
+        self.kafka = (
+            KafkaBroker(directory, fsync=self.config.broker_fsync)  # the broker's default heap
+            if heap is None
+            else KafkaBroker(directory, fsync=self.config.broker_fsync, heap_mb=heap)
         )
         try:
             argv = self.kafka.command()

@@ -57,7 +57,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from framespool.log import (
     LINGER_MS_PROCESSOR,
@@ -68,6 +68,7 @@ from framespool.log import (
     LogProducer,
     Producer,
     ProducerFactory,
+    Role,
     TopicPartition,
 )
 from framespool.processors.routing import Outgoing
@@ -112,12 +113,32 @@ def topics_with_suffix(suffix: str = "") -> Topics:
     tests' ``fresh_topics`` does); same attribute names and partition counts."""
     if not suffix:
         return catalogue
-    renamed = {
-        attr: replace(t, name=f"{t.name}.{suffix}")
-        for attr, t in vars(catalogue).items()
-        if isinstance(t, Topic)
-    }
-    return TopicSet(**renamed)
+    return TopicSet.with_suffix(suffix)
+
+
+def _kafka_consumer(
+    bootstrap_servers: str,
+    group_id: str | None = None,
+    *,
+    session_timeout_ms: int = 6000,
+    heartbeat_interval_ms: int = 1000,
+    **conf: object,
+) -> Consumer:
+    """``LogConsumer`` as a :class:`ConsumerFactory`: the processors are on the
+    request path (its ``role`` is not a librdkafka setting the factory may pass)."""
+    return LogConsumer(
+        bootstrap_servers,
+        group_id,
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        role=Role.REQUEST_PATH,
+        **conf,
+    )
+
+
+def _kafka_producer(bootstrap_servers: str, **conf: object) -> Producer:
+    """``LogProducer`` as a :class:`ProducerFactory` (the request path's role)."""
+    return LogProducer(bootstrap_servers, role=Role.REQUEST_PATH, **conf)
 
 
 @dataclass
@@ -167,8 +188,8 @@ class ProcessorRunner:
         self.commit_interval_s = commit_interval_s
         self._uncommitted: dict[tuple[str, int], int] = {}
         self._committed_at = time.monotonic()
-        self._new_consumer: ConsumerFactory = consumer_factory or LogConsumer  # fakes in tests
-        self._new_producer: ProducerFactory = producer_factory or LogProducer
+        self._new_consumer: ConsumerFactory = consumer_factory or _kafka_consumer  # fakes in tests
+        self._new_producer: ProducerFactory = producer_factory or _kafka_producer
         self.counters = Counters()
         # topics whose records a turn produces only once the rest are acknowledged
         self._last_topics: frozenset[str] = frozenset(
@@ -180,6 +201,7 @@ class ProcessorRunner:
     # -- rebalance callbacks (run inside poll, in this thread) -------------------
     def _on_assign(self, parts: list[TopicPartition]) -> None:
         consumer = self._consumer
+        assert consumer is not None  # called inside the poll of the consumer run() made
         numbers = sorted(p.partition for p in parts if p.topic == self.input_topic.name)
         try:
             committed = consumer.committed(self.input_topic.name, numbers) if numbers else {}

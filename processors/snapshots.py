@@ -287,22 +287,22 @@ class StatefulProcessor:
         :class:`SharedStoreError` if the shared store cannot be reached: without
         an epoch the instance could not be fenced.
         """
-        epoch, shared_meta, payload = 0, None, None
+        epoch = 0
+        found: tuple[SnapshotMeta, bytes] | None = None
         if self.shared is not None:
             epoch = self.shared.claim(self.namespace, partition, self.instance)
             try:
                 found = self.shared.load(self.namespace, partition)
             except SharedStoreError as exc:  # a corrupt body: the local snapshot or the log
                 log.warning("%s: %s; not using the shared snapshot", self.fold_.name, exc)
-                found = None
-            if found is not None:
-                shared_meta, payload = found
+        shared_meta = found[0] if found is not None else None
         local_offset = self.store.offset(partition)
         source, loaded = "none", None
-        if shared_meta is not None and (local_offset is None or shared_meta.offset > local_offset):
+        if found is not None and (local_offset is None or found[0].offset > local_offset):
+            meta, payload = found
             try:
-                loaded = (pickle.loads(payload), shared_meta.offset)
-                source = f"shared ({shared_meta.instance}, epoch {shared_meta.epoch})"
+                loaded = (pickle.loads(payload), meta.offset)
+                source = f"shared ({meta.instance}, epoch {meta.epoch})"
             except Exception as exc:  # written by other code: fall back to local / the log
                 log.warning("%s: shared snapshot unreadable (%r)", self.fold_.name, exc)
         if loaded is None and local_offset is not None:

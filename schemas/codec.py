@@ -348,7 +348,7 @@ def encode(event: Any) -> bytes:
     return fo.getvalue()
 
 
-def _reader_for(data: bytes) -> _Reader:
+def _reader_for(data: bytes | None) -> _Reader:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         if data is None:  # a Kafka tombstone: undecodable input, not a caller bug
             raise DecodeError(TRUNCATED, "no value (a tombstone?): 0 bytes")
@@ -396,8 +396,12 @@ def _runs_out_of_bytes(data: bytes, reader: _Reader) -> bool:
     return probe.ran_out
 
 
-def decode(data: bytes) -> Any:
-    """The frozen event dataclass for one single-object-encoded message."""
+def decode(data: bytes | None) -> Any:
+    """The frozen event dataclass for one single-object-encoded message. A record
+    without a value (``None``, a Kafka tombstone) raises :class:`DecodeError` like
+    any undecodable input, so readers may pass ``Record.value`` as it is."""
+    if data is None:
+        raise DecodeError(TRUNCATED, "no value (a tombstone?): 0 bytes")
     reader = _reader_for(data)
     fo = BytesIO(data)
     fo.seek(HEADER_LEN)
@@ -418,8 +422,9 @@ def decode(data: bytes) -> Any:
     return reader.build(record)
 
 
-def event_type_name(data: bytes) -> str:
-    """The event type a message holds, from its fingerprint alone (body unread)."""
+def event_type_name(data: bytes | None) -> str:
+    """The event type a message holds, from its fingerprint alone (body unread); a
+    tombstone (``None``) raises :class:`DecodeError` as in :func:`decode`."""
     return _reader_for(data).name
 
 

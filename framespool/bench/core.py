@@ -368,8 +368,8 @@ def bench_placement(
         )
         for j, r, n in blockers
     ]
-    for event in completions:
-        feed.apply(event)
+    for completion in completions:
+        feed.apply(completion)
     queued_before = cell.queued_count
     with _frozen_heap():
         result = _timed_passes(feed, rng, rounds, complete_share)

@@ -20,7 +20,7 @@ from typing import Any
 
 from framespool.bench.pipeline import process_cpu_s
 from framespool.broker import embedded
-from framespool.log import LogConsumer
+from framespool.log import LogConsumer, Role
 from framespool.schemas.topics import Topic
 
 TOPIC = Topic("framespool.bench-fetch", 8, "unused")
@@ -38,7 +38,10 @@ def _case(
     stop = threading.Event()
     readers = []
     for _ in range(consumers):
-        reader = LogConsumer(bootstrap, **{"fetch.wait.max.ms": wait_ms})
+        # no group (it assigns), LogConsumer's default role, named: the setting is librdkafka's
+        reader = LogConsumer(
+            bootstrap, group_id=None, role=Role.REQUEST_PATH, **{"fetch.wait.max.ms": wait_ms}
+        )
         reader.assign(TOPIC.name, range(partitions), 0)
         readers.append(reader)
 

@@ -96,7 +96,7 @@ class EventWatcher(threading.Thread):
         # the stack's processes are tuned for their broker by the stack; this reader
         # in the bench's own process waits as a request-path reader on that broker
         wait = {"fetch.wait.max.ms": 3} if broker == "tansu" else {}
-        self.consumer = LogConsumer(bootstrap, role=Role.REQUEST_PATH, **wait)
+        self.consumer = LogConsumer(bootstrap, group_id=None, role=Role.REQUEST_PATH, **wait)
         self.consumer.assign(JOB_EVENTS.name, range(JOB_EVENTS.partitions), 0)
         self.assigned: dict[str, float] = {}
         self.assigned_wall: dict[str, float] = {}  # ms since the epoch, for hop_split

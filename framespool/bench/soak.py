@@ -21,13 +21,23 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from framespool.bench.pipeline import EventWatcher, percentiles, submit_many
 from framespool.broker import free_port
 from framespool.stack import Stack, StackConfig
 
 GRACE_S = 60.0  # after the last submission, for the last jobs to be assigned
+
+
+class MinuteRow(TypedDict):
+    """One minute of the soak (``per_minute`` in the report)."""
+
+    minute: int
+    submitted: int
+    assigned: int
+    submit_to_assigned_ms: dict[str, float]
+    log_records: int
 
 
 def log_records(bootstrap: str) -> int:
@@ -75,7 +85,7 @@ def bench_soak(
             fresh=True,
         )
     )
-    rows: list[dict[str, Any]] = []
+    rows: list[MinuteRow] = []
     with stack:
         key = stack.tenant_keys[0]["api_key"]
         watcher = EventWatcher(stack.bootstrap_servers, broker)
@@ -98,7 +108,7 @@ def bench_soak(
                     for j, t in batch.items()
                     if j in watcher.assigned
                 ]
-                row = {
+                row: MinuteRow = {
                     "minute": m + 1,
                     "submitted": len(batch),
                     "assigned": len(lat),

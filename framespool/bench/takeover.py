@@ -33,7 +33,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from framespool.log import LogProducer, create_topics
+from framespool.log import Delivered, Headers, Key, LogProducer, Role, create_topics
+from framespool.log.port import DeliveryCallback
 from framespool.processors.app import ProcessorRunner, topics_with_suffix
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.routing import encode_outputs
@@ -153,14 +154,23 @@ class _TimedProcessor(StatefulProcessor):
 class _TimedProducer:
     """Wraps the runner's producer: when the first output was flushed, and every id."""
 
-    def __init__(self, bootstrap: str, **conf: Any) -> None:
-        self._inner = LogProducer(bootstrap, **conf)
+    def __init__(self, bootstrap: str, **conf: object) -> None:
+        # the runner's default producer is a request-path one too (processors.app)
+        self._inner = LogProducer(bootstrap, role=Role.REQUEST_PATH, **conf)
         self.first_flush_at: float | None = None
         self.produced: list[str] = []
         self._unflushed = 0
 
-    def produce(self, topic, key, value, partition=None, headers=None) -> None:
-        self._inner.produce(topic, key, value, partition, headers)
+    def produce(
+        self,
+        topic: str,
+        key: Key,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Headers = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        self._inner.produce(topic, key, value, partition, headers, on_delivery)
         if value is not None and topic != self.dead_letter_topic:
             self.produced.append(codec.decode(value).event_id)
         self._unflushed += 1
@@ -173,6 +183,17 @@ class _TimedProducer:
 
     def close(self, timeout: float = 30.0) -> None:
         self._inner.close(timeout)
+
+    async def send(
+        self,
+        topic: str,
+        key: Key,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: Headers = None,
+    ) -> Delivered:
+        """Not timed (the runner only produces); here so the wrapper is a Producer."""
+        return await self._inner.send(topic, key, value, partition, headers)
 
     dead_letter_topic = ""
 
@@ -239,6 +260,7 @@ def _run(records, suffix, nodes, job_every, bootstrap, shared_location, workdir,
     started = time.perf_counter()
     with LogProducer(
         bootstrap,
+        role=Role.REQUEST_PATH,  # LogProducer's default, named: the settings are librdkafka's
         **{"linger.ms": 50, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000},
     ) as producer:
         for offset in range(records):
@@ -267,8 +289,8 @@ def _run(records, suffix, nodes, job_every, bootstrap, shared_location, workdir,
     )
     made: list[_TimedProducer] = []
 
-    def producer_factory(bootstrap: str, **conf: Any) -> _TimedProducer:
-        p = _TimedProducer(bootstrap, **conf)
+    def producer_factory(bootstrap_servers: str, **conf: object) -> _TimedProducer:
+        p = _TimedProducer(bootstrap_servers, **conf)
         p.dead_letter_topic = topics.DEAD_LETTER.name
         made.append(p)
         return p

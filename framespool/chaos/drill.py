@@ -44,7 +44,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framespool.agents import faults as node_faults
 from framespool.broker import free_port
@@ -55,6 +55,9 @@ from framespool.schemas import topics as catalogue
 from framespool.schemas.states import NodeState
 from framespool.schemas.topics import Topics
 from framespool.stack import Process, Stack, StackConfig
+
+if TYPE_CHECKING:
+    from framespool.log import Producer, Record
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +105,8 @@ class Watcher(threading.Thread):
         self.incarnation: dict[str, int] = {}  # node -> the incarnation its last state named
         self.busy_gpus: dict[str, int] = {}  # cell -> GPUs its last CellStatus shows in use
         self.queued: dict[str, int] = {}  # cell -> jobs its last CellStatus shows queued
-        self.statuses: Counter = Counter()  # cell -> CellStatus records seen
-        self.recent: deque = deque(maxlen=600)  # agent-report records
+        self.statuses: Counter[str] = Counter()  # cell -> CellStatus records seen
+        self.recent: deque[Record] = deque(maxlen=600)  # agent-report records
         self.dead_values: set[bytes] = set()
         self.stopping = threading.Event()
 
@@ -122,24 +125,30 @@ class Watcher(threading.Thread):
             with self.lock:
                 for rec in jobs:
                     try:
-                        e = codec.decode(rec.value)
+                        event = codec.decode(rec.value)
                     except Exception:
                         continue
-                    if isinstance(e, ev.TERMINAL_EVENTS):
-                        self.terminal.add(e.job_id)
-                    elif isinstance(e, ev.NodeStateChanged) and e.gpu < 0:
-                        self.node_state[e.node_id] = (e.state, time.monotonic(), e.reason)
-                        self.incarnation[e.node_id] = e.incarnation
-                    elif isinstance(e, ev.CellStatus):
-                        self.busy_gpus[e.cell] = sum(1 for n in e.nodes for g in n.gpus if g.job_id)
-                        self.queued[e.cell] = sum(q.queued for q in e.queues)
-                        self.statuses[e.cell] += 1
+                    if isinstance(event, ev.TERMINAL_EVENTS):
+                        self.terminal.add(event.job_id)
+                    elif isinstance(event, ev.NodeStateChanged) and event.gpu < 0:
+                        self.node_state[event.node_id] = (
+                            event.state,
+                            time.monotonic(),
+                            event.reason,
+                        )
+                        self.incarnation[event.node_id] = event.incarnation
+                    elif isinstance(event, ev.CellStatus):
+                        self.busy_gpus[event.cell] = sum(
+                            1 for n in event.nodes for g in n.gpus if g.job_id
+                        )
+                        self.queued[event.cell] = sum(q.queued for q in event.queues)
+                        self.statuses[event.cell] += 1
                 for rec in sched:
                     try:
-                        e = codec.decode(rec.value)
+                        event = codec.decode(rec.value)
                     except Exception:
                         continue
-                    if isinstance(e, accounting.AGENT_REPORTS):
+                    if isinstance(event, accounting.AGENT_REPORTS):
                         self.recent.append(rec)
                 self.dead_values.update(r.value for r in dead if r.value is not None)
 
@@ -207,7 +216,7 @@ def restart_process(stack: Stack, name: str) -> Process:
     else:
         old.popen.wait(5)
         old.log.close()
-    stack.processes[i] = Process(name, list(old.popen.args), stack.log_dir, stack.process_env())
+    stack.processes[i] = Process(name, list(old.argv), stack.log_dir, stack.process_env())
     return stack.processes[i]
 
 
@@ -324,6 +333,12 @@ class LogTail:
 
 
 class ChaosRun:
+    # the stack, the watcher and the producer of the drill: run() makes them before
+    # any step that reads them runs
+    stack: Stack
+    watcher: Watcher
+    producer: Producer
+
     def __init__(self, config: ChaosConfig) -> None:
         self.config = c = config
         self.plans = chaos.build_workload(c.seed, c.jobs, c.time_scale)
@@ -342,9 +357,6 @@ class ChaosRun:
         self.actions = chaos.actions_of(self.faults, c.timing)
         self.timeout_s = c.timeout_s or max(300.0, 3 * self.span_s + 120)
         self.data_dir = Path(c.data_dir or tempfile.mkdtemp(prefix="framespool-chaos-")).resolve()
-        self.stack: Stack | None = None
-        self.watcher: Watcher | None = None
-        self.producer: Any = None
         self.job_ids: dict[int, str] = {}
         self.roles: dict[str, str] = {}
         self.submit_errors: list[str] = []
@@ -636,6 +648,7 @@ class ChaosRun:
             f"chaos: t={entry['t_s']:.1f}s {a.kind} #{a.fault_id} {a.op} "
             f"{entry['target'] or a.target} {entry['detail']}".rstrip()
         )
+        return None
 
     def _cell_of(self, node: str) -> str:
         return f"cell-{int(node.removeprefix('node-')) % self.config.cells}"

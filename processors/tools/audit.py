@@ -189,6 +189,7 @@ def fair_position(cell: Cell, job: Job) -> dict[str, Any]:
     pos, own_ahead = cell.own_place(job) if queued else (0, job.cost)
     levels = []
     for flow, level in zip(leaf.chain(), ("user", "organisation", "tier")):
+        assert flow.parent is not None  # chain() yields only the flows below the root
         siblings = list(flow.parent.active.values())
         ranked = sorted(range(len(siblings)), key=lambda i: (siblings[i].vt(), i))
         rank = ranked.index(siblings.index(flow)) + 1 if flow in siblings else None
@@ -647,10 +648,6 @@ def _runs(timeline: list[Entry]) -> list[dict[str, Any]]:
                 "assigned_ms": x.ts_ms,
                 "end": None,
             }
-        elif (
-            isinstance(x, (*ev.TERMINAL_EVENTS, ev.JobRequeued, ev.JobPreempted))
-            and getattr(x, "run", 0) in runs
-            and runs[x.run]["end"] is None
-        ):
+        elif isinstance(x, ev.RUN_ENDS) and x.run in runs and runs[x.run]["end"] is None:
             runs[x.run]["end"] = f"{type(x).__name__}: {e.summary}"
     return list(runs.values())

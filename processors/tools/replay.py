@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,12 +247,15 @@ class ReplayReport:
 class _Emitted:
     partition: int
     offset: int
-    value: bytes
+    value: bytes | None
     event: Any
 
 
 def index_emitted(
-    records: Iterable[Record], cells: set[str], counts: Counter, parse: Any = positions.parse_cell
+    records: Iterable[Record],
+    cells: set[str],
+    counts: Counter,
+    parse: Callable[[str], tuple[str, int, int] | None] = positions.parse_cell,
 ) -> dict[tuple[str, str], list[_Emitted]]:
     """Emitted outputs of ``cells`` (the sources ``parse`` finds in event ids) by
     (topic, event id); others are only counted."""
@@ -367,7 +370,9 @@ def compare(
     for key, copies in emitted.items():
         if key in expected_ids:
             continue
-        cell, offset, index = positions.parse_cell(key[1])
+        pos = positions.parse_cell(key[1])
+        assert pos is not None  # index_emitted kept only the ids parse_cell reads
+        cell, offset, index = pos
         if offset <= skipped_below.get(cell, -1):
             counts["before_snapshot"] += 1
             continue

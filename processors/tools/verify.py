@@ -492,37 +492,39 @@ def fairness(
     seen: set[str] = set()
     starts: dict[tuple[str, int], tuple[int, int, str]] = {}  # run -> (ts, gpus, cell)
     ends: dict[tuple[str, int], int] = {}
-    completed: Counter = Counter()
-    jobs: Counter = Counter()
+    completed: dict[str, float] = {}  # GPU-seconds per tenant (a Counter holds ints)
+    jobs: Counter[str] = Counter()
     for d in job_events:
         e = d.event
         if e is None or e.event_id in seen:
             continue
         seen.add(e.event_id)
-        if isinstance(e, ev.JobAssigned) and positions.parse_cell(e.event_id):
-            starts[(e.job_id, e.run)] = (e.ts_ms, e.gpus, positions.parse_cell(e.event_id)[0])
+        if isinstance(e, ev.JobAssigned) and (pos := positions.parse_cell(e.event_id)):
+            starts[(e.job_id, e.run)] = (e.ts_ms, e.gpus, pos[0])
         elif isinstance(e, ev.RUN_ENDS):
             ends.setdefault((e.job_id, e.run), e.ts_ms)
             if isinstance(e, ev.JobCompleted):
-                completed[tenant_of.get(e.job_id, "?")] += e.gpu_seconds
-                jobs[tenant_of.get(e.job_id, "?")] += 1
-    used: Counter = Counter()
+                tenant = tenant_of.get(e.job_id, "?")
+                completed[tenant] = completed.get(tenant, 0) + e.gpu_seconds
+                jobs[tenant] += 1
+    used: dict[str, float] = {}  # GPU-seconds per tenant
     for key, (start, gpus, cell) in starts.items():
         end = ends.get(key, cells[cell].now_ms if cell in cells else start)
-        used[tenant_of.get(key[0], "?")] += gpus * max(0, end - start) / 1000
+        tenant = tenant_of.get(key[0], "?")
+        used[tenant] = used.get(tenant, 0) + gpus * max(0, end - start) / 1000
     names = sorted(set(used) | set(completed))
     total = sum(used.values()) or 1.0
     tenants = {
         n: {
-            "run_gpu_s": round(used[n], 3),
-            "completed_gpu_s": round(completed[n], 3),
-            "share": round(used[n] / total, 4),
+            "run_gpu_s": round(used.get(n, 0), 3),
+            "completed_gpu_s": round(completed.get(n, 0), 3),
+            "share": round(used.get(n, 0) / total, 4),
             "weight": config.tenant(n).weight,
             "jobs": jobs[n],
         }
         for n in names
     }
-    normalised = [used[n] / config.tenant(n).weight for n in names if used[n] > 0]
+    normalised = [used[n] / config.tenant(n).weight for n in names if used.get(n, 0) > 0]
     return {"tenants": tenants, "jain_index": jain(normalised), "jain_over": len(normalised)}
 
 
