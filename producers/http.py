@@ -39,7 +39,7 @@ from framespool.projections.store import ViewStore
 from framespool.schemas.events import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from framespool.agents.artifacts import ArtifactStore
+    from framespool.agents.artifacts.port import ArtifactStore
     from framespool.projections.webhook_secrets import WebhookSecrets
 from framespool.schemas.topics import COMMANDS
 

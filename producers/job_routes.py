@@ -14,7 +14,7 @@ import uuid
 
 from aiohttp import web
 
-from framespool.agents.artifacts import ArtifactStore, ServedStore
+from framespool.agents.artifacts.port import ArtifactStore, ServedStore
 from framespool.processors.core.offers import (
     PREDICTED_WAIT,
 )
