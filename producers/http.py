@@ -35,7 +35,7 @@ from framespool.projections import dashboard
 from framespool.projections.hub import Hub
 from framespool.projections.jobs import JobView
 from framespool.projections.storage import StorageLedger
-from framespool.projections.store import ViewStore
+from framespool.projections.store.port import ViewStore
 from framespool.schemas.events import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -49,7 +49,7 @@ from framespool.producers.validation import (
 from framespool.projections.jobs import COMPLETED, STATES, JobView, spec_fingerprint, submitted_view
 from framespool.projections.serde import public_job
 from framespool.projections.sse import parse_last_event_id, stream_job
-from framespool.projections.store import ViewStore
+from framespool.projections.store.port import ViewStore
 from framespool.projections.webhook_secrets import RotationTooSoon
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
