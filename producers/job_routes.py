@@ -14,7 +14,7 @@ import uuid
 
 from aiohttp import web
 
-from framespool.agents.artifacts.port import ArtifactStore, ServedStore
+from framespool.agents.artifacts.port import ArtifactStore
 from framespool.processors.core.offers import (
     PREDICTED_WAIT,
 )
@@ -402,8 +402,8 @@ def _result_of(store: ViewStore, tenant: str, key: str, artifacts: ArtifactStore
 async def get_artifact(request: web.Request) -> web.StreamResponse:
     """Download an artifact through a signed URL, bound to a tenant, job, run and expiry."""
     config = request.app[CONFIG]
-    artifacts = config.artifacts
-    if artifacts is None or not isinstance(artifacts, ServedStore):
+    artifacts = None if config.artifacts is None else config.artifacts.served()
+    if artifacts is None:
         raise ApiError(404, "not_found", "this API does not serve artifacts")
     key = request.match_info["key"]
     tenant = request.query.get("tenant", "")

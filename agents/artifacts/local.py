@@ -202,6 +202,10 @@ class LocalDirStore:
         self._meta(key).unlink(missing_ok=True)
         self._path(key).unlink(missing_ok=True)
 
+    def served(self) -> LocalDirStore:
+        """This store: the API serves its signed URLs (:meth:`verify_signature`)."""
+        return self
+
     def local_path(self, key_or_uri: str) -> Path:
         """Where an object lives on disk (for the API to serve a verified URL)."""
         return self._path(self.key_of(key_or_uri))

@@ -86,6 +86,10 @@ class MemoryArtifactStore:
             self.objects.pop(key, None)
             self._digests.pop(key, None)
 
+    def served(self) -> None:
+        """None: nothing serves its URLs."""
+        return None
+
     def signed_url(self, key: str, expires_s: int = 3600, *, tenant: str = "") -> str:
         key = self.key_of(key)
         expires = int(self._clock()) + int(expires_s)

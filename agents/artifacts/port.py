@@ -81,11 +81,15 @@ class ArtifactStore(Protocol):
 
     def key_of(self, key_or_uri: str) -> str: ...
 
+    def served(self) -> ServedStore | None:
+        """This store, where the API serves its signed URLs itself (a local directory:
+        :class:`ServedStore`); None where they point elsewhere (S3's presigned GETs)."""
+        ...
 
-@runtime_checkable
-class ServedStore(Protocol):
-    """A store whose signed URLs the API serves itself (:class:`LocalDirStore`):
-    it checks their signatures and names the file behind a key."""
+
+class ServedStore(ArtifactStore, Protocol):
+    """A store whose signed URLs the API serves itself (``LocalDirStore``): it checks
+    their signatures and names the file behind a key."""
 
     def verify_signature(
         self, key: str, expires: int | str, sig: str, now: float | None = None, *, tenant: str = ""

@@ -160,6 +160,10 @@ class S3Store:
         except Exception as e:
             raise ArtifactError(f"delete of s3://{self.bucket}/{key} failed: {e}") from e
 
+    def served(self) -> None:
+        """None: its signed URLs are presigned GETs the bucket serves, not the API."""
+        return None
+
     def signed_url(self, key: str, expires_s: int = 3600, *, tenant: str = "") -> str:
         """A presigned GET (SigV4; the bucket's URLs name no tenant, the key names the job)."""
         return self._client.generate_presigned_url(

@@ -38,6 +38,10 @@ class ArtifactStoreContract:
     def test_is_an_artifact_store(self, store):
         assert isinstance(store, ArtifactStore)
 
+    def test_served_is_the_store_itself_or_none(self, store):
+        """The API serves a store's signed URLs only where ``served()`` names it."""
+        assert store.served() in (None, store)
+
     def test_put_then_get_round_trips_bytes_digest_and_size(self, store, tmp_path):
         data = b"frames" * 1000
         stored = store.put_file(output_key("job-1", 1, "out.gif"), _write(tmp_path / "src", data))
