@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from framespool.agents.artifacts.digests import check_download, sha256_file
 from framespool.agents.artifacts.port import (
     CHUNK,
     EMPTY_SHA256,
     ArtifactNotFound,
     InvalidKey,
     StoredArtifact,
-    check_download,
-    sha256_file,
     validate_key,
 )
 from framespool.private_files import private_dir

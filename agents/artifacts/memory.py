@@ -17,13 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
+from framespool.agents.artifacts.digests import check_download, sha256_file
 from framespool.agents.artifacts.port import (
     CHUNK,
     ArtifactNotFound,
     InvalidKey,
     StoredArtifact,
-    check_download,
-    sha256_file,
     validate_key,
 )
 

@@ -140,20 +140,3 @@ def validate_key(key: str) -> str:
         if seg.startswith("."):
             raise InvalidKey(f"key {key!r}: segment {seg!r} must not start with '.'")
     return key
-
-
-def sha256_file(path: Path | str) -> tuple[str, int]:
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
-
-
-def check_download(key: str, got: str, recorded: str | None, tmp: Path) -> None:
-    """Refuse a download whose digest differs from the one recorded at upload (and
-    remove its temporary file); an object without a record (an empty one) passes."""
-    if recorded is not None and got != recorded:
-        tmp.unlink(missing_ok=True)
-        raise ChecksumMismatch(f"artifact {key!r}: sha256 {got} read back, {recorded} written")

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from framespool.agents.artifacts.digests import check_download, sha256_file
 from framespool.agents.artifacts.port import (
     MULTIPART_THRESHOLD,
     SHA256_METADATA,
@@ -20,8 +21,6 @@ from framespool.agents.artifacts.port import (
     ArtifactNotFound,
     InvalidKey,
     StoredArtifact,
-    check_download,
-    sha256_file,
     validate_key,
 )
 
