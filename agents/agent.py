@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from framespool.agents import reports
-from framespool.agents.artifacts import ArtifactStore
+from framespool.agents.artifacts.port import ArtifactStore
 from framespool.agents.execution import RunExecution, now_ms
 from framespool.agents.gpus import GpuProbe, with_warm_models
 from framespool.agents.healing import Healing, next_incarnation

@@ -48,9 +48,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from framespool.agents import reports
-from framespool.agents.artifacts import (
-    ArtifactStore,
-)
+from framespool.agents.artifacts.port import ArtifactStore
 from framespool.agents.builtin import BuiltinRunner
 from framespool.agents.gang import GangError, Membership, membership
 from framespool.agents.keeping import RunFiles

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from framespool.agents.artifacts import (
+from framespool.agents.artifacts.port import (
     ArtifactStore,
     StoredArtifact,
     checkpoint_key,
@@ -73,7 +73,7 @@ class RunFiles:
                 f"output of {len(data)} bytes not uploaded: over {limit} bytes; raise the"
                 " profile's max_output_bytes"
             )
-        if not data and getattr(self.store, "put_empty_inline", False):
+        if not data and self.store.put_empty_inline:
             return self.store.put_bytes(self.output_key, data)
         return await asyncio.to_thread(self.store.put_bytes, self.output_key, data)
 

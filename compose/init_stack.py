@@ -297,7 +297,7 @@ def tenant_config(spec: str) -> tuple[dict, dict, list[dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from framespool.agents.artifacts import S3Store
+    from framespool.agents.artifacts.s3 import S3Store
     from framespool.log import create_topics
 
     try:

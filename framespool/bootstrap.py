@@ -375,7 +375,8 @@ def api_keys(secrets: Mapping[str, Any]) -> Any:
 
 
 def artifact_store(stack_dir: Path, secrets: dict, api_url: str):
-    from framespool.agents.artifacts import LocalDirStore, S3Store
+    from framespool.agents.artifacts.local import LocalDirStore
+    from framespool.agents.artifacts.s3 import S3Store
 
     s3 = secrets.get("s3")
     if s3:

@@ -72,7 +72,7 @@ from framespool.log import (
     TopicPartition,
 )
 from framespool.processors.routing import Outgoing
-from framespool.processors.shared_snapshots import SharedStoreError
+from framespool.processors.shared_snapshots.port import SharedStoreError
 from framespool.processors.snapshots import StatefulProcessor
 from framespool.schemas import events as ev
 from framespool.schemas import topics as catalogue

@@ -82,7 +82,7 @@ from rocksdict import Options, Rdict, WriteBatch
 from framespool.log import Record
 from framespool.private_files import private_dir
 from framespool.processors.routing import Outgoing
-from framespool.processors.shared_snapshots import (
+from framespool.processors.shared_snapshots.port import (
     SharedSnapshots,
     SharedStoreError,
     SnapshotMeta,

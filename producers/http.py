@@ -35,11 +35,11 @@ from framespool.projections import dashboard
 from framespool.projections.hub import Hub
 from framespool.projections.jobs import JobView
 from framespool.projections.storage import StorageLedger
-from framespool.projections.store import ViewStore
+from framespool.projections.store.port import ViewStore
 from framespool.schemas.events import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from framespool.agents.artifacts import ArtifactStore
+    from framespool.agents.artifacts.port import ArtifactStore
     from framespool.projections.webhook_secrets import WebhookSecrets
 from framespool.schemas.topics import COMMANDS
 

@@ -14,7 +14,7 @@ import uuid
 
 from aiohttp import web
 
-from framespool.agents.artifacts import ArtifactStore, ServedStore
+from framespool.agents.artifacts.port import ArtifactStore
 from framespool.processors.core.offers import (
     PREDICTED_WAIT,
 )
@@ -49,7 +49,7 @@ from framespool.producers.validation import (
 from framespool.projections.jobs import COMPLETED, STATES, JobView, spec_fingerprint, submitted_view
 from framespool.projections.serde import public_job
 from framespool.projections.sse import parse_last_event_id, stream_job
-from framespool.projections.store import ViewStore
+from framespool.projections.store.port import ViewStore
 from framespool.projections.webhook_secrets import RotationTooSoon
 from framespool.schemas import codec
 from framespool.schemas.events import CancelJob, JobSpec, SubmitJob
@@ -402,8 +402,8 @@ def _result_of(store: ViewStore, tenant: str, key: str, artifacts: ArtifactStore
 async def get_artifact(request: web.Request) -> web.StreamResponse:
     """Download an artifact through a signed URL, bound to a tenant, job, run and expiry."""
     config = request.app[CONFIG]
-    artifacts = config.artifacts
-    if artifacts is None or not isinstance(artifacts, ServedStore):
+    artifacts = None if config.artifacts is None else config.artifacts.served()
+    if artifacts is None:
         raise ApiError(404, "not_found", "this API does not serve artifacts")
     key = request.match_info["key"]
     tenant = request.query.get("tenant", "")

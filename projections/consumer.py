@@ -66,7 +66,7 @@ from framespool.projections.hub import Hub
 from framespool.projections.jobs import COMPLETED, JobView
 from framespool.projections.retention import JobFacts, StoredObject
 from framespool.projections.storage import StorageLedger
-from framespool.projections.store import Batch, ViewStore
+from framespool.projections.store.port import Batch, ViewStore
 from framespool.projections.webhooks import delivery_for
 from framespool.schemas import codec, deadletter
 from framespool.schemas.deadletter import DeadLetterReason

@@ -18,7 +18,7 @@ from typing import Any
 from framespool.projections.cluster import ClusterView
 from framespool.projections.delivery_lanes import Delivery
 from framespool.projections.jobs import JobView
-from framespool.projections.store import Batch, Page, ViewStore
+from framespool.projections.store.port import Batch, Page, ViewStore
 
 
 class SerializedStore:

@@ -21,7 +21,8 @@ from framespool.projections.consumer import ProjectionConsumer
 from framespool.projections.hub import Hub
 from framespool.projections.serialized_store import SerializedStore
 from framespool.projections.storage import StorageLedger
-from framespool.projections.store import RocksViewStore, ViewStore
+from framespool.projections.store.port import ViewStore
+from framespool.projections.store.rocks import RocksViewStore
 from framespool.projections.webhooks import WebhookConfig, WebhookDispatcher
 from framespool.schemas.topics import DEAD_LETTER, JOB_EVENTS, PROGRESS, PROJECTION_STORE
 

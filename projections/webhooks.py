@@ -63,7 +63,7 @@ from framespool.projections.jobs import (
     RUNNING,
     JobView,
 )
-from framespool.projections.store import ViewStore
+from framespool.projections.store.port import ViewStore
 
 log = logging.getLogger(__name__)
 

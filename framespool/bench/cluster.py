@@ -30,7 +30,8 @@ from framespool.producers.auth import ApiKeys, record_for
 from framespool.producers.edge import serve
 from framespool.projections.cluster import CellView, ClusterView
 from framespool.projections.jobs import submitted_view
-from framespool.projections.store import Batch, RocksViewStore
+from framespool.projections.store.port import Batch
+from framespool.projections.store.rocks import RocksViewStore
 from framespool.schemas import events as ev
 
 

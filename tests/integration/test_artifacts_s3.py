@@ -5,8 +5,9 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from framespool.agents.artifact_contract import BIG, ArtifactStoreContract
-from framespool.agents.artifacts import S3Store, output_key
+from framespool.agents.artifacts.port import output_key
+from framespool.agents.artifacts.s3 import S3Store
+from tests.support.contracts.artifacts import BIG, ArtifactStoreContract
 
 pytestmark = pytest.mark.integration
 

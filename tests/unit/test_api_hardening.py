@@ -182,6 +182,25 @@ def test_s3_urls_are_presigned_with_sigv4(monkeypatch):
     assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in url and "Signature=" not in url.split("X-Amz")[0]
 
 
+def test_only_a_store_the_api_serves_has_its_artifacts_downloaded_here(tmp_path):
+    """GET /v1/artifacts/... answers 404 unless the store names itself served
+    (ArtifactStore.served(): a local directory); an S3 or in-memory store's URLs
+    point elsewhere, and without a store there is nothing to serve."""
+    from framespool.agents.artifacts.memory import MemoryArtifactStore
+
+    async def go():
+        path = "/v1/artifacts/jobs/job-a/runs/1/output/out?tenant=acme&expires=9&sig=00"
+        for store in (MemoryArtifactStore(), None):
+            async with api(artifacts=store) as (client, _):
+                got = await client.get(path)
+                assert got.status == 404
+                assert (await got.json())["error"]["code"] == "not_found"
+        async with api(tmp_path) as (client, _):
+            assert (await client.get(path)).status == 403  # served: the signature is checked
+
+    run(go())
+
+
 def test_artifacts_are_downloads_never_pages_on_the_dashboard_origin(tmp_path):
     async def go():
         async with api(tmp_path) as (client, config):

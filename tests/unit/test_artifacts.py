@@ -1,4 +1,5 @@
-"""LocalDirStore through the artifact-store contract, plus its URL signing."""
+"""LocalDirStore and the in-memory fake through the artifact-store contract, plus the
+local directory's URL signing and file work."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import pytest
 
-from framespool.agents.artifact_contract import ArtifactStoreContract
-from framespool.agents.artifacts import InvalidKey, LocalDirStore, output_key
+from framespool.agents.artifacts.local import LocalDirStore
+from framespool.agents.artifacts.memory import MemoryArtifactStore
+from framespool.agents.artifacts.port import InvalidKey, output_key
+from tests.support.contracts.artifacts import ArtifactStoreContract
 
 SECRET = b"test-secret"
 
@@ -28,6 +31,19 @@ def corrupt(store):
 
 class TestLocalDirStore(ArtifactStoreContract):
     pass
+
+
+class TestMemoryArtifactStore(ArtifactStoreContract):
+    @pytest.fixture
+    def store(self):
+        return MemoryArtifactStore()
+
+    @pytest.fixture
+    def corrupt(self, store):
+        def _corrupt(key: str) -> None:
+            store.objects[key] = store.objects[key][::-1] + b"!"
+
+        return _corrupt
 
 
 def _parts(url: str) -> tuple[str, int, str]:

@@ -59,6 +59,7 @@ LAYERS = (
     "Layers: composition root > producers > projections, agents, processors > log and "
     "leaves > schemas"
 )
+NO_TEST_FRAMEWORK = "The installed package imports no test framework"
 
 
 def verdicts(stdout: str) -> str:
@@ -69,6 +70,7 @@ def test_the_tree_keeps_every_contract(tmp_path):
     result = lint_imports(installed_layout(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{LAYERS} KEPT" in verdicts(result.stdout)
+    assert f"{NO_TEST_FRAMEWORK} KEPT" in verdicts(result.stdout)
 
 
 @pytest.mark.parametrize(
@@ -83,6 +85,17 @@ def test_the_tree_keeps_every_contract(tmp_path):
             "agents/_wires_itself.py",
             "import framespool.stack\n",
             LAYERS,
+        ),
+        (
+            # a contract suite shipped inside the package (agents/artifact_contract.py was one)
+            "agents/_contract.py",
+            "import pytest\n",
+            NO_TEST_FRAMEWORK,
+        ),
+        (
+            "projections/_strategies.py",
+            "from hypothesis import strategies\n",
+            NO_TEST_FRAMEWORK,
         ),
     ],
 )

@@ -1,10 +1,11 @@
-"""The artifact-store contract: one test suite every adapter must pass.
+"""The artifact-store contract: one test suite every adapter and the fake must pass.
 
 Subclass :class:`ArtifactStoreContract` in a test module as ``Test<Adapter>``
 and provide two fixtures: ``store`` (a fresh, empty store) and ``corrupt``
 (a function ``corrupt(key)`` that changes an object's bytes behind the store's
-back, as disk or network corruption would). Shipped with the package, as
-eventsourcing does, so an out-of-tree adapter can prove itself too.
+back, as disk or network corruption would). ``tests/unit/test_artifacts.py``
+runs it against the local directory and the in-memory fake,
+``tests/integration/test_artifacts_s3.py`` against S3.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from framespool.agents.artifacts import (
+from framespool.agents.artifacts.port import (
     ArtifactNotFound,
     ArtifactStore,
     ChecksumMismatch,
@@ -36,6 +37,10 @@ def _write(path: Path, data: bytes) -> Path:
 class ArtifactStoreContract:
     def test_is_an_artifact_store(self, store):
         assert isinstance(store, ArtifactStore)
+
+    def test_served_is_the_store_itself_or_none(self, store):
+        """The API serves a store's signed URLs only where ``served()`` names it."""
+        assert store.served() in (None, store)
 
     def test_put_then_get_round_trips_bytes_digest_and_size(self, store, tmp_path):
         data = b"frames" * 1000

@@ -1,36 +1,6 @@
-"""The projection store: job views, cluster cells, webhook outbox and input offsets.
-
-Theory of operation
--------------------
-The consumer folds a poll's worth of records, then hands the store one
-``Batch``. ``commit`` writes, in ONE rocksdict ``WriteBatch``:
-
-1. every changed job view, and its tenant and (tenant, state) index keys
-   (stale index keys of the previous state are deleted in the same batch);
-2. every changed cluster cell and breaker;
-3. new webhook deliveries (the outbox), unless a delivery with that id exists;
-4. the input offset per (topic, partition) the batch reflects (only forward).
-
-So after a crash the views and the offsets agree, and the consumer resumes at
-``offset + 1``: input at or below the stored offset is a no-op. The tenant index
-orders jobs newest first (``inverted created_ms / job_id``); that suffix is
-also the listing cursor.
-
-Bounded storage (:class:`Retention`). The store counts each tenant's views per
-state (the API's submit-time queue cap reads ``queued_count``) and, in the
-same batch:
-
-5. deletes terminal views ``finished_horizon_s`` after they ended (default
-   7 days), oldest first. "Now" is the newest event time the store has seen
-   from the log (never the wall clock, nor the API's provisional views),
-   so a replay of the same log expires the same views;
-6. deletes a tenant's oldest terminal views beyond ``max_views_per_tenant``
-   (default 100,000; live views are never deleted: the queue cap bounds them);
-7. deletes delivered or failed webhook outbox records ``outbox_horizon_s``
-   after they were done (default 1 day); pending ones stay until done.
-
-A job id past the horizon is unknown again: a GET answers 404, and a
-submission with its Idempotency-Key is a new job.
+"""The rocksdict adapter of the view-store port: one ``Rdict`` directory per
+projection process. The semantics (one write batch per commit, retention) are the
+port's (``framespool.projections.store.port``).
 
 Cost model (RocksViewStore). The per-(tenant, state) counts, each tenant's
 total and the store's "now" are cached in memory, write-through: this object
@@ -57,33 +27,22 @@ was read twice per event (the fold's ``get`` of the view before, ``commit``'s
 of the old one for its index keys), each a RocksDB ``get``, a JSON decode and a
 ``view_from_dict``: a cache hit is one dict lookup. It was the largest part of
 the API process's CPU in ``bench pipeline`` (issue #13).
-
-``InMemoryViewStore`` is the fake that implements the same ``ViewStore``
-protocol; one test suite runs against both.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Protocol, cast
+from dataclasses import asdict
+from typing import cast
 
 from rocksdict import Options, Rdict, WriteBatch
 
 from framespool.private_files import private_dir
-from framespool.projections.cluster import Breaker, CellView, ClusterView
+from framespool.projections.cluster import ClusterView
 from framespool.projections.delivery_lanes import PENDING, Delivery
-from framespool.projections.jobs import (
-    ASSIGNED,
-    CHECKPOINTING,
-    QUEUED,
-    RUNNING,
-    SUBMITTED,
-    JobView,
-)
+from framespool.projections.jobs import JobView
 from framespool.projections.serde import (
     breaker_from_dict,
     breaker_to_dict,
@@ -92,78 +51,21 @@ from framespool.projections.serde import (
     view_from_dict,
     view_to_dict,
 )
-
-_MAX_MS = 10**13 - 1
-QUEUED_STATES = (SUBMITTED, QUEUED)  # what the submit-time queue cap counts
-HOLDING_STATES = (ASSIGNED, RUNNING, CHECKPOINTING)  # jobs holding GPUs (the edge's own place)
-
-
-@dataclass(frozen=True)
-class Retention:
-    """How long the store keeps what no one will ask for again (see the module doc)."""
-
-    finished_horizon_s: float = 7 * 86400.0
-    max_views_per_tenant: int = 100_000
-    outbox_horizon_s: float = 86400.0
-
-    def __post_init__(self) -> None:
-        if self.finished_horizon_s <= 0 or self.outbox_horizon_s <= 0:
-            raise ValueError("retention horizons must be positive")
-        if self.max_views_per_tenant < 1:
-            raise ValueError("max_views_per_tenant must be at least 1")
+from framespool.projections.store.port import (
+    HOLDING_STATES,
+    MAX_MS,
+    QUEUED_STATES,
+    Batch,
+    Page,
+    Retention,
+    count_change,
+    ended_ms,
+    order_key,
+)
 
 
 def _ms_key(ms: int) -> str:
-    return f"{max(0, min(ms, _MAX_MS)):013d}"
-
-
-def _ended_ms(view: JobView) -> int:
-    """When a terminal view ended, on the same clock as the store's "now" (the
-    view's last update: its terminal event, or a later one it recorded)."""
-    return view.updated_ms
-
-
-@dataclass
-class Batch:
-    """What one commit writes atomically."""
-
-    views: dict[str, JobView] = field(default_factory=dict)
-    cells: dict[str, CellView] = field(default_factory=dict)
-    breakers: dict[str, Breaker] = field(default_factory=dict)
-    deliveries: list[Delivery] = field(default_factory=list)
-    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-
-    def advance(self, topic: str, partition: int, offset: int) -> None:
-        key = (topic, partition)
-        self.offsets[key] = max(offset, self.offsets.get(key, -1))
-
-
-@dataclass(frozen=True)
-class Page:
-    jobs: list[JobView]
-    next_cursor: str | None
-
-
-class ViewStore(Protocol):
-    def get(self, job_id: str) -> JobView | None: ...
-    def insert_if_absent(self, view: JobView) -> bool: ...
-    def offset(self, topic: str, partition: int) -> int: ...
-    def commit(self, batch: Batch) -> None: ...
-    def list_jobs(
-        self, tenant: str, state: str | None = None, limit: int = 50, cursor: str | None = None
-    ) -> Page: ...
-    def load_cluster(self) -> ClusterView: ...
-    def get_delivery(self, delivery_id: str) -> Delivery | None: ...
-    def put_delivery(self, delivery: Delivery) -> None: ...
-    def pending_deliveries(self) -> list[Delivery]: ...
-    def queued_count(self, tenant: str) -> int: ...
-    def running_count(self, tenant: str) -> int: ...
-    def close(self) -> None: ...
-
-
-def order_key(view: JobView) -> str:
-    """Newest first, then job id: the listing order and the cursor."""
-    return f"{_MAX_MS - max(0, min(view.created_ms, _MAX_MS)):013d}/{view.job_id}"
+    return f"{max(0, min(ms, MAX_MS)):013d}"
 
 
 # one encoder for every stored document: json.dumps with options builds a new
@@ -173,18 +75,6 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
 def _dumps(doc) -> bytes:
     return _ENCODER.encode(doc).encode()
-
-
-def _count_change(
-    counts: dict[tuple[str, str], int], old: JobView | None, new: JobView | None
-) -> None:
-    """Per (tenant, state) view counts: ``old`` leaves its state, ``new`` enters its."""
-    if old is not None and new is not None and (old.tenant, old.state) == (new.tenant, new.state):
-        return
-    if old is not None:
-        counts[(old.tenant, old.state)] = counts.get((old.tenant, old.state), 0) - 1
-    if new is not None:
-        counts[(new.tenant, new.state)] = counts.get((new.tenant, new.state), 0) + 1
 
 
 # Decoded job views a RocksViewStore keeps (module doc, "Cost model"): a few
@@ -242,7 +132,7 @@ class RocksViewStore:
     @staticmethod
     def _ended_keys(v: JobView) -> tuple[bytes, bytes]:
         """The expiry index (oldest ended first) and the tenant's, for the view cap."""
-        suffix = f"{_ms_key(_ended_ms(v))}/{v.job_id}".encode()
+        suffix = f"{_ms_key(ended_ms(v))}/{v.job_id}".encode()
         return b"x/" + suffix, b"X/" + v.tenant.encode() + b"\x00" + suffix
 
     def _int(self, key: bytes) -> int:
@@ -420,7 +310,7 @@ class RocksViewStore:
             for key in new_keys:
                 wb.put(key, b"")
             wb.put(self._job_key(job_id), _dumps(view_to_dict(view)))
-            _count_change(counts, old, view)
+            count_change(counts, old, view)
             if view.terminal and (old is None or not old.terminal):
                 for key in self._ended_keys(view):
                     wb.put(key, b"")
@@ -519,7 +409,7 @@ class RocksViewStore:
             wb.delete(self._job_key(job_id))
             for key in (*self._index_keys(view), *self._ended_keys(view)):
                 wb.delete(key)
-            _count_change(counts, view, None)
+            count_change(counts, view, None)
         outbox_cutoff = newest - int(self.retention.outbox_horizon_s * 1000)
         for key, _ in self._scan(b"y/", floors.get(b"y/", b"")) if by_age else ():
             ms, delivery_id = key[2:].decode().split("/", 1)
@@ -550,147 +440,3 @@ class RocksViewStore:
     def close(self) -> None:
         self._views.clear()
         self._db.close()
-
-
-class InMemoryViewStore:
-    """The fake: same protocol, dicts instead of rocksdict (API tests, embedded runs)."""
-
-    def __init__(self, retention: Retention = Retention()) -> None:
-        self.retention = retention
-        self._views: dict[str, JobView] = {}
-        self._offsets: dict[tuple[str, int], int] = {}
-        self._cells: dict[str, CellView] = {}
-        self._breakers: dict[str, Breaker] = {}
-        self._deliveries: dict[str, Delivery] = {}
-        self._counts: dict[tuple[str, str], int] = {}
-        # (ended ms, job id) heaps, global and per tenant; entries are checked when popped
-        self._ended: list[tuple[int, str]] = []
-        self._tenant_ended: dict[str, list[tuple[int, str]]] = {}
-        self._done: list[tuple[int, str]] = []  # (done ms, delivery id)
-        self._newest = 0
-
-    def get(self, job_id: str) -> JobView | None:
-        return self._views.get(job_id)
-
-    def offset(self, topic: str, partition: int) -> int:
-        return self._offsets.get((topic, partition), -1)
-
-    def queued_count(self, tenant: str) -> int:
-        return sum(self._counts.get((tenant, st), 0) for st in QUEUED_STATES)
-
-    def running_count(self, tenant: str) -> int:
-        return sum(self._counts.get((tenant, st), 0) for st in HOLDING_STATES)
-
-    def view_count(self, tenant: str) -> int:
-        return sum(n for (t, _), n in self._counts.items() if t == tenant)
-
-    def list_jobs(
-        self, tenant: str, state: str | None = None, limit: int = 50, cursor: str | None = None
-    ) -> Page:
-        rows = sorted(
-            (order_key(v), v)
-            for v in self._views.values()
-            if v.tenant == tenant and (state is None or v.state == state)
-        )
-        if cursor:
-            rows = [r for r in rows if r[0] > cursor]
-        page = [v for _, v in rows[:limit]]
-        return Page(page, order_key(page[-1]) if len(rows) > limit and page else None)
-
-    def load_cluster(self) -> ClusterView:
-        updated = max(
-            [c.ts_ms for c in self._cells.values()]
-            + [b.ts_ms for b in self._breakers.values()]
-            + [0]
-        )
-        return ClusterView(
-            cells=dict(self._cells), breakers=dict(self._breakers), updated_ms=updated
-        )
-
-    def get_delivery(self, delivery_id: str) -> Delivery | None:
-        d = self._deliveries.get(delivery_id)
-        return None if d is None else Delivery(**asdict(d))
-
-    def pending_deliveries(self) -> list[Delivery]:
-        return sorted(
-            (Delivery(**asdict(d)) for d in self._deliveries.values() if d.status == PENDING),
-            key=lambda d: (d.created_ms, d.delivery_id),
-        )
-
-    def insert_if_absent(self, view: JobView) -> bool:
-        if view.job_id in self._views:
-            return False
-        self.commit(Batch(views={view.job_id: view}), from_log=False)
-        return True
-
-    def commit(self, batch: Batch, from_log: bool = True) -> None:
-        counts: dict[tuple[str, str], int] = {}
-        for job_id, view in batch.views.items():
-            old = self._views.get(job_id)
-            _count_change(counts, old, view)
-            self._views[job_id] = view
-            if view.terminal and (old is None or not old.terminal):
-                entry = (_ended_ms(view), job_id)
-                heapq.heappush(self._ended, entry)
-                heapq.heappush(self._tenant_ended.setdefault(view.tenant, []), entry)
-            if from_log:
-                self._newest = max(self._newest, view.updated_ms)
-        self._cells.update(batch.cells)
-        self._breakers.update(batch.breakers)
-        for d in batch.deliveries:
-            if d.delivery_id not in self._deliveries:
-                self.put_delivery(d)
-        for tp, off in batch.offsets.items():
-            self._offsets[tp] = max(off, self._offsets.get(tp, -1))
-        for key, delta in counts.items():
-            self._counts[key] = self._counts.get(key, 0) + delta
-        self._expire(batch)
-
-    def _expire(self, batch: Batch) -> None:
-        def live_entry(entry: tuple[int, str]) -> bool:
-            view = self._views.get(entry[1])
-            return view is not None and view.terminal and _ended_ms(view) == entry[0]
-
-        def drop(job_id: str) -> None:
-            view = self._views.pop(job_id)
-            _count_change(self._counts, view, None)
-
-        cutoff = self._newest - int(self.retention.finished_horizon_s * 1000)
-        deferred = []
-        while self._ended and self._ended[0][0] < cutoff:
-            entry = heapq.heappop(self._ended)
-            if entry[1] in batch.views and live_entry(entry):
-                deferred.append(entry)  # written in this batch: it goes in a later one
-            elif live_entry(entry):
-                drop(entry[1])
-        for entry in deferred:
-            heapq.heappush(self._ended, entry)
-        for tenant in sorted({v.tenant for v in batch.views.values()}):
-            heap, kept = self._tenant_ended.get(tenant, []), []
-            if len(heap) > 2 * self.view_count(tenant) + 64:  # drop entries expired by age
-                heap[:] = [e for e in heap if live_entry(e)]
-                heapq.heapify(heap)
-            while heap and self.view_count(tenant) > self.retention.max_views_per_tenant:
-                entry = heapq.heappop(heap)
-                if live_entry(entry):
-                    if entry[1] in batch.views:
-                        kept.append(entry)
-                    else:
-                        drop(entry[1])
-            for entry in kept:
-                heapq.heappush(heap, entry)
-        outbox_cutoff = self._newest - int(self.retention.outbox_horizon_s * 1000)
-        while self._done and self._done[0][0] < outbox_cutoff:
-            _, delivery_id = heapq.heappop(self._done)
-            d = self._deliveries.get(delivery_id)
-            if d is not None and d.status != PENDING:
-                del self._deliveries[delivery_id]
-
-    def put_delivery(self, delivery: Delivery) -> None:
-        self._deliveries[delivery.delivery_id] = Delivery(**asdict(delivery))
-        if delivery.status != PENDING:
-            done = delivery.done_ms or delivery.created_ms
-            heapq.heappush(self._done, (done, delivery.delivery_id))
-
-    def close(self) -> None:
-        pass
