@@ -55,6 +55,10 @@ class HeadStore:
     def _delete_body(self, key: str) -> None:
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """Where the snapshots live, in words (logs, ``--shared-snapshots``' echo)."""
+        raise NotImplementedError
+
     # -- keys -------------------------------------------------------------------
     def _dir(self, namespace: str, partition: int) -> str:
         return f"{self.prefix}/{_segment(namespace)}/{int(partition)}"
