@@ -250,9 +250,19 @@ def _fleet(args: argparse.Namespace, workload, policies, opts, base, out: Path) 
         f"in {summary['virtual_s'] / 3600:.2f} h virtual; utilization "
         f"{summary['gpu_utilization']:.3f}; violations {summary['invariant_violations']}; "
         f"{summary['events']:,} events in {summary['wall_s']:.1f} s wall "
-        f"({summary['events_per_s'] or 0:,} events/s, headroom min "
-        f"{summary['headroom_min'] or 0:,.0f}x)"
+        f"({summary['events_per_s'] or 0:,} events/s)"
     )
+    headroom = summary["headroom"] or {"min": 0, "median": 0, "max": 0}
+    print(
+        "  headroom min / median / max over the cells (virtual_s / core_s): "
+        + " / ".join(f"{headroom[k] or 0:,.0f}x" for k in ("min", "median", "max"))
+    )
+    if args.max_sim_s > 0:
+        print(
+            f"  horizon {args.max_sim_s:,.0f} s: {summary['jobs_inside_horizon']:,} of "
+            f"{summary['jobs_in_workload']:,} jobs submitted at or before it "
+            f"({summary['jobs_past_horizon']:,} after it, never generated)"
+        )
     for tier, wait in summary["wait_s_by_tier"].items():
         print(f"  wait {tier:<12} p50 {fmt(wait['p50'])} s  p99 {fmt(wait['p99'])} s")
     for name, cell in summary["per_cell"].items():

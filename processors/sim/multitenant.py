@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -122,20 +123,74 @@ def multitenant(
     )
 
 
-def partition(workload: Workload, cells: tuple[str, ...], cell: str) -> Workload:
-    """The jobs admission would route to ``cell`` (rendezvous hashing by job id)."""
+@dataclass(frozen=True)
+class Routing:
+    """Where admission sends each job of a workload's stream, read once.
+
+    ``owners[k]`` is the index in ``cells`` of the stream's k-th job; only
+    jobs at or before the horizon are listed. ``cut`` holds the cells that
+    have a job after the horizon: their streams stop there although their
+    day goes on (so their simulation runs to the horizon, as it would with
+    the whole stream)."""
+
+    cells: tuple[str, ...]
+    owners: bytearray | array
+    cut: frozenset[int]
+    horizon_ms: int | None
+
+    def total(self, index: int) -> int:
+        return self.owners.count(index)
+
+
+def route(workload: Workload, cells: tuple[str, ...], horizon_ms: int | None = None) -> Routing:
+    """Route every job of ``workload`` up to ``horizon_ms`` (all of them when None).
+
+    Cost: one pass of the stream up to the horizon and on until every cell
+    has had a job after it (about ``cells x ln(cells)`` more jobs), one
+    ``rendezvous`` (``len(cells)`` hashes) per job; one byte per job inside
+    the horizon (two past 256 cells). Jobs after the horizon are not kept."""
+    index = {c: i for i, c in enumerate(cells)}
+    owners: bytearray | array = bytearray() if len(cells) <= 256 else array("H")
+    cut: set[int] = set()
+    for job in workload.jobs():
+        owner = index[rendezvous(job.job_id, cells)]
+        if horizon_ms is None or job.submit_ms <= horizon_ms:
+            owners.append(owner)
+            continue
+        cut.add(owner)
+        if len(cut) == len(cells):
+            break
+    return Routing(cells, owners, frozenset(cut), horizon_ms)
+
+
+def partition(
+    workload: Workload, cells: tuple[str, ...], cell: str, routing: Routing | None = None
+) -> Workload:
+    """The jobs admission would route to ``cell`` (rendezvous hashing by job id).
+
+    With a ``routing`` (``route``, read once for all cells) nothing is hashed
+    again: the cell's stream regenerates the workload's up to the routing's
+    horizon and keeps its own jobs, so each cell pays for the jobs inside the
+    horizon, not for the whole day."""
+    routing = routing or route(workload, cells)
+    if routing.cells != cells:
+        raise ValueError(f"routing is for cells {routing.cells}, not {cells}")
+    mine = cells.index(cell)
+    owners = routing.owners
 
     def jobs_iter() -> Iterator[TraceJob]:
-        for job in workload.jobs():
-            if rendezvous(job.job_id, cells) == cell:
+        # owners first: the stream is not read past the last routed job
+        for owner, job in zip(owners, workload.jobs()):
+            if owner == mine:
                 yield job
 
     return Workload(
         name=workload.name,
-        total=sum(1 for _ in jobs_iter()),
+        total=routing.total(mine),
         tenants=workload.tenants,
         jobs=jobs_iter,
         node_failures_per_hour=workload.node_failures_per_hour,
         description=f"{workload.description}; the share of {len(cells)} cells routed to {cell}",
         notes=list(workload.notes),
+        cut=mine in routing.cut,
     )

@@ -94,6 +94,9 @@ class Workload:
     node_failures_per_hour: float | None = None  # the workload's default, if any
     description: str = ""
     notes: list[str] = field(default_factory=list)
+    # the stream stops early although the workload goes on: a cell's share
+    # cut at the horizon (``multitenant.route``); the run goes on to the horizon
+    cut: bool = False
 
 
 # ---------------------------------------------------------------------------
