@@ -46,6 +46,18 @@ def register(subparsers: Any) -> None:
         help="offered load of a synthetic workload, as a fraction of the GPUs "
         "(default: 0.9; 1.3 for multitenant and genai, 3.2 for shapes)",
     )
+    src.add_argument(
+        "--jobs-per-day",
+        type=int,
+        default=0,
+        metavar="N",
+        help="multitenant only: arrivals at N jobs a day (N / 86,400 per second, diurnal "
+        "period one day; tenant mix, tiers, shapes and swing kept) and every run time "
+        "scaled by one factor so the offered load stays --load: the mean job is "
+        "load x GPUs x 86,400 / N GPU-s (276 at 5 M a day on 16,000 GPUs, load 1.0), "
+        "run times clipped to 1 s - 4 h. --jobs still counts the jobs generated "
+        "(--jobs N is one day); 0 = rate from --load and the mix's own run times",
+    )
     src.add_argument("--seed", type=int, default=1)
     fleet = p.add_argument_group("fleet")
     fleet.add_argument("--nodes", type=int, default=250)
@@ -149,6 +161,8 @@ def _check(args: argparse.Namespace) -> None:
     for flag, value in positive.items():
         if not 0 < value < math.inf:  # NaN too
             raise CommandError(f"{flag}={value} must be positive")
+    if args.jobs_per_day and not args.synthetic:
+        raise CommandError("--jobs-per-day is for --synthetic multitenant, not --trace")
     if args.nodes % args.cells:
         raise CommandError(
             f"--nodes={args.nodes} must divide evenly into --cells={args.cells} cells"
@@ -156,6 +170,7 @@ def _check(args: argparse.Namespace) -> None:
     for flag, value in {
         "--cold-start-s": args.cold_start_s,
         "--max-sim-s": args.max_sim_s,
+        "--jobs-per-day": args.jobs_per_day,
         "--node-failures": args.node_failures or 0.0,
     }.items():
         if not 0 <= value < math.inf:  # NaN too
@@ -193,7 +208,12 @@ def handle(args: argparse.Namespace) -> int:
             workload = sim.read_trace(args.trace)
         else:
             workload = sim.synthetic(
-                args.synthetic, args.jobs, args.seed, opts.capacity_gpus, args.load
+                args.synthetic,
+                args.jobs,
+                args.seed,
+                opts.capacity_gpus,
+                args.load,
+                jobs_per_day=args.jobs_per_day,
             )
     except (ValueError, sim.TraceError) as exc:
         raise CommandError(str(exc)) from None

@@ -10,6 +10,10 @@
 - Arrivals are Poisson with a diurnal swing (x0.65 to x1.35 of the mean rate),
   sized so the mean offered load is ``load`` (default 1.3: the backlog grows
   for hours).
+- Or, with ``jobs_per_day``, arrivals come at that many jobs a day (a 5 M-job
+  day is 57.9 jobs/s) and every job's run time is scaled by one factor so the
+  mean offered load is still ``load`` (``run_time_scale``): many jobs a day on
+  a fleet of a given size means short jobs.
 
 ``partition`` splits one workload over several independent cells the way
 admission routes jobs (rendezvous hashing of the job id), each cell keeping
@@ -35,8 +39,12 @@ ALL_SIZES = ((1, 0.34), (2, 0.20), (4, 0.16), (8, 0.14), (16, 0.08), (32, 0.05),
 SMALL_SIZES = ((1, 0.60), (2, 0.25), (4, 0.15))
 FREE_SIZES = ((1, 0.40), (2, 0.25), (4, 0.17), (8, 0.12), (16, 0.06))
 SIGMA = 1.0
+MIN_S = 10.0
 MAX_S = 4 * 3600.0
 SWING = 0.35
+# the shortest run of a workload whose run times are scaled (``jobs_per_day``)
+MIN_SCALED_S = 1.0
+DAY_S = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,79 @@ def mean_gpu_s() -> float:
     return total
 
 
+def _clipped_lognormal_mean(mu: float, sigma: float, low: float, high: float) -> float:
+    """E[min(max(X, low), high)] for X log-normal(mu, sigma), in closed form."""
+
+    def cdf(x: float) -> float:
+        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+    a, b = math.log(low), math.log(high)
+    inside = math.exp(mu + sigma * sigma / 2) * (
+        cdf((b - mu - sigma * sigma) / sigma) - cdf((a - mu - sigma * sigma) / sigma)
+    )
+    return low * cdf((a - mu) / sigma) + high * (1.0 - cdf((b - mu) / sigma)) + inside
+
+
+def clipped_mean_gpu_s(scale: float = 1.0, min_s: float = MIN_S) -> float:
+    """Mean GPU-seconds of one job of the mix whose medians are multiplied by
+    ``scale``, with run times clipped to [``min_s``, ``MAX_S``] as drawn."""
+    shares = sum(m.job_share for m in TIER_MIX)
+    total = 0.0
+    for mix in TIER_MIX:
+        gpus = sum(g * p for g, p in mix.sizes)
+        seconds = _clipped_lognormal_mean(math.log(mix.median_s * scale), SIGMA, min_s, MAX_S)
+        total += mix.job_share / shares * gpus * seconds
+    return total
+
+
+def run_time_scale(target_gpu_s: float) -> float:
+    """The factor on every tier's median run time that makes the mix's mean
+    job ``target_gpu_s`` GPU-seconds, run times clipped to [``MIN_SCALED_S``,
+    ``MAX_S``] as drawn. Bisection on the closed-form clipped mean (monotone in
+    the factor): about 60 evaluations of five tiers, once per workload.
+    ValueError when no factor reaches it (the clip bounds the mean)."""
+    low, high = 1e-6, 1e6
+    if not (
+        clipped_mean_gpu_s(low, MIN_SCALED_S)
+        < target_gpu_s
+        < clipped_mean_gpu_s(high, MIN_SCALED_S)
+    ):
+        raise ValueError(
+            f"no run-time scale gives a mean job of {target_gpu_s:,.1f} GPU-s with run times "
+            f"of {MIN_SCALED_S:g} to {MAX_S:,.0f} s: change --jobs-per-day, --load or the fleet"
+        )
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        if clipped_mean_gpu_s(mid, MIN_SCALED_S) < target_gpu_s:
+            low = mid
+        else:
+            high = mid
+        if high / low < 1 + 1e-12:
+            break
+    return math.sqrt(low * high)
+
+
 def multitenant(
-    jobs: int, seed: int, capacity_gpus: int, load: float | None = None, tenants: int = 0
+    jobs: int,
+    seed: int,
+    capacity_gpus: int,
+    load: float | None = None,
+    tenants: int = 0,
+    jobs_per_day: int = 0,
 ) -> Workload:
+    """``jobs`` of the mix; arrivals sized by ``load`` or, with ``jobs_per_day``, fixed.
+
+    Without ``jobs_per_day`` the arrival rate is ``load x capacity_gpus /
+    mean_gpu_s()`` and the diurnal period a third of the run (at most a day).
+
+    With ``jobs_per_day`` (N) the arrival rate is N / 86,400 per second, the
+    diurnal period a day, and the tenant mix, tiers, shapes and swing are kept;
+    every tier's median run time is multiplied by one factor (``run_time_scale``)
+    so the mean job is ``load x capacity_gpus x 86,400 / N`` GPU-seconds (276 at
+    5 M a day on 16,000 GPUs and load 1.0) and the offered load stays ``load``.
+    Run times are then clipped to [1 s, 4 h] rather than [10 s, 4 h], and the
+    factor accounts for the clip in closed form. Cost: the same per job as
+    without it (one draw per field); the factor is computed once."""
     load = DEFAULT_LOAD if load is None else load
     n_tenants = tenants or max(len(TIER_MIX), round(jobs / JOBS_PER_TENANT))
     per_tier = [n_tenants // len(TIER_MIX)] * len(TIER_MIX)
@@ -90,13 +168,21 @@ def multitenant(
     for mix in TIER_MIX:
         acc += mix.job_share
         tier_cumulative.append(acc / sum(m.job_share for m in TIER_MIX))
-    rate = load * capacity_gpus / mean_gpu_s()
-    span_s = jobs / rate
-    period = min(86_400.0, max(600.0, span_s / 3))
+    scale, min_s = 1.0, MIN_S
+    if jobs_per_day:
+        rate = jobs_per_day / DAY_S
+        period = DAY_S
+        scale = run_time_scale(load * capacity_gpus / rate)
+        min_s = MIN_SCALED_S
+    else:
+        rate = load * capacity_gpus / mean_gpu_s()
+        span_s = jobs / rate
+        period = min(DAY_S, max(600.0, span_s / 3))
+    mus = [math.log(mix.median_s * scale) for mix, _, _ in mixes]
 
     def jobs_iter() -> Iterator[TraceJob]:
         arrivals = random.Random(seed)
-        maker = _JobMaker(seed + 1, sigma=SIGMA, max_s=MAX_S)
+        maker = _JobMaker(seed + 1, sigma=SIGMA, max_s=MAX_S, min_s=min_s)
         times = _poisson(
             arrivals,
             lambda t: rate * (1.0 + SWING * math.sin(2 * math.pi * t / period)),
@@ -109,17 +195,21 @@ def multitenant(
             mix, members, cumulative = mixes[k]
             tenant = members[min(bisect.bisect_left(cumulative, rng.random()), len(members) - 1)]
             gpus = _pick(rng, mix.sizes)
-            duration = maker.duration(mu=math.log(mix.median_s))
+            duration = maker.duration(mu=mus[k])
             yield maker.make(idx, t, tenant, gpus, duration)
 
+    medians = f"median {60 * scale:.3g} s interactive to {900 * scale:.3g} s batch"
+    per_day = ""
+    if jobs_per_day:
+        per_day = f", {jobs_per_day:,} jobs a day (run times x{scale:.3g})"
     return Workload(
         name="multitenant",
         total=jobs,
         tenants={m.name: m.weight for _, members, _ in mixes for m in members},
         jobs=jobs_iter,
         description=f"{n_tenants:,} tenants over 5 tiers with Zipf-like volumes, diurnal "
-        f"Poisson arrivals at {load:.0%} mean load, 1-64 GPU shapes "
-        "(log-normal durations, median 60 s interactive to 900 s batch)",
+        f"Poisson arrivals at {load:.0%} mean load{per_day}, 1-64 GPU shapes "
+        f"(log-normal durations, {medians})",
     )
 
 

@@ -145,16 +145,18 @@ class _JobMaker:
         sigma: float = 0.8,
         max_s: float = 7200.0,
         estimate_sigma: float = 0.25,
+        min_s: float = 10.0,
     ) -> None:
         self.rng = random.Random(seed)
         self.mu = math.log(median_s)
         self.sigma = sigma
         self.max_s = max_s
+        self.min_s = min_s
         self.estimate_sigma = estimate_sigma
 
     def duration(self, mu: float | None = None, max_s: float | None = None) -> float:
         d = self.rng.lognormvariate(self.mu if mu is None else mu, self.sigma)
-        return round(min(max(d, 10.0), self.max_s if max_s is None else max_s), 1)
+        return round(min(max(d, self.min_s), self.max_s if max_s is None else max_s), 1)
 
     def estimate(self, duration: float) -> float:
         if self.estimate_sigma <= 0:
@@ -395,9 +397,18 @@ SYNTHETIC: dict[str, Callable[..., Workload]] = {
 
 
 def synthetic(
-    name: str, jobs: int, seed: int, capacity_gpus: int, load: float | None = None
+    name: str,
+    jobs: int,
+    seed: int,
+    capacity_gpus: int,
+    load: float | None = None,
+    jobs_per_day: int = 0,
 ) -> Workload:
-    """``load=None``: the workload's own default (0.9; 1.3 for ``multitenant`` and ``genai``)."""
+    """``load=None``: the workload's own default (0.9; 1.3 for ``multitenant`` and ``genai``).
+
+    ``jobs_per_day`` (``multitenant`` only; 0 = off) fixes the arrival rate at
+    that many jobs a day and scales run times so the offered load stays
+    ``load`` (``multitenant.multitenant``)."""
     maker = SYNTHETIC.get(name)
     if maker is None:
         raise ValueError(
@@ -405,6 +416,12 @@ def synthetic(
         )
     if jobs < 1:
         raise ValueError(f"--jobs={jobs} must be at least 1")
+    if jobs_per_day:
+        if name != "multitenant":
+            raise ValueError(f"--jobs-per-day is for --synthetic multitenant, not {name!r}")
+        if jobs_per_day < 1:
+            raise ValueError(f"--jobs-per-day={jobs_per_day} must be at least 1")
+        return multitenant(jobs, seed, capacity_gpus, load, jobs_per_day=jobs_per_day)
     if load is None:
         return maker(jobs, seed, capacity_gpus)
     return maker(jobs, seed, capacity_gpus, load)

@@ -136,3 +136,40 @@ def test_fleet_flags_are_checked(extra, message, tmp_path: Path, capsys) -> None
     args = ["simulate", "--synthetic", "multitenant", "--jobs", "20", "--out", str(tmp_path)]
     assert main(args + extra + ["--no-plot", "--quiet"]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_jobs_per_day_fixes_the_arrivals_and_scales_run_times_to_the_load() -> None:
+    # 40,000 jobs a day on 2,000 GPUs at load 0.8: the mean job is
+    # 0.8 x 2,000 x 86,400 / 40,000 = 3,456 GPU-s (the mix's own is ~4,500)
+    capacity, per_day, load = 2000, 40_000, 0.8
+    workload = sim.synthetic("multitenant", 50_000, 3, capacity, load, jobs_per_day=per_day)
+    jobs = list(workload.jobs())
+    in_day = [j for j in jobs if j.submit_ms <= 86_400_000]
+    # Poisson over a whole diurnal period: the day's count is N within noise (sd ~200)
+    assert abs(len(in_day) - per_day) < 0.03 * per_day
+    offered = sum(j.gpus * j.duration_s for j in in_day) / (capacity * 86_400)
+    assert abs(offered - load) < 0.1 * load
+    # the swing has a day's period: the busiest quarter of the day beats the quietest
+    quarters = Counter(min(3, j.submit_ms // 21_600_000) for j in in_day)
+    assert max(quarters.values()) > 1.3 * min(quarters.values())
+    # many jobs a day means short jobs: the same tiers, shorter run times
+    short = sim.synthetic("multitenant", 20_000, 3, capacity, load, jobs_per_day=2_000_000)
+    short_jobs = list(short.jobs())
+    mean = sum(j.gpus * j.duration_s for j in short_jobs) / len(short_jobs)
+    target = load * capacity * 86_400 / 2_000_000  # 69.1 GPU-s
+    assert abs(mean - target) < 0.15 * target
+    assert min(j.duration_s for j in short_jobs) >= 1.0
+    assert {j.tier for j in short_jobs} == {j.tier for j in jobs}
+    assert {j.gpus for j in short_jobs} == {1, 2, 4, 8, 16, 32, 64}
+
+
+def test_jobs_per_day_leaves_the_default_stream_alone() -> None:
+    a = [vars_of(j) for j in sim.synthetic("multitenant", 500, 5, 512).jobs()]
+    b = [vars_of(j) for j in sim.synthetic("multitenant", 500, 5, 512, None, 0).jobs()]
+    assert a == b
+    with pytest.raises(ValueError, match="multitenant"):
+        sim.synthetic("steady", 10, 1, 64, jobs_per_day=1000)
+
+
+def vars_of(job) -> tuple:
+    return tuple(getattr(job, name) for name in type(job).__slots__)
