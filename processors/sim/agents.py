@@ -32,12 +32,34 @@ from .fleet import SimNode, SimRun, checkpoint_uri, unit, work_done_in
 from .kinds import CELL, CHECKPOINT, HEARTBEAT, NODE_FAIL, NODE_REPAIR, RUN_END
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .engine import Simulation
+    import random
+
+    from .engine import SimOptions
+    from .metrics import Recorder
 
 
 class Agents:
+    """The agents' half of ``engine.Simulation`` (a mixin): what it uses of the
+    simulation is declared below, and mypy checks that Simulation provides it."""
+
+    if TYPE_CHECKING:  # pragma: no cover
+        now: int
+        opts: SimOptions
+        recorder: Recorder
+        runs: dict[tuple[str, int], SimRun]
+        node_by_id: dict[str, SimNode]
+        heartbeat_ms: int
+        cold_ms: int
+        health_cache: dict
+        failure_rng: random.Random
+        failure_rate_per_ms: float
+
+        def push(self, t: int, kind: int, payload: Any = None) -> None: ...
+        def feed(self, event: Any) -> None: ...
+        def deliver(self, event: Any) -> None: ...
+
     # -- agents: heartbeats --------------------------------------------------------------
-    def _heartbeat(self: Simulation, node: SimNode) -> None:
+    def _heartbeat(self, node: SimNode) -> None:
         self.push(self.now + self.heartbeat_ms, HEARTBEAT, node)
         if not node.alive:
             return
@@ -63,7 +85,7 @@ class Agents:
         )
 
     # -- agents: commands ----------------------------------------------------------------
-    def _start_run(self: Simulation, o: ev.StartRun) -> None:
+    def _start_run(self, o: ev.StartRun) -> None:
         run = self.runs.get((o.spec.job_id, o.run))
         if run is None or run.alive or run.pending <= 0:
             self.recorder.violation(
@@ -82,7 +104,7 @@ class Agents:
             else:
                 self._launch(run, o.resume_from)
 
-    def _launch(self: Simulation, run: SimRun, resume_from: str | None) -> None:
+    def _launch(self, run: SimRun, resume_from: str | None) -> None:
         """The processes of a run start on every node of its gang at once."""
         job = run.job
         trace = job.trace
@@ -148,7 +170,7 @@ class Agents:
             )
         )
 
-    def _halt(self: Simulation, run: SimRun) -> None:
+    def _halt(self, run: SimRun) -> None:
         """The run's processes are gone from every node of its gang."""
         self.runs.pop(run.key, None)
         if not run.alive:
@@ -163,7 +185,7 @@ class Agents:
             node.runs.pop(run.key, None)
         self.recorder.gpus_change(run.job, -run.gpus, self.now)
 
-    def _run_end(self: Simulation, run: SimRun) -> None:
+    def _run_end(self, run: SimRun) -> None:
         if not run.alive:
             return
         job = run.job
@@ -197,7 +219,7 @@ class Agents:
                 )
             )
 
-    def _checkpoint_due(self: Simulation, run: SimRun) -> None:
+    def _checkpoint_due(self, run: SimRun) -> None:
         if not run.alive:
             return
         self._send_checkpoint(run, self.feed)
@@ -205,7 +227,7 @@ class Agents:
         if due < run.end_ms:
             self.push(due, CHECKPOINT, run)
 
-    def _send_checkpoint(self: Simulation, run: SimRun, send: Callable[[Any], None]) -> None:
+    def _send_checkpoint(self, run: SimRun, send: Callable[[Any], None]) -> None:
         job = run.job
         done = run.done_s(self.now)
         self.recorder.count("checkpoints")
@@ -223,7 +245,7 @@ class Agents:
             )
         )
 
-    def _checkpoint_run(self: Simulation, o: ev.CheckpointRun) -> None:
+    def _checkpoint_run(self, o: ev.CheckpointRun) -> None:
         run = self.runs.get((o.job_id, o.run))
         node = self.node_by_id.get(o.node_id)
         if run is not None and run.alive:
@@ -243,7 +265,7 @@ class Agents:
             return
         self._send_checkpoint(run, self.deliver)
 
-    def _stop_run(self: Simulation, o: ev.StopRun) -> None:
+    def _stop_run(self, o: ev.StopRun) -> None:
         node = self.node_by_id.get(o.node_id)
         if node is None or not node.alive or node.incarnation != o.incarnation:
             return  # a dead node answers nothing; the cell's leases handle it
@@ -265,10 +287,10 @@ class Agents:
         )
 
     # -- node failures -------------------------------------------------------------------
-    def _next_failure(self: Simulation, after_ms: int) -> int:
+    def _next_failure(self, after_ms: int) -> int:
         return after_ms + max(1, int(self.failure_rng.expovariate(self.failure_rate_per_ms)))
 
-    def _node_fail(self: Simulation, node: SimNode) -> None:
+    def _node_fail(self, node: SimNode) -> None:
         if not node.alive:
             return
         node.alive = False
@@ -281,7 +303,7 @@ class Agents:
         self.recorder.capacity_change(-node.gpus, self.now)
         self.push(self.now + int(self.opts.repair_s * 1000), NODE_REPAIR, node)
 
-    def _node_repair(self: Simulation, node: SimNode) -> None:
+    def _node_repair(self, node: SimNode) -> None:
         node.alive = True
         node.incarnation += 1
         self.recorder.capacity_change(node.gpus, self.now)

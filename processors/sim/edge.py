@@ -26,6 +26,8 @@ for N nodes of G GPUs, per ``interval_s`` of virtual time, and O(T + G + s)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from framespool.processors.core import Cell, CellConfig
 from framespool.processors.core.offers import (
     PREDICTED_WAIT,
@@ -54,8 +56,10 @@ class SubmitEdge:
         if not self.active:
             return None
         if self.offer is None or now_ms - self.offer.ts_ms >= self.every_ms:
-            fields = cell.offer_fields()
-            self.offer = ev.CellOffer(event_id=f"edge@{now_ms}", ts_ms=now_ms, **fields)
+            # ``offer_fields`` holds CellOffer's own fields, typed dict[str, object]
+            # by the core: the offer is built as the core's ``emit`` builds it
+            make: Callable[..., ev.CellOffer] = ev.CellOffer
+            self.offer = make(event_id=f"edge@{now_ms}", ts_ms=now_ms, **cell.offer_fields())
             self.routed = (0.0, 0)
         offer = self.offer
         live = live_offers({offer.cell: offer}, (offer.cell,), now_ms, self.every_ms / 1000)

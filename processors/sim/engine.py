@@ -315,11 +315,14 @@ class Simulation(Agents, JobEvents):
             self.stop_reason = "event heap empty"
 
     def _report_progress(self, wall0: float) -> None:
+        progress = self.progress
+        if progress is None:
+            return
         total = max(1, self.workload.total)
         done = self.recorder.states
         ended = sum(done.values())
         elapsed = perf_counter() - wall0
-        self.progress(
+        progress(
             ended / total,
             f"{self.policy.name}: {ended:,}/{total:,} jobs ended, "
             f"t={self.now / 3_600_000:.1f}h virtual, "

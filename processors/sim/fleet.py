@@ -8,9 +8,14 @@ weights are really warm on a GPU, and whether a node is really alive.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from framespool.schemas import events as ev
 
 from .workload import TraceJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .metrics import FlowStats
 
 MASK64 = (1 << 64) - 1
 
@@ -69,7 +74,7 @@ class SimJob:
         self.runs = 0
         self.first_start_ms = -1
         self.open_run: tuple[int, int, str] | None = None  # (run, start_ms, placement)
-        self.flow = None  # metrics.FlowStats of (tier, tenant)
+        self.flow: FlowStats | None = None  # of (tier, tenant): Recorder.submitted_job sets it
         self.completed_run = 0  # run whose RunCompleted the agent sent
         self.admitted = False
         self.est_p50 = self.est_p90 = -1.0  # the cell's wait band at admission (s)

@@ -24,7 +24,7 @@ from .fleet import SimJob, SimRun
 from .workload import idx_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .engine import Simulation
+    from .metrics import Recorder
 
 
 def placement_text(placement: tuple[ev.NodeSlice, ...]) -> str:
@@ -46,7 +46,18 @@ def requeue_outcome(event: ev.JobRequeued) -> str:
 
 
 class JobEvents:
-    def _job(self: Simulation, job_id: str, event: object) -> SimJob | None:
+    """The cell-output half of ``engine.Simulation`` (a mixin): what it uses of
+    the simulation is declared below, and mypy checks that Simulation provides it."""
+
+    if TYPE_CHECKING:  # pragma: no cover
+        now: int
+        recorder: Recorder
+        jobs: dict[str, SimJob]
+        runs: dict[tuple[str, int], SimRun]
+        core_queued: int
+        last_progress_ms: int
+
+    def _job(self, job_id: str, event: object) -> SimJob | None:
         job = self.jobs.get(job_id)
         if job is None:
             self.recorder.violation(
@@ -55,7 +66,7 @@ class JobEvents:
             )
         return job
 
-    def _enqueue(self: Simulation, job: SimJob) -> None:
+    def _enqueue(self, job: SimJob) -> None:
         if job.queued:
             self.recorder.violation("queued_twice", f"{job.job_id} queued while already queued")
             return
@@ -63,13 +74,13 @@ class JobEvents:
         self.core_queued += 1
         self._wait(job)
 
-    def _wait(self: Simulation, job: SimJob) -> None:
+    def _wait(self, job: SimJob) -> None:
         """The job waits for GPUs (in the cell's queue or the FIFO gate): backlog."""
         if not job.waiting:
             job.waiting = True
             self.recorder.queue_change(job, +1, self.now)
 
-    def _dequeue(self: Simulation, job: SimJob) -> None:
+    def _dequeue(self, job: SimJob) -> None:
         if job.queued:
             job.queued = False
             self.core_queued -= 1
@@ -77,7 +88,7 @@ class JobEvents:
             job.waiting = False
             self.recorder.queue_change(job, -1, self.now)
 
-    def _close_run(self: Simulation, job: SimJob, run: int, outcome: str) -> None:
+    def _close_run(self, job: SimJob, run: int, outcome: str) -> None:
         current = job.open_run
         if current is None or current[0] != run:
             return
@@ -85,14 +96,14 @@ class JobEvents:
         self.recorder.run_closed(job.job_id, run, current[1], current[2], self.now, outcome)
 
     # -- handlers, one per output type ----------------------------------------------
-    def _queued(self: Simulation, o: ev.JobQueued) -> None:
+    def _queued(self, o: ev.JobQueued) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
             if job.est_p50 < 0 and job.first_start_ms < 0:
                 job.est_p50, job.est_p90 = o.wait_p50_s, o.wait_p90_s
             self._enqueue(job)
 
-    def _estimated(self: Simulation, o: ev.JobWaitEstimated) -> None:
+    def _estimated(self, o: ev.JobWaitEstimated) -> None:
         """A refreshed band of a queued job: each one is a forecast of the wait
         left, scored when the job first starts (``Recorder.started``)."""
         job = self.jobs.get(o.job_id)
@@ -102,11 +113,11 @@ class JobEvents:
             job.refreshed = []
         job.refreshed.append((self.now, o.wait_p50_s, o.wait_p90_s))
 
-    def _rejected(self: Simulation, o: ev.JobRejected) -> None:
+    def _rejected(self, o: ev.JobRejected) -> None:
         self.recorder.count("rejected:" + o.reason)
         self._terminal(o.job_id, JobState.REJECTED)
 
-    def _assigned(self: Simulation, o: ev.JobAssigned) -> None:
+    def _assigned(self, o: ev.JobAssigned) -> None:
         job = self._job(o.job_id, o)
         if job is None:
             return
@@ -125,7 +136,7 @@ class JobEvents:
         self.runs[(o.job_id, o.run)] = SimRun(job, o.run, o.placement)
         self.last_progress_ms = now
 
-    def _check_gang(self: Simulation, job: SimJob, o: ev.JobAssigned) -> None:
+    def _check_gang(self, job: SimJob, o: ev.JobAssigned) -> None:
         trace = job.trace
         total = sum(len(s.gpus) for s in o.placement)
         nodes = [s.node_id for s in o.placement]
@@ -142,7 +153,7 @@ class JobEvents:
         if problem:
             self.recorder.violation("bad_gang", f"{o.job_id}#{o.run} {problem}")
 
-    def _preempted(self: Simulation, o: ev.JobPreempted) -> None:
+    def _preempted(self, o: ev.JobPreempted) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
             self.recorder.count("preemptions")
@@ -150,14 +161,14 @@ class JobEvents:
             self.recorder.preempted(o.job_id, o.run, by.trace.tier if by else "?")
             self._close_run(job, o.run, RunCause.PREEMPTED)
 
-    def _requeued(self: Simulation, o: ev.JobRequeued) -> None:
+    def _requeued(self, o: ev.JobRequeued) -> None:
         job = self._job(o.job_id, o)
         if job is not None:
             self.recorder.count("requeues")
             self._close_run(job, o.run, requeue_outcome(o))
             self._enqueue(job)
 
-    def _completed(self: Simulation, o: ev.JobCompleted) -> None:
+    def _completed(self, o: ev.JobCompleted) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
             if job.completed_run != o.run:
@@ -168,31 +179,31 @@ class JobEvents:
             self._close_run(job, o.run, RunCause.COMPLETED)
         self._terminal(o.job_id, JobState.COMPLETED)
 
-    def _failed(self: Simulation, o: ev.JobFailed) -> None:
+    def _failed(self, o: ev.JobFailed) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
             self._close_run(job, o.run, f"failed:{o.failure_class}")
             self.recorder.count("failed:" + o.failure_class)
         self._terminal(o.job_id, JobState.FAILED)
 
-    def _cancelled(self: Simulation, o: ev.JobCancelled) -> None:
+    def _cancelled(self, o: ev.JobCancelled) -> None:
         job = self.jobs.get(o.job_id)
         if job is not None:
             self._close_run(job, o.run, RunCause.CANCELLED)
         self._terminal(o.job_id, JobState.CANCELLED)
 
-    def _ignored(self: Simulation, o: ev.ReportIgnored) -> None:
+    def _ignored(self, o: ev.ReportIgnored) -> None:
         self.recorder.count("ignored_reports")
 
-    def _node_state(self: Simulation, o: ev.NodeStateChanged) -> None:
+    def _node_state(self, o: ev.NodeStateChanged) -> None:
         if o.gpu < 0:
             self.recorder.count(f"node_state:{o.state}")
 
-    def _breaker(self: Simulation, o: ev.BreakerTripped) -> None:
+    def _breaker(self, o: ev.BreakerTripped) -> None:
         if o.until_ms > o.ts_ms:  # a close (probe succeeded) is until_ms == ts_ms
             self.recorder.count("breakers_tripped")
 
-    def _terminal(self: Simulation, job_id: str, state: str) -> None:
+    def _terminal(self, job_id: str, state: str) -> None:
         try:
             idx = idx_of(job_id)
         except ValueError:

@@ -256,6 +256,7 @@ class Recorder:
         self.advance(now)
         self.queued += delta
         flow = job.flow
+        assert flow is not None  # submitted_job set it
         tier = flow.tier_stats
         tier.advance(now)
         self._flush(flow, now)
@@ -277,6 +278,7 @@ class Recorder:
         self.advance(now)
         self.busy += delta
         flow = job.flow
+        assert flow is not None  # submitted_job set it
         tier = flow.tier_stats
         tier.advance(now)
         self._flush(flow, now)
@@ -291,7 +293,9 @@ class Recorder:
     def started(self, job: SimJob, now: int) -> None:
         wait = (now - job.trace.submit_ms) / 1000
         self.waits.append(wait)
-        job.flow.tier_stats.waits.append(wait)
+        flow = job.flow
+        assert flow is not None  # submitted_job set it
+        flow.tier_stats.waits.append(wait)
         trace = job.trace
         self.wait_rows.append(
             WaitRow(
@@ -485,7 +489,7 @@ class Recorder:
         start = max(0, self.first_submit_ms)
         makespan_ms = max(0, self.end_ms - start)
         capacity_ms = self.capacity * makespan_ms
-        tenants: dict[str, dict[str, float]] = {}
+        tenants: dict[str, dict[str, float | None]] = {}
         totals: dict[str, list[float]] = {}
         for flow in self.flows.values():
             row = totals.setdefault(flow.tenant, [0.0, 0.0, 0.0, 0.0])

@@ -139,10 +139,10 @@ def plot(recorder: Recorder, summary: dict[str, Any], path: Path) -> Path | None
     ax.set_xlabel("virtual time (h)")
 
     ax = axes[1][1]
-    for name, tier in sorted(recorder.tiers.items()):
-        if not tier.waits:
+    for name, stats in sorted(recorder.tiers.items()):
+        if not stats.waits:
             continue
-        waits = sorted(tier.waits)
+        waits = sorted(stats.waits)
         n = len(waits)
         step = max(1, n // 2000)
         xs = [max(w, 0.1) for w in waits[::step]]

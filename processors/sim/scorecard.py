@@ -52,7 +52,7 @@ def light_heavy_table(rows: Iterable[WaitRow]) -> dict[str, Any]:
             continue
         side = "light" if row.gpu_s < median else "heavy"
         waits.setdefault(row.tier, {"light": [], "heavy": []})[side].append(row.wait_s)
-    table = {}
+    table: dict[str, dict[str, dict[str, int | float | None]]] = {}
     for tier in sorted(waits):
         table[tier] = {}
         for side in ("light", "heavy"):
