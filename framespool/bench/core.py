@@ -39,6 +39,7 @@ top-level keys stay the light one's):
 from __future__ import annotations
 
 import gc
+import hashlib
 import heapq
 import math
 import pickle
@@ -627,3 +628,77 @@ def _scenario(
         "setup": setup,
         "wall_s": round(perf_counter() - wall0, 2),
     }
+
+
+# ---------------------------------------------------------------------------
+# 3. output hashes: the same tape must give the same bytes on every build
+# ---------------------------------------------------------------------------
+# (name: the hash at the reference sizes, recorded on main at 93e6f35, 2026-12-06.
+# A change that alters what the core outputs changes them: record the new ones in
+# the same commit and say why. The earlier 180bce74e32f7a98 / 0c95e38350f5faee /
+# 23aa21111e1244dc predate 58fc94b and 0df76e8, whose outputs differ on purpose.)
+REFERENCE_HASHES = {
+    "light": "d9b9246664e8f187",
+    "backlog": "141284fdf1935f0c",
+    "mt": "238e4840e4a50f69",
+}
+
+
+def replay_hash(
+    tape: list[Any], counts: list[int], config: CellConfig, start: int, end: int
+) -> str:
+    """A fresh cell applies ``tape[:end]``; sha256 over ``repr`` of each output
+    list from ``start`` on, first 16 hex digits. Output counts are checked
+    against the recording (``counts``) all along."""
+    cell = Cell(config, "sim")
+    digest = hashlib.sha256()
+    for i in range(end):
+        out = cell.apply(tape[i], f"sim:{i + 1}")
+        if len(out) != counts[i]:
+            raise AssertionError(f"input {i}: {len(out)} outputs, the recording had {counts[i]}")
+        if i >= start:
+            digest.update(repr(out).encode())
+    return digest.hexdigest()[:16]
+
+
+def output_hash(name: str, scale: float = 1.0) -> str:
+    """The output hash of one scenario; ``scale`` 1 is the reference size
+    (``REFERENCE_HASHES``), smaller scales shrink the tape for quick checks.
+
+    - light: ``record_tape`` on 2,000 nodes at load 0.9, 60,000 events; the
+      last third hashed.
+    - backlog: ``record_backlog_tape`` (2,000 nodes, 20,000 events after 5,000
+      queued, 2,000 tenants, load 3); the timed part hashed.
+    - mt: the simulator's ``multitenant`` workload (4,000 jobs, 128 nodes,
+      estimates on) with the framespool policy; its whole tape hashed."""
+    if name == "light":
+        events = max(300, round(60_000 * scale))
+        tape, counts, config = record_tape(max(10, round(2000 * scale)), 8, events, 1, 0.9)
+        return replay_hash(tape, counts, config, events * 2 // 3, events)
+    if name == "backlog":
+        nodes = max(10, round(2000 * scale))
+        tape, counts, config, start = record_backlog_tape(
+            nodes,
+            8,
+            max(200, round(20_000 * scale)),
+            max(25, round(5000 * scale)),
+            nodes,
+            1,
+            3.0,
+        )
+        return replay_hash(tape, counts, config, start, len(tape))
+    if name == "mt":
+        from framespool.processors.sim import with_workload_defaults
+        from framespool.processors.sim.engine import SimOptions, Simulation
+        from framespool.processors.sim.policies import POLICIES
+        from framespool.processors.sim.workload import synthetic
+
+        opts = SimOptions(nodes=max(8, round(128 * scale)), gpus_per_node=8, seed=1, estimates=True)
+        workload = synthetic("multitenant", max(100, round(4000 * scale)), 1, opts.capacity_gpus)
+        opts = with_workload_defaults(opts, workload, None)
+        tape = []
+        policy = POLICIES["framespool"]
+        run = Simulation(workload, policy, opts, CellConfig(), None, None, tape=tape)
+        run.run()
+        return replay_hash(tape, run.tape_counts, run.config, 0, len(tape))
+    raise ValueError(f"unknown hash scenario {name!r}; choose from {', '.join(REFERENCE_HASHES)}")

@@ -90,6 +90,13 @@ def register(subparsers: Any) -> None:
         help="runs of each timed part (the mixed stream from one warm cell's copies, the "
         "placement passes from scratch); the best is reported, every run's figure beside it",
     )
+    core.add_argument(
+        "--hash",
+        metavar="NAMES",
+        help="instead of timing: the output hashes of light, backlog and/or mt "
+        "(comma-separated) at their reference sizes, checked against the recorded ones "
+        "(exit 1 when one differs)",
+    )
     core.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     core.set_defaults(handler=handle_core)
     pipe = targets.add_parser(
@@ -191,7 +198,29 @@ def register(subparsers: Any) -> None:
     cluster.set_defaults(handler=handle_cluster)
 
 
+def handle_hash(args: argparse.Namespace) -> int:
+    """``bench core --hash``: did the core's outputs change? (a guard for speed work)"""
+    from framespool.bench.core import REFERENCE_HASHES, output_hash
+
+    names = [n.strip() for n in args.hash.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REFERENCE_HASHES]
+    if unknown or not names:
+        raise CommandError(f"--hash={args.hash!r}: give {', '.join(REFERENCE_HASHES)}")
+    hashes = {}
+    for name in names:
+        hashes[name] = output_hash(name)
+        same = hashes[name] == REFERENCE_HASHES[name]
+        print(
+            f"  {name:<8} {hashes[name]}  {'= reference' if same else 'DIFFERS from'} "
+            f"{'' if same else REFERENCE_HASHES[name]}".rstrip()
+        )
+    write_json(args.json, {"hashes": hashes, "reference": REFERENCE_HASHES})
+    return 0 if all(hashes[n] == REFERENCE_HASHES[n] for n in names) else 1
+
+
 def handle_core(args: argparse.Namespace) -> int:
+    if args.hash:
+        return handle_hash(args)
     from framespool.bench.core import bench_core
 
     if args.backlog_events is None:

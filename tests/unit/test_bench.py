@@ -159,3 +159,14 @@ def test_bench_core_repeat_times_every_run_from_the_same_warm_cell(tmp_path: Pat
 def test_bench_core_repeat_must_be_positive(capsys) -> None:
     assert main(["bench", "core", "--repeat", "0"]) == 2
     assert "--repeat" in capsys.readouterr().err
+
+
+def test_output_hashes_are_a_function_of_the_tape():
+    """``bench core --hash``: the same scenario hashes the same; the names are checked."""
+    from framespool.bench.core import output_hash
+
+    first = output_hash("light", 0.01)
+    assert first == output_hash("light", 0.01) and len(first) == 16
+    assert output_hash("backlog", 0.01) != first
+    with pytest.raises(ValueError, match="unknown hash scenario"):
+        output_hash("heavy")
