@@ -411,6 +411,101 @@ class Reservations:
                 self.preempt_times.append(self.now_ms)
         job.reason = f"preempting {len(victims)} run(s): {why}"
 
+    def defragment(self: Cell) -> None:
+        """Move small runs off a node that they would otherwise hold for at
+        least ``defrag_after_s`` (``CellConfig.defrag_after_s``), so a
+        reservation's holder starts there now: the first holder in
+        reservation order of a single-node shape that fits no node now, one
+        move per pass. Its own reservation then serves the next blocked job
+        at its shadow time, while the node's free GPUs work from now on
+        instead of idling behind the small runs (genai: after arrivals stop,
+        only whole-node jobs queue and 200-290 GPUs idle on nodes with one
+        or two long small runs; the 16 reservations all free within minutes).
+
+        A node qualifies when every run on it is an eligible victim
+        (``eligible_victim``: preemptible, checkpointable, run long enough,
+        preempted fewer than the limit) of the holder's tier or a less
+        important one, on that node alone, projected to hold it that long,
+        and each fits now (by GPU count) on another node's free GPUs that no
+        claim or reservation holds (counted down as they are promised, so
+        the moved runs start again at once on GPUs that idle); the node that
+        moves fewest GPUs wins. Its victims are asked to checkpoint
+        (``PREEMPTED``: counted against ``preemptions_per_minute`` and each
+        job's preemptions) and the holder claims the node, as a preemptor does.
+
+        Cost: O(reservations + G) while no single-node holder is blocked;
+        else O(N * G) over the N nodes and G GPUs per node, once per full pass."""
+        after_s = getattr(self.config, "defrag_after_s", 0.0)
+        if not after_s or not self.reservation_job:
+            return
+        largest = self.index.largest_free()
+        for holder_id, _, _ in self.reservation_list():
+            holder = self.jobs.get(holder_id)
+            if holder is None or holder.state != JobState.QUEUED or holder_id in self.claims:
+                continue
+            gpus, per_node, _ = holder.shape
+            if gpus <= per_node and gpus > largest:
+                break
+        else:
+            return
+        window = self.now_ms - 60_000
+        self.preempt_times = [t for t in self.preempt_times if t > window]
+        room = self.config.preemptions_per_minute - len(self.preempt_times)
+        if room <= 0:
+            return
+        held = self.claimed_nodes("")
+        for _, _, nodes in self.reservation_list():
+            held.update(dict.fromkeys(nodes))
+        # free GPUs that idle now, node by node, outside claims and reservations
+        spare = {
+            node_id: free
+            for node_id, free in self.index.bucket_of.items()
+            if node_id not in held and free < gpus
+        }
+        min_run_ms = int(self.config.min_run_before_preempt_s * 1000)
+        rank = self.config.tier_of(holder.tier).rank  # a victim of its tier or a less important one
+        until = self.now_ms + int(after_s * 1000)  # a victim that would hold its node this long
+        best: tuple[int, str, list[Run]] | None = None
+        for node in self.index.nodes.values():
+            node_id = node.node_id
+            if not node.schedulable or node_id in held:
+                continue
+            runs = self.runs_on(node)
+            usable = sum(1 for i in range(node.total) if node.gpu_state[i] == GpuState.OK)
+            if usable < gpus or not runs:
+                continue
+            moved = sum(len(r.held[node_id]) for r in runs)
+            if moved != node.total - node.owner.count(None) or len(runs) > room:
+                continue  # a GPU held by no run of the table: not ours to free
+            if best is not None and moved >= best[0]:
+                continue
+            if not all(
+                len(r.held) == 1
+                and self.config.tier_of(r.tier).rank >= rank
+                and self.eligible_victim(r, node, min_run_ms)
+                and r.projected_end_ms(self.now_ms) >= until
+                for r in runs
+            ):
+                continue
+            left = dict(spare)
+            left.pop(node_id, None)
+            if all(_take(left, r.gpus) for r in sorted(runs, key=lambda r: -r.gpus)):
+                best = (moved, node_id, runs)
+        if best is None:
+            return
+        _, node_id, victims = best
+        self.claims[holder_id] = (
+            (node_id,),
+            self.now_ms + int((self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000),
+        )
+        why = f"moved for {holder_id}, which waits for a whole node"
+        for run in victims:
+            if self.request_exit(
+                run, RunCause.PREEMPTED, holder_id, f"preempted by {holder_id}: {why}"
+            ):
+                self.preempt_times.append(self.now_ms)
+        holder.reason = f"defragmenting: {len(victims)} run(s) move off {node_id}"
+
     def plan_victims(
         self: Cell, per_node: int, nodes_needed: int, victim_ok
     ) -> tuple[tuple[str, ...], list[Run]] | None:
@@ -602,6 +697,17 @@ class LateSlices:
             if (key, node) not in skip
         )
         return heapq.merge(capped, rest)
+
+
+def _take(spare: dict[str, int], gpus: int) -> bool:
+    """Promise ``gpus`` GPUs of one node in ``spare`` (the fullest that fits,
+    then node order), counting them down; False when none has that many."""
+    fits = [(free, node_id) for node_id, free in spare.items() if free >= gpus]
+    if not fits:
+        return False
+    free, node_id = min(fits)
+    spare[node_id] = free - gpus
+    return True
 
 
 def _unused(amounts: tuple[int, ...], used: int) -> int:

@@ -98,7 +98,7 @@ from framespool.schemas.states import JobState, NodeState, RunPhase
 from . import lifecycle as lc
 from .fairshare import Flow, leaf_jobs
 from .model import Job, Node, Run
-from .placement import Placement
+from .placement import EndPacking, Placement
 from .queuebounds import QueueBounds, QueueClasses, ShapeClass
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -212,6 +212,7 @@ class Scheduling:
                 self.reserve(holder)
         if full:
             self.refresh_reservations()
+            self.defragment()
         signature = self.walk_signature(full)
         if signature is not None and _still_idle(signature, self.__dict__.get("_idle_walk")):
             return  # the same walk found nothing to do, and nothing it reads changed
@@ -625,7 +626,7 @@ class Scheduling:
         if key in memo.no_fit:
             return None
         ok = self.node_filter(job, estimate, False, False, reserved)
-        placement = self.index.find(gpus, per_node, job.spec.model, ok)
+        placement = self.index.find(gpus, per_node, job.spec.model, ok, self.by_end(estimate))
         if placement is None:
             memo.no_fit[key] = None
         return placement
@@ -745,12 +746,41 @@ class Scheduling:
                 placement = self.memo_search(job, gpus, per_node, estimate, fixed, memo)
             else:
                 ok = self.node_filter(job, estimate, holder, claim_only)
-                placement = self.index.find(gpus, per_node, spec.model, ok)
+                placement = self.index.find(gpus, per_node, spec.model, ok, self.by_end(estimate))
             if placement is not None:
                 best = (placement, (gpus, per_node, estimate))
         if best is None:
             return False
         return self.commit(job, best[0], best[1], why)
+
+    def by_end(self: Cell, estimate_s: float) -> EndPacking | None:
+        """What ``index.find`` needs to place a job of ``estimate_s`` by its
+        expected end (``CellConfig.pack_by_end_s``), or None when that is off.
+        O(1); the search asks ``drain_ms`` per partly used node that fits."""
+        grain_s = getattr(self.config, "pack_by_end_s", 0.0)
+        if not grain_s:
+            return None
+        return (self.now_ms + int(estimate_s * 1000), max(1, int(grain_s * 1000)), self.drain_ms)
+
+    def drain_ms(self: Cell, node: Node) -> int:
+        """When the runs holding GPUs of ``node`` are expected to have left it:
+        the latest of their projected ends (``Run.projected_end_ms``; a run
+        already stopping, or none, counts as now). O(GPUs per node)."""
+        now = self.now_ms
+        latest = now
+        runs = self.runs
+        seen = None
+        for key in node.owner:
+            if key is None or key == seen:
+                continue
+            seen = key
+            run = runs.get(key)
+            if run is None or run.phase == RunPhase.STOPPING:
+                continue
+            end = run.projected_end_ms(now)
+            if end > latest:
+                latest = end
+        return latest
 
     def fit_shapes(self: Cell, job: Job) -> tuple[tuple[int, int, float, tuple], ...]:
         """``shapes_of(job)``, each shape with the part of its ``fit_key`` the
