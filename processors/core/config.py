@@ -273,16 +273,20 @@ class CellConfig:
     # Single-node jobs placed by expected end (placement.py
     # ``_single_by_end``): among partly used nodes that fit, the one whose
     # drain (the latest projected end of its runs) the job extends least,
-    # counted in whole grains of this many seconds, then best fit (0 = best
-    # fit alone). 300 (issue 34): best fit alone spread long small runs one
-    # or two per node, so whole-node jobs queued beside 6-7 idle GPUs a
-    # node. Genai at 300: utilization under backlog 0.961 -> 0.967, batch
-    # told-P50 held 61.0 -> 57.9 % (now in 40-60 %), every other target
-    # held; multitenant 0.963 -> 0.972 with every tier's told bands in
-    # range. At 60 genai reached 0.971, but the multitenant free tier's
-    # told P90 fell to 84.8 % (87.6 % before), under the 85-95 % band. Read
-    # with getattr (after the fields above for pickles).
-    pack_by_end_s: float = 300.0
+    # counted in grains of this many seconds, then best fit (0 = best fit
+    # alone). Off by default (issue 34): at 60, genai utilization under
+    # backlog 0.961 -> 0.971 (best fit alone spread long small runs one or
+    # two per node, so whole-node jobs queued beside 6-7 idle GPUs a node),
+    # batch told-P50 held 61.0 -> 59.4 %, paid light-job p90 wait 56.3 ->
+    # 46.6 s, every other target held; but the multitenant workload's free
+    # tier was told a P90 held by 84.8 % of its jobs (87.6 % before), under
+    # the 85-95 % band. At 300: 0.967, batch told-P50 held 57.9 %, every
+    # band in range, but each successful single-node search then scans every
+    # partly used node that fits: `bench core` light fell from 23.3k to 13.3k
+    # events/s (placements 10.4k -> 5.2k/s) in one run, 2026-12-06. Off until
+    # that search is indexed. Read with getattr (after the fields above for
+    # pickles).
+    pack_by_end_s: float = 0.0
     # Defragmentation for a reservation's holder (reservation.py
     # ``defragment``): a node held only by a few preemptible, checkpointable
     # runs of its tier or less important ones, projected to hold it at least

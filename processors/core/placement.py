@@ -10,13 +10,12 @@ multi-gigabyte load), but a whole free node is not broken for warmth while a
 partly used node fits (on the genai workload whole-node jobs queued behind
 small runs spread one per node: paid light-job p90 wait 70.4 -> 56.3 s,
 utilization under backlog 0.959 -> 0.961). With ``CellConfig.pack_by_end_s``
-(300 s by default) a single-node job goes by its expected end first
+(off by default) a single-node job goes by its expected end first
 (``_single_by_end``): of the partly used nodes that fit, the one whose drain
 it extends least, then the best fit, so long small runs gather on the nodes
 that already run long and a node whose runs end soon drains for whole-node
-work (genai, at a grain of 60 s: idle GPU-time under backlog 650 k -> 464 k
-GPU-s, most of the rest in the hour after arrivals stop, when only whole-node
-jobs queue). A multi-node gang of ``n`` nodes x ``g`` GPUs is placed
+work (genai: idle GPU-time under backlog 650 k -> 464 k GPU-s, most of it in
+the hour after arrivals stop, when only whole-node jobs queue). A multi-node gang of ``n`` nodes x ``g`` GPUs is placed
 inside one rail group (InfiniBand leaf) when any rail has ``n`` fitting nodes,
 preferring the rail that fits tightest; otherwise it spans rails and says so.
 

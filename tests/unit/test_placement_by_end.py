@@ -3,7 +3,7 @@
 late, not the first best fit, so a node whose runs end soon stays drainable
 for whole-node work (issue 34). The first test fails when the knob is
 ignored (or placement by end is broken); the second pins best fit in node
-order with the knob at 0."""
+order with the knob at 0 (the default)."""
 
 from __future__ import annotations
 
