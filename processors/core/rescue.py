@@ -104,9 +104,7 @@ class Rescue:
         if not victims:
             job.reason = "waiting: GPUs free by themselves in time"
             return True
-        window = self.now_ms - 60_000
-        self.preempt_times = [t for t in self.preempt_times if t > window]
-        room = self.config.preemptions_per_minute - len(self.preempt_times)
+        room = self.preemption_room()
         if len(victims) > room:
             job.reason = (
                 f"waiting: preemption churn limit reached (needs {len(victims)} victims,"
@@ -114,10 +112,8 @@ class Rescue:
             )
             return self.now_ms < deadline_ms
         ready_ms = max(p.ready_ms for p in plan)
-        self.claims[job.job_id] = (
-            tuple(p.node_id for p in plan),
-            max(self.now_ms, ready_ms)
-            + int((self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000),
+        self.claim_after_stop(
+            job.job_id, tuple(p.node_id for p in plan), max(self.now_ms, ready_ms)
         )
         promise = f"{job.tier} job must start within {tier.start_within_s:.0f}s"
         hard = {r.key for p in plan for r in p.hard}

@@ -384,9 +384,7 @@ class Reservations:
             victim_ok = lambda run: self.is_borrower(run, job)
         if victim_ok is None:
             return
-        window = self.now_ms - 60_000
-        self.preempt_times = [t for t in self.preempt_times if t > window]
-        room = self.config.preemptions_per_minute - len(self.preempt_times)
+        room = self.preemption_room()
         if room <= 0:
             job.reason = "waiting: preemption churn limit reached"
             return
@@ -401,15 +399,26 @@ class Reservations:
             )
             return
         nodes, victims = plan
-        self.claims[job.job_id] = (
-            nodes,
-            self.now_ms + int((self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000),
-        )
+        self.claim_after_stop(job.job_id, nodes, self.now_ms)
         for run in victims:
             reason = f"preempted by {job.job_id}: {why}"
             if self.request_exit(run, RunCause.PREEMPTED, job.job_id, reason):
                 self.preempt_times.append(self.now_ms)
         job.reason = f"preempting {len(victims)} run(s): {why}"
+
+    def preemption_room(self: Cell) -> int:
+        """How many more runs may be preempted this minute
+        (``CellConfig.preemptions_per_minute``); forgets preemptions older than a
+        minute. O(preemptions of the last minute)."""
+        window = self.now_ms - 60_000
+        self.preempt_times = [t for t in self.preempt_times if t > window]
+        return self.config.preemptions_per_minute - len(self.preempt_times)
+
+    def claim_after_stop(self: Cell, job_id: str, nodes: tuple[str, ...], from_ms: int) -> None:
+        """``job_id`` claims ``nodes`` until the runs leaving them have had their
+        checkpoint grace and stop lease, counted from ``from_ms``."""
+        grace_ms = int((self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000)
+        self.claims[job_id] = (nodes, from_ms + grace_ms)
 
     def defragment(self: Cell) -> None:
         """Move small runs off a node that they would otherwise hold for at
@@ -448,9 +457,7 @@ class Reservations:
                 break
         else:
             return
-        window = self.now_ms - 60_000
-        self.preempt_times = [t for t in self.preempt_times if t > window]
-        room = self.config.preemptions_per_minute - len(self.preempt_times)
+        room = self.preemption_room()
         if room <= 0:
             return
         held = self.claimed_nodes("")
@@ -494,10 +501,7 @@ class Reservations:
         if best is None:
             return
         _, node_id, victims = best
-        self.claims[holder_id] = (
-            (node_id,),
-            self.now_ms + int((self.config.checkpoint_grace_s + self.config.stop_lease_s) * 1000),
-        )
+        self.claim_after_stop(holder_id, (node_id,), self.now_ms)
         why = f"moved for {holder_id}, which waits for a whole node"
         for run in victims:
             if self.request_exit(
