@@ -492,24 +492,22 @@ class StatefulProcessor:
                 due.append(p)
         return due
 
-    def _write(self, partitions: list[int]) -> dict[int, tuple[bytes, int, float]]:
-        """Pickle and save ``partitions``; ``{partition: (payload, offset, pickle s)}``."""
+    def _write(self, partitions: list[int]) -> dict[int, tuple[bytes, float]]:
+        """Pickle and save ``partitions``; ``{partition: (payload, seconds pickling)}``."""
         if not partitions:
             return {}
-        pickled: dict[int, tuple[bytes, int, float]] = {}
+        pickled: dict[int, tuple[bytes, float]] = {}
         for p in partitions:
             started = self._timer()
             payload = pickle_state(self._parts[p].state)
-            pickled[p] = (payload, self._parts[p].offset, self._timer() - started)
+            pickled[p] = (payload, self._timer() - started)
         started = self._timer()
-        self.store.save_pickled(
-            {p: (payload, offset) for p, (payload, offset, _) in pickled.items()}
-        )
+        self.store.save_pickled({p: (pickled[p][0], self._parts[p].offset) for p in partitions})
         write_s = (self._timer() - started) / len(partitions)
         now = self._clock()
-        for p, (_, offset, pickle_s) in pickled.items():
+        for p, (_, pickle_s) in pickled.items():
             part = self._parts[p]
-            part.snapshot_offset = offset
+            part.snapshot_offset = part.offset
             part.snapshot_at = now
             part.snapshot_cost = pickle_s + write_s
         return pickled
@@ -518,7 +516,7 @@ class StatefulProcessor:
         self,
         partitions: Iterable[int],
         force: bool,
-        pickled: Mapping[int, tuple[bytes, int, float]] | None = None,
+        pickled: Mapping[int, tuple[bytes, float]] | None = None,
     ) -> None:
         """Publish due snapshots to the shared store; a refused one fences its partition.
 
@@ -553,7 +551,7 @@ class StatefulProcessor:
                 continue
             part.published_offset = part.offset
             part.published_at = now
-            part.publish_cost = self._timer() - started + (fresh[2] if fresh else 0.0)
+            part.publish_cost = self._timer() - started + (fresh[1] if fresh else 0.0)
             self.published += 1
 
 
