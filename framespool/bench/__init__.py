@@ -11,7 +11,9 @@ its flags and its report: :mod:`framespool.commands.bench`).
   from its shared snapshot;
 - :mod:`~framespool.bench.fetch`: the broker's CPU under idle readers, by fetch wait;
 - :mod:`~framespool.bench.cluster`: what ``GET /v1/cluster`` costs the API at
-  fleet scale.
+  fleet scale;
+- :mod:`~framespool.bench.snapshot`: what pickling a processor's state for a
+  snapshot costs its turn.
 
 They start the embedded broker or stack and wire processes, so they sit in the
 composition root (pyproject's import-linter layers).

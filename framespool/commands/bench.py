@@ -196,6 +196,21 @@ def register(subparsers: Any) -> None:
     cluster.add_argument("--calls", type=int, default=20, help="calls of each kind")
     cluster.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     cluster.set_defaults(handler=handle_cluster)
+    snap = targets.add_parser(
+        "snapshot",
+        help="what pickling a processor's state for a snapshot costs",
+        description="CPU milliseconds (best of --repeat) to pickle, and to pickle and "
+        "unpickle, an admission state holding --decisions decisions and a scheduler cell "
+        "on --nodes nodes after --events events of bench core's light stream: the cost a "
+        "snapshot adds to a processor's turn, which the snapshot budget spaces them by.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    snap.add_argument("--decisions", type=int, default=60_000, help="admission decisions held")
+    snap.add_argument("--nodes", type=int, default=2000, help="the cell's nodes")
+    snap.add_argument("--events", type=int, default=40_000, help="events the cell folds first")
+    snap.add_argument("--repeat", type=int, default=7)
+    snap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    snap.set_defaults(handler=handle_snapshot)
 
 
 def handle_hash(args: argparse.Namespace) -> int:
@@ -500,6 +515,25 @@ def handle_cluster(args: argparse.Namespace) -> int:
     print(f"  repeat, same generation      {r['repeat_ms']} ms (median of {r['calls']})")
     print(f"  with its ETag back (304)     {r['not_modified_ms']} ms")
     print(f"  after a cell's new status    {r['new_generation_ms']} ms")
+    return write_json(args.json, r)
+
+
+def handle_snapshot(args: argparse.Namespace) -> int:
+    from framespool.bench.snapshot import bench_snapshot
+
+    if min(args.decisions, args.nodes, args.events, args.repeat) < 1:
+        raise CommandError("--decisions, --nodes, --events and --repeat must each be >= 1")
+    r = bench_snapshot(args.decisions, args.nodes, args.events, args.repeat)
+    a, c = r["admission"], r["cell"]
+    print(f"snapshot cost, CPU ms, best of {r['repeat']}")
+    print(
+        f"  admission, {a['decisions']:,} decisions: pickle {a['pickle_ms']} ms, "
+        f"round trip {a['round_trip_ms']} ms, {a['bytes']:,} bytes"
+    )
+    print(
+        f"  cell, {c['nodes']:,} nodes, {c['jobs']:,} jobs: pickle {c['pickle_ms']} ms, "
+        f"round trip {c['round_trip_ms']} ms, {c['bytes']:,} bytes"
+    )
     return write_json(args.json, r)
 
 

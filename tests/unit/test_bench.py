@@ -170,3 +170,12 @@ def test_output_hashes_are_a_function_of_the_tape():
     assert output_hash("backlog", 0.01) != first
     with pytest.raises(ValueError, match="unknown hash scenario"):
         output_hash("heavy")
+
+
+def test_the_snapshot_bench_times_both_states_it_built():
+    from framespool.bench.snapshot import bench_snapshot
+
+    r = bench_snapshot(decisions=300, nodes=10, events=500, repeat=1)
+    assert r["admission"]["decisions"] == 300 and r["admission"]["bytes"] > 0
+    assert r["cell"]["jobs"] > 0 and r["cell"]["bytes"] > 0
+    assert r["admission"]["round_trip_ms"] >= 0 and r["cell"]["pickle_ms"] >= 0
