@@ -74,17 +74,3 @@ def test_a_state_resumed_from_its_snapshot_decides_as_the_one_that_never_stopped
     assert got == expected
     assert resumed.jobs == straight.jobs and resumed.keys == straight.keys
     assert list(resumed.expiry) == list(straight.expiry)
-
-
-def test_a_snapshot_from_before_the_columns_loads_and_decides_on():
-    """A data dir written before the columns holds ``jobs`` and ``keys`` as dicts."""
-    config = AdmissionConfig(cells=("cell-0", "cell-1"), idempotency_horizon_s=600)
-    state = AdmissionState(config)
-    for i in range(20):
-        state.apply(submit(f"j{i}", tenant=f"t{i % 3}", ts=T0 + i, key=f"k{i % 5}"), f"p@{i}")
-    old_form = dict(state.__dict__)  # what pickle wrote before __getstate__ existed
-    loaded = AdmissionState.__new__(AdmissionState)
-    loaded.__setstate__(old_form)
-    assert loaded.jobs == state.jobs and loaded.keys == state.keys
-    again = submit("j3", tenant="t0", ts=T0 + 30, key="k3")  # a retry under a known key
-    assert loaded.apply(again, "p@30") == state.apply(again, "p@30")
