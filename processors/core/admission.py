@@ -112,16 +112,6 @@ from typing import Any, NamedTuple
 from framespool.schemas import events as ev
 from framespool.schemas.refusals import IgnoreCode
 
-from .columns import (
-    pack_flags,
-    pack_ints,
-    pack_optional_strings,
-    pack_repeated,
-    pack_strings,
-    unpack_optional_strings,
-    unpack_repeated,
-    unpack_strings,
-)
 from .config import DEFAULT_TIERS
 from .drain import largest_job
 from .offers import hosts, live_offers, offer_groups, predicted_wait_s, tier_limit_s
@@ -257,64 +247,8 @@ class AdmissionState:
         self.routed: dict[str, tuple[float, int]] = {}
         self.superseded: dict[str, int] = {}  # job -> stale entries of it in ``expiry``
 
-    def __getstate__(self) -> dict[str, Any]:
-        """The snapshot form: ``jobs`` and ``keys`` as columns (``.columns``).
-
-        They hold an idempotency horizon of decisions (600 s at 100 jobs/s is
-        60,000), and a snapshot pickles them whole inside a turn: one
-        ``Decision`` and one key tuple each would be ~8 objects per job, the
-        columns are a dozen objects in all. Cost: O(decisions) in C-level loops,
-        and as much to rebuild them.
-        """
-        state = self.__dict__.copy()
-        jobs: dict[str, Decision] = state.pop("jobs")
-        keys: dict[tuple[str, str], str] = state.pop("keys")
-        tenants, cells, times, names, cancelled = (
-            zip(*jobs.values(), strict=True) if jobs else ((), (), (), (), ())
-        )
-        state["jobs_columns"] = (
-            pack_strings(list(jobs)),
-            pack_repeated(tenants),
-            pack_repeated(cells),
-            pack_ints(times),
-            pack_optional_strings(names),
-            pack_flags(cancelled),
-        )
-        owners, keyed = zip(*keys, strict=True) if keys else ((), ())
-        state["keys_columns"] = (
-            pack_repeated(owners),
-            pack_strings(keyed),
-            pack_strings(list(keys.values())),
-        )
-        return state
-
     def __setstate__(self, state: dict) -> None:
-        """A snapshot from before offers gets them empty; one from before the columns
-        has ``jobs`` and ``keys`` as they are."""
-        state = dict(state)
-        columns = state.pop("jobs_columns", None)
-        if columns is not None:
-            ids, tenants, cells, times, names, cancelled = columns
-            state["jobs"] = {
-                job_id: Decision(tenant, cell, ts_ms, key, bool(flag))
-                for job_id, tenant, cell, ts_ms, key, flag in zip(
-                    unpack_strings(ids),
-                    unpack_repeated(tenants),
-                    unpack_repeated(cells),
-                    times,
-                    unpack_optional_strings(names),
-                    cancelled,
-                    strict=True,
-                )
-            }
-            owners, names, jobs = state.pop("keys_columns")
-            state["keys"] = dict(
-                zip(
-                    zip(unpack_repeated(owners), unpack_strings(names), strict=True),
-                    unpack_strings(jobs),
-                    strict=True,
-                )
-            )
+        """A snapshot from before offers gets them empty."""
         self.__dict__.update(state)
         if "offers" not in state:
             self.init_offers()
