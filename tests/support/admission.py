@@ -18,3 +18,7 @@ def submit(
         idempotency_key=key,
         spec=ev.JobSpec(job_id=job_id, tenant=tenant, **spec),
     )
+
+
+def cancel(job_id: str, tenant: str = "acme", ts: int = T0) -> ev.CancelJob:
+    return ev.CancelJob(event_id=f"cancel-{job_id}", ts_ms=ts, job_id=job_id, tenant=tenant)

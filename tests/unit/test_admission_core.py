@@ -16,11 +16,7 @@ from framespool.processors.core.admission import (
     rendezvous,
 )
 from framespool.schemas import events as ev
-from tests.support.admission import T0, submit
-
-
-def cancel(job_id: str, tenant: str = "acme", ts: int = T0) -> ev.CancelJob:
-    return ev.CancelJob(event_id=f"cancel-{job_id}", ts_ms=ts, job_id=job_id, tenant=tenant)
+from tests.support.admission import T0, cancel, submit
 
 
 def test_submit_is_admitted_to_a_cell_with_ids_from_the_position():
