@@ -131,6 +131,14 @@ def processor_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{SNAPSHOT_BUDGET})",
     )
     parser.add_argument(
+        "--snapshot-pickling",
+        choices=("auto", "background", "inline"),
+        default="auto",
+        help="where a snapshot's state is pickled: 'background', by a forked child while the "
+        "processor goes on (Linux only), 'inline', in the processor's turn, or 'auto' "
+        "(default): background where it can be",
+    )
+    parser.add_argument(
         "--shared-snapshots",
         default=os.environ.get("FRAMESPOOL_SHARED_SNAPSHOTS", ""),
         metavar="LOCATION",
@@ -168,7 +176,11 @@ def build_runner(args: argparse.Namespace, topics: Topics) -> ProcessorRunner:
         read_config_file,
     )
     from framespool.processors.scheduler import SchedulerFold
-    from framespool.processors.snapshots import SnapshotStore, StatefulProcessor
+    from framespool.processors.snapshots import (
+        SnapshotStore,
+        StatefulProcessor,
+        background_snapshots_supported,
+    )
     from framespool.schemas import topics as catalogue
 
     doc = read_config_file(args.config) if args.config else {}
@@ -197,6 +209,11 @@ def build_runner(args: argparse.Namespace, topics: Topics) -> ProcessorRunner:
         raise ConfigError(
             f"cannot open the state store in {args.data_dir / store_name}: {exc}"
         ) from None
+    if args.snapshot_pickling == "background" and not background_snapshots_supported():
+        raise ConfigError(
+            f"--snapshot-pickling background: needs fork, on Linux (this is {sys.platform}); "
+            "use inline"
+        )
     shared = None
     if args.shared_snapshots:
         from framespool.processors.shared_snapshots import open_shared_snapshots
@@ -212,6 +229,8 @@ def build_runner(args: argparse.Namespace, topics: Topics) -> ProcessorRunner:
         instance=args.instance or f"{socket.gethostname()}-{os.getpid()}",
         publish_interval_s=args.publish_interval,
         snapshot_budget=args.snapshot_budget,
+        background=args.snapshot_pickling == "background"
+        or (args.snapshot_pickling == "auto" and background_snapshots_supported()),
         # nobody can take a partition over sooner than a session timeout after our
         # last heartbeat: checking twice per timeout catches a pause longer than that
         verify_after_s=args.session_timeout_ms / 2000,

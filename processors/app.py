@@ -292,6 +292,8 @@ class ProcessorRunner:
         """One poll-fold-produce-snapshot-commit cycle."""
         records = consumer.consume(self.max_batch, self.poll_timeout_s)  # 0
         if not records:
+            # a snapshot pickled in the background lands without waiting for input
+            self.counters.snapshots += self.processor.collect()
             return
         self.processor.verify(r.partition for r in records)
         batch = self.processor.fold(records)  # 1

@@ -69,8 +69,13 @@ fenced three ways, each enough for correctness on its own terms:
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import pickle
+import resource
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -213,6 +218,47 @@ class _Partition:
     publish_cost: float = 0.0  # seconds the last shared snapshot took (pickle + upload)
 
 
+# Background snapshots (``StatefulProcessor(background=True)``): a forked child
+# pickles the states into files named after it beside the store, the parent reads them
+_PICKLING = ".pickling."
+
+
+@dataclass
+class _Pending:
+    """A snapshot a forked child is pickling: the states as they were at the fork."""
+
+    pid: int
+    forked_at: float  # the processor's clock
+    fork_s: float  # the parent's cost of the fork (timer)
+    parts: dict[int, tuple[_Partition, int]]  # partition -> (its record then, its offset then)
+    files: dict[int, Path]
+
+
+def background_snapshots_supported() -> bool:
+    """Whether this platform can pickle snapshots in a forked child: Linux only
+    (``fork`` is missing on Windows and unsafe beside threads on macOS)."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def _pickle_in_child(states: Mapping[int, Any], files: Mapping[int, Path]) -> None:
+    """The forked child's whole life: pickle each state into its file, then
+    ``_exit`` (status 0, or 1 on any failure) without running the parent's
+    exit handlers or flushing its buffers. A signal to the process group ends
+    it at once (default dispositions): the parent then finds no snapshot."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        gc.disable()  # a collection would touch (and so copy) every page of the heap
+        for partition, state in states.items():
+            fd = os.open(files[partition], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(pickle_state(state))
+        code = 0
+    finally:
+        os._exit(code)
+
+
 @dataclass
 class Batch:
     """What :meth:`StatefulProcessor.fold` derived from one poll."""
@@ -242,6 +288,7 @@ class StatefulProcessor:
         namespace: str | None = None,
         snapshot_budget: float = 0.0,
         timer: Callable[[], float] = time.perf_counter,
+        background: bool = False,
     ) -> None:
         self.fold_ = fold
         self.store = store
@@ -258,6 +305,14 @@ class StatefulProcessor:
         # partition's next snapshot waits its last one's cost / budget at least
         self.snapshot_budget = snapshot_budget
         self._timer = timer  # measures the snapshots' cost (a fake in tests)
+        if background and not background_snapshots_supported():
+            raise ValueError(f"background snapshots need fork on Linux, not {sys.platform}")
+        # pickle due snapshots in a forked child, off the fold thread (``snapshot``)
+        self.background = background
+        self._pending: _Pending | None = None
+        self.background_failures = 0  # children that wrote no snapshot
+        if background:
+            self._remove_leftovers()
         # the shared snapshots' key; another topic's name to seed a fresh topic from them
         self.namespace = namespace or topic
         self._parts: dict[int, _Partition] = {}
@@ -354,6 +409,7 @@ class StatefulProcessor:
                 self.fold_.name,
                 self.partitions,
             )
+        self._drop_pending()
         self._parts.clear()
 
     def _fence(self, partition: int, owner_epoch: int, by: str, why: str) -> None:
@@ -462,18 +518,136 @@ class StatefulProcessor:
         """Write the local snapshots that are due (all that moved, if ``force``), then
         publish the shared ones that are due; return how many local ones were written.
 
-        Cost: a due partition's state is pickled once (O(state size): the whole
-        state, every time) and the bytes serve both stores. That cost lands in the
-        turn, before its offsets are committed, and delays the next batch's
-        outputs; with a ``snapshot_budget`` b, a partition whose last snapshot
-        took c seconds is next due no sooner than c / b seconds later, so
-        snapshots take at most about b of the fold thread's time however big the
-        state grows (a crash then re-folds more, quietly, from the older snapshot).
+        Cost, inline (the default): a due partition's state is pickled once
+        (O(state size): the whole state, every time) and the bytes serve both
+        stores. That cost lands in the turn, before its offsets are committed,
+        and delays the next batch's outputs; with a ``snapshot_budget`` b, a
+        partition whose last snapshot took c seconds is next due no sooner than
+        c / b seconds later, so snapshots take at most about b of the
+        processor's time however big the state grows (a crash then re-folds
+        more, quietly, from the older snapshot).
+
+        With ``background``, a turn only starts and collects snapshots
+        (``collect``): the due partitions' states are pickled by a forked child
+        (copy-on-write: the states as they are now, whatever the fold does
+        next), one child at a time; a later turn reads its files and writes
+        them, each with the offset it had at the fork, and publishes them.
+        The turn pays the fork (O(the process's page tables): 2-10 ms at
+        300 MB) and, when the child is done, reading and writing the bytes
+        (O(bytes): ~15 ms for 5 MB) instead of the pickling (~150 ms for the
+        same state); c counts the child's CPU too, so the budget still bounds
+        what snapshots cost the machine. A forced snapshot (revoke, shutdown)
+        stops a running child and is written inline, as are all snapshots
+        where ``fork`` is missing.
         """
+        if self.background and not force:
+            written = self.collect()
+            if self._pending is None:
+                due = self._due(self.partitions, False)
+                publish = self._publish_due(self.partitions) if self.shared is not None else []
+                if due or publish:
+                    self._fork(sorted(set(due) | set(publish)))
+            return written
+        self._drop_pending()
         due = self._due(self.partitions, force)
         pickled = self._write(due)
         self._publish(self.partitions, force, pickled)
         return len(due)
+
+    # -- background snapshots -------------------------------------------------
+    def _remove_leftovers(self) -> None:
+        """Delete the files of children that outlived a killed parent."""
+        store = self.store.path
+        for stale in store.parent.glob(f".{store.name}{_PICKLING}*"):
+            stale.unlink(missing_ok=True)
+
+    def _fork(self, partitions: list[int]) -> None:
+        store = self.store.path
+        started, forked_at = self._timer(), self._clock()
+        states = {p: self._parts[p].state for p in partitions}
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            me = os.getpid()
+            _pickle_in_child(
+                states, {p: store.parent / f".{store.name}{_PICKLING}{me}.{p}" for p in states}
+            )
+        files = {p: store.parent / f".{store.name}{_PICKLING}{pid}.{p}" for p in partitions}
+        parts = {p: (self._parts[p], self._parts[p].offset) for p in partitions}
+        self._pending = _Pending(pid, forked_at, self._timer() - started, parts, files)
+
+    def _drop_pending(self) -> None:
+        """Stop and reap a running child, and forget what it was writing."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            os.kill(pending.pid, signal.SIGKILL)
+        except ProcessLookupError:  # already exited (a zombie until reaped)
+            pass
+        try:
+            os.waitpid(pending.pid, 0)
+        except ChildProcessError:
+            pass
+        for path in pending.files.values():
+            path.unlink(missing_ok=True)
+
+    def collect(self) -> int:
+        """Write (and publish, where due) the snapshots of a child that has
+        finished; return how many local ones were written (0 while it runs).
+
+        A partition revoked, fenced or snapshotted by force since the fork is
+        skipped: its record is no longer the one forked, or its snapshot is
+        already newer. A child that failed costs only replay: logged, counted
+        in ``background_failures``, its partitions due again after their spacing.
+
+        Cost: one ``wait4`` (a syscall) while the child runs; then O(bytes)."""
+        pending = self._pending
+        if pending is None:
+            return 0
+        try:
+            pid, status, usage = os.wait4(pending.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else: its outcome is unknown
+            pid, status, usage = pending.pid, 1 << 8, resource.getrusage(resource.RUSAGE_CHILDREN)
+        if pid == 0:
+            return 0
+        self._pending = None
+        started = self._timer()
+        child_s = (usage.ru_utime + usage.ru_stime) / max(1, len(pending.parts))
+        ok = os.waitstatus_to_exitcode(status) == 0
+        payloads: dict[int, bytes] = {}
+        try:
+            for p, (part, offset) in pending.parts.items():
+                if ok and self._parts.get(p) is part and part.snapshot_offset < offset:
+                    payloads[p] = pending.files[p].read_bytes()
+        finally:
+            for path in pending.files.values():
+                path.unlink(missing_ok=True)
+        if not ok:
+            self.background_failures += 1
+            log.warning(
+                "%s: the child pickling snapshots of %s exited with %s; they are due again",
+                self.fold_.name,
+                sorted(pending.parts),
+                os.waitstatus_to_exitcode(status),
+            )
+        written = list(payloads)
+        if written:
+            self.store.save_pickled({p: (payloads[p], pending.parts[p][1]) for p in written})
+        own_s = pending.fork_s + (self._timer() - started)
+        for p, (part, offset) in pending.parts.items():
+            if self._parts.get(p) is not part:
+                continue
+            if p in written:
+                part.snapshot_offset = offset
+            part.snapshot_at = pending.forked_at
+            part.snapshot_cost = child_s + own_s / len(pending.parts)
+        published = {
+            p: (payloads[p], pending.parts[p][1])
+            for p in payloads
+            if p in self._publish_due([p], offset=pending.parts[p][1], now=pending.forked_at)
+        }
+        self._publish_payloads(published, pending.forked_at, child_s)
+        return len(written)
 
     def _spacing(self, interval: float, cost: float) -> float:
         budget = self.snapshot_budget
@@ -512,6 +686,24 @@ class StatefulProcessor:
             part.snapshot_cost = pickle_s + write_s
         return pickled
 
+    def _publish_due(
+        self, partitions: Iterable[int], offset: int | None = None, now: float | None = None
+    ) -> list[int]:
+        """The ``partitions`` whose shared snapshot is due: they moved past their
+        last one (to ``offset``, by default where they are) and their spacing
+        (``publish_interval_s``, or its cost over the budget) has passed by ``now``."""
+        if self.shared is None:
+            return []
+        now = self._clock() if now is None else now
+        due = []
+        for p in partitions:
+            part = self._parts.get(p)
+            if part is None or (part.offset if offset is None else offset) <= part.published_offset:
+                continue
+            if now - part.published_at >= self._spacing(self.publish_interval_s, part.publish_cost):
+                due.append(p)
+        return due
+
     def _publish(
         self,
         partitions: Iterable[int],
@@ -527,32 +719,49 @@ class StatefulProcessor:
         if self.shared is None:
             return
         now = self._clock()
-        for p in list(partitions):
-            part = self._parts.get(p)
-            if part is None or part.offset <= part.published_offset:
-                continue
-            if not force and now - part.published_at < self._spacing(
-                self.publish_interval_s, part.publish_cost
-            ):
-                continue
-            meta = SnapshotMeta(self.namespace, p, part.offset, part.epoch, self.instance)
+        if force:
+            due = [
+                p
+                for p in partitions
+                if p in self._parts and self._parts[p].offset > self._parts[p].published_offset
+            ]
+        else:
+            due = self._publish_due(partitions, now=now)
+        for p in due:
+            part = self._parts[p]
             started = self._timer()
-            try:
-                fresh = (pickled or {}).get(p)
-                payload = fresh[0] if fresh is not None else pickle_state(part.state)
-                self.shared.publish(meta, payload)
-            except StaleEpoch as exc:
-                self._fence(
-                    p, exc.owner, exc.by, f"its snapshot at offset {part.offset} was refused"
-                )
-                continue
-            except SharedStoreError as exc:
-                log.warning("%s: shared snapshot of %d not published: %s", self.fold_.name, p, exc)
-                continue
-            part.published_offset = part.offset
-            part.published_at = now
-            part.publish_cost = self._timer() - started + (fresh[1] if fresh else 0.0)
-            self.published += 1
+            fresh = (pickled or {}).get(p)
+            payload = fresh[0] if fresh is not None else pickle_state(part.state)
+            extra_s = (fresh[1] if fresh else 0.0) + self._timer() - started
+            self._publish_one(p, payload, part.offset, now, extra_s)
+
+    def _publish_payloads(
+        self, payloads: Mapping[int, tuple[bytes, int]], now: float, extra_s: float
+    ) -> None:
+        """Publish snapshots pickled elsewhere (a background child): ``{partition:
+        (payload, its offset)}``, as of ``now``, each having cost ``extra_s`` to pickle."""
+        for p, (payload, offset) in payloads.items():
+            if p in self._parts:
+                self._publish_one(p, payload, offset, now, extra_s)
+
+    def _publish_one(self, p: int, payload: bytes, offset: int, now: float, extra_s: float) -> None:
+        part, shared = self._parts[p], self.shared
+        if shared is None:
+            return
+        meta = SnapshotMeta(self.namespace, p, offset, part.epoch, self.instance)
+        started = self._timer()
+        try:
+            shared.publish(meta, payload)
+        except StaleEpoch as exc:
+            self._fence(p, exc.owner, exc.by, f"its snapshot at offset {offset} was refused")
+            return
+        except SharedStoreError as exc:
+            log.warning("%s: shared snapshot of %d not published: %s", self.fold_.name, p, exc)
+            return
+        part.published_offset = offset
+        part.published_at = now
+        part.publish_cost = self._timer() - started + extra_s
+        self.published += 1
 
 
 def same_config(loaded: object, configured: object) -> bool:
