@@ -9,10 +9,14 @@ holds by then (every topic's high watermarks summed; Kafka's ListOffsets is
 right, so this is exact there). At the end, after a grace, the jobs never seen
 assigned are counted: a stack whose reads slow down as its log grows (Tansu's
 Fetch lists every stored batch) shows growing minutes and jobs left behind.
+Then each minute's jobs are split into the hops they crossed
+(``framespool.bench.pipeline.hop_split``, from the producer timestamps read
+back from the log), so a minute whose tail grows names the process it grew in.
 
 Cost: the stack's own (about 10 ms of CPU per job on 2 cores), one HTTP client
 task per ``concurrency``, one job-events reader; the per-job maps hold
-``rate * minutes * 60`` entries.
+``rate * minutes * 60`` entries; the hop split reads three topics back once at
+the end (about a minute per million records).
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from framespool.bench.pipeline import EventWatcher, percentiles, submit_many
+from framespool.bench.pipeline import (
+    HOPS,
+    EventWatcher,
+    hop_split,
+    log_stamps,
+    percentiles,
+    submit_many,
+)
 from framespool.broker import free_port
 from framespool.stack import Stack, StackConfig
 
@@ -38,6 +49,7 @@ class MinuteRow(TypedDict):
     assigned: int
     submit_to_assigned_ms: dict[str, float]
     log_records: int
+    hops_ms: dict[str, dict[str, float]]  # hop -> p50/p99/max (``hop_split``)
 
 
 def log_records(bootstrap: str) -> int:
@@ -91,6 +103,7 @@ def bench_soak(
         watcher = EventWatcher(stack.bootstrap_servers, broker)
         watcher.start()
         sent: dict[str, float] = {}
+        sent_wall: dict[str, float] = {}
         minute_of: dict[str, int] = {}
         try:
             total_minutes = max(1, round(minutes))
@@ -98,7 +111,9 @@ def bench_soak(
             for m in range(total_minutes):
                 batch: dict[str, float] = {}
                 t0 = time.perf_counter()
-                asyncio.run(submit_many(stack.api_url, key, per_minute, rate, concurrency, batch))
+                asyncio.run(
+                    submit_many(stack.api_url, key, per_minute, rate, concurrency, batch, sent_wall)
+                )
                 sent.update(batch)
                 minute_of.update({j: m for j in batch})
                 # the minute's jobs, read once they had a few seconds to be assigned
@@ -114,6 +129,7 @@ def bench_soak(
                     "assigned": len(lat),
                     "submit_to_assigned_ms": percentiles(lat),
                     "log_records": log_records(stack.bootstrap_servers),
+                    "hops_ms": {},
                 }
                 rows.append(row)
                 q = row["submit_to_assigned_ms"]
@@ -127,6 +143,8 @@ def bench_soak(
                 time.sleep(0.5)
             unassigned = sorted(j for j in sent if j not in watcher.assigned)
             records = log_records(stack.bootstrap_servers)
+            say("soak: reading the log back for the hop split")
+            stamps = log_stamps(stack.bootstrap_servers, set(sent))
         finally:
             watcher.stop()
     # each minute again, now that every job had the grace to be assigned
@@ -139,6 +157,8 @@ def bench_soak(
         ]
         row["assigned"] = len(lat)
         row["submit_to_assigned_ms"] = percentiles(lat)
+        mine = {j: t for j, t in sent_wall.items() if minute_of[j] == m}
+        row["hops_ms"] = hop_split(mine, stamps, watcher.assigned_wall)
     first, last = rows[0]["submit_to_assigned_ms"], rows[-1]["submit_to_assigned_ms"]
     return {
         "broker": broker,
@@ -149,6 +169,7 @@ def bench_soak(
         "unassigned_sample": unassigned[:10],
         "log_records": records,
         "per_minute": rows,
+        "hops": list(HOPS),
         "last_over_first_p50": round(last["p50"] / first["p50"], 2) if first["p50"] else None,
         "last_over_first_p99": round(last["p99"] / first["p99"], 2) if first["p99"] else None,
     }

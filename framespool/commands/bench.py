@@ -428,6 +428,12 @@ def handle_soak(args: argparse.Namespace) -> int:
             f"  {row['minute']:>6}  {row['assigned']:>8}/{row['submitted']:<9} "
             f"{q['p50']:>8} {q['p99']:>8} {q['max']:>8}   {row['log_records']:>11,}"
         )
+    print("  p99 ms by hop (framespool bench pipeline's hops)")
+    print("  minute  " + "".join(f"{hop:>11}" for hop in r["hops"]))
+    for row in r["per_minute"]:
+        hops = row["hops_ms"]
+        cells = "".join(f"{hops.get(hop, {}).get('p99', '-'):>11}" for hop in r["hops"])
+        print(f"  {row['minute']:>6}  {cells}")
     print(
         f"  last minute / first: p50 {r['last_over_first_p50']}x, p99 "
         f"{r['last_over_first_p99']}x (target within 3x); never assigned: {r['unassigned']}; "
