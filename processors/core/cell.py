@@ -16,15 +16,18 @@ deterministic:
 The handlers live in mixins along the domain's seams: ``jobs`` (admission,
 cancellation, run reports), ``nodes`` (registration, heartbeats, health, leases),
 ``gangs`` (a multi-node run's start barrier, per-member liveness and per-rank
-checkpoints), ``scheduling`` (fair order, placement, reservation, backfill,
-preemption), ``rescue`` (a promised start: wait, checkpoint or evict),
-``estimates`` (the wait a queued job is told), ``waiting`` (why it waits and
-its position, in words and as a code), ``breakers`` (failure containment),
-``stragglers`` (slow runs as evidence against nodes) and ``accounting``
-(costs, bounded state, the periodic
+checkpoints), the scheduling pass in four (``scheduling``: fair order,
+backfill and the walk; ``walkproofs``: when a walk may stop; ``starts``:
+placing one job; ``allocations``: a run's GPUs taken and given back),
+``reservation`` (reservations and preemption), ``rescue`` (a promised start:
+wait, checkpoint or evict), ``estimates`` (the wait a queued job is told),
+``waiting`` (why it waits and its position, in words and as a code),
+``breakers`` (failure containment), ``stragglers`` (slow runs as evidence
+against nodes) and ``accounting`` (costs, bounded state, the periodic
 read-model output).
 
-Cost model (``scheduling.py`` states it in full, ``test_core_costmodel.py``
+Cost model (``scheduling.py`` states it for the pass, ``walkproofs.py``,
+``starts.py`` and ``allocations.py`` for their parts; ``test_core_costmodel.py``
 tests it): with n backlogged flows, q queued jobs and F nodes with free GPUs,
 every handler costs O(log n + log q) amortized, plus O(F) per shape a
 placement searches; a Tick's pass tests at most ``backfill_depth`` candidates
@@ -51,6 +54,7 @@ from framespool.schemas.refusals import IgnoreCode
 
 from . import lifecycle as lc
 from .accounting import Accounting
+from .allocations import Allocations
 from .breakers import Breakers
 from .config import CellConfig
 from .drain import Drain
@@ -64,9 +68,11 @@ from .placement import NodeIndex
 from .rescue import Rescue
 from .reservation import Reservations
 from .scheduling import Scheduling
+from .starts import Starts
 from .stragglers import Stragglers
 from .waitbands import WaitBands
 from .waiting import Waiting
+from .walkproofs import WalkProofs
 
 
 class TenantUse:
@@ -85,6 +91,9 @@ class Cell(
     NodeHandlers,
     GangHandlers,
     Scheduling,
+    WalkProofs,
+    Starts,
+    Allocations,
     Reservations,
     Rescue,
     Drain,

@@ -136,11 +136,11 @@ class ShapeClass:
 class QueueClasses:
     """The queued jobs by what decides whether one can start on the GPUs free
     now: its tier (which reservations bind it) and, per shape, the spec's
-    demands (``Scheduling.fit_shapes``). Within a class only the estimate
+    demands (``Starts.fit_shapes``). Within a class only the estimate
     differs, and a longer estimate runs past more shadow times, so more nodes
     are reserved against it (``reserved_for_others``): a search for the class's
     shortest job that finds no nodes proves that no job of the class fits
-    (``Scheduling.every_class_blocked``). O(shapes * log q) per add or remove."""
+    (``WalkProofs.every_class_blocked``). O(shapes * log q) per add or remove."""
 
     __slots__ = ("classes",)
 

@@ -482,7 +482,8 @@ class Simulation(Agents, JobEvents):
                 "ignored_reports": int(counters.get("ignored_reports", 0)),
                 # the scheduling walks: candidates tested (those of a class a
                 # proof found blocked without a search), and the classes' proofs
-                # that stopped a walk (held) or let it go on (scheduling.py)
+                # that stopped a walk (held) or let it go on (counted by the walk,
+                # core/scheduling.py; the proofs are core/walkproofs.py's)
                 "walks": {
                     name: int(self.cell.counters.get(key, 0))
                     for name, key in (

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare, scheduling
+from framespool.processors.core import Cell, CellConfig, TenantConfig, fairshare, walkproofs
 from framespool.processors.core.fairshare import FairTree
 from framespool.processors.core.model import Node
 from framespool.processors.core.placement import NodeIndex
@@ -530,7 +530,7 @@ def test_a_walk_stops_once_every_class_of_queued_job_is_proven_blocked(monkeypat
         outputs.append(out)
         assert not cell.nothing_fits(True)  # the bounds alone do not stop this walk
         if proof:
-            assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3, len(tried)
+            assert len(tried) <= walkproofs.QUIET_BEFORE_PROOF + 3, len(tried)
             assert cell.counters["walk_proofs_held"] == proven + 1
         else:
             assert len(tried) > 100  # the walk it replaces
@@ -557,7 +557,7 @@ def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch
         cell = build()
         assert cell.reservation_job == "gang" and cell.index.free_total == 8
         if not skip:
-            monkeypatch.setattr(scheduling.PassMemo, "class_blocked", lambda m, c, j: False)
+            monkeypatch.setattr(walkproofs.PassMemo, "class_blocked", lambda m, c, j: False)
         failed = cell.counters.get("walk_proofs_failed", 0)
         tests = cell.counters.get("walk_tests", 0)
         out, tried = _tick_counting_tests(monkeypatch, cell)
@@ -566,7 +566,7 @@ def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch
         assert cell.counters["walk_tests"] - tests == 256  # the whole budget, either way
         if skip:
             assert cell.counters["walk_proofs_failed"] == failed + 1
-            assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3, len(tried)
+            assert len(tried) <= walkproofs.QUIET_BEFORE_PROOF + 3, len(tried)
         else:
             assert len(tried) == 257  # the holder, then each candidate searched (or in the memo)
     assert outputs[0] == outputs[1]
@@ -576,7 +576,7 @@ def test_after_a_failed_proof_a_blocked_class_fails_without_a_search(monkeypatch
 def test_a_walk_read_ahead_stops_exactly_where_its_budget_ends(monkeypatch, depth) -> None:
     # As above: the proof fails (the short 8-GPU job fits), and the candidates
     # the walk would then fail on are read off the fair order and taken at once
-    # (``Scheduling.blocked_prefix``), not walked. The fitting job is the 301st
+    # (``WalkProofs.blocked_prefix``), not walked. The fitting job is the 301st
     # candidate (the 300 of the blocked classes first; the holder, tenant x's
     # too, is passed over uncounted just before it), so a walk of 300 tests
     # ends just before it and one of 301 starts it: a read one candidate too
@@ -603,8 +603,8 @@ def test_a_walk_read_ahead_stops_exactly_where_its_budget_ends(monkeypatch, dept
         if read:  # every candidate after the proof's, at once
             assert len(taken) == 1
             prefix_taken, counted = taken[0]
-            assert counted > depth - 2 * scheduling.QUIET_BEFORE_PROOF
-            assert len(tried) <= scheduling.QUIET_BEFORE_PROOF + 3 + started, len(tried)
+            assert counted > depth - 2 * walkproofs.QUIET_BEFORE_PROOF
+            assert len(tried) <= walkproofs.QUIET_BEFORE_PROOF + 3 + started, len(tried)
             assert (prefix_taken[-1][1] == "gang") == started  # the holder, just before "fits"
         return (
             out,
@@ -672,7 +672,7 @@ def test_a_class_found_blocked_is_searched_again_once_a_further_holder_starts(
     # forgotten as the walk places (``PassMemo.reservations_changed``).
     def run(skip: bool) -> list:
         if not skip:
-            monkeypatch.setattr(scheduling.PassMemo, "class_blocked", lambda m, c, j: False)
+            monkeypatch.setattr(walkproofs.PassMemo, "class_blocked", lambda m, c, j: False)
         h = _further_holder_on_n2(2)
         for i in range(20):
             for k in range(2):

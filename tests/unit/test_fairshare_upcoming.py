@@ -1,5 +1,5 @@
 """``FairTree.upcoming`` reads the rest of a pass in which every candidate fails
-(``Scheduling.blocked_prefix``): it must name the very jobs, in the very order,
+(``WalkProofs.blocked_prefix``): it must name the very jobs, in the very order,
 that ``pick`` and ``offset`` give one by one, from any point of a pass."""
 
 from __future__ import annotations
