@@ -149,6 +149,33 @@ def test_a_full_cell_sends_new_work_to_the_idle_one(tmp_path: Path) -> None:
     assert behind and all(r["state"] == "UNFINISHED" for r in behind)
 
 
+def test_the_edge_refuses_on_every_cells_offer_before_admission(tmp_path: Path) -> None:
+    """Both one-node cells full for an hour: a paid job whose tier allows 60 s
+    of predicted wait is refused at the edge (the API's 429) and never reaches
+    admission; with one cell idle the same job is admitted there."""
+    tiers = tuple(
+        replace(t, max_predicted_wait_s=60.0) if t.name == "paid" else t for t in CellConfig().tiers
+    )
+    base = CellConfig(tiers=tiers)
+    opts = sim.SimOptions(nodes=2, gpus_per_node=8, max_sim_s=300)
+    both = [(0, "big1", 8, 3600.0), (1000, "big2", 8, 3600.0), (30_000, "small", 1, 20.0)]
+    held, tape, decisions = run_admitted(trace_workload(both), opts, 2, tmp_path / "both", base)
+    assert decisions["refused_predicted_wait"] == 1 and decisions["admitted"] == 2
+    assert [c.spec.job_id for c in tape if isinstance(c, ev.SubmitJob)] == ["j0", "j1"]
+    states = {
+        r["job_id"]: r["state"] for n in held for r in rows(tmp_path / "both" / n / "jobs.csv")
+    }
+    assert states["j2"] == "REJECTED" and sorted(held["cell-00"] + held["cell-01"]) == [
+        "j0",
+        "j1",
+        "j2",
+    ]
+    one = [both[0], both[2]]
+    held, _, decisions = run_admitted(trace_workload(one), opts, 2, tmp_path / "one", base)
+    assert decisions["refused_predicted_wait"] == 0 and decisions["admitted"] == 2
+    assert not set(held["cell-00"]) & set(held["cell-01"])
+
+
 def test_quota_tenants_stay_in_their_home_cell(tmp_path: Path) -> None:
     opts = sim.SimOptions(nodes=8, gpus_per_node=8)
     workload = multitenant(200, 5, opts.capacity_gpus)
