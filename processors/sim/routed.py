@@ -31,8 +31,11 @@ the cells cannot be folded apart: here they advance together in virtual time.
       ``JobRejected`` (``no_cell_can_run``) is booked in the records of the
       cell the job id's rendezvous names.
 6. After the last job (the stream's end or the horizon) nothing reaches
-   admission any more (a simulated cell gives no job up: the core emits no
-   ``JobRerouted``), so each cell folds the rest of its run alone.
+   admission any more, so each cell folds the rest of its run alone. (The
+   simulated cells keep the core's default ``drain_grace_s`` of 0, so none
+   gives a queued job up: there is no ``JobRerouted`` to route again, and the
+   summary's ``rerouted`` is admission's count, 0. Simulating the drain would
+   take moving a job's books between cells' recorders: not done.)
 
 The run is deterministic: the stream, the order of 3-5 and every fold are.
 
