@@ -271,9 +271,13 @@ def _fleet(args: argparse.Namespace, workload, policies, opts, base, out: Path) 
 
     if len(policies) != 1:
         raise CommandError("--cells folds one policy; give a single --policy")
-    summary = simulate_cells(
-        workload, policies[0], opts, base, out, args.cells, routing=args.routing
-    )
+    bar = progress_bar(not args.quiet)
+    try:
+        summary = simulate_cells(
+            workload, policies[0], opts, base, out, args.cells, routing=args.routing, progress=bar
+        )
+    finally:
+        end_progress(bar)
     fmt = lambda v: "-" if v is None else f"{v:,.0f}"
     print(
         f"fleet: {summary['cells']} cells x {summary['cluster']['nodes_per_cell']} nodes, "

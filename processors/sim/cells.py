@@ -44,6 +44,7 @@ import os
 import shutil
 import statistics
 from array import array
+from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 from time import perf_counter
@@ -129,14 +130,16 @@ def simulate_cells(
     cells: int,
     processes: int = 0,
     routing: str = "admission",
+    progress: Callable[[float, str], None] | None = None,
 ) -> dict[str, Any]:
     """Fold ``cells`` cells of ``opts.nodes / cells`` nodes each, their jobs
     routed by ``routing`` (``ROUTINGS``, module docstring); write and return
-    the fleet summary."""
+    the fleet summary. ``progress``: called as jobs are routed (admission only:
+    the hash fleet's cells fold in worker processes)."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing {routing!r} is unknown; use one of: {', '.join(ROUTINGS)}")
     if routing == "admission":
-        return _simulate_admitted(workload, policy, opts, base, out_dir, cells)
+        return _simulate_admitted(workload, policy, opts, base, out_dir, cells, progress)
     wall0 = perf_counter()
     names = cell_names(cells)
     cell_opts = replace(opts, nodes=opts.nodes // cells)
@@ -185,12 +188,13 @@ def _simulate_admitted(
     base: CellConfig,
     out_dir: Path,
     cells: int,
+    progress: Callable[[float, str], None] | None,
 ) -> dict[str, Any]:
     names = cell_names(cells)
     cell_opts = replace(opts, nodes=opts.nodes // cells)
     config = cell_config(policy.configure(base, workload.tenants), cell_opts)
     sims, fleet, wall_s = simulate_admitted(
-        workload, policy, cell_opts, base, out_dir, names, config
+        workload, policy, cell_opts, base, out_dir, names, config, progress=progress
     )
     results = []
     for name, sim in zip(names, sims):

@@ -109,8 +109,11 @@ class AdmittedFleet:
         policy: Policy,
         offer_interval_s: float = DEFAULT_INTERVAL_S,
         tape: list[Any] | None = None,
+        progress: Callable[[float, str], None] | None = None,
     ) -> None:
-        """``tape``: when a list, every input admission folds, in order (tests)."""
+        """``tape``: when a list, every input admission folds, in order (tests);
+        ``progress(fraction, text)`` every 1,024 jobs routed."""
+        self.progress = progress
         self.cells = cells
         self.names = tuple(cells)
         self.admission = admission
@@ -127,18 +130,25 @@ class AdmittedFleet:
         for cell in cells.values():
             cell.edge.active = False  # the fleet's edge refuses, on every cell's offer
 
-    def run(self, jobs: Iterable[TraceJob], horizon_ms: int | None) -> None:
+    def run(self, jobs: Iterable[TraceJob], horizon_ms: int | None, total: int = 0) -> None:
         """Fold the fleet: every job of ``jobs`` at or before ``horizon_ms`` routed
-        at its submit time, then each cell to its end (theory of operation 3-6)."""
+        at its submit time, then each cell to its end (theory of operation 3-6);
+        ``total``: the jobs in ``jobs``, for progress."""
         for cell in self.cells.values():
             cell.begin()
         past = False
-        for trace in jobs:
+        for n, trace in enumerate(jobs, 1):
             if horizon_ms is not None and trace.submit_ms > horizon_ms:
                 past = True
                 break
             self.advance(trace.submit_ms)
             self.submit(trace)
+            if self.progress is not None and n & 0x3FF == 0:
+                done = trace.submit_ms / horizon_ms if horizon_ms else n / max(1, total)
+                self.progress(
+                    done,
+                    f"admission: {n:,} jobs routed, t={trace.submit_ms / 3_600_000:.2f}h virtual",
+                )
         if not past:
             for cell in self.cells.values():
                 cell.past_horizon = False
@@ -231,6 +241,7 @@ def simulate_admitted(
     names: tuple[str, ...],
     config: CellConfig,
     tape: list[Any] | None = None,
+    progress: Callable[[float, str], None] | None = None,
 ) -> tuple[list[Simulation], AdmittedFleet, float]:
     """Fold the cells ``names`` (``opts`` is one cell's) as one fleet routed by
     admission; return the cells (not yet finished), the fleet and the wall time."""
@@ -245,7 +256,7 @@ def simulate_admitted(
     }
     interval = base.status_interval_s or DEFAULT_INTERVAL_S
     admission = AdmissionState(admission_config(names, config))
-    fleet = AdmittedFleet(cells, admission, policy, interval, tape)
+    fleet = AdmittedFleet(cells, admission, policy, interval, tape, progress)
     horizon_ms = int(opts.max_sim_s * 1000) if opts.max_sim_s > 0 else None
-    fleet.run(workload.jobs(), horizon_ms)
+    fleet.run(workload.jobs(), horizon_ms, workload.total)
     return list(cells.values()), fleet, perf_counter() - wall0

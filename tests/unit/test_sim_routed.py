@@ -285,3 +285,21 @@ def test_routing_flag_is_checked(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(args + ["--cells", "2", "--nodes", "4", "--routing", "random"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_progress_is_reported_as_jobs_are_routed(tmp_path: Path) -> None:
+    jobs = [(k * 2000, f"t{k % 5}", 1, 10.0) for k in range(2100)]
+    seen: list[tuple[float, str]] = []
+    opts = sim.SimOptions(nodes=4, gpus_per_node=8)
+    summary = simulate_cells(
+        trace_workload(jobs),
+        FRAMESPOOL,
+        opts,
+        CellConfig(),
+        tmp_path,
+        2,
+        progress=lambda f, text: seen.append((f, text)),
+    )
+    assert summary["jobs_completed"] == 2100
+    assert [f for f, _ in seen] == [1024 / 2100, 2048 / 2100]
+    assert seen[0][1].startswith("admission: 1,024 jobs routed")
