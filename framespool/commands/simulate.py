@@ -68,8 +68,18 @@ def register(subparsers: Any) -> None:
         "--cells",
         type=int,
         default=1,
-        help="independent cells the fleet is split into (--nodes in all; jobs routed "
-        "by job id as admission does); folded in parallel processes",
+        help="cells the fleet is split into (--nodes in all), their jobs routed as --routing says",
+    )
+    fleet.add_argument(
+        "--routing",
+        choices=("admission", "hash"),
+        default="admission",
+        help="with --cells: 'admission' routes each job at its submit time with the real "
+        "admission fold on the cells' offers (lowest predicted wait, tenant stickiness, "
+        "quota homes), the cells advancing together in one process: production's "
+        "routing, costing the sum of the cells' folds; 'hash' routes by the rendezvous "
+        "hash of the job id (admission's rule with no offers), blind to load, so the "
+        "cells share nothing and fold in parallel processes: for top-scale runs",
     )
     fleet.add_argument(
         "--node-failures",
@@ -261,11 +271,18 @@ def _fleet(args: argparse.Namespace, workload, policies, opts, base, out: Path) 
 
     if len(policies) != 1:
         raise CommandError("--cells folds one policy; give a single --policy")
-    summary = simulate_cells(workload, policies[0], opts, base, out, args.cells)
+    bar = progress_bar(not args.quiet)
+    try:
+        summary = simulate_cells(
+            workload, policies[0], opts, base, out, args.cells, routing=args.routing, progress=bar
+        )
+    finally:
+        end_progress(bar)
     fmt = lambda v: "-" if v is None else f"{v:,.0f}"
     print(
-        f"fleet: {summary['cells']} cells x {summary['cluster']['nodes_per_cell']} nodes in "
-        f"{summary['processes']} processes; {summary['jobs_submitted']:,} jobs "
+        f"fleet: {summary['cells']} cells x {summary['cluster']['nodes_per_cell']} nodes, "
+        f"routing {summary['routing']}, in {summary['processes']} processes; "
+        f"{summary['jobs_submitted']:,} jobs "
         f"({summary['jobs_completed']:,} completed, {summary['jobs_unfinished']:,} unfinished) "
         f"in {summary['virtual_s'] / 3600:.2f} h virtual; utilization "
         f"{summary['gpu_utilization']:.3f}; violations {summary['invariant_violations']}; "
@@ -277,6 +294,15 @@ def _fleet(args: argparse.Namespace, workload, policies, opts, base, out: Path) 
         "  headroom min / median / max over the cells (virtual_s / core_s): "
         + " / ".join(f"{headroom[k] or 0:,.0f}x" for k in ("min", "median", "max"))
     )
+    decided = summary.get("admission")
+    if decided is not None:
+        print(
+            f"  admission: {decided['admitted']:,} admitted ("
+            + ", ".join(f"{c} {n:,}" for c, n in decided["admitted_per_cell"].items())
+            + f"), {decided['rerouted']:,} rerouted, {decided['rejected_no_cell_can_run']:,} "
+            f"rejected no_cell_can_run, {decided['refused_predicted_wait']:,} refused at the "
+            f"edge, {decided['offers']:,} offers folded"
+        )
     if args.max_sim_s > 0:
         print(
             f"  horizon {args.max_sim_s:,.0f} s: {summary['jobs_inside_horizon']:,} of "

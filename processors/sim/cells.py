@@ -1,13 +1,23 @@
-"""A fleet of independent cells in one command: ``simulate --cells N``.
+"""A fleet of cells in one command: ``simulate --cells N``.
 
-The fleet's nodes are split evenly into N cells; every job goes to the cell
-admission would route it to (rendezvous hashing of the job id), so the cells
-share nothing and are folded in parallel worker processes (fork: the
-workload's generator and its routing are inherited, not pickled). Each cell
-writes its own ``cell-XX/`` (summary.json, jobs.csv, runs.csv); the fleet's
-``summary.json``, ``jobs.csv`` and ``runs.csv`` merge them.
+The fleet's nodes are split evenly into N cells. Each cell writes its own
+``cell-XX/`` (summary.json, jobs.csv, runs.csv); the fleet's ``summary.json``,
+``jobs.csv`` and ``runs.csv`` merge them, and the summary says which routing
+ran (``routing``). Two routings:
 
-Cost model: the parent reads the workload's stream once, up to the horizon
+- ``admission`` (the default): the real admission fold routes each job at its
+  submit time by the cells' offers, as production does (``routed``): lowest
+  predicted wait, tenant stickiness, quota homes. The cells advance together
+  in virtual time in one process, so the command costs the sum of the cells'
+  folds; the summary's ``admission`` counts the decisions (admitted per cell,
+  rerouted, rejected ``no_cell_can_run``, refused at the edge).
+- ``hash``: every job goes to the rendezvous hash of its job id, admission's
+  rule when no cell has offered (start-up, cells that do not publish). The
+  cells then share nothing and are folded in parallel worker processes (fork:
+  the workload's generator and its routing are inherited, not pickled): the
+  mode for top-scale runs, at the price of routing blind to the cells' load.
+
+Cost model of ``hash``: the parent reads the workload's stream once, up to the horizon
 (``--max-sim-s``), and routes each job (``multitenant.route``: one byte per
 job); each cell regenerates the stream up to the horizon and keeps its own
 jobs (``multitenant.partition``). So a 5 M-job day bounded at half an hour
@@ -15,6 +25,9 @@ generates the half hour's jobs 1 + N times and hashes them once, never the
 day's other jobs; memory per cell is its own jobs in flight. The cell's
 configuration, O(tenants) to make (778 k tenants for 5 M jobs), is made once
 in the parent too.
+
+Cost model of ``admission``: see ``routed``; the stream is generated once, up
+to the horizon, and nothing is forked.
 
 Fleet figures: ``wall_s`` is the whole command; ``events_per_s`` is all
 cells' events over it; ``headroom`` is the min / median / max over the cells
@@ -31,6 +44,7 @@ import os
 import shutil
 import statistics
 from array import array
+from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 from time import perf_counter
@@ -43,7 +57,10 @@ from .metrics import quantiles
 from .multitenant import partition, route
 from .policies import Policy
 from .report import write_summary
+from .routed import simulate_admitted
 from .workload import Workload
+
+ROUTINGS = ("admission", "hash")
 
 # What each worker needs; set in the parent before the pool forks.
 _FLEET: dict[str, Any] = {}
@@ -84,9 +101,15 @@ def _run_cell(index: int) -> dict[str, Any]:
     sim = Simulation(
         workload, fleet["policy"], fleet["opts"], fleet["base"], target, config=fleet["config"]
     )
-    summary = sim.run()
+    return cell_result(sim, sim.run(), name, fleet["opts"], target)
+
+
+def cell_result(
+    sim: Simulation, summary: dict[str, Any], name: str, opts: SimOptions, target: Path
+) -> dict[str, Any]:
+    """Write a finished cell's summary; return what the fleet summary merges."""
     summary["cell"] = name
-    summary["options"] = {f.name: getattr(fleet["opts"], f.name) for f in fields(fleet["opts"])}
+    summary["options"] = {f.name: getattr(opts, f.name) for f in fields(opts)}
     write_summary(summary, target)
     rec = sim.recorder
     return {
@@ -106,21 +129,29 @@ def simulate_cells(
     out_dir: Path,
     cells: int,
     processes: int = 0,
+    routing: str = "admission",
+    progress: Callable[[float, str], None] | None = None,
 ) -> dict[str, Any]:
-    """Fold ``cells`` independent cells of ``opts.nodes / cells`` nodes each;
-    write and return the fleet summary."""
+    """Fold ``cells`` cells of ``opts.nodes / cells`` nodes each, their jobs
+    routed by ``routing`` (``ROUTINGS``, module docstring); write and return
+    the fleet summary. ``progress``: called as jobs are routed (admission only:
+    the hash fleet's cells fold in worker processes)."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing {routing!r} is unknown; use one of: {', '.join(ROUTINGS)}")
+    if routing == "admission":
+        return _simulate_admitted(workload, policy, opts, base, out_dir, cells, progress)
     wall0 = perf_counter()
     names = cell_names(cells)
     cell_opts = replace(opts, nodes=opts.nodes // cells)
     horizon_ms = int(opts.max_sim_s * 1000) if opts.max_sim_s > 0 else None
-    routing = route(workload, names, horizon_ms)
+    owners = route(workload, names, horizon_ms)
     # the same for every cell and O(tenants) to make: once, before the fork
     config = cell_config(policy.configure(base, workload.tenants), cell_opts)
     _FLEET.update(
         names=names,
         out=out_dir,
         workload=workload,
-        routing=routing,
+        routing=owners,
         policy=policy,
         opts=cell_opts,
         base=base,
@@ -138,7 +169,43 @@ def simulate_cells(
     for name in ("jobs.csv", "runs.csv"):
         _concatenate([out_dir / n / name for n in names], out_dir / name)
     summary = fleet_summary(results, opts, cell_opts, workers, perf_counter() - wall0)
-    inside = len(routing.owners)
+    summary["routing"] = "hash"
+    inside = len(owners.owners)
+    summary["jobs_in_workload"] = workload.total
+    summary["jobs_inside_horizon"] = inside
+    summary["jobs_past_horizon"] = max(0, workload.total - inside)
+    summary["workload"] = workload.name
+    summary["workload_description"] = workload.description
+    summary["policy"] = policy.name
+    write_summary(summary, out_dir)
+    return summary
+
+
+def _simulate_admitted(
+    workload: Workload,
+    policy: Policy,
+    opts: SimOptions,
+    base: CellConfig,
+    out_dir: Path,
+    cells: int,
+    progress: Callable[[float, str], None] | None,
+) -> dict[str, Any]:
+    names = cell_names(cells)
+    cell_opts = replace(opts, nodes=opts.nodes // cells)
+    config = cell_config(policy.configure(base, workload.tenants), cell_opts)
+    sims, fleet, wall_s = simulate_admitted(
+        workload, policy, cell_opts, base, out_dir, names, config, progress=progress
+    )
+    results = []
+    for name, sim in zip(names, sims):
+        summary = sim.finish(wall_s)  # each cell's wall is the fleet's: they fold together
+        results.append(cell_result(sim, summary, name, cell_opts, out_dir / name))
+    for name in ("jobs.csv", "runs.csv"):
+        _concatenate([out_dir / n / name for n in names], out_dir / name)
+    summary = fleet_summary(results, opts, cell_opts, 1, wall_s)
+    summary["routing"] = "admission"
+    summary["admission"] = fleet.decisions()
+    inside = sum(s.read for s in sims)
     summary["jobs_in_workload"] = workload.total
     summary["jobs_inside_horizon"] = inside
     summary["jobs_past_horizon"] = max(0, workload.total - inside)

@@ -93,6 +93,25 @@ class SimOptions:
         return self.nodes * self.gpus_per_node
 
 
+def job_spec(trace: TraceJob, policy: Policy) -> ev.JobSpec:
+    """The spec a trace job is submitted with, its tenant and tier as ``policy``
+    maps them (the cell's and a fleet's admission see the same spec)."""
+    tenant, tier = policy.route(trace.tenant, trace.tier)
+    return ev.JobSpec(
+        job_id=trace.job_id,
+        tenant=tenant,
+        tier=tier,
+        model=trace.model,
+        model_version=trace.model_version,
+        gpus=trace.gpus,
+        gpus_per_node=trace.gpus_per_node,
+        estimate_s=trace.estimate_s,
+        preemptible=trace.preemptible,
+        checkpoint_interval_s=trace.checkpoint_s,
+        submitted_ms=trace.submit_ms,
+    )
+
+
 def cell_config(base: CellConfig, opts: SimOptions) -> CellConfig:
     """Leases scaled to the heartbeat period; the fleet's model-load time is
     the simulated cold start (an operator configures it, as here); read-model
@@ -170,6 +189,7 @@ class Simulation(Agents, JobEvents):
         self.read = 0  # jobs read from the stream at or before the horizon
         self.stop_reason = ""
         self.crash: CoreCrash | None = None
+        self.wall0 = perf_counter()  # when the run began (progress reports)
         self.last_progress_ms = 0
         self.tick_ms = max(1, int(opts.tick_s * 1000))
         self.heartbeat_ms = max(1, int(opts.heartbeat_s * 1000))
@@ -235,15 +255,35 @@ class Simulation(Agents, JobEvents):
     # -- the loop ------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         wall0 = perf_counter()
-        try:
-            self._loop(wall0)
-        except CoreCrash as crash:
-            self.stop_reason = str(crash)
-            self.recorder.violation("core_exception", str(crash))
-            self.crash = crash
+        self.wall0 = wall0
+        self.begin()
+        self.advance()
+        if not self.stop_reason:
+            self.stop_reason = "event heap empty"
         return self._finish(perf_counter() - wall0)
 
-    def _loop(self, wall0: float) -> None:
+    def begin(self) -> None:
+        """Register the nodes and queue the first heartbeats, Tick, sample and
+        submission: the state at virtual time 0, before any event is folded."""
+        try:
+            self._begin()
+        except CoreCrash as crash:
+            self._crashed(crash)
+
+    def advance(self, until_ms: int | None = None) -> None:
+        """Fold the events due at or before ``until_ms`` (every one when None),
+        in heap order, until the run stops; a core crash stops it (reported)."""
+        try:
+            self._advance(until_ms)
+        except CoreCrash as crash:
+            self._crashed(crash)
+
+    def _crashed(self, crash: CoreCrash) -> None:
+        self.stop_reason = str(crash)
+        self.recorder.violation("core_exception", str(crash))
+        self.crash = crash
+
+    def _begin(self) -> None:
         opts = self.opts
         for node in self.nodes:
             self.feed(
@@ -267,12 +307,18 @@ class Simulation(Agents, JobEvents):
         # a few hundred samples at least; the recorder halves the rate as needed
         self.recorder.sample_ms = max(self.tick_ms, 60_000)
         self.push(0, SAMPLE)
+
+    def _advance(self, until_ms: int | None) -> None:
+        opts = self.opts
         hard_stop = self.horizon_ms
         stall_ms = int(opts.stall_s * 1000)
         heap = self.heap
         pop = heapq.heappop
         loops = 0
+        wall0 = self.wall0
         while heap and not self.stop_reason:
+            if until_ms is not None and heap[0][0] > until_ms:
+                return
             t, _, kind, payload = pop(heap)
             if hard_stop is not None and t > hard_stop:
                 self.stop_reason = f"hard stop at {opts.max_sim_s:.0f}s of virtual time"
@@ -311,8 +357,6 @@ class Simulation(Agents, JobEvents):
                     self._report_progress(wall0)
                 if self.max_events and self.events >= self.max_events:
                     self.stop_reason = f"event limit {self.max_events}"
-        if not self.stop_reason:
-            self.stop_reason = "event heap empty"
 
     def _report_progress(self, wall0: float) -> None:
         progress = self.progress
@@ -348,13 +392,32 @@ class Simulation(Agents, JobEvents):
             self.submissions_done = True
 
     def _submit(self, trace: TraceJob) -> None:
-        job = SimJob(trace)
         self.next_job = None
+        job = self._arrive(trace)
+        self._next_submission()
+        self._enter(job)
+
+    def receive(self, trace: TraceJob, now_ms: int, rejected: ev.JobRejected | None = None) -> None:
+        """A job routed here from outside at ``now_ms`` (no earlier than any event
+        folded): a fleet's admission sent it (the cell's own stream is empty), or
+        ``rejected`` it for the cell's books. The caller advances the cell past it."""
+        self.now = max(self.now, now_ms)
+        self.read += 1
+        job = self._arrive(trace)
+        if rejected is not None:
+            self._rejected(rejected)
+        else:
+            self._enter(job)
+
+    def _arrive(self, trace: TraceJob) -> SimJob:
+        job = SimJob(trace)
         if job.job_id in self.jobs:
             self.recorder.violation("duplicate_job", f"{job.job_id} submitted twice")
         self.jobs[job.job_id] = job
         self.recorder.submitted_job(job, self.now)
-        self._next_submission()
+        return job
+
+    def _enter(self, job: SimJob) -> None:
         if self.policy.gate:
             self.pending.append(job)
             self._wait(job)
@@ -369,22 +432,8 @@ class Simulation(Agents, JobEvents):
             self._admit(self.pending.popleft())
 
     def _admit(self, job: SimJob) -> None:
-        trace = job.trace
-        tenant, tier = self.policy.route(trace.tenant, trace.tier)
         job.admitted = True
-        spec = ev.JobSpec(
-            job_id=job.job_id,
-            tenant=tenant,
-            tier=tier,
-            model=trace.model,
-            model_version=trace.model_version,
-            gpus=trace.gpus,
-            gpus_per_node=trace.gpus_per_node,
-            estimate_s=trace.estimate_s,
-            preemptible=trace.preemptible,
-            checkpoint_interval_s=trace.checkpoint_s,
-            submitted_ms=trace.submit_ms,
-        )
+        spec = job_spec(job.trace, self.policy)
         refused = self.edge.refusal(self.cell, spec, self.now)
         if refused is not None:  # the API's 429: it never reaches the cell
             self._rejected(self.edge.rejection(spec, refused, self.now))
@@ -394,6 +443,10 @@ class Simulation(Agents, JobEvents):
         )
 
     # -- the end -------------------------------------------------------------------------
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        """The run's summary once ``advance`` has stopped (a fleet's cells)."""
+        return self._finish(wall_s)
+
     def _finish(self, wall_s: float) -> dict[str, Any]:
         """Close the books: every job the cell still holds, and every job never
         submitted, is written with a non-terminal state and counted as a violation.

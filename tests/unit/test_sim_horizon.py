@@ -102,7 +102,7 @@ def test_a_fleet_runs_the_partition_of_the_jobs_inside_the_horizon(tmp_path: Pat
     workload = counted(200_000, 2000, read)  # a job every 2 s
     opts = sim.SimOptions(nodes=6, gpus_per_node=8, tick_s=1.0, max_sim_s=200)
     summary = simulate_cells(
-        workload, POLICIES["framespool"], opts, CellConfig(), tmp_path, 3, processes=1
+        workload, POLICIES["framespool"], opts, CellConfig(), tmp_path, 3, 1, routing="hash"
     )
     # the parent routes once, each of 3 cells regenerates the horizon: 4 reads of ~101 jobs
     assert len(read) < 4 * 150 and max(read) < 200

@@ -86,11 +86,14 @@ def test_production_cadences_and_headroom_in_the_summary(tmp_path: Path, capsys)
 
 
 @pytest.mark.slow
-def test_fleet_of_cells_in_one_command(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("routing", ["admission", "hash"])
+def test_fleet_of_cells_in_one_command(tmp_path: Path, capsys, routing: str) -> None:
     out = tmp_path / "fleet"
     status = main(
         [
             "simulate",
+            "--routing",
+            routing,
             "--synthetic",
             "multitenant",
             "--jobs",
@@ -121,7 +124,14 @@ def test_fleet_of_cells_in_one_command(tmp_path: Path, capsys) -> None:
     assert (out / "runs.csv").read_text().startswith("job_id,run,")
     assert all((out / n / "summary.json").exists() for n in cells)
     assert set(summary["wait_s_by_tier"]) == {"batch", "enterprise", "free", "interactive", "paid"}
-    assert "headroom min" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "headroom min" in printed and f"routing {routing}" in printed
+    assert summary["routing"] == routing
+    if routing == "admission":
+        decided = summary["admission"]
+        assert decided["admitted"] == 240 and decided["offers"] > 0
+        assert decided["admitted_per_cell"] == {n: c["jobs_submitted"] for n, c in cells.items()}
+        assert "admission: 240 admitted" in printed
 
 
 @pytest.mark.parametrize(
