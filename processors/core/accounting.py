@@ -274,9 +274,7 @@ class Accounting:
             if loaded and run.placement in loaded and run.phase != RunPhase.STOPPING:
                 kept[run.placement] = run.gpus  # settled runs left running_gpus
         if loaded is not None:
-            self.loaded_runs = kept
-            running = self.running_gpus
-            self.running_cold = sum(kept.values()) / running if running > 0 else -1.0
+            self.keep_loaded(kept)
         self.wait_bands.sample_held(self.now_ms, held)
         terms = self.wait_terms()  # nothing below changes them
         mean_cost = self.mean_queued_cost()

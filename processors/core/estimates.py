@@ -468,6 +468,14 @@ class WaitEstimates:
             runs = self.runs.values()
             self.loaded_runs = {r.placement: r.gpus for r in runs if r.placement in loaded}
 
+    def keep_loaded(self: Cell, kept: dict[tuple[ev.NodeSlice, ...], int]) -> None:
+        """The estimate cadence's sample of the runs that loaded their model:
+        ``kept`` (by placement, the running ones) and their share of the running
+        GPUs (``running_cold``, -1 with none running). O(len(kept))."""
+        self.loaded_runs = kept
+        running = self.running_gpus
+        self.running_cold = sum(kept.values()) / running if running > 0 else -1.0
+
     def cold_share(self: Cell) -> float:
         """The share of started GPUs whose run loaded its model (0 before any
         start): the running runs' share (``load_terms``). O(1)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -288,11 +288,12 @@ class Reservations:
         best: tuple[int, tuple[str, ...], float] | None = None
         for gpus, per_node, estimate in self.shapes_of(job):
             base = self.node_filter(job, estimate, holder=True, claim_only=False)
+
+            def untaken(node: Node, base: Callable[[Node], bool] = base) -> bool:
+                return node.node_id not in taken and base(node)
+
             fit = self.index.earliest_fit(
-                min(per_node, gpus),
-                -(-gpus // per_node),
-                self.releases(),
-                lambda node, base=base: node.node_id not in taken and base(node),
+                min(per_node, gpus), -(-gpus // per_node), self.releases(), untaken
             )
             if fit is None:
                 continue
