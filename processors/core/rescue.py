@@ -205,8 +205,8 @@ class Rescue:
 
         Cost: O(G + S + P * (GPUs + runs on a node)) for the G free-count
         buckets, the S release slices read and the P nodes planned: on the
-        bench core backlog stream (2,000 nodes) ~60 nodes where ``rescue_plan``
-        planned all 2,000."""
+        bench core backlog stream (2,000 nodes) 523 nodes planned for 169
+        calls where every call planned all 2,000 before (docs/measuring.md)."""
         nodes, runs = self.index.nodes, self.runs
         planned: set[str] = set()
         best: list[tuple[int, str, NodePlan]] = []  # (ready, node, plan), best first
@@ -252,9 +252,10 @@ class Rescue:
         run that ends by the deadline is waited for and the victim checks
         (``eligible_victim``, its tier, its next checkpoint) are not made for
         it, and the GPUs a run holds are counted only for a run with a way.
-        A ``rescue_plan`` asks every schedulable node, so this is its whole
-        cost: on the bench core backlog stream (2,000 nodes) 22 % of the
-        replay's profile before these shortcuts. The plain version (every way
+        A ``rescue_plan`` that needs victims (or ``late``) asks every
+        schedulable node, so this is its whole cost then: on the bench core
+        backlog stream (2,000 nodes) 22 % of the replay's profile before
+        these shortcuts and before ``waiting_plans``. The plain version (every way
         built, then filtered) is the oracle of
         ``tests/unit/test_core_rescue.py``."""
         now = self.now_ms
