@@ -308,3 +308,114 @@ def test_property_node_plans_equal_the_plain_ones(runs, steps, max_lost):
                         got = cell.node_plan(node, per_node, rank, deadline, late)
                         want = plain_node_plan(cell, node, per_node, rank, deadline, late)
                         assert _plan_view(got) == _plan_view(want)
+
+
+# -- the rescue plan's read of the runs' ends (issue 35) ---------------------------
+def plain_rescue_plan(cell, job, rank, per_node, nodes_needed, deadline_ms, late=False):
+    """``Rescue.rescue_plan`` as first written (every schedulable node planned,
+    the plans sorted, the first taken): the oracle of ``waiting_plans``."""
+    from framespool.processors.core.rescue import NodePlan
+
+    ok = cell.node_filter(job, job.shape[2], holder=False, claim_only=False)
+    plans = [
+        plan
+        for node in cell.index.nodes.values()
+        if node.schedulable and ok(node)
+        for plan in [cell.node_plan(node, per_node, rank, deadline_ms, late)]
+        if plan is not None
+    ]
+    if len(plans) < nodes_needed:
+        return None
+    plans.sort(key=NodePlan.soonest if late else NodePlan.rank)
+    return plans[:nodes_needed]
+
+
+fleet_runs = st.fixed_dictionaries(
+    {
+        "gpus": st.sampled_from([1, 2, 4, 8, 16]),
+        "preemptible": st.booleans(),
+        "interval": st.sampled_from([0, 30, 60]),
+        "tier": st.sampled_from(["interactive", "paid", "batch"]),
+        # few values, so that nodes free at the same moment (ties) and runs
+        # outlive their estimate (late: projected from their slack)
+        "estimate_s": st.sampled_from([25, 40, 60, 95, 600]),
+        "saved_after": st.integers(0, 120),
+        "at": st.integers(0, 6),  # submitted after this many 10 s steps
+    }
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    runs=st.lists(fleet_runs, min_size=1, max_size=16),
+    steps=st.integers(0, 12),
+    hurry=st.sampled_from([0, 1, 4, 8]),
+    evict=st.booleans(),
+    confirm=st.booleans(),
+)
+def test_property_rescue_plans_equal_the_plain_ones(runs, steps, hurry, evict, confirm):
+    """Whatever the fleet (runs ending, late, exiting, stopping, evicted in the
+    pass, free GPUs), ``rescue_plan`` gives the plain search's plans for every
+    need, rank, deadline and mode: the read of the runs' ends
+    (``waiting_plans``) stops early only where no node left could rank first."""
+    from framespool.processors.core.model import Job
+
+    h = Harness(nodes=4, config=cfg(evict_max_lost_s=30.0))
+    for step in range(max(steps, 7)):
+        for i, r in enumerate(runs):
+            if r["at"] == step:
+                h.submit(
+                    f"r{i}",
+                    tier=r["tier"],
+                    gpus=r["gpus"],
+                    estimate_s=r["estimate_s"],
+                    preemptible=r["preemptible"],
+                    checkpoint_interval_s=r["interval"],
+                )
+        h.start_all()
+        for i, r in enumerate(runs):
+            run = h.cell.runs.get((f"r{i}", 1))
+            if run is not None and run.phase == "running" and r["saved_after"] // 10 == step:
+                h.report(
+                    ev.RunCheckpointed,
+                    f"r{i}",
+                    1,
+                    next(iter(run.held)),
+                    checkpoint_uri=f"mem://r{i}",
+                    progress=0.1,
+                )
+        if step == steps and hurry:  # runs asked to exit, evicted, then stopping
+            h.submit("hurry", gpus=hurry, tier="interactive", estimate_s=30)
+        h.tick(10)
+        if confirm:
+            h.confirm_stops()
+    cell = h.cell
+    if evict:  # evicted in this pass: EXITING, its stop not yet made (``flush_evictions``)
+        running = [r for r in cell.runs.values() if r.phase == "running"]
+        if running:
+            cell.evict(running[0], "probe", "evicted by the test")
+    now = cell.now_ms
+    for per_node in (1, 2, 4, 8):
+        for nodes_needed in (1, 2, 3):
+            spec = ev.JobSpec(
+                job_id="probe",
+                tenant="t1",
+                tier="interactive",
+                gpus=per_node * nodes_needed,
+                gpus_per_node=per_node,
+                estimate_s=30,
+            )
+            job = Job(spec, "interactive", now)
+            tier = cell.config.tier_of("interactive")
+            for rank in (0, 2, 5):
+                tier = replace(tier, rank=rank)
+                for deadline in (now - 1, now, now + 5_000, now + 30_000, now + 600_000):
+                    for late in (False, True):
+                        got = cell.rescue_plan(job, tier, per_node, nodes_needed, deadline, late)
+                        want = plain_rescue_plan(
+                            cell, job, rank, per_node, nodes_needed, deadline, late
+                        )
+                        assert (got is None) == (want is None), (got, want)
+                        assert [_plan_view(p) for p in got or ()] == [
+                            _plan_view(p) for p in want or ()
+                        ]
