@@ -60,12 +60,12 @@ class Job:
         self.cost = 0.0
         self.wait_estimate_s = -1.0
         # its shapes with the part of a search's key the spec fixes, built on
-        # the first walk that tests it (``Scheduling.fit_shapes``)
+        # the first walk that tests it (``Starts.fit_shapes``)
         self.fit: tuple[tuple[int, int, float, tuple], ...] | None = None
-        # its ``Scheduling.bound_key``, built on first use (spec and config
+        # its ``WalkProofs.bound_key``, built on first use (spec and config
         # never change, so neither does it)
         self.bounds: tuple[int, int, float, int, bool] | None = None
-        # its class in ``QueueClasses`` (``Scheduling.class_of``), built on first use
+        # its class in ``QueueClasses`` (``WalkProofs.class_of``), built on first use
         self.qclass: tuple | None = None
         # the reason code it was last told while queued (``waiting.py``); a job
         # from an older snapshot has none: read with getattr
