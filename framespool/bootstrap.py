@@ -54,6 +54,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from framespool.telemetry.gcpauses import watch_gc_pauses
 from framespool.telemetry.jsonlog import setup_logging
 
 if TYPE_CHECKING:
@@ -321,6 +322,7 @@ def processors_main(argv: list[str] | None = None) -> int:
 
     args = processor_args(argv)
     setup_logging(args.log_level, role=args.role, instance=args.instance or "default")
+    watch_gc_pauses()
     topics = topics_with_suffix(args.topic_suffix)
     stop = threading.Event()
 
@@ -813,6 +815,7 @@ def services_main(argv: list[str] | None = None) -> int:
     if args.service == "api" and args.min_free_disk_mb < 0:
         parser.error("--min-free-disk-mb must be 0 (no guard) or more")
     setup_logging(process=args.service)
+    watch_gc_pauses()
     runner = run_api if args.service == "api" else run_agent
     from framespool.configfile import ConfigError
 
