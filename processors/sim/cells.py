@@ -170,7 +170,14 @@ def simulate_cells(
         _concatenate([out_dir / n / name for n in names], out_dir / name)
     summary = fleet_summary(results, opts, cell_opts, workers, perf_counter() - wall0)
     summary["routing"] = "hash"
-    inside = len(owners.owners)
+    return _written(summary, workload, policy, len(owners.owners), out_dir)
+
+
+def _written(
+    summary: dict[str, Any], workload: Workload, policy: Policy, inside: int, out_dir: Path
+) -> dict[str, Any]:
+    """The fleet's ``summary`` with what both routings report of the workload
+    (``inside``: its jobs submitted within the horizon), written to ``out_dir``."""
     summary["jobs_in_workload"] = workload.total
     summary["jobs_inside_horizon"] = inside
     summary["jobs_past_horizon"] = max(0, workload.total - inside)
@@ -205,15 +212,7 @@ def _simulate_admitted(
     summary = fleet_summary(results, opts, cell_opts, 1, wall_s)
     summary["routing"] = "admission"
     summary["admission"] = fleet.decisions()
-    inside = sum(s.read for s in sims)
-    summary["jobs_in_workload"] = workload.total
-    summary["jobs_inside_horizon"] = inside
-    summary["jobs_past_horizon"] = max(0, workload.total - inside)
-    summary["workload"] = workload.name
-    summary["workload_description"] = workload.description
-    summary["policy"] = policy.name
-    write_summary(summary, out_dir)
-    return summary
+    return _written(summary, workload, policy, sum(s.read for s in sims), out_dir)
 
 
 def fleet_summary(

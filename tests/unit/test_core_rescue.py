@@ -256,6 +256,22 @@ def plain_node_plan(cell, node, per_node, rank, deadline_ms, late=False):
     return plan if free >= per_node else None
 
 
+def checkpoint_due(h: Harness, runs: list[dict], step: int) -> None:
+    """Every running run ``r{i}`` whose ``saved_after`` falls in 10 s step
+    ``step`` reports a checkpoint now."""
+    for i, r in enumerate(runs):
+        run = h.cell.runs.get((f"r{i}", 1))
+        if run is not None and run.phase == "running" and r["saved_after"] // 10 == step:
+            h.report(
+                ev.RunCheckpointed,
+                f"r{i}",
+                1,
+                next(iter(run.held)),
+                checkpoint_uri=f"mem://r{i}",
+                progress=0.1,
+            )
+
+
 def _plan_view(plan):
     if plan is None:
         return None
@@ -283,17 +299,7 @@ def test_property_node_plans_equal_the_plain_ones(runs, steps, max_lost):
         )
     h.start_all()
     for step in range(steps):
-        for i, r in enumerate(runs):
-            run = h.cell.runs.get((f"r{i}", 1))
-            if run is not None and run.phase == "running" and r["saved_after"] // 10 == step:
-                h.report(
-                    ev.RunCheckpointed,
-                    f"r{i}",
-                    1,
-                    next(iter(run.held)),
-                    checkpoint_uri=f"mem://r{i}",
-                    progress=0.1,
-                )
+        checkpoint_due(h, runs, step)
         h.tick(10)
     if runs and steps % 3 == 0:  # some runs asked to exit or stopping
         h.submit("hurry", gpus=8, tier="interactive", estimate_s=30)
@@ -373,17 +379,7 @@ def test_property_rescue_plans_equal_the_plain_ones(runs, steps, hurry, evict, c
                     checkpoint_interval_s=r["interval"],
                 )
         h.start_all()
-        for i, r in enumerate(runs):
-            run = h.cell.runs.get((f"r{i}", 1))
-            if run is not None and run.phase == "running" and r["saved_after"] // 10 == step:
-                h.report(
-                    ev.RunCheckpointed,
-                    f"r{i}",
-                    1,
-                    next(iter(run.held)),
-                    checkpoint_uri=f"mem://r{i}",
-                    progress=0.1,
-                )
+        checkpoint_due(h, runs, step)
         if step == steps and hurry:  # runs asked to exit, evicted, then stopping
             h.submit("hurry", gpus=hurry, tier="interactive", estimate_s=30)
         h.tick(10)
