@@ -120,12 +120,19 @@ def test_a_child_that_fails_writes_nothing_and_the_processor_goes_on(store, capl
 
 
 def test_the_budget_counts_the_childs_cpu(store):
-    """Budget 0.1 and a child that burns 0.15 s: the next fork waits >= 1.5 s of
-    the processor's clock. Were the child's CPU not counted, the turn's own cost
-    (a fork and a small write: milliseconds) would allow one at once."""
+    """Budget 0.1 and a child that burns 0.15 s of CPU: the next fork waits >= 1.5 s
+    of the processor's clock. The turn's own cost reads 0 here (a frozen timer), so
+    the child's CPU (its rusage, which a loaded machine does not inflate) alone
+    spaces them; were it not counted, the next one would be due at once."""
     now = [100.0]
     proc = StatefulProcessor(
-        ListFold(), store, TOPIC, background=True, clock=lambda: now[0], snapshot_budget=0.1
+        ListFold(),
+        store,
+        TOPIC,
+        background=True,
+        clock=lambda: now[0],
+        snapshot_budget=0.1,
+        timer=lambda: 0.0,
     )
     proc.assign(0)
     proc.fold(records(0, 0, [b"a"]))
@@ -136,7 +143,7 @@ def test_the_budget_counts_the_childs_cpu(store):
     now[0] += 1.0
     proc.snapshot()
     assert proc._pending is None  # not due yet
-    now[0] += 0.6
+    now[0] += 1.5  # 2.5 s: the child's 0.15 s plus up to 0.1 s of its own pickling
     proc.snapshot()
     assert proc._pending is not None
     assert settle(proc) == 1 and store.load(0)[1] == 1
