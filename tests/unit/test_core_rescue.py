@@ -162,14 +162,7 @@ def test_only_eligible_victims_and_bounded_losses(runs, want, wait_s, max_lost):
     specs = {}
     for i, r in enumerate(runs):
         specs[f"r{i}"] = r
-        h.submit(
-            f"r{i}",
-            tier=r["tier"],
-            gpus=r["gpus"],
-            estimate_s=r["estimate_s"],
-            preemptible=r["preemptible"],
-            checkpoint_interval_s=r["interval"],
-        )
+        submit_run(h, i, r)
     h.start_all()
     saved = {}
     for step in range(0, 121, 10):
@@ -256,6 +249,18 @@ def plain_node_plan(cell, node, per_node, rank, deadline_ms, late=False):
     return plan if free >= per_node else None
 
 
+def submit_run(h: Harness, i: int, r: dict) -> None:
+    """Submit run spec ``r`` (a strategy's draw) as job ``r{i}``."""
+    h.submit(
+        f"r{i}",
+        tier=r["tier"],
+        gpus=r["gpus"],
+        estimate_s=r["estimate_s"],
+        preemptible=r["preemptible"],
+        checkpoint_interval_s=r["interval"],
+    )
+
+
 def checkpoint_due(h: Harness, runs: list[dict], step: int) -> None:
     """Every running run ``r{i}`` whose ``saved_after`` falls in 10 s step
     ``step`` reports a checkpoint now."""
@@ -289,14 +294,7 @@ def test_property_node_plans_equal_the_plain_ones(runs, steps, max_lost):
     very plan of the plain version for every need, rank, deadline and mode."""
     h = Harness(nodes=2, config=cfg(evict_max_lost_s=max_lost))
     for i, r in enumerate(runs):
-        h.submit(
-            f"r{i}",
-            tier=r["tier"],
-            gpus=r["gpus"],
-            estimate_s=r["estimate_s"],
-            preemptible=r["preemptible"],
-            checkpoint_interval_s=r["interval"],
-        )
+        submit_run(h, i, r)
     h.start_all()
     for step in range(steps):
         checkpoint_due(h, runs, step)
@@ -370,14 +368,7 @@ def test_property_rescue_plans_equal_the_plain_ones(runs, steps, hurry, evict, c
     for step in range(max(steps, 7)):
         for i, r in enumerate(runs):
             if r["at"] == step:
-                h.submit(
-                    f"r{i}",
-                    tier=r["tier"],
-                    gpus=r["gpus"],
-                    estimate_s=r["estimate_s"],
-                    preemptible=r["preemptible"],
-                    checkpoint_interval_s=r["interval"],
-                )
+                submit_run(h, i, r)
         h.start_all()
         checkpoint_due(h, runs, step)
         if step == steps and hurry:  # runs asked to exit, evicted, then stopping
