@@ -73,7 +73,6 @@ import gc
 import logging
 import os
 import pickle
-import resource
 import signal
 import sys
 import time
@@ -557,21 +556,24 @@ class StatefulProcessor:
     # -- background snapshots -------------------------------------------------
     def _remove_leftovers(self) -> None:
         """Delete the files of children that outlived a killed parent."""
-        store = self.store.path
-        for stale in store.parent.glob(f".{store.name}{_PICKLING}*"):
+        pattern = self._pickling_file("*", "*")
+        for stale in pattern.parent.glob(pattern.name):
             stale.unlink(missing_ok=True)
 
-    def _fork(self, partitions: list[int]) -> None:
+    def _pickling_file(self, pid: int | str, partition: int | str) -> Path:
+        """Where the child ``pid`` pickles ``partition``: beside the store, so on
+        its file system, under a name only this store's children use."""
         store = self.store.path
+        return store.parent / f".{store.name}{_PICKLING}{pid}.{partition}"
+
+    def _fork(self, partitions: list[int]) -> None:
         started, forked_at = self._timer(), self._clock()
         states = {p: self._parts[p].state for p in partitions}
         pid = os.fork()
         if pid == 0:  # the child: never returns
             me = os.getpid()
-            _pickle_in_child(
-                states, {p: store.parent / f".{store.name}{_PICKLING}{me}.{p}" for p in states}
-            )
-        files = {p: store.parent / f".{store.name}{_PICKLING}{pid}.{p}" for p in partitions}
+            _pickle_in_child(states, {p: self._pickling_file(me, p) for p in states})
+        files = {p: self._pickling_file(pid, p) for p in partitions}
         parts = {p: (self._parts[p], self._parts[p].offset) for p in partitions}
         self._pending = _Pending(pid, forked_at, self._timer() - started, parts, files)
 
@@ -607,12 +609,13 @@ class StatefulProcessor:
         try:
             pid, status, usage = os.wait4(pending.pid, os.WNOHANG)
         except ChildProcessError:  # reaped by someone else: its outcome is unknown
-            pid, status, usage = pending.pid, 1 << 8, resource.getrusage(resource.RUSAGE_CHILDREN)
+            pid, status, usage = pending.pid, 1 << 8, None
         if pid == 0:
             return 0
         self._pending = None
         started = self._timer()
-        child_s = (usage.ru_utime + usage.ru_stime) / max(1, len(pending.parts))
+        cpu_s = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
+        child_s = cpu_s / max(1, len(pending.parts))
         ok = os.waitstatus_to_exitcode(status) == 0
         payloads: dict[int, bytes] = {}
         try:
@@ -641,12 +644,10 @@ class StatefulProcessor:
                 part.snapshot_offset = offset
             part.snapshot_at = pending.forked_at
             part.snapshot_cost = child_s + own_s / len(pending.parts)
-        published = {
-            p: (payloads[p], pending.parts[p][1])
-            for p in payloads
-            if p in self._publish_due([p], offset=pending.parts[p][1], now=pending.forked_at)
-        }
-        self._publish_payloads(published, pending.forked_at, child_s)
+        for p, payload in payloads.items():
+            offset = pending.parts[p][1]
+            if self._publish_due([p], offset=offset, now=pending.forked_at):
+                self._publish_one(p, payload, offset, pending.forked_at, child_s)
         return len(written)
 
     def _spacing(self, interval: float, cost: float) -> float:
@@ -734,15 +735,6 @@ class StatefulProcessor:
             payload = fresh[0] if fresh is not None else pickle_state(part.state)
             extra_s = (fresh[1] if fresh else 0.0) + self._timer() - started
             self._publish_one(p, payload, part.offset, now, extra_s)
-
-    def _publish_payloads(
-        self, payloads: Mapping[int, tuple[bytes, int]], now: float, extra_s: float
-    ) -> None:
-        """Publish snapshots pickled elsewhere (a background child): ``{partition:
-        (payload, its offset)}``, as of ``now``, each having cost ``extra_s`` to pickle."""
-        for p, (payload, offset) in payloads.items():
-            if p in self._parts:
-                self._publish_one(p, payload, offset, now, extra_s)
 
     def _publish_one(self, p: int, payload: bytes, offset: int, now: float, extra_s: float) -> None:
         part, shared = self._parts[p], self.shared
