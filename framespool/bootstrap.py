@@ -65,9 +65,10 @@ log = logging.getLogger("processors")
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 3
-# Snapshots pickle a partition's whole state inside a turn (a 2,000-node cell:
-# ~5 MB, a few hundred ms); at most 0.5 % of a processor's time goes to them, so a
-# state that grows stretches their spacing instead of the outputs' tail latency.
+# Snapshots pickle a partition's whole state (a 2,000-node cell: ~5 MB, ~150 ms of
+# CPU), in a forked child by default (``--snapshot-pickling``); at most 0.5 % of a
+# processor's CPU, the child's included, goes to them, so a state that grows
+# stretches their spacing instead of the outputs' tail latency.
 SNAPSHOT_BUDGET = 0.005
 
 # the modules ``python -m`` runs: the commands Compose and the embedded stack start

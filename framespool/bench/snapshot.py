@@ -1,8 +1,9 @@
 """What a snapshot costs the processor that writes it: ``framespool bench snapshot``.
 
-A processor pickles a partition's whole state inside its turn
-(``framespool.processors.snapshots``), so this cost lands in the outputs'
-latency and the snapshot budget spaces snapshots by it. Two states:
+A processor pickles a partition's whole state for each snapshot
+(``framespool.processors.snapshots``): in a forked child by default, inside its
+turn with ``--snapshot-pickling inline`` (where this cost lands in the
+outputs' latency). Either way the snapshot budget spaces snapshots by it. Two states:
 
 - admission: an ``AdmissionState`` fed ``decisions`` submits (50 tenants, each
   with an idempotency key), as its 600 s horizon holds at ``decisions / 600``

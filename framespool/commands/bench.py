@@ -201,8 +201,9 @@ def register(subparsers: Any) -> None:
         help="what pickling a processor's state for a snapshot costs",
         description="CPU milliseconds (best of --repeat) to pickle, and to pickle and "
         "unpickle, an admission state holding --decisions decisions and a scheduler cell "
-        "on --nodes nodes after --events events of bench core's light stream: the cost a "
-        "snapshot adds to a processor's turn, which the snapshot budget spaces them by.",
+        "on --nodes nodes after --events events of bench core's light stream: the CPU a "
+        "snapshot costs (a forked child's by default, the turn's with --snapshot-pickling "
+        "inline), which the snapshot budget spaces them by.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     snap.add_argument("--decisions", type=int, default=60_000, help="admission decisions held")
